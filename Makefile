@@ -1,0 +1,41 @@
+# The two commands that matter: `make demo` (a local fleet with the whole system) and `make test`
+# (everything CI runs). Both build what they need on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+FLEET_DIR ?= .fleet
+
+.PHONY: help test demo lint fmt-check clippy crd-check crds control-plane unit-test system-deps
+
+help:
+	@echo "make demo   - start a local fleet (master, 2 seeds, 3 user clusters) with the quota system"
+	@echo "make test   - everything CI runs: fmt, clippy, CRD drift, unit, property and fleet tests"
+	@echo "make crds   - regenerate deploy/crds/ from the Rust types"
+
+# Debian packages the tests need (promtool for the alert rule tests).
+system-deps:
+	@bash .ci/system-deps.sh
+
+# kube-apiserver + etcd from their Go modules, cached under ~/.cache/kkp-quota (or $$KUBEBUILDER_ASSETS).
+control-plane:
+	@e2e/control-plane/build.sh >/dev/null
+
+fmt-check:
+	$(CARGO) fmt --all -- --check
+
+clippy:
+	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+
+crd-check:
+	$(CARGO) run -q --locked -p kkp-quota-crds --bin crdgen -- --check
+
+crds:
+	$(CARGO) run -q -p kkp-quota-crds --bin crdgen
+
+lint: fmt-check clippy crd-check
+
+test: system-deps control-plane lint
+	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) test --workspace --locked --no-fail-fast
+
+demo: control-plane
+	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR)

@@ -1,0 +1,94 @@
+//! machine-controller's `cluster.k8s.io/v1alpha1` `Machine`, as far as sizing needs it.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A node of a user cluster. Only the provider spec is modelled; the CRD keeps every other field.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(group = "cluster.k8s.io", version = "v1alpha1", kind = "Machine", plural = "machines", namespaced)]
+#[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MachineSpec {
+    #[serde(default)]
+    pub provider_spec: ProviderSpecHolder,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct ProviderSpecHolder {
+    /// Free JSON: `{cloudProvider, cloudProviderSpec, operatingSystem, ...}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    pub value: Option<Value>,
+}
+
+/// The part of `spec.providerSpec.value` that says which cloud and how big.
+#[derive(Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderSpec {
+    #[serde(default)]
+    pub cloud_provider: String,
+    #[serde(default)]
+    pub cloud_provider_spec: Value,
+}
+
+impl Machine {
+    /// The provider spec, if the Machine has one that is a JSON object.
+    pub fn provider_spec(&self) -> Option<&Value> {
+        self.spec.provider_spec.value.as_ref()
+    }
+}
+
+/// A provider setting: either a plain value or `{value, secretKeyRef, configMapKeyRef}`.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
+#[serde(untagged)]
+pub enum ConfigValue {
+    Plain(Value),
+    Ref(ConfigValueRef),
+}
+
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigValueRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<GlobalKeyRef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<GlobalKeyRef>,
+}
+
+/// machine-controller's `GlobalSecretKeySelector` / `GlobalConfigMapKeySelector`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq)]
+pub struct GlobalKeyRef {
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    #[serde(default)]
+    pub key: String,
+}
+
+impl ConfigValue {
+    /// Reads a provider setting from JSON; `null` or a missing field is `None`.
+    pub fn from_json(value: Option<&Value>) -> Option<ConfigValue> {
+        match value {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(_)) => {
+                serde_json::from_value(value.cloned().unwrap_or_default()).ok().map(ConfigValue::Ref)
+            }
+            Some(other) => Some(ConfigValue::Plain(other.clone())),
+        }
+    }
+
+    /// The inline value, if there is one (a non-empty `value` wins over references, as in
+    /// machine-controller).
+    pub fn inline(&self) -> Option<&Value> {
+        match self {
+            ConfigValue::Plain(v) => Some(v),
+            ConfigValue::Ref(r) => r.value.as_ref().filter(|v| !matches!(v, Value::Null) && *v != "")
+        }
+    }
+}
