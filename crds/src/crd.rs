@@ -18,27 +18,46 @@ pub struct CrdFile {
 
 /// The product's CRD: install it on the master and on every seed.
 pub fn product() -> Vec<CrdFile> {
-    vec![CrdFile { path: "resourcequotas.kubermatic.k8c.io.yaml", crd: ResourceQuota::crd() }]
+    vec![CrdFile {
+        path: "resourcequotas.kubermatic.k8c.io.yaml",
+        crd: ResourceQuota::crd(),
+    }]
 }
 
 /// Minimal stand-ins for KKP's and machine-controller's own CRDs, for the local fleet and tests
 /// only: a real KKP installation already has the full ones.
 pub fn fleet_only() -> Vec<CrdFile> {
     let mut files = vec![
-        CrdFile { path: "fleet-only/projects.kubermatic.k8c.io.yaml", crd: Project::crd() },
-        CrdFile { path: "fleet-only/seeds.kubermatic.k8c.io.yaml", crd: Seed::crd() },
-        CrdFile { path: "fleet-only/clusters.kubermatic.k8c.io.yaml", crd: Cluster::crd() },
+        CrdFile {
+            path: "fleet-only/projects.kubermatic.k8c.io.yaml",
+            crd: Project::crd(),
+        },
+        CrdFile {
+            path: "fleet-only/seeds.kubermatic.k8c.io.yaml",
+            crd: Seed::crd(),
+        },
+        CrdFile {
+            path: "fleet-only/clusters.kubermatic.k8c.io.yaml",
+            crd: Cluster::crd(),
+        },
         CrdFile {
             path: "fleet-only/kubermaticsettings.kubermatic.k8c.io.yaml",
             crd: KubermaticSetting::crd(),
         },
-        CrdFile { path: "fleet-only/machines.cluster.k8s.io.yaml", crd: Machine::crd() },
+        CrdFile {
+            path: "fleet-only/machines.cluster.k8s.io.yaml",
+            crd: Machine::crd(),
+        },
     ];
     for file in &mut files {
-        file.crd.metadata.annotations.get_or_insert_with(Default::default).insert(
-            PURPOSE_ANNOTATION.to_owned(),
-            "local fleet and tests only; KKP and machine-controller ship the real CRD".to_owned(),
-        );
+        file.crd
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(
+                PURPOSE_ANNOTATION.to_owned(),
+                "local fleet and tests only; KKP and machine-controller ship the real CRD".to_owned(),
+            );
     }
     files
 }

@@ -22,7 +22,12 @@ pub const GLOBAL_SETTINGS_NAME: &str = "globalsettings";
 
 /// A KKP project (cluster-scoped, on the master); its name is the project ID.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[kube(group = "kubermatic.k8c.io", version = "v1", kind = "Project", plural = "projects")]
+#[kube(
+    group = "kubermatic.k8c.io",
+    version = "v1",
+    kind = "Project",
+    plural = "projects"
+)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct ProjectSpec {
@@ -33,7 +38,13 @@ pub struct ProjectSpec {
 
 /// A KKP seed (namespaced, on the master).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[kube(group = "kubermatic.k8c.io", version = "v1", kind = "Seed", plural = "seeds", namespaced)]
+#[kube(
+    group = "kubermatic.k8c.io",
+    version = "v1",
+    kind = "Seed",
+    plural = "seeds",
+    namespaced
+)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct SeedSpec {
@@ -45,7 +56,13 @@ pub struct SeedSpec {
 
 /// A KKP user cluster (cluster-scoped, on its seed).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[kube(group = "kubermatic.k8c.io", version = "v1", kind = "Cluster", plural = "clusters", status = "ClusterStatus")]
+#[kube(
+    group = "kubermatic.k8c.io",
+    version = "v1",
+    kind = "Cluster",
+    plural = "clusters",
+    status = "ClusterStatus"
+)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct ClusterSpec {
@@ -85,7 +102,11 @@ pub struct ClusterCondition {
 
 impl Cluster {
     pub fn project_id(&self) -> Option<&str> {
-        self.metadata.labels.as_ref()?.get(PROJECT_ID_LABEL).map(String::as_str)
+        self.metadata
+            .labels
+            .as_ref()?
+            .get(PROJECT_ID_LABEL)
+            .map(String::as_str)
     }
 
     /// The namespace holding the admin kubeconfig: `status.namespaceName`, else KKP's default.
@@ -99,7 +120,12 @@ impl Cluster {
 
 /// KKP's platform settings (`globalsettings`, cluster-scoped, on the master).
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[kube(group = "kubermatic.k8c.io", version = "v1", kind = "KubermaticSetting", plural = "kubermaticsettings")]
+#[kube(
+    group = "kubermatic.k8c.io",
+    version = "v1",
+    kind = "KubermaticSetting",
+    plural = "kubermaticsettings"
+)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct KubermaticSettingSpec {

@@ -6,6 +6,7 @@
 //! - [`ledger`]: admission reservations kept in a seed quota copy's status.
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
 //! - [`crd`]: the CRD manifests `crdgen` writes.
+//! - `runtime` (feature `runtime`): clients from kubeconfigs, the ops server, leader election.
 
 pub mod crd;
 pub mod kkp;
@@ -14,6 +15,8 @@ pub mod machine;
 pub mod quantity;
 pub mod quota;
 pub mod resources;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 
 pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};

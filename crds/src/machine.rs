@@ -7,7 +7,13 @@ use serde_json::Value;
 
 /// A node of a user cluster. Only the provider spec is modelled; the CRD keeps every other field.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[kube(group = "cluster.k8s.io", version = "v1alpha1", kind = "Machine", plural = "machines", namespaced)]
+#[kube(
+    group = "cluster.k8s.io",
+    version = "v1alpha1",
+    kind = "Machine",
+    plural = "machines",
+    namespaced
+)]
 #[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct MachineSpec {
@@ -76,9 +82,9 @@ impl ConfigValue {
     pub fn from_json(value: Option<&Value>) -> Option<ConfigValue> {
         match value {
             None | Some(Value::Null) => None,
-            Some(Value::Object(_)) => {
-                serde_json::from_value(value.cloned().unwrap_or_default()).ok().map(ConfigValue::Ref)
-            }
+            Some(Value::Object(_)) => serde_json::from_value(value.cloned().unwrap_or_default())
+                .ok()
+                .map(ConfigValue::Ref),
             Some(other) => Some(ConfigValue::Plain(other.clone())),
         }
     }
@@ -88,7 +94,7 @@ impl ConfigValue {
     pub fn inline(&self) -> Option<&Value> {
         match self {
             ConfigValue::Plain(v) => Some(v),
-            ConfigValue::Ref(r) => r.value.as_ref().filter(|v| !matches!(v, Value::Null) && *v != "")
+            ConfigValue::Ref(r) => r.value.as_ref().filter(|v| !matches!(v, Value::Null) && *v != ""),
         }
     }
 }

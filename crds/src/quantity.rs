@@ -46,12 +46,16 @@ impl Quantity {
 
     /// A whole number of units (`4` cpu, `3` machines, `4096` bytes).
     pub const fn from_units(units: i64) -> Quantity {
-        Quantity { nanos: units as i128 * NANOS }
+        Quantity {
+            nanos: units as i128 * NANOS,
+        }
     }
 
     /// Thousandths of a unit (`1500` millis = `1500m`).
     pub const fn from_millis(millis: i64) -> Quantity {
-        Quantity { nanos: millis as i128 * 1_000_000 }
+        Quantity {
+            nanos: millis as i128 * 1_000_000,
+        }
     }
 
     /// Whole mebibytes, exactly.
@@ -145,7 +149,14 @@ impl Quantity {
             return self.to_decimal_string();
         }
         let units = self.nanos / NANOS;
-        for (suffix, shift) in [("Ei", 60), ("Pi", 50), ("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)] {
+        for (suffix, shift) in [
+            ("Ei", 60),
+            ("Pi", 50),
+            ("Ti", 40),
+            ("Gi", 30),
+            ("Mi", 20),
+            ("Ki", 10),
+        ] {
             let base = 1_i128 << shift;
             if units % base == 0 {
                 return format!("{}{suffix}", units / base);
@@ -176,13 +187,18 @@ impl FromStr for Quantity {
 }
 
 fn invalid(text: &str, reason: &'static str) -> QuantityError {
-    QuantityError::Invalid { text: text.to_owned(), reason }
+    QuantityError::Invalid {
+        text: text.to_owned(),
+        reason,
+    }
 }
 
 /// The Kubernetes grammar: `[+-] digits [. digits] [suffix]` where suffix is a binary SI suffix
 /// (`Ki`..`Ei`), a decimal SI suffix (`n u m k M G T P E`) or a decimal exponent (`e3`, `E-2`).
 fn parse(text: &str) -> Result<Quantity, QuantityError> {
-    let out_of_range = || QuantityError::OutOfRange { text: text.to_owned() };
+    let out_of_range = || QuantityError::OutOfRange {
+        text: text.to_owned(),
+    };
     if text.is_empty() {
         return Err(invalid(text, "empty string"));
     }
@@ -267,7 +283,11 @@ fn parse(text: &str) -> Result<Quantity, QuantityError> {
         let scale = u32::try_from(-decimal_power).map_err(|_| out_of_range())?;
         match 10_i128.checked_pow(scale) {
             Some(divisor) if value % divisor == 0 => value /= divisor,
-            _ => return Err(QuantityError::TooPrecise { text: text.to_owned() }),
+            _ => {
+                return Err(QuantityError::TooPrecise {
+                    text: text.to_owned(),
+                });
+            }
         }
     }
     Ok(Quantity::from_nanos(if negative { -value } else { value }))
@@ -286,7 +306,9 @@ fn parse_exponent(text: &str, exponent: &str) -> Result<i64, QuantityError> {
     let value: i64 = digits
         .parse::<u16>()
         .map(i64::from)
-        .map_err(|_| QuantityError::OutOfRange { text: text.to_owned() })?;
+        .map_err(|_| QuantityError::OutOfRange {
+            text: text.to_owned(),
+        })?;
     Ok(if negative { -value } else { value })
 }
 
@@ -338,7 +360,8 @@ impl schemars::JsonSchema for Quantity {
 }
 
 /// The Kubernetes quantity grammar without a minus sign.
-pub const QUANTITY_PATTERN: &str = r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$";
+pub const QUANTITY_PATTERN: &str =
+    r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$";
 
 impl PartialOrd<i64> for Quantity {
     fn partial_cmp(&self, other: &i64) -> Option<Ordering> {
@@ -379,8 +402,14 @@ mod tests {
         assert_eq!(q("3.75Gi"), Quantity::from_mebibytes(3840));
         assert_eq!(q("1Ei"), Quantity::from_units(1 << 60));
         assert_eq!(q("0.000000001"), Quantity::from_nanos(1));
-        assert_eq!(q("1.000000000000000000000000000000000000000000"), Quantity::from_units(1));
-        assert_eq!(q("0000000000000000000000000000000000000000007"), Quantity::from_units(7));
+        assert_eq!(
+            q("1.000000000000000000000000000000000000000000"),
+            Quantity::from_units(1)
+        );
+        assert_eq!(
+            q("0000000000000000000000000000000000000000007"),
+            Quantity::from_units(7)
+        );
         assert_eq!(q("0e9999"), Quantity::ZERO);
     }
 
@@ -396,13 +425,24 @@ mod tests {
 
     #[test]
     fn rejects_malformed_input_with_the_text() {
-        for bad in ["", "abc", "1.2.3", "5Gb", "1e", "1e+", "--1", "1 Gi", " 1", "Gi", ".", "1ee3", "1e3.5", "+"] {
+        for bad in [
+            "", "abc", "1.2.3", "5Gb", "1e", "1e+", "--1", "1 Gi", " 1", "Gi", ".", "1ee3", "1e3.5", "+",
+        ] {
             let err = bad.parse::<Quantity>().unwrap_err();
             assert!(err.to_string().contains(&format!("{bad:?}")), "{bad:?}: {err}");
         }
-        assert!(matches!("0.1n".parse::<Quantity>(), Err(QuantityError::TooPrecise { .. })));
-        assert!(matches!("1e999".parse::<Quantity>(), Err(QuantityError::OutOfRange { .. })));
-        assert!(matches!("1e99999".parse::<Quantity>(), Err(QuantityError::OutOfRange { .. })));
+        assert!(matches!(
+            "0.1n".parse::<Quantity>(),
+            Err(QuantityError::TooPrecise { .. })
+        ));
+        assert!(matches!(
+            "1e999".parse::<Quantity>(),
+            Err(QuantityError::OutOfRange { .. })
+        ));
+        assert!(matches!(
+            "1e99999".parse::<Quantity>(),
+            Err(QuantityError::OutOfRange { .. })
+        ));
         assert!(matches!(
             "999999999999999999999999999999999999999999Ei".parse::<Quantity>(),
             Err(QuantityError::OutOfRange { .. })
@@ -412,9 +452,15 @@ mod tests {
     #[test]
     fn arithmetic_is_checked() {
         let max = Quantity::from_nanos(i128::MAX);
-        assert_eq!(max.checked_add(Quantity::from_nanos(1)), Err(QuantityError::Overflow("addition")));
+        assert_eq!(
+            max.checked_add(Quantity::from_nanos(1)),
+            Err(QuantityError::Overflow("addition"))
+        );
         let min = Quantity::from_nanos(i128::MIN);
-        assert_eq!(min.checked_sub(Quantity::from_nanos(1)), Err(QuantityError::Overflow("subtraction")));
+        assert_eq!(
+            min.checked_sub(Quantity::from_nanos(1)),
+            Err(QuantityError::Overflow("subtraction"))
+        );
         assert!(max.checked_mul(2).is_err());
         assert_eq!(q("1").checked_add(q("500m")).unwrap(), q("1.5"));
         assert_eq!(q("1Gi").checked_sub(q("512Mi")).unwrap(), q("512Mi"));
@@ -449,7 +495,9 @@ mod tests {
     #[test]
     fn schema_pattern_matches_the_parser() {
         let pattern = regex_lite::Regex::new(QUANTITY_PATTERN).unwrap();
-        for good in ["500m", "2", "1.5Gi", "2G", "100Ki", "1e3", "0.5", ".5", "5.", "+3", "1E-3"] {
+        for good in [
+            "500m", "2", "1.5Gi", "2G", "100Ki", "1e3", "0.5", ".5", "5.", "+3", "1E-3",
+        ] {
             assert!(pattern.is_match(good), "{good}");
             assert!(good.parse::<Quantity>().is_ok(), "{good}");
         }

@@ -62,7 +62,10 @@ fn project_kind() -> String {
 
 impl Subject {
     pub fn project(name: impl Into<String>) -> Subject {
-        Subject { name: name.into(), kind: project_kind() }
+        Subject {
+            name: name.into(),
+            kind: project_kind(),
+        }
     }
 }
 

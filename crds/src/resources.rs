@@ -162,7 +162,9 @@ impl ResourceDetails {
     pub fn checked_sum<'a>(
         items: impl IntoIterator<Item = &'a ResourceDetails>,
     ) -> Result<ResourceDetails, QuantityError> {
-        items.into_iter().try_fold(ResourceDetails::zero(), |acc, item| acc.checked_add(item))
+        items
+            .into_iter()
+            .try_fold(ResourceDetails::zero(), |acc, item| acc.checked_add(item))
     }
 
     /// The usage left after removing `other`: never below zero, absent counting as zero.
@@ -172,7 +174,10 @@ impl ResourceDetails {
         for &resource in Resource::ALL {
             let amount = match (self.get(resource), other.get(resource)) {
                 (None, None) => None,
-                (a, b) => Some(a.unwrap_or_default().saturating_sub_to_zero(b.unwrap_or_default())),
+                (a, b) => Some(
+                    a.unwrap_or_default()
+                        .saturating_sub_to_zero(b.unwrap_or_default()),
+                ),
             };
             rest.set(resource, amount);
         }
@@ -208,7 +213,12 @@ impl ResourceDetails {
             }
             let used = used.amount(resource);
             if used.checked_add(requested)? > limit {
-                exceeded.push(Exceeded { resource, requested, used, limit });
+                exceeded.push(Exceeded {
+                    resource,
+                    requested,
+                    used,
+                    limit,
+                });
             }
         }
         Ok(exceeded)
@@ -256,7 +266,8 @@ mod tests {
 
     #[test]
     fn wire_format_is_kkp_compatible() {
-        let d: ResourceDetails = serde_json::from_str(r#"{"cpu":"4","memory":"8Gi","storage":"100G","unknown":1}"#).unwrap();
+        let d: ResourceDetails =
+            serde_json::from_str(r#"{"cpu":"4","memory":"8Gi","storage":"100G","unknown":1}"#).unwrap();
         assert_eq!(d.cpu, Some(Quantity::from_units(4)));
         assert_eq!(d.gpu, None);
         assert_eq!(
@@ -272,10 +283,23 @@ mod tests {
         let a = details(&[(Resource::Cpu, "2"), (Resource::Memory, "4Gi")]);
         let b = details(&[(Resource::Cpu, "500m"), (Resource::Storage, "10Gi")]);
         let sum = a.checked_add(&b).unwrap();
-        assert_eq!(sum, details(&[(Resource::Cpu, "2.5"), (Resource::Memory, "4Gi"), (Resource::Storage, "10Gi")]));
-        assert_eq!(sum.saturating_sub(&b).get(Resource::Cpu), Some("2".parse().unwrap()));
+        assert_eq!(
+            sum,
+            details(&[
+                (Resource::Cpu, "2.5"),
+                (Resource::Memory, "4Gi"),
+                (Resource::Storage, "10Gi")
+            ])
+        );
+        assert_eq!(
+            sum.saturating_sub(&b).get(Resource::Cpu),
+            Some("2".parse().unwrap())
+        );
         assert_eq!(b.saturating_sub(&a).amount(Resource::Cpu), Quantity::ZERO);
-        assert_eq!(b.saturating_sub(&a).amount(Resource::Storage), "10Gi".parse::<Quantity>().unwrap());
+        assert_eq!(
+            b.saturating_sub(&a).amount(Resource::Storage),
+            "10Gi".parse::<Quantity>().unwrap()
+        );
         let total = ResourceDetails::checked_sum([&a, &b, &a]).unwrap();
         assert_eq!(total.amount(Resource::Cpu), "4.5".parse::<Quantity>().unwrap());
         assert_eq!(total.amount(Resource::Gpu), Quantity::ZERO);
@@ -286,8 +310,16 @@ mod tests {
     #[test]
     fn exceeded_lists_every_failing_resource() {
         let limit = details(&[(Resource::Cpu, "16"), (Resource::Memory, "32Gi")]);
-        let used = details(&[(Resource::Cpu, "14"), (Resource::Memory, "30Gi"), (Resource::Storage, "1Ti")]);
-        let request = details(&[(Resource::Cpu, "4"), (Resource::Memory, "2Gi"), (Resource::Storage, "1Ti")]);
+        let used = details(&[
+            (Resource::Cpu, "14"),
+            (Resource::Memory, "30Gi"),
+            (Resource::Storage, "1Ti"),
+        ]);
+        let request = details(&[
+            (Resource::Cpu, "4"),
+            (Resource::Memory, "2Gi"),
+            (Resource::Storage, "1Ti"),
+        ]);
         let exceeded = limit.exceeded_by(&used, &request).unwrap();
         assert_eq!(
             exceeded,
@@ -314,13 +346,20 @@ mod tests {
         assert!(old.covers(&details(&[(Resource::Cpu, "2")])));
         assert!(old.covers(&old));
         assert!(!old.covers(&details(&[(Resource::Cpu, "4"), (Resource::Gpu, "1")])));
-        assert_eq!(old.growth_to(&details(&[(Resource::Cpu, "6")])).amount(Resource::Cpu), Quantity::from_units(2));
+        assert_eq!(
+            old.growth_to(&details(&[(Resource::Cpu, "6")]))
+                .amount(Resource::Cpu),
+            Quantity::from_units(2)
+        );
     }
 
     #[test]
     fn describes_for_people() {
         assert_eq!(Resource::Cpu.describe("4".parse().unwrap()), "4 cpu");
         assert_eq!(Resource::Memory.describe("8Gi".parse().unwrap()), "8Gi memory");
-        assert_eq!(details(&[(Resource::Cpu, "1.5"), (Resource::Memory, "1Gi")]).to_string(), "cpu=1500m, memory=1Gi");
+        assert_eq!(
+            details(&[(Resource::Cpu, "1.5"), (Resource::Memory, "1Gi")]).to_string(),
+            "cpu=1500m, memory=1Gi"
+        );
     }
 }

@@ -13,15 +13,17 @@ fn quantity() -> impl Strategy<Value = Quantity> {
 }
 
 fn details() -> impl Strategy<Value = ResourceDetails> {
-    proptest::collection::vec(proptest::option::of((0_i64..1 << 40).prop_map(Quantity::from_millis)), 5).prop_map(
-        |amounts| {
-            let mut d = ResourceDetails::default();
-            for (resource, amount) in Resource::ALL.iter().zip(amounts) {
-                d.set(*resource, amount);
-            }
-            d
-        },
+    proptest::collection::vec(
+        proptest::option::of((0_i64..1 << 40).prop_map(Quantity::from_millis)),
+        5,
     )
+    .prop_map(|amounts| {
+        let mut d = ResourceDetails::default();
+        for (resource, amount) in Resource::ALL.iter().zip(amounts) {
+            d.set(*resource, amount);
+        }
+        d
+    })
 }
 
 proptest! {

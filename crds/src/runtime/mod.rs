@@ -1,0 +1,28 @@
+//! What every long-running component of the quota system shares: clients from kubeconfigs, the
+//! operations HTTP server, leader election and tracing set-up.
+//!
+//! Behind the `runtime` cargo feature, so that `crdgen` and the pure crates stay free of I/O.
+
+pub mod kubeconfig;
+pub mod leader;
+pub mod ops;
+pub mod telemetry;
+
+/// Why a runtime helper failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("kubeconfig is invalid: {0}")]
+    Kubeconfig(String),
+    #[error("secret {namespace}/{name} has no key {key:?}")]
+    MissingSecretKey {
+        namespace: String,
+        name: String,
+        key: String,
+    },
+    #[error("kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("lost the leader lease {0}")]
+    LostLease(String),
+}

@@ -1,0 +1,78 @@
+//! The operations endpoint every component serves: `/metrics`, `/healthz`, `/readyz`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus::{Encoder, Registry, TextEncoder};
+
+use super::RuntimeError;
+
+/// Whether the component is ready to do its job (caches synced, leader lease held, ...).
+#[derive(Clone, Default, Debug)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+#[derive(Clone)]
+struct OpsState {
+    registry: Registry,
+    readiness: Readiness,
+}
+
+/// Binds the operations server and returns the bound address and the future that serves it (so
+/// `--metrics-address 127.0.0.1:0` works in tests).
+pub async fn bind(
+    address: SocketAddr,
+    registry: Registry,
+    readiness: Readiness,
+) -> Result<(SocketAddr, impl Future<Output = Result<(), RuntimeError>>), RuntimeError> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(OpsState { registry, readiness });
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    Ok((bound, async move {
+        axum::serve(listener, app).await.map_err(RuntimeError::Io)
+    }))
+}
+
+async fn metrics(State(state): State<OpsState>) -> impl IntoResponse {
+    let mut body = Vec::new();
+    let encoder = TextEncoder::new();
+    match encoder.encode(&state.registry.gather(), &mut body) {
+        Ok(()) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
+            body,
+        ),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain".to_owned())],
+            e.to_string().into_bytes(),
+        ),
+    }
+}
+
+async fn readyz(State(state): State<OpsState>) -> impl IntoResponse {
+    if state.readiness.is_ready() {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    }
+}
