@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 FLEET_DIR ?= .fleet
 
-.PHONY: help test demo lint fmt-check clippy crd-check crds control-plane unit-test system-deps
+.PHONY: help test demo lint fmt-check clippy crd-check crds control-plane system-deps rules-test
 
 help:
 	@echo "make demo   - start a local fleet (master, 2 seeds, 3 user clusters) with the quota system"
@@ -34,7 +34,12 @@ crds:
 
 lint: fmt-check clippy crd-check
 
-test: system-deps control-plane lint
+# Alert rules: syntax, and promtool unit tests (series that fire each alert and series that must not).
+rules-test: system-deps
+	promtool check rules deploy/prometheus/kkp-quota.rules.yaml
+	cd deploy/prometheus && promtool test rules kkp-quota.rules.test.yaml
+
+test: system-deps control-plane lint rules-test
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) test --workspace --locked --no-fail-fast
 
 demo: control-plane
