@@ -175,6 +175,8 @@ impl<'a> Spec<'a> {
             } else {
                 return Err(self.invalid(field, EXPECTED, value));
             }
+        } else if matches!(value, Value::Bool(_) | Value::Array(_)) {
+            return Err(self.invalid(field, EXPECTED, value));
         } else {
             let Some(text) = self.text_of(field, value)? else {
                 return Ok(None);
@@ -212,6 +214,9 @@ impl<'a> Spec<'a> {
 
     /// A Kubernetes quantity (`4Gi`, `500m`, `2`), as a string, a number or a reference.
     pub fn quantity_of(&self, field: &str, value: &'a Value) -> Result<Option<Quantity>, SizingError> {
+        if matches!(value, Value::Bool(_) | Value::Array(_)) {
+            return Err(self.invalid(field, "a Kubernetes quantity such as 4Gi or 2", value));
+        }
         let Some(text) = self.text_of(field, value)? else {
             return Ok(None);
         };
