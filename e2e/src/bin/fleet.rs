@@ -1,0 +1,77 @@
+//! `make demo`: starts the default fleet, writes every kubeconfig and `fleet.json` into `--dir`,
+//! prints `fleet ready: <dir>` on stdout, and runs until SIGINT or SIGTERM, then tears down.
+//! Logs go to stderr (`RUST_LOG`, default `info`).
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Parser;
+use e2e::{Fleet, FleetSpec, components};
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Parser)]
+#[command(about = "A local KKP-shaped fleet of real kube-apiservers (master, seeds, user clusters)")]
+struct Args {
+    /// Where to write `<cluster>.kubeconfig` and `fleet.json`.
+    #[arg(long, default_value = ".fleet")]
+    dir: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("info,kube_client::client::builder=off")
+            }),
+        )
+        .init();
+    let args = Args::parse();
+
+    // Listen for signals before starting anything, so an interrupt during startup also tears down.
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut shutdown = Box::pin(async move {
+        tokio::select! {
+            _ = sigint.recv() => "SIGINT",
+            _ = sigterm.recv() => "SIGTERM",
+        }
+    });
+
+    let started = Instant::now();
+    let fleet = tokio::select! {
+        fleet = Fleet::start(FleetSpec::default()) => fleet?,
+        signal = &mut shutdown => {
+            tracing::info!(signal, "interrupted during startup; stopped");
+            return Ok(());
+        }
+    };
+    let elapsed = started.elapsed();
+    fleet.write_dir(&args.dir)?;
+    let mut running = Vec::new();
+    for spec in components::demo_components(&fleet, &args.dir)? {
+        running.push(components::spawn(&spec, &args.dir.join("logs"))?);
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let rss_mib = fleet.rss_bytes() as f64 / (1024.0 * 1024.0);
+    tracing::info!(
+        clusters = fleet.members().len(),
+        processes = fleet.pids().len(),
+        startup = ?elapsed,
+        rss_mib = format!("{rss_mib:.0}"),
+        "fleet started"
+    );
+    println!("fleet ready: {}", args.dir.display());
+
+    let signal = shutdown.await;
+    tracing::info!(signal, "tearing down");
+    drop(running);
+    for file in fleet.dir_files(&args.dir) {
+        let _ = std::fs::remove_file(file);
+    }
+    drop(fleet);
+    tracing::info!("fleet stopped");
+    Ok(())
+}

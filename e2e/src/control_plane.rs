@@ -1,0 +1,641 @@
+//! One cluster's control plane: a real etcd and a real kube-apiserver on loopback.
+//!
+//! Processes are `std::process::Child`ren wrapped in [`Proc`], whose `Drop` sends SIGKILL and
+//! reaps the child synchronously, so a test that fails or panics leaves no process and no zombie
+//! behind (unwinding drops the [`ControlPlane`]); the temporary directory (etcd data, certificates,
+//! logs, kubeconfig) is removed after the processes are gone.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use base64::Engine as _;
+use futures::future::try_join_all;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::assets::control_plane_binaries;
+use crate::certs::{CertPem, ClusterCerts};
+use crate::wait::POLL_INTERVAL;
+
+/// How long `start` waits for etcd, then for kube-apiserver, each. Generous: several control
+/// planes start at once on a small, shared machine.
+pub const STARTUP_TIMEOUT: Duration = Duration::from_mins(2);
+/// How long `start` waits for the CRDs to be established and served.
+pub const CRD_TIMEOUT: Duration = Duration::from_mins(1);
+/// Attempts when a freshly picked port turns out to be taken by someone else.
+const PORT_ATTEMPTS: usize = 4;
+
+/// A running etcd + kube-apiserver pair with every CRD of `kkp_quota_crds::crd::all()` installed.
+pub struct ControlPlane {
+    name: String,
+    port: u16,
+    etcd_url: String,
+    kubeconfig: String,
+    config: kube::Config,
+    certs: ClusterCerts,
+    binaries: PathBuf,
+    /// Declared before `etcd` and `dir`: fields drop in order, so kube-apiserver dies first,
+    /// then etcd, then the directory goes.
+    apiserver: Mutex<Option<Proc>>,
+    etcd: Proc,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("name", &self.name)
+            .field("url", &self.url())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver on free loopback ports, waits until `/readyz` answers,
+    /// installs every CRD and waits until each is established and served. `name` labels the
+    /// temp dir, the logs and the kubeconfig's context.
+    pub async fn start(name: &str) -> Result<ControlPlane> {
+        let started = Instant::now();
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let binaries = control_plane_binaries()?;
+        let mut dir = tempfile::Builder::new()
+            .prefix(&format!("kkp-quota-{name}-"))
+            .tempdir()
+            .context("creating the control plane's temp dir")?;
+        let mut certs = ClusterCerts::generate(name)?;
+        write_pki(dir.path(), &certs)?;
+
+        let (mut etcd, etcd_url) = start_etcd(&binaries, dir.path())
+            .await
+            .with_context(|| format!("{name}: etcd"))?;
+
+        let mut last_err = None;
+        for _ in 0..PORT_ATTEMPTS {
+            let port = free_port()?;
+            let kubeconfig = admin_kubeconfig(name, port, &certs)?;
+            let config = kube_config(&kubeconfig).await?;
+            let cp = ControlPlane {
+                name: name.to_owned(),
+                port,
+                etcd_url: etcd_url.clone(),
+                kubeconfig,
+                config,
+                certs,
+                binaries: binaries.clone(),
+                apiserver: Mutex::new(None),
+                etcd,
+                dir,
+            };
+            match cp.spawn_apiserver().await {
+                Ok(()) => {
+                    std::fs::write(cp.kubeconfig_path(), &cp.kubeconfig).context("writing kubeconfig")?;
+                    cp.wait_for_namespaces().await?;
+                    cp.install_crds()
+                        .await
+                        .with_context(|| format!("{name}: installing CRDs"))?;
+                    tracing::info!(cluster = name, url = %cp.url(), elapsed = ?started.elapsed(), "control plane ready");
+                    return Ok(cp);
+                }
+                Err(StartError::PortTaken(e)) => {
+                    tracing::debug!(cluster = name, port, "apiserver port taken, retrying: {e:#}");
+                    last_err = Some(e);
+                    // Take the pieces back for the next attempt.
+                    let ControlPlane {
+                        certs: c,
+                        etcd: e2,
+                        dir: d,
+                        ..
+                    } = cp;
+                    (certs, etcd, dir) = (c, e2, d);
+                }
+                Err(StartError::Other(e)) => return Err(e.context(format!("{name}: kube-apiserver"))),
+            }
+        }
+        Err(last_err
+            .unwrap_or_else(|| anyhow!("no attempt made"))
+            .context(format!("{name}: no free port")))
+    }
+
+    /// The name given to [`ControlPlane::start`].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `https://127.0.0.1:<port>`; the same across [`stop_apiserver`](Self::stop_apiserver) and
+    /// [`start_apiserver`](Self::start_apiserver).
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// kube-apiserver's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// etcd's client URL (`http://127.0.0.1:<port>`).
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// An admin kubeconfig (user in `system:masters`) with every certificate embedded.
+    pub fn kubeconfig_yaml(&self) -> String {
+        self.kubeconfig.clone()
+    }
+
+    /// The admin kubeconfig as a file inside the control plane's temp dir (for child processes).
+    pub fn kubeconfig_path(&self) -> PathBuf {
+        self.dir.path().join("admin.kubeconfig")
+    }
+
+    /// A fresh admin client.
+    pub fn client(&self) -> kube::Client {
+        // The same config already built working clients in `start`; only TLS set-up can fail.
+        kube::Client::try_from(self.config.clone()).expect("admin kube config was valid at start")
+    }
+
+    /// The admin `kube::Config`, to adjust timeouts and build clients yourself.
+    pub fn config(&self) -> kube::Config {
+        self.config.clone()
+    }
+
+    /// A kubeconfig for another user, signed by this cluster's client CA (for RBAC tests):
+    /// the user is `user`, its groups are `groups`.
+    pub fn kubeconfig_for_user(&self, user: &str, groups: &[&str]) -> Result<String> {
+        let cert = self.certs.ca.client_cert(user, groups)?;
+        kubeconfig_yaml(&self.name, self.port, self.certs.ca.cert_pem(), &cert, user)
+    }
+
+    /// The cluster's CA certificate (PEM): it signed the serving certificate and client certs.
+    pub fn ca_pem(&self) -> &str {
+        self.certs.ca.cert_pem()
+    }
+
+    /// The temp dir holding etcd's data, the certificates and the logs (gone on drop).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Log file of kube-apiserver (stdout and stderr; appended across restarts).
+    pub fn apiserver_log(&self) -> PathBuf {
+        self.dir.path().join("kube-apiserver.log")
+    }
+
+    /// Log file of etcd.
+    pub fn etcd_log(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    /// Process ids: etcd, then kube-apiserver if it is running.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut pids = vec![self.etcd.pid()];
+        pids.extend(self.apiserver().as_ref().map(Proc::pid));
+        pids
+    }
+
+    /// Whether kube-apiserver is running (not stopped by [`stop_apiserver`](Self::stop_apiserver)).
+    pub fn apiserver_running(&self) -> bool {
+        self.apiserver().is_some()
+    }
+
+    /// Kills kube-apiserver (SIGKILL, like a crash or a network cut) and waits until it is gone;
+    /// etcd keeps running and keeps the data. Clients get "connection refused" until
+    /// [`start_apiserver`](Self::start_apiserver). Stopping a stopped apiserver does nothing.
+    pub async fn stop_apiserver(&self) {
+        let proc = self.apiserver().take();
+        if let Some(mut proc) = proc {
+            // SIGKILL and reap off the async threads.
+            let _ = tokio::task::spawn_blocking(move || proc.kill()).await;
+            tracing::info!(cluster = self.name, "kube-apiserver stopped");
+        }
+    }
+
+    /// Starts kube-apiserver again on the same port, with the same etcd and certificates, so
+    /// existing clients and kubeconfigs keep working; returns once `/readyz` answers and every CRD
+    /// is served again. Fails if it is already running.
+    pub async fn start_apiserver(&self) -> Result<()> {
+        if self.apiserver_running() {
+            bail!("{}: kube-apiserver is already running", self.name);
+        }
+        self.spawn_apiserver().await.map_err(|e| match e {
+            StartError::PortTaken(e) | StartError::Other(e) => {
+                e.context(format!("{}: restarting kube-apiserver", self.name))
+            }
+        })?;
+        wait_served(&self.client(), &fleet_crds()).await?;
+        tracing::info!(cluster = self.name, "kube-apiserver started again");
+        Ok(())
+    }
+
+    fn apiserver(&self) -> MutexGuard<'_, Option<Proc>> {
+        self.apiserver.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn spawn_apiserver(&self) -> Result<(), StartError> {
+        let pki = self.dir.path().join("pki");
+        let p = |f: &str| pki.join(f).display().to_string();
+        let args = vec![
+            format!("--etcd-servers={}", self.etcd_url),
+            format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            format!("--service-account-issuer={}/", self.url()),
+            format!("--secure-port={}", self.port),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+        ];
+        let mut proc = Proc::spawn(
+            "kube-apiserver",
+            &self.binaries.join("kube-apiserver"),
+            &args,
+            &self.apiserver_log(),
+        )
+        .map_err(StartError::Other)?;
+        let mut ready = self.config.clone();
+        ready.connect_timeout = Some(Duration::from_secs(2));
+        ready.read_timeout = Some(Duration::from_secs(5));
+        let client = kube::Client::try_from(ready).map_err(|e| StartError::Other(e.into()))?;
+        let port = self.port;
+        let result = wait_process(&mut proc, STARTUP_TIMEOUT, "/readyz", || {
+            let client = client.clone();
+            async move {
+                // Connect first: kube's client logs every refused connection at ERROR level.
+                tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                let request = http::Request::get("/readyz").body(Vec::new())?;
+                client
+                    .request_text(request)
+                    .await
+                    .map(|_| ())
+                    .map_err(anyhow::Error::from)
+            }
+        })
+        .await;
+        match result {
+            Ok(()) => {
+                *self.apiserver() = Some(proc);
+                Ok(())
+            }
+            Err(e) => Err(classify(e)),
+        }
+    }
+
+    async fn wait_for_namespaces(&self) -> Result<()> {
+        let api: Api<Namespace> = Api::all(self.client());
+        for ns in ["default", "kube-system"] {
+            crate::wait_for(
+                STARTUP_TIMEOUT,
+                &format!("{}: namespace {ns}", self.name),
+                || async { api.get_opt(ns).await.is_ok_and(|n| n.is_some()) },
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn install_crds(&self) -> Result<()> {
+        let client = self.client();
+        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+        let crds = fleet_crds();
+        try_join_all(crds.iter().map(|crd| {
+            let api = api.clone();
+            async move {
+                let name = crd.metadata.name.clone().unwrap_or_default();
+                api.create(&PostParams::default(), crd)
+                    .await
+                    .with_context(|| format!("creating CRD {name}"))?;
+                crate::wait_for(CRD_TIMEOUT, &format!("CRD {name} established"), || async {
+                    let crd = api.get(&name).await.ok()?;
+                    let conditions = crd.status?.conditions?;
+                    conditions
+                        .iter()
+                        .any(|c| c.type_ == "Established" && c.status == "True")
+                        .then_some(())
+                })
+                .await
+            }
+        }))
+        .await?;
+        wait_served(&client, &crds).await
+    }
+}
+
+/// Annotation the API server requires on CRDs in `*.k8s.io` and `*.kubernetes.io` groups.
+pub const API_APPROVAL_ANNOTATION: &str = "api-approved.kubernetes.io";
+
+/// `kkp_quota_crds::crd::all()`, with the API-approval annotation added where the group needs it
+/// and the manifest lacks it (machine-controller's `cluster.k8s.io` is such a protected group;
+/// its upstream CRD carries an "unapproved" value).
+pub fn fleet_crds() -> Vec<CustomResourceDefinition> {
+    kkp_quota_crds::crd::all()
+        .into_iter()
+        .map(|file| {
+            let mut crd = file.crd;
+            let group = &crd.spec.group;
+            if group == "k8s.io"
+                || group.ends_with(".k8s.io")
+                || group == "kubernetes.io"
+                || group.ends_with(".kubernetes.io")
+            {
+                crd.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .entry(API_APPROVAL_ANNOTATION.to_owned())
+                    .or_insert_with(|| {
+                        "unapproved, machine-controller's legacy API group (local fleet stand-in)".to_owned()
+                    });
+            }
+            crd
+        })
+        .collect()
+}
+
+/// Waits until a list of every CRD's resource succeeds (the API is served, not only stored).
+async fn wait_served(client: &kube::Client, crds: &[CustomResourceDefinition]) -> Result<()> {
+    try_join_all(crds.iter().map(|crd| async move {
+        let version = crd
+            .spec
+            .versions
+            .iter()
+            .find(|v| v.served)
+            .context("CRD without a served version")?;
+        let group = &crd.spec.group;
+        let resource = ApiResource {
+            group: group.clone(),
+            version: version.name.clone(),
+            api_version: format!("{group}/{}", version.name),
+            kind: crd.spec.names.kind.clone(),
+            plural: crd.spec.names.plural.clone(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        crate::wait_for(
+            CRD_TIMEOUT,
+            &format!("{}.{group} served", resource.plural),
+            || async { api.list(&ListParams::default().limit(1)).await.map(|_| ()) },
+        )
+        .await
+    }))
+    .await?;
+    Ok(())
+}
+
+enum StartError {
+    /// The process could not bind its port: pick another one and try again.
+    PortTaken(anyhow::Error),
+    Other(anyhow::Error),
+}
+
+fn classify(e: anyhow::Error) -> StartError {
+    if format!("{e:#}").contains("address already in use") {
+        StartError::PortTaken(e)
+    } else {
+        StartError::Other(e)
+    }
+}
+
+async fn start_etcd(binaries: &Path, dir: &Path) -> Result<(Proc, String)> {
+    let mut last_err = None;
+    for _ in 0..PORT_ATTEMPTS {
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let client_url = format!("http://127.0.0.1:{client_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let data = dir.join("etcd-data");
+        let args = vec![
+            "--name=etcd".to_owned(),
+            format!("--data-dir={}", data.display()),
+            format!("--listen-client-urls={client_url}"),
+            format!("--advertise-client-urls={client_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=etcd={peer_url}"),
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let mut proc = Proc::spawn("etcd", &binaries.join("etcd"), &args, &dir.join("etcd.log"))?;
+        let result = wait_process(&mut proc, STARTUP_TIMEOUT, "/health", || {
+            etcd_healthy(client_port)
+        })
+        .await;
+        match result.map_err(classify) {
+            Ok(()) => return Ok((proc, client_url)),
+            Err(StartError::PortTaken(e)) => {
+                drop(proc);
+                let _ = std::fs::remove_dir_all(&data);
+                last_err = Some(e);
+            }
+            Err(StartError::Other(e)) => return Err(e),
+        }
+    }
+    Err(last_err
+        .unwrap_or_else(|| anyhow!("no attempt made"))
+        .context("no free port"))
+}
+
+/// `GET /health` on etcd's client port, over plain HTTP/1.0.
+async fn etcd_healthy(port: u16) -> Result<()> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    if (response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"))
+        && response.contains("\"health\":\"true\"")
+    {
+        return Ok(());
+    }
+    bail!(
+        "etcd not healthy yet: {}",
+        response.lines().last().unwrap_or_default()
+    )
+}
+
+/// Polls `check` until it succeeds; fails at once, with the log's tail, if the process exits,
+/// and at the deadline with the last check error and the log's tail.
+async fn wait_process<F, Fut>(proc: &mut Proc, timeout: Duration, what: &str, mut check: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<()>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = proc.exited() {
+            bail!(
+                "{} exited during startup ({status}); log {}:\n{}",
+                proc.name,
+                proc.log.display(),
+                log_tail(&proc.log)
+            );
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let last = match tokio::time::timeout(left, check()).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => format!("{e:#}"),
+            Err(_) => "check still running at the deadline".to_owned(),
+        };
+        if Instant::now() >= deadline {
+            bail!(
+                "{} not ready ({what}) after {timeout:?}: {last}; log {}:\n{}",
+                proc.name,
+                proc.log.display(),
+                log_tail(&proc.log)
+            );
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// The last lines of a log file, for error messages.
+pub(crate) fn log_tail(path: &Path) -> String {
+    const LINES: usize = 30;
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let mut out = String::new();
+            for line in &lines[lines.len().saturating_sub(LINES)..] {
+                let _ = writeln!(out, "    {line}");
+            }
+            out
+        }
+        Err(e) => format!("    (cannot read: {e})"),
+    }
+}
+
+/// A free port on 127.0.0.1, never the same twice in this process. Another process may still
+/// take it before our child binds it; callers retry on "address already in use".
+fn free_port() -> Result<u16> {
+    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    loop {
+        let port = TcpListener::bind(("127.0.0.1", 0))
+            .context("binding a free port")?
+            .local_addr()?
+            .port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed_out.get_or_insert_with(HashSet::new).insert(port) {
+            return Ok(port);
+        }
+    }
+}
+
+fn write_pki(dir: &Path, certs: &ClusterCerts) -> Result<()> {
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki)?;
+    for (file, text) in [
+        ("ca.crt", certs.ca.cert_pem()),
+        ("apiserver.crt", &certs.serving.cert),
+        ("apiserver.key", &certs.serving.key),
+        ("sa.key", &certs.service_account_key),
+        ("sa.pub", &certs.service_account_pub),
+    ] {
+        std::fs::write(pki.join(file), text).with_context(|| format!("writing {file}"))?;
+    }
+    Ok(())
+}
+
+fn admin_kubeconfig(name: &str, port: u16, certs: &ClusterCerts) -> Result<String> {
+    kubeconfig_yaml(name, port, certs.ca.cert_pem(), &certs.admin, "admin")
+}
+
+fn kubeconfig_yaml(name: &str, port: u16, ca_pem: &str, client: &CertPem, user: &str) -> Result<String> {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let user_name = format!("{name}-{user}");
+    let doc = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {
+            "server": format!("https://127.0.0.1:{port}"),
+            "certificate-authority-data": b64(ca_pem),
+        }}],
+        "users": [{"name": user_name, "user": {
+            "client-certificate-data": b64(&client.cert),
+            "client-key-data": b64(&client.key),
+        }}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user_name}}],
+        "current-context": name,
+    });
+    Ok(serde_yaml::to_string(&doc)?)
+}
+
+/// A `kube::Config` from kubeconfig text.
+pub async fn kube_config(kubeconfig_yaml: &str) -> Result<kube::Config> {
+    let kubeconfig = Kubeconfig::from_yaml(kubeconfig_yaml).context("parsing kubeconfig")?;
+    Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
+}
+
+/// A `kube::Client` from kubeconfig text (for example a kubeconfig read from a Secret).
+pub async fn client_from_kubeconfig(kubeconfig_yaml: &str) -> Result<kube::Client> {
+    Ok(kube::Client::try_from(kube_config(kubeconfig_yaml).await?)?)
+}
+
+/// A child process killed (SIGKILL) and reaped when dropped.
+pub(crate) struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub(crate) fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        Proc::spawn_named(name, program, args, log)
+    }
+
+    pub(crate) fn spawn_named(name: &str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
+        let out = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .with_context(|| format!("spawning {}", program.display()))?;
+        tracing::debug!(name, pid = child.id(), "spawned");
+        Ok(Proc {
+            name: name.to_owned(),
+            child,
+            log: log.to_owned(),
+        })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// SIGKILL, then reap. Idempotent.
+    fn kill(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

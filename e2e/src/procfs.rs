@@ -1,0 +1,31 @@
+//! Facts about processes from `/proc` (Linux), for teardown tests and memory measurements.
+
+use std::path::Path;
+
+/// Resident memory of a process in bytes (`VmRSS` in `/proc/<pid>/status`), `None` if it is gone.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmRSS:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// Whether `pid` is a live (not zombie) process. A reaped process has no `/proc/<pid>`.
+pub fn is_running(pid: u32) -> bool {
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}

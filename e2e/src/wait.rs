@@ -1,0 +1,81 @@
+//! Waiting on a condition with a deadline, instead of sleeping.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+
+/// How often [`wait_for`] checks.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(25);
+
+/// What a [`wait_for`] check may answer: `bool` (done when `true`), `Option<T>` (done with `T`
+/// when `Some`) or `Result<T, E>` (done with `T` when `Ok`; the last error goes into the timeout
+/// message, so "retry until this call succeeds" reads naturally).
+pub trait WaitOutcome {
+    type Value;
+    /// `Ok(value)` when done, else `Err` with an optional description of why not yet.
+    fn into_outcome(self) -> Result<Self::Value, Option<String>>;
+}
+
+impl WaitOutcome for bool {
+    type Value = ();
+    fn into_outcome(self) -> Result<(), Option<String>> {
+        if self { Ok(()) } else { Err(None) }
+    }
+}
+
+impl<T> WaitOutcome for Option<T> {
+    type Value = T;
+    fn into_outcome(self) -> Result<T, Option<String>> {
+        self.ok_or(None)
+    }
+}
+
+impl<T, E: Display> WaitOutcome for Result<T, E> {
+    type Value = T;
+    fn into_outcome(self) -> Result<T, Option<String>> {
+        self.map_err(|e| Some(format!("{e:#}")))
+    }
+}
+
+/// Calls `check` every [`POLL_INTERVAL`] until it reports done, and returns its value; fails
+/// with a message naming `what` (and the last error, if the check returns `Result`) once
+/// `timeout` has passed. A check still running at the deadline is abandoned.
+///
+/// ```ignore
+/// let rq = e2e::wait_for(Duration::from_secs(10), "quota copy on seed-a", || async {
+///     api.get_opt("project-demo").await.ok().flatten()
+/// }).await?;
+/// ```
+pub async fn wait_for<F, Fut>(
+    timeout: Duration,
+    what: &str,
+    mut check: F,
+) -> Result<<Fut::Output as WaitOutcome>::Value>
+where
+    F: FnMut() -> Fut,
+    Fut: Future,
+    Fut::Output: WaitOutcome,
+{
+    let start = Instant::now();
+    let deadline = start + timeout;
+    let mut last: Option<String> = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, check()).await {
+            Ok(outcome) => match outcome.into_outcome() {
+                Ok(value) => return Ok(value),
+                Err(why) => last = why.or(last),
+            },
+            Err(_) => last = Some("the check itself was still running at the deadline".to_owned()),
+        }
+        if Instant::now() >= deadline {
+            match last {
+                Some(why) => bail!("timed out after {timeout:?} waiting for {what}; last: {why}"),
+                None => bail!("timed out after {timeout:?} waiting for {what}"),
+            }
+        }
+        tokio::time::sleep(POLL_INTERVAL.min(deadline.saturating_duration_since(Instant::now()))).await;
+    }
+}
