@@ -173,7 +173,16 @@ impl<'a> Spec<'a> {
             } else if n.as_u64().is_some() {
                 return Err(self.overflow(field));
             } else {
-                return Err(self.invalid(field, EXPECTED, value));
+                // An integral float (`50.0`), as YAML and some clients write numbers.
+                match n.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => {
+                        #[allow(clippy::cast_possible_truncation)] // integral and well inside i64
+                        let i = f as i64;
+                        i
+                    }
+                    Some(f) if f.fract() == 0.0 => return Err(self.overflow(field)),
+                    _ => return Err(self.invalid(field, EXPECTED, value)),
+                }
             }
         } else if matches!(value, Value::Bool(_) | Value::Array(_)) {
             return Err(self.invalid(field, EXPECTED, value));

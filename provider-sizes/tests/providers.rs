@@ -783,3 +783,22 @@ fn reasons_are_a_bounded_camel_case_set() {
         assert!(e.reason().chars().next().is_some_and(|c| c.is_ascii_uppercase()));
     }
 }
+
+#[test]
+fn every_machine_controller_provider_is_handled_and_documented() {
+    let readme = include_str!("../README.md");
+    for name in provider_sizes::Provider::NAMES {
+        let e = size_provider_spec(
+            &json!({"cloudProvider": name, "cloudProviderSpec": {}}),
+            &shipped(),
+            None,
+        )
+        .expect_err("an empty spec sizes nothing");
+        assert_ne!(e.reason(), "UnknownProvider", "{name}");
+        assert!(!e.to_string().is_empty());
+        assert!(
+            readme.contains(&format!("`{name}`")),
+            "README does not list {name}"
+        );
+    }
+}
