@@ -1,1 +1,37 @@
-//! Not built yet: see the open issues.
+//! master-controller: fans every master `ResourceQuota` out to every seed, folds the seeds'
+//! `localUsage` into `globalUsage` (on the master and back onto every seed copy), keeps the
+//! default project quota, and reports stale seeds and over-limit quotas.
+//!
+//! - [`seeds`]: `Seed` objects → a client and a quota-copy watch per seed.
+//! - [`fanout`]: what the master object and the seed copies should look like.
+//! - [`fold`]: seed usages → `globalUsage` and `otherSeedsUsage`; staleness bookkeeping (pure).
+//! - [`default_quota`]: `globalsettings` `spec.defaultQuota` → default project quotas.
+//! - [`status`]: the master object's conditions (pure).
+//! - [`metrics`]: Prometheus metrics.
+//! - [`controller`]: the wiring and [`controller::run`].
+
+pub mod controller;
+pub mod default_quota;
+pub mod fanout;
+pub mod fold;
+pub mod metrics;
+pub mod seeds;
+pub mod status;
+
+pub use controller::{Options, run};
+pub use metrics::Metrics;
+
+/// Why a reconcile or the controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Runtime(#[from] kkp_quota_crds::runtime::RuntimeError),
+    #[error("usage arithmetic failed: {0}")]
+    Quantity(#[from] kkp_quota_crds::QuantityError),
+    #[error("seed(s) not in sync yet: {0}")]
+    Seeds(String),
+    #[error("{0} stopped")]
+    Stopped(&'static str),
+}

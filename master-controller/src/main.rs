@@ -1,0 +1,83 @@
+//! The master-controller binary: flags, logging, the ops server, then [`master_controller::run`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kkp_quota_crds::runtime::kubeconfig::own_client;
+use kkp_quota_crds::runtime::leader::LeaseConfig;
+use kkp_quota_crds::runtime::ops::{Readiness, bind};
+use kkp_quota_crds::runtime::telemetry::init_tracing;
+use master_controller::{Metrics, Options};
+
+/// Fans project quotas out to every seed, folds seed usage into globalUsage, keeps the default
+/// project quota.
+#[derive(Parser, Debug)]
+#[command(name = "master-controller", version)]
+struct Args {
+    /// Kubeconfig of the master cluster (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "KUBECONFIG_MASTER")]
+    kubeconfig: Option<PathBuf>,
+    /// Namespace of the Seed objects (and their kubeconfig Secrets) on the master.
+    #[arg(long, env = "SEED_NAMESPACE", default_value = "kubermatic")]
+    seed_namespace: String,
+    /// Address of the /metrics, /healthz and /readyz server.
+    #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    metrics_address: SocketAddr,
+    /// Every quota is reconciled at least this often, in seconds (a safety net).
+    #[arg(long, env = "RESYNC_PERIOD", default_value_t = 60)]
+    resync_period: u64,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "LEADER_ELECTION_NAMESPACE", default_value = "kubermatic")]
+    leader_election_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEASE_NAME", default_value = "kkp-quota-master-controller")]
+    lease_name: String,
+    /// This replica's identity in the Lease (default: `$POD_NAME`, else host name and pid).
+    #[arg(long, env = "IDENTITY")]
+    identity: Option<String>,
+    /// Run without leader election (only ever one replica).
+    #[arg(long, env = "NO_LEADER_ELECTION")]
+    no_leader_election: bool,
+    /// Quotas reconciled concurrently.
+    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    concurrency: u16,
+    /// Log JSON lines instead of human-readable text.
+    #[arg(long, env = "LOG_JSON")]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let client = own_client(args.kubeconfig.as_deref())
+        .await
+        .context("building the master client")?;
+    let metrics = Metrics::new();
+    let readiness = Readiness::default();
+    let (address, serve) = bind(args.metrics_address, metrics.registry.clone(), readiness.clone())
+        .await
+        .context("binding the metrics address")?;
+    tracing::info!(%address, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(serve);
+    let mut options = Options::new(args.seed_namespace);
+    options.resync_period = Duration::from_secs(args.resync_period.max(1));
+    options.concurrency = args.concurrency.max(1);
+    if !args.no_leader_election {
+        options.lease = Some(LeaseConfig::new(
+            args.leader_election_namespace,
+            args.lease_name,
+            args.identity.unwrap_or_else(LeaseConfig::default_identity),
+        ));
+    }
+    tokio::select! {
+        result = master_controller::run(client, options, metrics, readiness) => result.context("master-controller stopped"),
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!("interrupted; exiting");
+            Ok(())
+        }
+    }
+}

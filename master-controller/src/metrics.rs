@@ -1,0 +1,239 @@
+//! Prometheus metrics (names agreed across the project; base units: cores, bytes).
+
+use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
+use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+
+/// Every metric this controller exports.
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// `kkp_quota_limit{project,resource}`: only limited resources.
+    pub limit: GaugeVec,
+    /// `kkp_quota_usage{project,resource,scope}`: scope `global` or a seed name.
+    pub usage: GaugeVec,
+    /// `kkp_quota_over_limit{project,resource}`: 1 while usage is above the limit.
+    pub over_limit: GaugeVec,
+    /// `kkp_quota_seed_stale{seed}`: 1 while the seed's usage is not current.
+    pub seed_stale: GaugeVec,
+    /// `kkp_quota_seed_last_sync_timestamp_seconds{seed}`.
+    pub seed_last_sync: GaugeVec,
+    /// `kkp_quota_sync_errors_total{seed,operation}`.
+    pub sync_errors: IntCounterVec,
+    /// `kkp_quota_reconcile_duration_seconds{controller}`.
+    pub reconcile_duration: HistogramVec,
+    /// `kkp_quota_reconcile_errors_total{controller}`.
+    pub reconcile_errors: IntCounterVec,
+    /// `kkp_quota_master_writes_total{target,operation}`: writes this replica made (target
+    /// `master` or a seed name).
+    pub writes: IntCounterVec,
+    /// `kkp_quota_master_leader`: 1 while this replica holds the leader lease.
+    pub leader: IntGauge,
+}
+
+fn must<T>(r: Result<T, prometheus::Error>) -> T {
+    // Metric definitions are static; a failure here is a programming error caught by tests.
+    r.unwrap_or_else(|e| panic!("invalid metric definition: {e}"))
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them in a new registry.
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = must(GaugeVec::new(Opts::new(name, help), labels));
+            must(registry.register(Box::new(g.clone())));
+            g
+        };
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = must(IntCounterVec::new(Opts::new(name, help), labels));
+            must(registry.register(Box::new(c.clone())));
+            c
+        };
+        let limit = gauge(
+            "kkp_quota_limit",
+            "Quota limit per project and resource (cores, bytes, count).",
+            &["project", "resource"],
+        );
+        let usage = gauge(
+            "kkp_quota_usage",
+            "Usage per project and resource; scope is \"global\" or the seed name.",
+            &["project", "resource", "scope"],
+        );
+        let over_limit = gauge(
+            "kkp_quota_over_limit",
+            "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
+            &["project", "resource"],
+        );
+        let seed_stale = gauge(
+            "kkp_quota_seed_stale",
+            "1 while a seed's usage is not current (unreachable).",
+            &["seed"],
+        );
+        let seed_last_sync = gauge(
+            "kkp_quota_seed_last_sync_timestamp_seconds",
+            "Unix time of the last successful sync with a seed.",
+            &["seed"],
+        );
+        let sync_errors = counter(
+            "kkp_quota_sync_errors_total",
+            "Failed operations against a seed.",
+            &["seed", "operation"],
+        );
+        let reconcile_errors = counter(
+            "kkp_quota_reconcile_errors_total",
+            "Failed reconciles.",
+            &["controller"],
+        );
+        let writes = counter(
+            "kkp_quota_master_writes_total",
+            "Writes made by this replica; target is \"master\" or a seed name.",
+            &["target", "operation"],
+        );
+        let reconcile_duration = must(HistogramVec::new(
+            HistogramOpts::new(
+                "kkp_quota_reconcile_duration_seconds",
+                "Duration of one reconcile.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+            &["controller"],
+        ));
+        must(registry.register(Box::new(reconcile_duration.clone())));
+        let leader = must(IntGauge::new(
+            "kkp_quota_master_leader",
+            "1 while this replica holds the leader lease.",
+        ));
+        must(registry.register(Box::new(leader.clone())));
+        Metrics {
+            registry,
+            limit,
+            usage,
+            over_limit,
+            seed_stale,
+            seed_last_sync,
+            sync_errors,
+            reconcile_duration,
+            reconcile_errors,
+            writes,
+            leader,
+        }
+    }
+
+    pub fn sync_error(&self, seed: &str, operation: &str) {
+        self.sync_errors.with_label_values(&[seed, operation]).inc();
+    }
+
+    pub fn wrote(&self, target: &str, operation: &str) {
+        self.writes.with_label_values(&[target, operation]).inc();
+    }
+
+    /// Limit, global usage and over-limit gauges of one project.
+    pub fn set_quota(&self, project: &str, limit: &ResourceDetails, global: Option<&ResourceDetails>) {
+        for &r in Resource::ALL {
+            match limit.get(r) {
+                Some(l) => self.limit.with_label_values(&[project, r.name()]).set(as_f64(l)),
+                None => {
+                    let _ = self.limit.remove_label_values(&[project, r.name()]);
+                }
+            }
+            if let Some(g) = global {
+                self.usage
+                    .with_label_values(&[project, r.name(), "global"])
+                    .set(as_f64(g.amount(r)));
+                let over = limit.get(r).is_some_and(|l| g.amount(r) > l);
+                self.over_limit
+                    .with_label_values(&[project, r.name()])
+                    .set(if over { 1.0 } else { 0.0 });
+            }
+        }
+    }
+
+    /// Per-seed usage of one project.
+    pub fn set_seed_usage(&self, project: &str, seed: &str, local: &ResourceDetails) {
+        for &r in Resource::ALL {
+            self.usage
+                .with_label_values(&[project, r.name(), seed])
+                .set(as_f64(local.amount(r)));
+        }
+    }
+
+    /// Drops every series of a project (its quota is gone).
+    pub fn forget_project(&self, project: &str, seeds: &[String]) {
+        for &r in Resource::ALL {
+            let _ = self.limit.remove_label_values(&[project, r.name()]);
+            let _ = self.over_limit.remove_label_values(&[project, r.name()]);
+            let _ = self.usage.remove_label_values(&[project, r.name(), "global"]);
+            for seed in seeds {
+                let _ = self.usage.remove_label_values(&[project, r.name(), seed]);
+            }
+        }
+    }
+
+    /// Drops a seed's series (removed from the fleet).
+    pub fn forget_seed(&self, seed: &str) {
+        let _ = self.seed_stale.remove_label_values(&[seed]);
+        let _ = self.seed_last_sync.remove_label_values(&[seed]);
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+/// A quantity in base units as a float (for metrics only; decisions never use floats).
+#[allow(clippy::cast_precision_loss)]
+pub fn as_f64(q: Quantity) -> f64 {
+    q.as_nanos() as f64 / 1e9
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus::Encoder;
+
+    #[test]
+    fn exports_agreed_names() {
+        let m = Metrics::new();
+        let limit = ResourceDetails {
+            cpu: Some(Quantity::from_units(4)),
+            ..ResourceDetails::default()
+        };
+        let used = ResourceDetails {
+            cpu: Some(Quantity::from_millis(6500)),
+            memory: Some(Quantity::from_gibibytes(1)),
+            ..ResourceDetails::default()
+        };
+        m.set_quota("demo", &limit, Some(&used));
+        m.set_seed_usage("demo", "seed-a", &used);
+        m.seed_stale.with_label_values(&["seed-a"]).set(1.0);
+        m.sync_error("seed-a", "watch");
+        m.reconcile_duration.with_label_values(&["quota"]).observe(0.01);
+        m.reconcile_errors.with_label_values(&["quota"]).inc();
+        m.seed_last_sync.with_label_values(&["seed-a"]).set(1.0);
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&m.registry.gather(), &mut out)
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        for needle in [
+            "kkp_quota_limit{project=\"demo\",resource=\"cpu\"} 4",
+            "kkp_quota_usage{project=\"demo\",resource=\"cpu\",scope=\"global\"} 6.5",
+            "kkp_quota_usage{project=\"demo\",resource=\"memory\",scope=\"seed-a\"} 1073741824",
+            "kkp_quota_over_limit{project=\"demo\",resource=\"cpu\"} 1",
+            "kkp_quota_seed_stale{seed=\"seed-a\"} 1",
+            "kkp_quota_sync_errors_total{operation=\"watch\",seed=\"seed-a\"} 1",
+            "kkp_quota_reconcile_duration_seconds_bucket",
+            "kkp_quota_reconcile_errors_total{controller=\"quota\"} 1",
+            "kkp_quota_seed_last_sync_timestamp_seconds{seed=\"seed-a\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        assert!(
+            !text.contains("kkp_quota_limit{project=\"demo\",resource=\"memory\"}"),
+            "unlimited resources have no limit series"
+        );
+    }
+}

@@ -1,0 +1,420 @@
+//! The seed set: every `Seed` on the master, a client built from the kubeconfig Secret it
+//! references, and one watch of `ResourceQuota` copies per seed.
+//!
+//! - Seeds added, removed, or whose kubeconfig Secret changes are picked up without a restart
+//!   (the `Seed`s and the `Secret`s of the seed namespace are watched, and the set is
+//!   re-resolved on every change and every ten seconds).
+//! - Each seed's copies are watched by a task of its own: a seed that cannot be reached is
+//!   retried with backoff ([`SeedBackoff`]) and never stalls the others. Its cache (the last
+//!   copies seen) stays while it is unreachable: that is the "last known usage" the fold keeps
+//!   counting.
+//! - After a failure the watch starts over with a full list, so a seed becomes fresh again only
+//!   once the cache is complete and current ("catch up at once").
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Secret;
+use kkp_quota_crds::ResourceQuota;
+use kkp_quota_crds::kkp::{KUBECONFIG_KEY, Seed};
+use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::{WatchStreamExt, reflector};
+use kube::{Api, Client, ResourceExt};
+use tokio::sync::{Notify, mpsc};
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use crate::fold::Health;
+use crate::metrics::Metrics;
+
+/// What is known about one seed.
+#[derive(Clone)]
+pub struct SeedState {
+    /// `None` while its kubeconfig cannot be read.
+    pub client: Option<Client>,
+    pub health: Health,
+    /// The quota copies on the seed, as last seen.
+    pub copies: BTreeMap<String, ResourceQuota>,
+}
+
+/// One seed's part of one quota, copied out of the shared state for a reconcile.
+#[derive(Clone)]
+pub struct SeedView {
+    pub name: String,
+    pub client: Option<Client>,
+    pub health: Health,
+    pub copy: Option<ResourceQuota>,
+}
+
+/// The shared seed state.
+#[derive(Clone, Default)]
+pub struct Seeds(Arc<RwLock<BTreeMap<String, SeedState>>>);
+
+impl Seeds {
+    fn write<T>(&self, f: impl FnOnce(&mut BTreeMap<String, SeedState>) -> T) -> T {
+        f(&mut self.0.write().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    fn read<T>(&self, f: impl FnOnce(&BTreeMap<String, SeedState>) -> T) -> T {
+        f(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+
+    /// Every seed's view of quota `name`.
+    pub fn views(&self, name: &str) -> Vec<SeedView> {
+        self.read(|seeds| {
+            seeds
+                .iter()
+                .map(|(seed, s)| SeedView {
+                    name: seed.clone(),
+                    client: s.client.clone(),
+                    health: s.health,
+                    copy: s.copies.get(name).cloned(),
+                })
+                .collect()
+        })
+    }
+
+    /// The seed names.
+    pub fn names(&self) -> Vec<String> {
+        self.read(|seeds| seeds.keys().cloned().collect())
+    }
+
+    /// Fresh seeds with their client and the names of their copies.
+    pub fn fresh_copies(&self) -> Vec<(String, Client, Vec<ResourceQuota>)> {
+        self.read(|seeds| {
+            seeds
+                .iter()
+                .filter(|(_, s)| s.health.is_fresh())
+                .filter_map(|(n, s)| {
+                    Some((n.clone(), s.client.clone()?, s.copies.values().cloned().collect()))
+                })
+                .collect()
+        })
+    }
+
+    /// The health of a seed, if it is part of the fleet.
+    pub fn health(&self, seed: &str) -> Option<Health> {
+        self.read(|seeds| seeds.get(seed).map(|s| s.health))
+    }
+}
+
+/// Ways to ask the quota controller for work.
+#[derive(Clone)]
+pub struct Triggers {
+    /// Reconcile one master quota (by name).
+    pub one: mpsc::UnboundedSender<String>,
+    /// Reconcile every master quota.
+    pub all: mpsc::UnboundedSender<()>,
+    /// Look for seed copies without a master object.
+    pub orphans: Arc<Notify>,
+}
+
+impl Triggers {
+    fn quota(&self, name: &str) {
+        let _ = self.one.send(name.to_owned());
+    }
+
+    fn everything(&self) {
+        let _ = self.all.send(());
+        self.orphans.notify_one();
+    }
+}
+
+/// Exponential backoff for a seed's watch: 250 ms doubling to `max`, reset after a full sync.
+pub struct SeedBackoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl SeedBackoff {
+    pub const MIN: Duration = Duration::from_millis(250);
+
+    pub fn new(max: Duration) -> SeedBackoff {
+        SeedBackoff { next: Self::MIN, max }
+    }
+
+    pub fn reset(&mut self) {
+        self.next = Self::MIN;
+    }
+}
+
+impl Iterator for SeedBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let now = self.next;
+        self.next = (self.next * 2).min(self.max);
+        Some(now)
+    }
+}
+
+/// Aborts a task when dropped (so dropping the manager stops every seed watch).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+struct Running {
+    kubeconfig: String,
+    _task: AbortOnDrop,
+}
+
+/// Keeps the seed set in line with the `Seed` objects in `namespace` on the master, for as
+/// long as the returned future runs. Dropping it stops every seed watch.
+pub async fn manage(
+    master: Client,
+    namespace: String,
+    seeds: Seeds,
+    triggers: Triggers,
+    metrics: Metrics,
+    max_backoff: Duration,
+) {
+    let seed_api: Api<Seed> = Api::namespaced(master.clone(), &namespace);
+    let secret_api: Api<PartialObjectMeta<Secret>> = Api::namespaced(master.clone(), &namespace);
+    let (store, writer) = reflector::store();
+    let seed_events = reflector(writer, watcher::watcher(seed_api, watcher::Config::default()))
+        .default_backoff()
+        .map(|_| ());
+    // Only the fact that a Secret changed matters; its content is read when resolving.
+    let secret_events = watcher::watcher(secret_api, watcher::Config::default())
+        .default_backoff()
+        .map(|_| ());
+    let ticks = stream::unfold(
+        tokio::time::interval(Duration::from_secs(10)),
+        |mut t| async move {
+            t.tick().await;
+            Some(((), t))
+        },
+    );
+    let mut events = stream::select(
+        stream::select(seed_events.boxed(), secret_events.boxed()),
+        ticks.boxed(),
+    );
+    let mut running: BTreeMap<String, Running> = BTreeMap::new();
+    let _ = store.wait_until_ready().await;
+    while events.next().await.is_some() {
+        let wanted: BTreeMap<String, (String, String)> = store
+            .state()
+            .iter()
+            .map(|s| {
+                let r = &s.spec.kubeconfig;
+                let ns = r
+                    .namespace
+                    .clone()
+                    .filter(|n| !n.is_empty())
+                    .unwrap_or_else(|| namespace.clone());
+                (s.name_any(), (ns, r.name.clone().unwrap_or_default()))
+            })
+            .collect();
+        let mut changed = false;
+        for (name, (secret_ns, secret_name)) in &wanted {
+            let text = kubeconfig_from_secret(&master, secret_ns, secret_name, KUBECONFIG_KEY).await;
+            let text = match text {
+                Ok(t) => t,
+                Err(e) => {
+                    if !running.contains_key(name) {
+                        let fresh_entry = seeds.write(|s| {
+                            let new = !s.contains_key(name);
+                            s.entry(name.clone()).or_insert_with(|| SeedState {
+                                client: None,
+                                health: Health::Unknown {
+                                    since: Timestamp::now(),
+                                },
+                                copies: BTreeMap::new(),
+                            });
+                            new
+                        });
+                        if fresh_entry {
+                            warn!(seed = %name, error = %e, "cannot read the seed's kubeconfig; retrying");
+                            metrics.seed_stale.with_label_values(&[name]).set(1.0);
+                            changed = true;
+                        }
+                        metrics.sync_error(name, "kubeconfig");
+                    }
+                    continue;
+                }
+            };
+            if running.get(name).is_some_and(|r| r.kubeconfig == text) {
+                continue;
+            }
+            let client = match client_from_yaml(&text).await {
+                Ok(c) => c,
+                Err(e) => {
+                    warn!(seed = %name, error = %e, "the seed's kubeconfig is invalid; retrying");
+                    metrics.sync_error(name, "kubeconfig");
+                    continue;
+                }
+            };
+            info!(seed = %name, rotated = running.contains_key(name), "watching seed");
+            seeds.write(|s| {
+                let entry = s.entry(name.clone()).or_insert_with(|| SeedState {
+                    client: None,
+                    health: Health::Unknown {
+                        since: Timestamp::now(),
+                    },
+                    copies: BTreeMap::new(),
+                });
+                entry.client = Some(client.clone());
+            });
+            let task = tokio::spawn(
+                watch_seed(
+                    name.clone(),
+                    client,
+                    seeds.clone(),
+                    triggers.clone(),
+                    metrics.clone(),
+                    max_backoff,
+                )
+                .instrument(info_span!("seed", seed = %name)),
+            );
+            running.insert(
+                name.clone(),
+                Running {
+                    kubeconfig: text,
+                    _task: AbortOnDrop(task),
+                },
+            );
+            changed = true;
+        }
+        let gone: Vec<String> = seeds
+            .names()
+            .into_iter()
+            .filter(|n| !wanted.contains_key(n))
+            .collect();
+        for name in gone {
+            info!(seed = %name, "seed removed from the fleet");
+            running.remove(&name);
+            seeds.write(|s| s.remove(&name));
+            metrics.forget_seed(&name);
+            changed = true;
+        }
+        if changed {
+            triggers.everything();
+        }
+    }
+}
+
+/// Watches one seed's quota copies until aborted.
+async fn watch_seed(
+    seed: String,
+    client: Client,
+    seeds: Seeds,
+    triggers: Triggers,
+    metrics: Metrics,
+    max_backoff: Duration,
+) {
+    let api: Api<ResourceQuota> = Api::all(client);
+    let mut backoff = SeedBackoff::new(max_backoff);
+    loop {
+        let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+        let mut buffer: BTreeMap<String, ResourceQuota> = BTreeMap::new();
+        while let Some(event) = events.next().await {
+            let now = Timestamp::now();
+            match event {
+                Ok(Event::Init) => buffer.clear(),
+                Ok(Event::InitApply(rq)) => {
+                    buffer.insert(rq.name_any(), rq);
+                }
+                Ok(Event::InitDone) => {
+                    let listed = std::mem::take(&mut buffer);
+                    let new_names: BTreeSet<String> = listed.keys().cloned().collect();
+                    let (old_names, was_fresh) = seeds.write(|s| {
+                        let Some(state) = s.get_mut(&seed) else {
+                            return (BTreeSet::new(), true);
+                        };
+                        let old: BTreeSet<String> = state.copies.keys().cloned().collect();
+                        let was_fresh = state.health.is_fresh();
+                        state.copies = listed;
+                        state.health = state.health.synced(now);
+                        (old, was_fresh)
+                    });
+                    backoff.reset();
+                    metrics.seed_stale.with_label_values(&[&seed]).set(0.0);
+                    set_last_sync(&metrics, &seed, now);
+                    if was_fresh {
+                        for name in old_names.union(&new_names) {
+                            triggers.quota(name);
+                        }
+                        triggers.orphans.notify_one();
+                    } else {
+                        info!(copies = new_names.len(), "seed synced");
+                        triggers.everything();
+                    }
+                }
+                Ok(Event::Apply(rq)) => {
+                    let name = rq.name_any();
+                    seeds.write(|s| {
+                        if let Some(state) = s.get_mut(&seed) {
+                            state.copies.insert(name.clone(), rq);
+                            state.health = state.health.touched(now);
+                        }
+                    });
+                    set_last_sync(&metrics, &seed, now);
+                    debug!(quota = %name, "copy changed");
+                    triggers.quota(&name);
+                    triggers.orphans.notify_one();
+                }
+                Ok(Event::Delete(rq)) => {
+                    let name = rq.name_any();
+                    seeds.write(|s| {
+                        if let Some(state) = s.get_mut(&seed) {
+                            state.copies.remove(&name);
+                            state.health = state.health.touched(now);
+                        }
+                    });
+                    triggers.quota(&name);
+                }
+                Err(e) => {
+                    let became_stale = seeds.write(|s| {
+                        s.get_mut(&seed).is_some_and(|state| {
+                            let was = state.health.is_fresh();
+                            state.health = state.health.failed(now);
+                            was
+                        })
+                    });
+                    metrics.sync_error(&seed, "watch");
+                    metrics.seed_stale.with_label_values(&[&seed]).set(1.0);
+                    if became_stale {
+                        warn!(error = %e, "seed unreachable; keeping its last known usage");
+                        triggers.everything();
+                    } else {
+                        debug!(error = %e, "seed still unreachable");
+                    }
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(backoff.next().unwrap_or(max_backoff)).await;
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn set_last_sync(metrics: &Metrics, seed: &str, now: Timestamp) {
+    metrics
+        .seed_last_sync
+        .with_label_values(&[seed])
+        .set(now.as_millisecond() as f64 / 1000.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_resets() {
+        let mut b = SeedBackoff::new(Duration::from_secs(2));
+        let first: Vec<Duration> = b.by_ref().take(6).collect();
+        assert_eq!(first[0], Duration::from_millis(250));
+        assert_eq!(first[1], Duration::from_millis(500));
+        assert_eq!(first[5], Duration::from_secs(2));
+        b.reset();
+        assert_eq!(b.next(), Some(Duration::from_millis(250)));
+    }
+}

@@ -1,0 +1,222 @@
+//! The master object's conditions. Pure; no I/O.
+//!
+//! - `SeedsStale`: `True` while a seed's usage is counted from its last known view (or is not
+//!   known at all); the message names each seed and since when.
+//! - `QuotaExceeded`: `True` while `globalUsage` is above the limit for some resource. Lowering a
+//!   quota below current usage is allowed (as in KKP): nothing is deleted, new Machines that need
+//!   that resource are denied until usage drops below the limit.
+//! - `SeedCleanupPending`: only while the master object is being deleted and some seed could not
+//!   delete its copy yet; the finalizer stays until the seed is back or removed from the fleet.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kkp_quota_crds::{Resource, ResourceDetails};
+
+use crate::fold::StaleSeed;
+
+pub const SEEDS_STALE: &str = "SeedsStale";
+pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+pub const SEED_CLEANUP_PENDING: &str = "SeedCleanupPending";
+
+/// A condition without its transition time (filled in by [`merge_conditions`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+/// `SeedsStale` for the stale seeds of one quota.
+pub fn seeds_stale(stale: &[StaleSeed]) -> Desired {
+    if stale.is_empty() {
+        return Desired {
+            type_: SEEDS_STALE,
+            status: false,
+            reason: "AllSeedsSynced".into(),
+            message: "every seed's usage is current".into(),
+        };
+    }
+    let parts: Vec<String> = stale
+        .iter()
+        .map(|s| {
+            if s.unknown {
+                format!(
+                    "{} not reachable since {} and its usage is not known yet (globalUsage is left unchanged until it is)",
+                    s.seed,
+                    s.since.strftime("%Y-%m-%dT%H:%M:%SZ")
+                )
+            } else {
+                format!(
+                    "{} unreachable since {} (its last known usage is still counted)",
+                    s.seed,
+                    s.since.strftime("%Y-%m-%dT%H:%M:%SZ")
+                )
+            }
+        })
+        .collect();
+    Desired {
+        type_: SEEDS_STALE,
+        status: true,
+        reason: "SeedsUnreachable".into(),
+        message: parts.join("; "),
+    }
+}
+
+/// `QuotaExceeded`: usage above the limit for some resource.
+pub fn quota_exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desired {
+    let over = limit.overrun_by(usage);
+    if over.is_empty() {
+        return Desired {
+            type_: QUOTA_EXCEEDED,
+            status: false,
+            reason: "WithinLimit".into(),
+            message: "usage is within the quota".into(),
+        };
+    }
+    let parts: Vec<String> = over
+        .iter()
+        .map(|&r: &Resource| {
+            format!(
+                "{} used of {}",
+                r.describe(usage.amount(r)),
+                r.describe(limit.amount(r))
+            )
+        })
+        .collect();
+    Desired {
+        type_: QUOTA_EXCEEDED,
+        status: true,
+        reason: "UsageAboveLimit".into(),
+        message: format!(
+            "usage is above the quota: {}. Lowering a quota below usage is allowed: nothing is removed, \
+             but new Machines needing these resources are denied until usage drops",
+            parts.join(", ")
+        ),
+    }
+}
+
+/// `SeedCleanupPending` while deleting: the seeds that still hold a copy.
+pub fn cleanup_pending(seeds: &[String]) -> Desired {
+    Desired {
+        type_: SEED_CLEANUP_PENDING,
+        status: true,
+        reason: "SeedsUnreachable".into(),
+        message: format!(
+            "waiting for seed(s) {} to delete their copy; the finalizer stays until each is reachable again or removed from the fleet",
+            seeds.join(", ")
+        ),
+    }
+}
+
+/// The new condition list: every desired condition, keeping `lastTransitionTime` where the status
+/// did not change, and keeping conditions of other types (not ours) as they are.
+pub fn merge_conditions(
+    existing: &[Condition],
+    desired: &[Desired],
+    generation: Option<i64>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let mut out: Vec<Condition> = existing
+        .iter()
+        .filter(|c| !desired.iter().any(|d| d.type_ == c.type_))
+        .cloned()
+        .collect();
+    for d in desired {
+        let status = if d.status { "True" } else { "False" };
+        let previous = existing.iter().find(|c| c.type_ == d.type_);
+        let since = match previous {
+            Some(p) if p.status == status => p.last_transition_time.clone(),
+            _ => Time(now),
+        };
+        out.push(Condition {
+            type_: d.type_.to_owned(),
+            status: status.to_owned(),
+            reason: d.reason.clone(),
+            message: d.message.clone(),
+            observed_generation: generation,
+            last_transition_time: since,
+        });
+    }
+    out.sort_by(|a, b| a.type_.cmp(&b.type_));
+    out
+}
+
+/// True when two condition lists say the same (ignoring order).
+pub fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
+    a.len() == b.len() && a.iter().all(|x| b.iter().any(|y| y == x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::Quantity;
+
+    #[test]
+    fn exceeded_names_each_resource_over_its_limit() {
+        let limit = ResourceDetails {
+            cpu: Some(Quantity::from_units(4)),
+            memory: Some(Quantity::from_gibibytes(8)),
+            ..ResourceDetails::default()
+        };
+        let usage = ResourceDetails {
+            cpu: Some(Quantity::from_units(6)),
+            memory: Some(Quantity::from_gibibytes(8)),
+            storage: Some(Quantity::from_gibibytes(900)),
+            ..ResourceDetails::default()
+        };
+        let d = quota_exceeded(&limit, &usage);
+        assert!(d.status);
+        assert!(d.message.contains("6 cpu used of 4 cpu"), "{}", d.message);
+        assert!(
+            !d.message.contains("memory"),
+            "memory is at, not above, its limit"
+        );
+        assert!(!quota_exceeded(&limit, &ResourceDetails::default()).status);
+    }
+
+    #[test]
+    fn stale_message_names_seed_and_time() {
+        let since = Timestamp::from_second(1_700_000_000).unwrap();
+        let d = seeds_stale(&[StaleSeed {
+            seed: "seed-b".into(),
+            since,
+            unknown: false,
+        }]);
+        assert!(d.status);
+        assert!(
+            d.message
+                .contains("seed-b unreachable since 2023-11-14T22:13:20Z"),
+            "{}",
+            d.message
+        );
+        assert!(!seeds_stale(&[]).status);
+    }
+
+    #[test]
+    fn transition_time_kept_while_status_unchanged() {
+        let t0 = Timestamp::from_second(100).unwrap();
+        let t1 = Timestamp::from_second(200).unwrap();
+        let foreign = Condition {
+            type_: "Other".into(),
+            status: "True".into(),
+            reason: "X".into(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: Time(t0),
+        };
+        let first = merge_conditions(std::slice::from_ref(&foreign), &[seeds_stale(&[])], Some(1), t0);
+        assert_eq!(first.len(), 2);
+        let again = merge_conditions(&first, &[seeds_stale(&[])], Some(1), t1);
+        assert!(same_conditions(&first, &again));
+        let stale = seeds_stale(&[StaleSeed {
+            seed: "b".into(),
+            since: t1,
+            unknown: false,
+        }]);
+        let flipped = merge_conditions(&again, &[stale], Some(1), t1);
+        let c = flipped.iter().find(|c| c.type_ == SEEDS_STALE).unwrap();
+        assert_eq!(c.last_transition_time, Time(t1));
+        assert!(flipped.contains(&foreign));
+    }
+}
