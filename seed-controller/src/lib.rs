@@ -1,1 +1,302 @@
-//! Not built yet: see the open issues.
+//! seed-controller: counts every user cluster's Machines on one seed.
+//!
+//! - [`clusters`]: `Cluster` objects on the seed -> one Machine watch per user cluster (admin
+//!   kubeconfig from the cluster's namespace), following additions, deletions and kubeconfig
+//!   rotation; a dead cluster keeps its last usage and is reported.
+//! - [`catalog`]: the admin size catalog `ConfigMap`, watched and reloaded.
+//! - [`usage`] and [`ledger`]: the pure arithmetic and the reservation upkeep decisions.
+//! - [`state`]: the in-memory picture the watches update and the writer snapshots.
+//! - [`writer`]: `Cluster.status.resourceUsage` and the seed quota copy's `localUsage` (with the
+//!   dropped reservations, in one compare-and-swap write).
+//! - [`webhook_config`]: the `ValidatingWebhookConfiguration` kept in every user cluster.
+//!
+//! [`Controller`] ties them together; [`run`] adds the ops server and leader election.
+
+pub mod catalog;
+pub mod clusters;
+pub mod ledger;
+pub mod metrics;
+pub mod state;
+pub mod usage;
+pub mod webhook_config;
+pub mod writer;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use kkp_quota_crds::runtime::RuntimeError;
+use kkp_quota_crds::runtime::kubeconfig::own_client;
+use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
+use kkp_quota_crds::runtime::ops::{Readiness, bind};
+use provider_sizes::SizeCatalog;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+pub use metrics::Metrics;
+pub use state::{CONDITION_TYPE, REASON_UNADMITTED, REASON_UNSIZEABLE};
+
+/// Why the controller failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    #[error("kubernetes API error: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error("usage arithmetic: {0}")]
+    Quantity(#[from] kkp_quota_crds::QuantityError),
+    #[error("reading {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("{0}")]
+    Config(String),
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d: jiff::SignedDuration = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a duration such as 30s, 2m or 1h: {e}"))?;
+    Duration::try_from(d).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// The flags (each with an environment variable fallback).
+#[derive(clap::Parser, Debug, Clone)]
+#[command(
+    name = "seed-controller",
+    version,
+    about = "Counts user clusters' Machines into KKP ResourceQuota usage on one seed"
+)]
+pub struct Config {
+    /// Kubeconfig of the seed (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "SEED_CONTROLLER_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Name of this seed (logs, lease identity).
+    #[arg(long, env = "SEED_CONTROLLER_SEED_NAME", default_value = "seed")]
+    pub seed_name: String,
+    /// KKP's namespace on the seed (size catalog `ConfigMap`, leader `Lease`).
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_KUBERMATIC_NAMESPACE",
+        default_value = "kubermatic"
+    )]
+    pub kubermatic_namespace: String,
+    /// Namespace of the Machines in every user cluster.
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_MACHINE_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub machine_namespace: String,
+    /// Take each user cluster's Machine namespace from its kubeconfig's context instead of
+    /// --machine-namespace (for simulated fleets where many clusters share one apiserver).
+    #[arg(long, env = "SEED_CONTROLLER_MACHINE_NAMESPACE_FROM_KUBECONFIG")]
+    pub machine_namespace_from_kubeconfig: bool,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "SEED_CONTROLLER_METRICS_ADDRESS", default_value = "0.0.0.0:8085")]
+    pub metrics_address: SocketAddr,
+    /// How often every user cluster's Machines are listed again (safety-net recount) and every
+    /// usage is rewritten if it differs.
+    #[arg(long, env = "SEED_CONTROLLER_RESYNC_PERIOD", default_value = "5m", value_parser = parse_duration)]
+    pub resync_period: Duration,
+    /// Admission reservations whose Machine has not appeared after this long are dropped (never
+    /// while the Machine's user cluster is unreachable).
+    #[arg(long, env = "SEED_CONTROLLER_RESERVATION_TTL", default_value = "2m", value_parser = parse_duration)]
+    pub reservation_ttl: Duration,
+    /// Base URL of the machine-webhook (https://host:port). When set, every user cluster gets the
+    /// `ValidatingWebhookConfiguration` `kkp-quota-machines` pointing at
+    /// `<url>/validate/machines/<cluster>`.
+    #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+    /// PEM CA bundle the user clusters' apiservers use to verify the webhook.
+    #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CA_FILE", requires = "webhook_url")]
+    pub webhook_ca_file: Option<PathBuf>,
+    /// Run only while holding the leader Lease (several replicas may run).
+    #[arg(long, env = "SEED_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+    /// Namespace of the leader Lease (default: --kubermatic-namespace).
+    #[arg(long, env = "SEED_CONTROLLER_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+    /// Name of the leader Lease.
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_LEADER_ELECTION_ID",
+        default_value = "kkp-quota-seed-controller"
+    )]
+    pub leader_election_id: String,
+    /// How long a lease holder may go without renewing before another replica takes over.
+    #[arg(long, env = "SEED_CONTROLLER_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// Timeout of one request to a user cluster (listings, Events, webhook configuration).
+    #[arg(long, env = "SEED_CONTROLLER_USER_CLUSTER_TIMEOUT", default_value = "15s", value_parser = parse_duration)]
+    pub user_cluster_timeout: Duration,
+    /// Log JSON lines instead of text.
+    #[arg(long, env = "SEED_CONTROLLER_LOG_JSON")]
+    pub log_json: bool,
+}
+
+impl Config {
+    /// Defaults for tests and embedding: no leader election, ops on a free loopback port.
+    pub fn for_tests(seed_name: &str) -> Config {
+        <Config as clap::Parser>::parse_from([
+            "seed-controller",
+            "--seed-name",
+            seed_name,
+            "--leader-elect=false",
+            "--metrics-address",
+            "127.0.0.1:0",
+        ])
+    }
+}
+
+/// What every task of the controller shares.
+pub struct Shared {
+    pub config: Config,
+    pub seed: kube::Client,
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+    state: Mutex<state::State>,
+    /// Wakes the writer after a change.
+    pub notify: Notify,
+    /// The webhook CA bundle (PEM), when --webhook-url is set.
+    pub webhook_ca: Option<Vec<u8>>,
+}
+
+impl Shared {
+    /// The state, under a short lock (never held across an await).
+    pub fn state(&self) -> MutexGuard<'_, state::State> {
+        match self.state.lock() {
+            Ok(guard) => guard,
+            // A panicking holder left the data consistent enough to keep counting.
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    pub fn wake_writer(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// A spawned task that is aborted when this handle is dropped (so aborting the controller stops
+/// every watch it started).
+pub struct AbortOnDrop<T>(pub JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The controller: construct, keep [`Controller::shared`] for metrics and state, then
+/// [`Controller::run`].
+pub struct Controller {
+    shared: Arc<Shared>,
+}
+
+impl Controller {
+    pub async fn new(config: Config, seed: kube::Client) -> Result<Controller, Error> {
+        let webhook_ca = match &config.webhook_ca_file {
+            Some(path) => Some(tokio::fs::read(path).await.map_err(|source| Error::ReadFile {
+                path: path.clone(),
+                source,
+            })?),
+            None => None,
+        };
+        if let Some(url) = &config.webhook_url
+            && !url.starts_with("https://")
+        {
+            return Err(Error::Config(format!(
+                "--webhook-url {url:?} must be an https:// URL"
+            )));
+        }
+        Ok(Controller {
+            shared: Arc::new(Shared {
+                metrics: Metrics::new()?,
+                readiness: Readiness::default(),
+                state: Mutex::new(state::State::new(SizeCatalog::shipped())),
+                notify: Notify::new(),
+                webhook_ca,
+                seed,
+                config,
+            }),
+        })
+    }
+
+    pub fn shared(&self) -> Arc<Shared> {
+        Arc::clone(&self.shared)
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
+
+    pub fn readiness(&self) -> Readiness {
+        self.shared.readiness.clone()
+    }
+
+    /// Runs until a watch loop ends (it does not, short of a panic) or the future is dropped;
+    /// dropping it stops every task it started.
+    pub async fn run(self) -> Result<(), Error> {
+        let shared = self.shared;
+        info!(seed = %shared.config.seed_name, "seed-controller starting");
+        let catalog = AbortOnDrop(tokio::spawn(catalog::run(Arc::clone(&shared))));
+        let quotas = AbortOnDrop(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
+        let writer = AbortOnDrop(tokio::spawn(writer::run(Arc::clone(&shared))));
+        let resync = AbortOnDrop(tokio::spawn(resync(Arc::clone(&shared))));
+        let clusters = clusters::run(Arc::clone(&shared));
+        let result = clusters.await;
+        drop((catalog, quotas, writer, resync));
+        result
+    }
+}
+
+/// Every --resync-period, every usage is written again if it differs (the recount itself runs
+/// in each user cluster's task).
+async fn resync(shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(shared.config.resync_period);
+    ticker.tick().await;
+    loop {
+        ticker.tick().await;
+        shared.state().mark_all();
+        shared.wake_writer();
+    }
+}
+
+/// The binary: seed client, ops server, leader election, controller.
+pub async fn run(config: Config) -> Result<(), Error> {
+    let seed = own_client(config.kubeconfig.as_deref()).await?;
+    let controller = Controller::new(config.clone(), seed.clone()).await?;
+    let (address, serve) = bind(
+        config.metrics_address,
+        controller.metrics().registry.clone(),
+        controller.readiness(),
+    )
+    .await?;
+    info!(%address, "serving /metrics, /healthz, /readyz");
+    let ops = AbortOnDrop(tokio::spawn(async move {
+        if let Err(e) = serve.await {
+            warn!(error = %e, "ops server stopped");
+        }
+    }));
+    let result = if config.leader_elect {
+        let lease = LeaseConfig {
+            lease_duration: config.lease_duration,
+            renew_every: config.lease_duration / 3,
+            ..LeaseConfig::new(
+                config
+                    .leader_election_namespace
+                    .clone()
+                    .unwrap_or_else(|| config.kubermatic_namespace.clone()),
+                config.leader_election_id.clone(),
+                LeaseConfig::default_identity(),
+            )
+        };
+        LeaderElector::new(seed, lease).run(controller.run()).await?
+    } else {
+        controller.run().await
+    };
+    drop(ops);
+    result
+}

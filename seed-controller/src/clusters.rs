@@ -1,0 +1,395 @@
+//! User clusters: `Cluster` objects on the seed -> one task per user cluster, with a client
+//! from the Secret `admin-kubeconfig` in the cluster's namespace (`status.namespaceName`).
+//!
+//! Clusters added or deleted and kubeconfig rotation are followed without restart: a changed
+//! kubeconfig restarts only that cluster's task. Each task watches the cluster's Machines,
+//! re-lists them every `--resync-period` (the safety-net recount), publishes Events on its
+//! Machines and keeps the webhook configuration. A task that cannot reach its cluster marks it
+//! unreachable (its last usage stays) and retries with backoff; it never blocks another task.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
+use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::runtime::kubeconfig::client_from_yaml;
+use kube::api::ListParams;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use tracing::{Instrument, error, info, info_span, warn};
+
+use crate::state::{MachineEvent, Reachability};
+use crate::{AbortOnDrop, Error, Shared, webhook_config};
+
+struct Task {
+    namespace: String,
+    kubeconfig: Option<String>,
+    _handle: Option<AbortOnDrop<()>>,
+}
+
+enum Change {
+    Cluster(Result<Event<Cluster>, watcher::Error>),
+    Secret(Result<Event<Secret>, watcher::Error>),
+}
+
+/// Follows the seed's Clusters and kubeconfig Secrets; runs until the future is dropped.
+pub async fn run(shared: Arc<Shared>) -> Result<(), Error> {
+    let clusters = watcher::watcher(
+        Api::<Cluster>::all(shared.seed.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .map(Change::Cluster)
+    .boxed();
+    let secrets = watcher::watcher(
+        Api::<Secret>::all(shared.seed.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={ADMIN_KUBECONFIG_SECRET}")),
+    )
+    .default_backoff()
+    .map(Change::Secret)
+    .boxed();
+    let mut changes = stream::select(clusters, secrets);
+
+    let mut tasks: HashMap<String, Task> = HashMap::new();
+    let mut kubeconfigs: HashMap<String, String> = HashMap::new();
+    let mut listing: Option<HashSet<String>> = None;
+    let mut secrets_listing: Option<HashMap<String, String>> = None;
+    let mut clusters_listed = false;
+    let mut secrets_listed = false;
+
+    while let Some(change) = changes.next().await {
+        match change {
+            Change::Cluster(Ok(Event::Init)) => listing = Some(HashSet::new()),
+            Change::Cluster(Ok(Event::InitApply(cluster) | Event::Apply(cluster))) => {
+                let name = cluster.name_any();
+                if let Some(listing) = &mut listing {
+                    listing.insert(name.clone());
+                }
+                let namespace = cluster.control_plane_namespace();
+                shared.state().upsert_cluster(
+                    &name,
+                    cluster.project_id().map(str::to_owned),
+                    cluster.status.clone(),
+                );
+                let kubeconfig = kubeconfigs.get(&namespace).cloned();
+                ensure_task(&shared, &mut tasks, &name, namespace, kubeconfig, secrets_listed);
+                shared.wake_writer();
+            }
+            Change::Cluster(Ok(Event::InitDone)) => {
+                if let Some(listed) = listing.take() {
+                    let gone: Vec<String> = tasks.keys().filter(|n| !listed.contains(*n)).cloned().collect();
+                    for name in gone {
+                        forget(&shared, &mut tasks, &name);
+                    }
+                }
+                clusters_listed = true;
+                if secrets_listed {
+                    shared.state().clusters_listed = true;
+                }
+                shared.wake_writer();
+            }
+            Change::Cluster(Ok(Event::Delete(cluster))) => {
+                forget(&shared, &mut tasks, &cluster.name_any());
+                shared.wake_writer();
+            }
+            Change::Secret(Ok(Event::Init)) => secrets_listing = Some(HashMap::new()),
+            Change::Secret(Ok(Event::InitApply(secret))) => {
+                if let (Some(listing), Some(text)) = (&mut secrets_listing, kubeconfig_of(&secret)) {
+                    listing.insert(secret.namespace().unwrap_or_default(), text);
+                }
+            }
+            Change::Secret(Ok(Event::InitDone)) => {
+                kubeconfigs = secrets_listing.take().unwrap_or_default();
+                secrets_listed = true;
+                restart_changed(&shared, &mut tasks, &kubeconfigs, secrets_listed);
+                if clusters_listed {
+                    shared.state().clusters_listed = true;
+                }
+                shared.wake_writer();
+            }
+            Change::Secret(Ok(Event::Apply(secret))) => {
+                if let Some(text) = kubeconfig_of(&secret) {
+                    kubeconfigs.insert(secret.namespace().unwrap_or_default(), text);
+                    restart_changed(&shared, &mut tasks, &kubeconfigs, secrets_listed);
+                }
+            }
+            Change::Secret(Ok(Event::Delete(secret))) => {
+                // Keep the running watch: its credentials may well still work.
+                kubeconfigs.remove(&secret.namespace().unwrap_or_default());
+            }
+            Change::Cluster(Err(e)) => warn!(error = %e, "Cluster watch on the seed failed; retrying"),
+            Change::Secret(Err(e)) => {
+                warn!(error = %e, "kubeconfig Secret watch on the seed failed; retrying");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn kubeconfig_of(secret: &Secret) -> Option<String> {
+    let bytes = secret.data.as_ref()?.get(KUBECONFIG_KEY)?;
+    String::from_utf8(bytes.0.clone()).ok()
+}
+
+fn restart_changed(
+    shared: &Arc<Shared>,
+    tasks: &mut HashMap<String, Task>,
+    kubeconfigs: &HashMap<String, String>,
+    secrets_listed: bool,
+) {
+    let wanted: Vec<(String, String, Option<String>)> = tasks
+        .iter()
+        .filter(|(_, t)| {
+            t.kubeconfig.as_ref() != kubeconfigs.get(&t.namespace) && kubeconfigs.contains_key(&t.namespace)
+        })
+        .map(|(n, t)| {
+            (
+                n.clone(),
+                t.namespace.clone(),
+                kubeconfigs.get(&t.namespace).cloned(),
+            )
+        })
+        .collect();
+    for (name, namespace, kubeconfig) in wanted {
+        ensure_task(shared, tasks, &name, namespace, kubeconfig, secrets_listed);
+    }
+}
+
+fn forget(shared: &Arc<Shared>, tasks: &mut HashMap<String, Task>, name: &str) {
+    tasks.remove(name);
+    let project = {
+        let mut state = shared.state();
+        let project = state.clusters.get(name).and_then(|c| c.project.clone());
+        state.remove_cluster(name);
+        project
+    };
+    for &resource in kkp_quota_crds::Resource::ALL {
+        let _ = shared.metrics.cluster_usage.remove_label_values(&[
+            name,
+            project.as_deref().unwrap_or_default(),
+            resource.name(),
+        ]);
+    }
+    let _ = shared.metrics.unreachable.remove_label_values(&[name]);
+    info!(cluster = name, "user cluster removed; its usage no longer counts");
+}
+
+/// Starts (or restarts, on a new kubeconfig) a user cluster's task.
+fn ensure_task(
+    shared: &Arc<Shared>,
+    tasks: &mut HashMap<String, Task>,
+    name: &str,
+    namespace: String,
+    kubeconfig: Option<String>,
+    secrets_listed: bool,
+) {
+    if let Some(task) = tasks.get(name)
+        && task.namespace == namespace
+        && task.kubeconfig == kubeconfig
+    {
+        return;
+    }
+    let restart = tasks.contains_key(name);
+    let handle = if let Some(text) = &kubeconfig {
+        if restart {
+            info!(cluster = name, "user cluster kubeconfig changed; reconnecting");
+        }
+        let project = shared
+            .state()
+            .clusters
+            .get(name)
+            .and_then(|c| c.project.clone())
+            .unwrap_or_default();
+        let span = info_span!("user_cluster", cluster = %name, project = %project);
+        Some(AbortOnDrop(tokio::spawn(
+            run_cluster(Arc::clone(shared), name.to_owned(), text.clone()).instrument(span),
+        )))
+    } else {
+        if secrets_listed {
+            set_reachability(
+                shared,
+                name,
+                Reachability::Unreachable(format!(
+                    "no Secret {namespace}/{ADMIN_KUBECONFIG_SECRET} with key {KUBECONFIG_KEY}"
+                )),
+            );
+        }
+        None
+    };
+    tasks.insert(
+        name.to_owned(),
+        Task {
+            namespace,
+            kubeconfig,
+            _handle: handle,
+        },
+    );
+}
+
+/// Records reachability, its metric and log line.
+pub fn set_reachability(shared: &Shared, cluster: &str, reachability: Reachability) {
+    let unreachable = matches!(reachability, Reachability::Unreachable(_));
+    let message = match &reachability {
+        Reachability::Unreachable(why) => why.clone(),
+        _ => String::new(),
+    };
+    if shared.state().set_reachability(cluster, reachability) {
+        shared
+            .metrics
+            .unreachable
+            .with_label_values(&[cluster])
+            .set(if unreachable { 1.0 } else { 0.0 });
+        if unreachable {
+            warn!(cluster, reason = %message, "user cluster unreachable; keeping its last known usage");
+        } else {
+            info!(cluster, "user cluster reachable");
+        }
+        shared.wake_writer();
+    }
+}
+
+/// One user cluster, until aborted.
+async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
+    let client = match client_from_yaml(&kubeconfig).await {
+        Ok(client) => client,
+        Err(e) => {
+            set_reachability(
+                &shared,
+                &name,
+                Reachability::Unreachable(format!("invalid admin kubeconfig: {e}")),
+            );
+            return;
+        }
+    };
+    let namespace = if shared.config.machine_namespace_from_kubeconfig {
+        client.default_namespace().to_owned()
+    } else {
+        shared.config.machine_namespace.clone()
+    };
+    let (sender, receiver) = unbounded_channel();
+    shared.state().set_events_sender(&name, Some(sender));
+    let _events = AbortOnDrop(tokio::spawn(
+        publish_events(client.clone(), receiver, shared.config.user_cluster_timeout).in_current_span(),
+    ));
+    let _webhook = shared.config.webhook_url.as_ref().map(|url| {
+        let desired = webhook_config::desired(&name, url, shared.webhook_ca.as_deref());
+        AbortOnDrop(tokio::spawn(
+            webhook_config::keep(client.clone(), desired).in_current_span(),
+        ))
+    });
+    // Machines queued before the sender existed (initial listing) are re-sent by `account` on
+    // the next listing; the first listing comes after this point anyway.
+    let api: Api<Machine> = Api::namespaced(client, &namespace);
+    let mut machines = watcher::watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    let mut buffer: Vec<Machine> = Vec::new();
+    let mut recount = tokio::time::interval(shared.config.resync_period);
+    recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    recount.tick().await;
+    loop {
+        tokio::select! {
+            event = machines.next() => match event {
+                Some(Ok(Event::Init)) => buffer.clear(),
+                Some(Ok(Event::InitApply(machine))) => buffer.push(machine),
+                Some(Ok(Event::InitDone)) => {
+                    set_reachability(&shared, &name, Reachability::Reachable);
+                    let listed = std::mem::take(&mut buffer);
+                    let count = listed.len();
+                    let drift = shared.state().cluster_listed(&name, listed);
+                    match drift {
+                        None => info!(machines = count, "user cluster's Machines listed"),
+                        Some(drift) => report_drift(&shared, &name, &drift, "re-list after watch restart"),
+                    }
+                    shared.wake_writer();
+                }
+                Some(Ok(Event::Apply(machine))) => {
+                    set_reachability(&shared, &name, Reachability::Reachable);
+                    shared.state().machine_applied(&name, machine, true);
+                    shared.wake_writer();
+                }
+                Some(Ok(Event::Delete(machine))) => {
+                    if let Some(uid) = machine.uid() {
+                        shared.state().machine_deleted(&name, &uid);
+                        shared.wake_writer();
+                    }
+                }
+                Some(Err(e)) => {
+                    shared.metrics.watch_restarts.with_label_values(&[&name]).inc();
+                    set_reachability(&shared, &name, Reachability::Unreachable(e.to_string()));
+                }
+                None => return,
+            },
+            _ = recount.tick() => {
+                let listed = tokio::time::timeout(shared.config.user_cluster_timeout, api.list(&ListParams::default())).await;
+                match listed {
+                    Ok(Ok(list)) => {
+                        if let Some(drift) = shared.state().cluster_listed(&name, list.items) {
+                            report_drift(&shared, &name, &drift, "periodic recount");
+                        }
+                        shared.wake_writer();
+                    }
+                    Ok(Err(e)) => warn!(error = %e, "periodic recount could not list Machines"),
+                    Err(_) => warn!("periodic recount timed out"),
+                }
+            }
+        }
+    }
+}
+
+fn report_drift(shared: &Shared, cluster: &str, drift: &crate::usage::Drift, during: &str) {
+    if drift.is_empty() {
+        return;
+    }
+    shared.metrics.drift_corrections.inc();
+    warn!(
+        cluster,
+        added = drift.added,
+        removed = drift.removed,
+        resized = drift.resized,
+        total_mismatch = drift.total_mismatch,
+        during,
+        "usage drift corrected"
+    );
+}
+
+/// Publishes Events on Machines in one user cluster (the only writes to a user cluster besides
+/// the webhook configuration). A slow cluster only delays its own Events.
+async fn publish_events(client: Client, mut receiver: UnboundedReceiver<MachineEvent>, timeout: Duration) {
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "kkp-quota-seed-controller".into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    while let Some(event) = receiver.recv().await {
+        let reference = ObjectReference {
+            api_version: Some(Machine::api_version(&()).into_owned()),
+            kind: Some(Machine::kind(&()).into_owned()),
+            namespace: Some(event.namespace.clone()),
+            name: Some(event.name.clone()),
+            uid: Some(event.uid.clone()),
+            ..ObjectReference::default()
+        };
+        let kube_event = KubeEvent {
+            type_: EventType::Warning,
+            reason: event.reason.into(),
+            note: Some(event.message.chars().take(1000).collect()),
+            action: "CountUsage".into(),
+            secondary: None,
+        };
+        let published = recorder.publish(&kube_event, &reference);
+        match tokio::time::timeout(timeout, published).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => error!(error = %e, machine = %event.name, "could not publish Event"),
+            Err(_) => error!(machine = %event.name, "publishing Event timed out"),
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The seed-controller binary: flags, logging, then [`seed_controller::run`].
+
+use clap::Parser;
+use seed_controller::Config;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let config = Config::parse();
+    kkp_quota_crds::runtime::telemetry::init_tracing(config.log_json);
+    tokio::select! {
+        result = seed_controller::run(config) => result?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+    }
+    Ok(())
+}

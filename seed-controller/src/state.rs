@@ -1,0 +1,570 @@
+//! The controller's in-memory picture of the seed: user clusters, their Machines (sized), and
+//! which clusters and projects have changed since they were last written.
+//!
+//! Watch tasks update it under a short lock; the writer takes consistent snapshots
+//! ([`State::project_plan`], [`State::cluster_plan`]) and does the I/O outside the lock.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::kkp::{ClusterCondition, ClusterStatus};
+use kkp_quota_crds::machine::Machine;
+use kube::ResourceExt;
+use provider_sizes::{SizeCatalog, SizingError, size_machine};
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::{error, warn};
+
+use crate::ledger::Counted;
+use crate::usage::{ClusterUsage, Drift, project_usage, same_usage};
+
+/// The key of our condition in `Cluster.status.conditions` (KKP keeps conditions as a map).
+pub const CONDITION_TYPE: &str = "ResourceQuotaUsage";
+
+/// Event reasons on Machines in user clusters.
+pub const REASON_UNSIZEABLE: &str = "QuotaUnsizeableMachine";
+pub const REASON_UNADMITTED: &str = "QuotaUnadmittedMachine";
+
+/// Whether a user cluster's Machines can currently be watched.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Reachability {
+    #[default]
+    Unknown,
+    Reachable,
+    Unreachable(String),
+}
+
+/// An Event to publish on a Machine in its user cluster.
+#[derive(Debug, Clone)]
+pub struct MachineEvent {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Debug, Clone)]
+struct MachineInfo {
+    namespace: String,
+    name: String,
+    spec: Machine,
+    sizing: Result<ResourceDetails, SizingError>,
+}
+
+/// One user cluster as the controller sees it.
+#[derive(Debug, Default)]
+pub struct ClusterState {
+    pub project: Option<String>,
+    /// `status.resourceUsage` as first seen: the usage to report until the Machines are listed
+    /// (after a restart, or while the cluster has never been reachable).
+    baseline: Option<ResourceDetails>,
+    /// The status last seen on the seed, and the last one we wrote.
+    observed: Option<ClusterStatus>,
+    written: Option<(Option<ResourceDetails>, ClusterCondition)>,
+    usage: ClusterUsage,
+    machines: HashMap<String, MachineInfo>,
+    pub synced: bool,
+    pub reachability: Reachability,
+    /// Machines that appeared while the watch was running: checked for a reservation.
+    appeared: BTreeSet<String>,
+    /// Events already sent (uid, reason): every Event is sent once per Machine.
+    reported: HashSet<(String, &'static str)>,
+    events: Option<UnboundedSender<MachineEvent>>,
+    /// The unsizeable label sets last exported for this cluster.
+    exported_unsizeable: BTreeSet<(String, String, String)>,
+}
+
+impl ClusterState {
+    /// Whether its Machines may exist uncounted right now.
+    pub fn unsettled(&self) -> bool {
+        !self.synced || matches!(self.reachability, Reachability::Unreachable(_))
+    }
+
+    /// Whether start-up may consider this cluster done (listed, or known to be unreachable).
+    pub fn settled_for_readiness(&self) -> bool {
+        self.synced || matches!(self.reachability, Reachability::Unreachable(_))
+    }
+
+    /// The usage to report: the counted Machines once listed, else the last written usage.
+    pub fn reported_usage(&self) -> ResourceDetails {
+        if self.synced {
+            self.usage.total().clone()
+        } else {
+            self.baseline.clone().unwrap_or_else(ResourceDetails::zero)
+        }
+    }
+}
+
+/// What to write to one project's seed quota copy, from one snapshot.
+#[derive(Debug, Clone)]
+pub struct ProjectPlan {
+    pub project: String,
+    pub local_usage: ResourceDetails,
+    pub counted: Counted,
+    /// `(cluster, uid)` of Machines that appeared while watched, to check for reservations.
+    pub appeared: Vec<(String, String)>,
+}
+
+/// What to write to one `Cluster`'s status.
+#[derive(Debug, Clone)]
+pub struct ClusterPlan {
+    pub cluster: String,
+    pub project: Option<String>,
+    /// `None` until the Machines were listed once: the last written usage stays.
+    pub usage: Option<ResourceDetails>,
+    pub condition: ClusterCondition,
+    pub observed: Option<ClusterStatus>,
+    /// Already written (or observed) exactly like this.
+    pub unchanged: bool,
+    /// `(provider, flavour, reason)` -> number of Machines.
+    pub unsizeable: BTreeMap<(String, String, String), usize>,
+}
+
+/// The whole picture.
+pub struct State {
+    catalog: Arc<SizeCatalog>,
+    pub clusters: BTreeMap<String, ClusterState>,
+    pub dirty_clusters: BTreeSet<String>,
+    pub dirty_projects: BTreeSet<String>,
+    /// Set once the Cluster list and the size catalog were read: writes before that could
+    /// report a partial seed.
+    pub clusters_listed: bool,
+    pub catalog_loaded: bool,
+}
+
+impl State {
+    pub fn new(catalog: SizeCatalog) -> State {
+        State {
+            catalog: Arc::new(catalog),
+            clusters: BTreeMap::new(),
+            dirty_clusters: BTreeSet::new(),
+            dirty_projects: BTreeSet::new(),
+            clusters_listed: false,
+            catalog_loaded: false,
+        }
+    }
+
+    fn mark(&mut self, cluster: &str) {
+        self.dirty_clusters.insert(cluster.to_owned());
+        if let Some(project) = self.clusters.get(cluster).and_then(|c| c.project.clone()) {
+            self.dirty_projects.insert(project);
+        }
+    }
+
+    /// A `Cluster` was seen on the seed.
+    pub fn upsert_cluster(&mut self, name: &str, project: Option<String>, status: Option<ClusterStatus>) {
+        let entry = self.clusters.entry(name.to_owned()).or_default();
+        if entry.baseline.is_none() && entry.observed.is_none() {
+            entry.baseline = status.as_ref().and_then(|s| s.resource_usage.clone());
+        }
+        let changed = entry.project != project;
+        let old_project = std::mem::replace(&mut entry.project, project);
+        entry.observed = status;
+        if changed {
+            if let Some(old) = old_project {
+                self.dirty_projects.insert(old);
+            }
+            self.mark(name);
+        }
+    }
+
+    /// A `Cluster` is gone from the seed: its usage no longer counts for its project.
+    pub fn remove_cluster(&mut self, name: &str) {
+        if let Some(project) = self.clusters.remove(name).and_then(|c| c.project) {
+            self.dirty_projects.insert(project);
+        }
+        self.dirty_clusters.remove(name);
+    }
+
+    pub fn set_events_sender(&mut self, cluster: &str, sender: Option<UnboundedSender<MachineEvent>>) {
+        if let Some(c) = self.clusters.get_mut(cluster) {
+            c.events = sender;
+        }
+    }
+
+    /// Returns whether reachability changed.
+    pub fn set_reachability(&mut self, cluster: &str, reachability: Reachability) -> bool {
+        let Some(c) = self.clusters.get_mut(cluster) else {
+            return false;
+        };
+        if c.reachability == reachability {
+            return false;
+        }
+        c.reachability = reachability;
+        self.mark(cluster);
+        true
+    }
+
+    fn size(catalog: &SizeCatalog, machine: &Machine) -> Result<ResourceDetails, SizingError> {
+        size_machine(machine, catalog, None)
+    }
+
+    fn info(catalog: &SizeCatalog, machine: Machine) -> MachineInfo {
+        let name = machine.name_any();
+        // Keep only what sizing needs (not metadata such as managedFields).
+        let spec = Machine::new(&name, machine.spec);
+        MachineInfo {
+            namespace: machine.metadata.namespace.unwrap_or_default(),
+            sizing: Self::size(catalog, &spec),
+            name,
+            spec,
+        }
+    }
+
+    /// Applies one Machine's sizing to the cluster's usage and queues its Events.
+    fn account(cluster_name: &str, cluster: &mut ClusterState, uid: &str) -> bool {
+        let Some(info) = cluster.machines.get(uid) else {
+            return false;
+        };
+        let changed = match cluster.usage.set(uid, info.sizing.as_ref().ok()) {
+            Ok(changed) => changed,
+            Err(e) => {
+                error!(cluster = cluster_name, error = %e, "usage overflow; machine not counted");
+                false
+            }
+        };
+        if let Err(e) = &info.sizing {
+            let key = (uid.to_owned(), REASON_UNSIZEABLE);
+            if !cluster.reported.contains(&key) {
+                warn!(cluster = cluster_name, machine = %info.name, provider = e.provider(), reason = e.reason(), "machine cannot be sized: {e}");
+                if let Some(sender) = &cluster.events {
+                    let sent = sender.send(MachineEvent {
+                        namespace: info.namespace.clone(),
+                        name: info.name.clone(),
+                        uid: uid.to_owned(),
+                        reason: REASON_UNSIZEABLE,
+                        message: format!(
+                            "This Machine is not counted in the project's resource quota usage: {e}"
+                        ),
+                    });
+                    if sent.is_ok() {
+                        cluster.reported.insert(key);
+                    }
+                }
+            }
+        }
+        changed
+    }
+
+    /// A Machine was added or changed. `watching`: seen by a running watch (not an initial
+    /// listing), so it is a candidate for bypass detection if it is new.
+    pub fn machine_applied(&mut self, cluster_name: &str, machine: Machine, watching: bool) {
+        let Some(uid) = machine.uid() else { return };
+        let catalog = Arc::clone(&self.catalog);
+        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+            return;
+        };
+        if cluster
+            .machines
+            .get(&uid)
+            .is_some_and(|old| old.spec.spec == machine.spec)
+        {
+            return;
+        }
+        let new = !cluster.machines.contains_key(&uid);
+        if new && watching && cluster.synced {
+            cluster.appeared.insert(uid.clone());
+        }
+        cluster
+            .machines
+            .insert(uid.clone(), Self::info(&catalog, machine));
+        let changed = Self::account(cluster_name, cluster, &uid);
+        // The condition lists unsizeable Machines: a new one matters even if usage did not move.
+        let unsizeable = cluster.machines.get(&uid).is_some_and(|m| m.sizing.is_err());
+        if changed || unsizeable || new {
+            self.mark(cluster_name);
+        }
+    }
+
+    /// A Machine is gone (a Machine being deleted still counts until this).
+    pub fn machine_deleted(&mut self, cluster_name: &str, uid: &str) {
+        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+            return;
+        };
+        if cluster.machines.remove(uid).is_none() {
+            return;
+        }
+        if let Err(e) = cluster.usage.remove(uid) {
+            error!(cluster = cluster_name, error = %e, "usage arithmetic failed");
+        }
+        cluster.appeared.remove(uid);
+        cluster.reported.retain(|(u, _)| u != uid);
+        self.mark(cluster_name);
+    }
+
+    /// A complete listing of a cluster's Machines (initial sync, re-list after a watch failure,
+    /// or the periodic recount). Returns the drift corrected, `None` on the first listing.
+    pub fn cluster_listed(&mut self, cluster_name: &str, machines: Vec<Machine>) -> Option<Drift> {
+        let catalog = Arc::clone(&self.catalog);
+        let cluster = self.clusters.get_mut(cluster_name)?;
+        let first = !cluster.synced;
+        let mut infos = HashMap::with_capacity(machines.len());
+        for machine in machines {
+            if let Some(uid) = machine.uid() {
+                // Reuse the sizing of unchanged Machines.
+                let info = match cluster.machines.remove(&uid) {
+                    Some(old) if old.spec.spec == machine.spec => old,
+                    _ => {
+                        if !first {
+                            cluster.appeared.insert(uid.clone());
+                        }
+                        Self::info(&catalog, machine)
+                    }
+                };
+                infos.insert(uid, info);
+            }
+        }
+        // Machines left in the old map are gone; so are their bypass candidates.
+        for uid in cluster.machines.keys() {
+            cluster.appeared.remove(uid);
+        }
+        cluster.machines = infos;
+        let listing: HashMap<String, ResourceDetails> = cluster
+            .machines
+            .iter()
+            .filter_map(|(uid, m)| m.sizing.as_ref().ok().map(|s| (uid.clone(), s.clone())))
+            .collect();
+        let drift = match cluster.usage.replace(listing) {
+            Ok(drift) => drift,
+            Err(e) => {
+                error!(cluster = cluster_name, error = %e, "usage arithmetic failed");
+                Drift::default()
+            }
+        };
+        let uids: Vec<String> = cluster.machines.keys().cloned().collect();
+        for uid in &uids {
+            Self::account(cluster_name, cluster, uid);
+        }
+        cluster.synced = true;
+        self.mark(cluster_name);
+        (!first).then_some(drift)
+    }
+
+    /// A new size catalog: every Machine is sized again.
+    pub fn set_catalog(&mut self, catalog: SizeCatalog) {
+        self.catalog = Arc::new(catalog);
+        let catalog = Arc::clone(&self.catalog);
+        let names: Vec<String> = self.clusters.keys().cloned().collect();
+        for name in names {
+            let Some(cluster) = self.clusters.get_mut(&name) else {
+                continue;
+            };
+            let uids: Vec<String> = cluster.machines.keys().cloned().collect();
+            let mut changed = false;
+            for uid in uids {
+                if let Some(info) = cluster.machines.get_mut(&uid) {
+                    let sizing = Self::size(&catalog, &info.spec);
+                    if sizing != info.sizing {
+                        info.sizing = sizing;
+                        changed = true;
+                        Self::account(&name, cluster, &uid);
+                    }
+                }
+            }
+            if changed {
+                self.mark(&name);
+            }
+        }
+    }
+
+    /// The projects with a cluster on this seed.
+    pub fn projects(&self) -> BTreeSet<String> {
+        self.clusters.values().filter_map(|c| c.project.clone()).collect()
+    }
+
+    /// One consistent snapshot for a project's write.
+    pub fn project_plan(&self, project: &str) -> Result<ProjectPlan, kkp_quota_crds::QuantityError> {
+        let mut counted = Counted::default();
+        let mut usages = Vec::new();
+        let mut appeared = Vec::new();
+        for (name, cluster) in &self.clusters {
+            if cluster.unsettled() {
+                counted.unsettled.insert(name.clone());
+            }
+            if cluster.project.as_deref() != Some(project) {
+                continue;
+            }
+            usages.push(cluster.reported_usage());
+            if cluster.synced {
+                for (uid, size) in cluster.usage.iter() {
+                    counted
+                        .machines
+                        .insert((name.clone(), uid.to_owned()), size.clone());
+                }
+            }
+            appeared.extend(cluster.appeared.iter().map(|uid| (name.clone(), uid.clone())));
+        }
+        Ok(ProjectPlan {
+            project: project.to_owned(),
+            local_usage: project_usage(usages.iter())?,
+            counted,
+            appeared,
+        })
+    }
+
+    /// Bypass candidates were checked: forget them, and queue Events for the unadmitted ones.
+    pub fn appeared_checked(&mut self, checked: &[(String, String)], unadmitted: &[(String, String)]) {
+        for (cluster_name, uid) in checked {
+            let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+                continue;
+            };
+            cluster.appeared.remove(uid);
+            if !unadmitted.contains(&(cluster_name.clone(), uid.clone())) {
+                continue;
+            }
+            let key = (uid.clone(), REASON_UNADMITTED);
+            if cluster.reported.contains(&key) {
+                continue;
+            }
+            let Some(info) = cluster.machines.get(uid) else {
+                continue;
+            };
+            warn!(cluster = %cluster_name, project = ?cluster.project, machine = %info.name, "machine exists without admission: the quota webhook was bypassed or removed; it is counted");
+            if let Some(sender) = &cluster.events {
+                let _ = sender.send(MachineEvent {
+                    namespace: info.namespace.clone(),
+                    name: info.name.clone(),
+                    uid: uid.clone(),
+                    reason: REASON_UNADMITTED,
+                    message: "This Machine was created without passing the resource quota admission webhook \
+                              (webhook removed or bypassed). It is counted in the project's usage."
+                        .to_owned(),
+                });
+            }
+            cluster.reported.insert(key);
+        }
+    }
+
+    /// The write a `Cluster` needs, if it is still on the seed.
+    pub fn cluster_plan(&self, name: &str) -> Option<ClusterPlan> {
+        let cluster = self.clusters.get(name)?;
+        let mut unsizeable = BTreeMap::<(String, String, String), usize>::new();
+        let mut problems = Vec::new();
+        for info in cluster.machines.values() {
+            if let Err(e) = &info.sizing {
+                *unsizeable
+                    .entry((
+                        e.provider().to_owned(),
+                        e.flavour().unwrap_or_default().to_owned(),
+                        e.reason().to_owned(),
+                    ))
+                    .or_default() += 1;
+                problems.push(format!("{}/{}: {e}", info.namespace, info.name));
+            }
+        }
+        problems.sort();
+        let condition = condition(cluster, &problems);
+        let usage = cluster.synced.then(|| cluster.usage.total().clone());
+        let same = |u: &Option<ResourceDetails>, c: &ClusterCondition| {
+            let usage_same = match (&usage, u) {
+                (None, _) => true,
+                (Some(a), Some(b)) => same_usage(a, b),
+                (Some(_), None) => false,
+            };
+            usage_same
+                && c.status == condition.status
+                && c.reason == condition.reason
+                && c.message == condition.message
+        };
+        let unchanged = cluster.written.as_ref().is_some_and(|(u, c)| same(u, c))
+            || cluster.observed.as_ref().is_some_and(|s| {
+                s.conditions
+                    .get(CONDITION_TYPE)
+                    .is_some_and(|c| same(&s.resource_usage, c))
+            });
+        Some(ClusterPlan {
+            cluster: name.to_owned(),
+            project: cluster.project.clone(),
+            usage,
+            condition,
+            observed: cluster.observed.clone(),
+            unchanged,
+            unsizeable,
+        })
+    }
+
+    pub fn cluster_written(
+        &mut self,
+        name: &str,
+        usage: Option<ResourceDetails>,
+        condition: ClusterCondition,
+    ) {
+        if let Some(c) = self.clusters.get_mut(name) {
+            c.written = Some((usage, condition));
+        }
+    }
+
+    /// The unsizeable label sets exported for a cluster, replaced by `now`; returns the stale ones.
+    pub fn exported_unsizeable(
+        &mut self,
+        name: &str,
+        now: BTreeSet<(String, String, String)>,
+    ) -> Vec<(String, String, String)> {
+        let Some(c) = self.clusters.get_mut(name) else {
+            return Vec::new();
+        };
+        let stale = c.exported_unsizeable.difference(&now).cloned().collect();
+        c.exported_unsizeable = now;
+        stale
+    }
+
+    /// Start-up is complete: clusters and catalog read, every cluster listed or unreachable.
+    pub fn initially_synced(&self) -> bool {
+        self.clusters_listed
+            && self.catalog_loaded
+            && self.clusters.values().all(ClusterState::settled_for_readiness)
+    }
+
+    /// Marks every cluster and project for a write (after a catalog change or at resync).
+    pub fn mark_all(&mut self) {
+        self.dirty_clusters.extend(self.clusters.keys().cloned());
+        let projects = self.projects();
+        self.dirty_projects.extend(projects);
+    }
+}
+
+/// The `ResourceQuotaUsage` condition (without timestamps) for a cluster.
+fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
+    let (status, reason, message) = match (&cluster.reachability, cluster.synced) {
+        (Reachability::Unreachable(why), _) => (
+            "False",
+            "UserClusterUnreachable",
+            format!(
+                "Cannot watch the user cluster's Machines ({why}); the usage shown is the last known and is \
+                 kept until the cluster is reachable again."
+            ),
+        ),
+        (_, false) => (
+            "Unknown",
+            "NotSynced",
+            "The user cluster's Machines have not been listed yet.".to_owned(),
+        ),
+        _ if !problems.is_empty() => {
+            let shown: Vec<&str> = problems.iter().take(5).map(String::as_str).collect();
+            let more = problems.len().saturating_sub(shown.len());
+            let mut message = format!(
+                "{} Machine(s) cannot be sized and are not counted in the project's usage: {}",
+                problems.len(),
+                shown.join("; ")
+            );
+            if more > 0 {
+                let _ = write!(message, " (and {more} more)");
+            }
+            ("False", "UnsizeableMachines", message)
+        }
+        _ => (
+            "True",
+            "AllMachinesCounted",
+            "Every Machine of the user cluster is counted.".to_owned(),
+        ),
+    };
+    ClusterCondition {
+        status: status.to_owned(),
+        last_heartbeat_time: None,
+        last_transition_time: None,
+        reason: reason.to_owned(),
+        message,
+    }
+}
