@@ -29,3 +29,22 @@ pub fn is_running(pid: u32) -> bool {
         Err(_) => false,
     }
 }
+
+/// The live children of `pid` (processes whose parent is `pid`).
+pub fn children(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|candidate| parent(*candidate) == Some(pid))
+        .collect()
+}
+
+/// The parent of `pid`, from `/proc/<pid>/stat`.
+pub fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the parenthesised command name: state, then ppid.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}

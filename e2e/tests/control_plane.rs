@@ -1,0 +1,190 @@
+//! Real etcd + kube-apiserver processes: isolation, teardown, restart.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use e2e::{ControlPlane, procfs, wait_for};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kube::Api;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+
+fn config_map(name: &str, value: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([("value".to_owned(), value.to_owned())])),
+        ..ConfigMap::default()
+    }
+}
+
+fn quota(name: &str, project: &str) -> ResourceQuota {
+    ResourceQuota::new(
+        name,
+        ResourceQuotaSpec {
+            subject: Subject::project(project),
+            quota: ResourceDetails::default(),
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_control_planes_run_at_once_and_share_nothing() {
+    let (a, b, c) = tokio::try_join!(
+        ControlPlane::start("iso-a"),
+        ControlPlane::start("iso-b"),
+        ControlPlane::start("iso-c")
+    )
+    .unwrap();
+    let urls = [a.url(), b.url(), c.url()];
+    assert!(
+        urls[0] != urls[1] && urls[1] != urls[2] && urls[0] != urls[2],
+        "{urls:?}"
+    );
+
+    let pp = PostParams::default();
+    Api::<ConfigMap>::namespaced(a.client(), "default")
+        .create(&pp, &config_map("marker", "a"))
+        .await
+        .unwrap();
+    Api::<ResourceQuota>::all(b.client())
+        .create(&pp, &quota("project-b", "b"))
+        .await
+        .unwrap();
+
+    let got = Api::<ConfigMap>::namespaced(a.client(), "default")
+        .get("marker")
+        .await
+        .unwrap();
+    assert_eq!(got.data.unwrap()["value"], "a");
+    for other in [&b, &c] {
+        let absent = Api::<ConfigMap>::namespaced(other.client(), "default")
+            .get_opt("marker")
+            .await
+            .unwrap();
+        assert!(absent.is_none(), "{} sees a's ConfigMap", other.name());
+    }
+    assert!(
+        Api::<ResourceQuota>::all(b.client())
+            .get_opt("project-b")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    for other in [&a, &c] {
+        let absent = Api::<ResourceQuota>::all(other.client())
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        assert!(absent.items.is_empty(), "{} sees b's ResourceQuota", other.name());
+    }
+}
+
+fn assert_gone(pids: &[u32], dir: &std::path::Path) {
+    for pid in pids {
+        assert!(!procfs::is_running(*pid), "process {pid} survived teardown");
+    }
+    assert!(!dir.exists(), "{} survived teardown", dir.display());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_kills_both_processes_and_removes_the_temp_dir() {
+    let cp = ControlPlane::start("teardown").await.unwrap();
+    let pids = cp.pids();
+    let dir = cp.dir().to_owned();
+    assert_eq!(pids.len(), 2, "etcd and kube-apiserver");
+    for pid in &pids {
+        assert!(procfs::is_running(*pid), "process {pid} should be running");
+    }
+    assert!(dir.join("etcd-data").is_dir());
+    drop(cp);
+    assert_gone(&pids, &dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_panicking_test_still_cleans_up() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let cp = ControlPlane::start("panics").await.unwrap();
+        tx.send((cp.pids(), cp.dir().to_owned())).unwrap();
+        panic!("a test failing while its control plane runs");
+    });
+    let (pids, dir) = rx.await.unwrap();
+    assert!(task.await.unwrap_err().is_panic());
+    assert_gone(&pids, &dir);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn apiserver_restart_keeps_data_url_and_credentials() {
+    let cp = ControlPlane::start("restart").await.unwrap();
+    let url = cp.url();
+    let client = cp.client(); // made before the restart, used after it
+    let kubeconfig = cp.kubeconfig_yaml();
+    let pp = PostParams::default();
+    Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .create(&pp, &config_map("kept", "yes"))
+        .await
+        .unwrap();
+    Api::<ResourceQuota>::all(client.clone())
+        .create(&pp, &quota("project-kept", "kept"))
+        .await
+        .unwrap();
+    let old_apiserver = *cp.pids().last().unwrap();
+
+    cp.stop_apiserver().await;
+    assert!(!cp.apiserver_running());
+    assert!(!procfs::is_running(old_apiserver));
+    assert_eq!(cp.pids().len(), 1, "etcd keeps running");
+    let err = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .get("kept")
+        .await;
+    assert!(err.is_err(), "the API must be unreachable while stopped");
+    cp.stop_apiserver().await; // stopping twice is harmless
+
+    cp.start_apiserver().await.unwrap();
+    assert!(cp.start_apiserver().await.is_err(), "already running");
+    assert_eq!(cp.url(), url);
+    assert_ne!(*cp.pids().last().unwrap(), old_apiserver);
+    let got = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .get("kept")
+        .await
+        .unwrap();
+    assert_eq!(got.data.unwrap()["value"], "yes");
+    let fresh = e2e::client_from_kubeconfig(&kubeconfig).await.unwrap();
+    let rq = Api::<ResourceQuota>::all(fresh)
+        .get("project-kept")
+        .await
+        .unwrap();
+    assert_eq!(rq.project(), "kept");
+}
+
+#[tokio::test]
+async fn wait_for_returns_the_value_or_fails_at_the_deadline() {
+    let mut n = 0;
+    let got = wait_for(Duration::from_secs(5), "n to reach 3", || {
+        n += 1;
+        let n = n;
+        async move { (n >= 3).then_some(n) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(got, 3);
+
+    let err = wait_for(
+        Duration::from_millis(100),
+        "something that never happens",
+        || async { Err::<(), _>("still broken") },
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("something that never happens") && err.contains("still broken"),
+        "{err}"
+    );
+    wait_for(Duration::from_secs(1), "true", || async { true })
+        .await
+        .unwrap();
+}

@@ -1,0 +1,104 @@
+//! The `ResourceQuota` CRD's validation, enforced by a real kube-apiserver.
+
+use e2e::ControlPlane;
+use kkp_quota_crds::ResourceQuota;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+fn object(name: &str, quota: &Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "kubermatic.k8c.io/v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name},
+        "spec": {"subject": {"name": name, "kind": "project"}, "quota": quota},
+    }))
+    .expect("a valid DynamicObject")
+}
+
+fn api(cp: &ControlPlane) -> Api<DynamicObject> {
+    Api::all_with(cp.client(), &ApiResource::erase::<ResourceQuota>(&()))
+}
+
+fn assert_invalid(result: Result<DynamicObject, kube::Error>, what: &str) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{what}: expected 422 Invalid, got {status:?}");
+            status.message
+        }
+        Err(e) => panic!("{what}: expected 422 Invalid, got {e}"),
+        Ok(_) => panic!("{what}: the API server accepted it"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn quantities_are_validated_by_the_api_server() {
+    let cp = ControlPlane::start("crd-validation").await.unwrap();
+    let api = api(&cp);
+    let pp = PostParams::default();
+
+    let rejected = [
+        ("neg-string", json!({"cpu": "-1"})),
+        ("neg-int", json!({"cpu": -1})),
+        ("neg-memory", json!({"memory": "-1Gi"})),
+        ("bad-unit", json!({"memory": "5Gb"})),
+        ("not-a-number", json!({"cpu": "abc"})),
+        ("empty", json!({"storage": ""})),
+        ("neg-fraction", json!({"gpu": -0.5})),
+    ];
+    // Every case is tried before failing, so a failure lists all the holes at once.
+    let mut wrongly_accepted = Vec::new();
+    for (name, quota) in &rejected {
+        match api.create(&pp, &object(name, quota)).await {
+            Err(kube::Error::Api(status)) if status.code == 422 => {}
+            Err(e) => panic!("{name} {quota}: expected 422 Invalid, got {e}"),
+            Ok(_) => wrongly_accepted.push(quota.to_string()),
+        }
+    }
+    assert!(
+        wrongly_accepted.is_empty(),
+        "the API server accepted invalid quantities: {wrongly_accepted:?}"
+    );
+
+    let accepted = [
+        ("milli", json!({"cpu": "500m"}), "cpu", json!("500m")),
+        ("binary", json!({"memory": "1.5Gi"}), "memory", json!("1.5Gi")),
+        ("integer", json!({"cpu": 4}), "cpu", json!(4)),
+        ("zero", json!({"machines": 0}), "machines", json!(0)),
+        ("exponent", json!({"storage": "1e3"}), "storage", json!("1e3")),
+    ];
+    for (name, quota, field, stored) in &accepted {
+        let created = api
+            .create(&pp, &object(name, quota))
+            .await
+            .unwrap_or_else(|e| panic!("{name} {quota}: {e}"));
+        assert_eq!(&created.data["spec"]["quota"][field], stored, "{name}");
+    }
+    let list = api.list(&kube::api::ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), accepted.len(), "only the valid quotas exist");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_subject_is_immutable() {
+    let cp = ControlPlane::start("crd-immutable").await.unwrap();
+    let api = api(&cp);
+    api.create(&PostParams::default(), &object("project-a", &json!({"cpu": 2})))
+        .await
+        .unwrap();
+
+    let rename = json!({"spec": {"subject": {"name": "project-b"}}});
+    let message = assert_invalid(
+        api.patch("project-a", &PatchParams::default(), &Patch::Merge(&rename))
+            .await,
+        "renaming",
+    );
+    assert!(message.contains("subject is immutable"), "{message}");
+
+    let raise = json!({"spec": {"quota": {"cpu": 8}}});
+    let patched = api
+        .patch("project-a", &PatchParams::default(), &Patch::Merge(&raise))
+        .await
+        .unwrap();
+    assert_eq!(patched.data["spec"]["quota"]["cpu"], json!(8));
+    assert_eq!(patched.data["spec"]["subject"]["name"], json!("project-a"));
+}

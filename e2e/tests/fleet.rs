@@ -1,0 +1,241 @@
+//! The default fleet: KKP's objects where KKP would have them, and the demo binary.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use e2e::fleet::{KUBERMATIC_NAMESPACE, cluster_namespace};
+use e2e::{Fleet, FleetSpec, procfs, wait_for};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kkp_quota_crds::kkp::{
+    ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, PROJECT_ID_LABEL, Project, Seed,
+};
+use kkp_quota_crds::machine::Machine;
+use kube::Api;
+use kube::api::{ListParams, ObjectMeta, PostParams};
+
+async fn client_from_secret(client: kube::Client, namespace: &str, name: &str) -> kube::Client {
+    let secret = Api::<Secret>::namespaced(client, namespace)
+        .get(name)
+        .await
+        .expect("kubeconfig Secret");
+    let data = secret.data.expect("Secret data");
+    let yaml = std::str::from_utf8(&data[KUBECONFIG_KEY].0).expect("UTF-8 kubeconfig");
+    e2e::client_from_kubeconfig(yaml)
+        .await
+        .expect("client from the Secret's kubeconfig")
+}
+
+async fn names<K>(api: Api<K>) -> BTreeSet<String>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let list = api.list(&ListParams::default()).await.expect("list");
+    list.items
+        .into_iter()
+        .filter_map(|o| o.meta().name.clone())
+        .collect()
+}
+
+/// Master: projects, seeds, and seed kubeconfig Secrets that reach the right seed.
+async fn check_master(fleet: &Fleet) {
+    let master = fleet.master().client();
+    let projects = names(Api::<Project>::all(master.clone())).await;
+    assert_eq!(projects, BTreeSet::from(["demo".to_owned(), "other".to_owned()]));
+    let seeds = Api::<Seed>::namespaced(master.clone(), KUBERMATIC_NAMESPACE);
+    let seeds = seeds.list(&ListParams::default()).await.expect("list Seeds");
+    assert_eq!(seeds.items.len(), 2);
+    for seed in seeds.items {
+        let name = seed.metadata.name.clone().expect("Seed name");
+        let reference = &seed.spec.kubeconfig;
+        let namespace = reference.namespace.as_deref().unwrap_or(KUBERMATIC_NAMESPACE);
+        let secret = reference.name.as_deref().expect("Secret name");
+        let seed_client = client_from_secret(master.clone(), namespace, secret).await;
+        let clusters = names(Api::<Cluster>::all(seed_client)).await;
+        let expected: BTreeSet<_> = fleet
+            .spec()
+            .user_clusters_on(&name)
+            .map(|u| u.name.clone())
+            .collect();
+        assert_eq!(
+            clusters, expected,
+            "Clusters seen through Seed {name}'s kubeconfig Secret"
+        );
+    }
+}
+
+/// Seeds: Clusters with project label and namespace, admin kubeconfigs that reach the user cluster.
+async fn check_seeds(fleet: &Fleet) {
+    for user in &fleet.spec().user_clusters {
+        let seed_client = fleet.seed(&user.seed).client();
+        let cluster = Api::<Cluster>::all(seed_client.clone())
+            .get(&user.name)
+            .await
+            .expect("Cluster");
+        assert_eq!(
+            cluster.metadata.labels.as_ref().expect("labels")[PROJECT_ID_LABEL],
+            user.project
+        );
+        assert_eq!(cluster.project_id(), Some(user.project.as_str()));
+        assert_eq!(
+            cluster.status.as_ref().expect("status").namespace_name,
+            cluster_namespace(&user.name)
+        );
+        let namespace = cluster.control_plane_namespace();
+        let user_client = client_from_secret(seed_client, &namespace, ADMIN_KUBECONFIG_SECRET).await;
+        let machines = Api::<Machine>::namespaced(user_client.clone(), "kube-system");
+        assert!(names(machines).await.is_empty());
+        // A marker written through the Secret's kubeconfig lands in that user cluster only.
+        let marker_name = format!("marker-{}", user.name);
+        let marker = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(marker_name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        let configmaps = Api::<ConfigMap>::namespaced(user_client, "default");
+        configmaps
+            .create(&PostParams::default(), &marker)
+            .await
+            .expect("marker");
+        for other in &fleet.spec().user_clusters {
+            let api = Api::<ConfigMap>::namespaced(fleet.user_cluster(&other.name).client(), "default");
+            let found = api.get_opt(&marker_name).await.expect("get marker");
+            assert_eq!(
+                found.is_some(),
+                other.name == user.name,
+                "{marker_name} in {}",
+                other.name
+            );
+        }
+    }
+}
+
+/// The files for kubectl and scripts.
+async fn check_files(fleet: &Fleet) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let members = fleet.write_dir(dir.path()).expect("write_dir");
+    let text = std::fs::read_to_string(dir.path().join("fleet.json")).expect("fleet.json");
+    let json: serde_json::Value = serde_json::from_str(&text).expect("fleet.json is JSON");
+    let entries = json.as_array().expect("an array");
+    assert_eq!(entries.len(), 6);
+    let alpha = entries.iter().find(|e| e["name"] == "alpha").expect("alpha");
+    assert_eq!(alpha["role"], "user");
+    assert_eq!(alpha["seed"], "seed-a");
+    assert_eq!(alpha["project"], "demo");
+    assert_eq!(alpha["url"], fleet.user_cluster("alpha").url());
+    let roles: Vec<_> = entries
+        .iter()
+        .map(|e| e["role"].as_str().expect("role"))
+        .collect();
+    assert_eq!(roles, ["master", "seed", "seed", "user", "user", "user"]);
+    for member in members {
+        let yaml = std::fs::read_to_string(&member.kubeconfig).expect("kubeconfig file");
+        let client = e2e::client_from_kubeconfig(&yaml).await.expect("client");
+        let version = client.apiserver_version().await.expect("version");
+        assert_eq!(version.git_version, "v1.36.3", "{}", member.name);
+        let url = &entries
+            .iter()
+            .find(|e| e["name"] == member.name.as_str())
+            .expect("entry")["url"];
+        assert_eq!(url, &fleet.get(&member.name).expect("cluster").url());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_default_fleet_has_what_kkp_would_have() {
+    let started = Instant::now();
+    let fleet = Fleet::start(FleetSpec::default()).await.unwrap();
+    let startup = started.elapsed();
+    #[allow(clippy::cast_precision_loss)]
+    let rss_mib = fleet.rss_bytes() as f64 / 1024.0 / 1024.0;
+    eprintln!(
+        "default fleet: started in {startup:?}, {} processes, RSS {rss_mib:.0} MiB",
+        fleet.pids().len()
+    );
+    assert_eq!(fleet.pids().len(), 12);
+    check_master(&fleet).await;
+    check_seeds(&fleet).await;
+    check_files(&fleet).await;
+}
+
+#[test]
+fn fleet_specs_are_validated() {
+    FleetSpec::default().validate().unwrap();
+    let dup = FleetSpec::default().with_user_cluster("alpha", "seed-b", "demo");
+    assert!(dup.validate().is_err());
+    let master = FleetSpec::default().with_seed("master");
+    assert!(master.validate().is_err());
+    let unknown_seed = FleetSpec::default().with_user_cluster("delta", "seed-z", "demo");
+    assert!(unknown_seed.validate().is_err());
+    let unknown_project = FleetSpec::default().with_user_cluster("delta", "seed-b", "nope");
+    assert!(unknown_project.validate().is_err());
+    FleetSpec::default()
+        .with_user_cluster("delta", "seed-b", "other")
+        .validate()
+        .unwrap();
+}
+
+/// What `make demo` runs: one `fleet ready: <dir>` line, working files, clean exit on SIGTERM.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_demo_binary_comes_up_and_tears_down_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet_dir = dir.path().join("fleet");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fleet"))
+        .arg("--dir")
+        .arg(&fleet_dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut first = String::new();
+    let mut reader = BufReader::new(stdout);
+    let line = tokio::task::spawn_blocking(move || {
+        reader.read_line(&mut first).unwrap();
+        (first, reader)
+    });
+    let (first, mut reader) = tokio::time::timeout(Duration::from_mins(3), line)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, format!("fleet ready: {}\n", fleet_dir.display()));
+
+    let members: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(fleet_dir.join("fleet.json")).unwrap()).unwrap();
+    assert_eq!(members.len(), 6);
+    let yaml = std::fs::read_to_string(fleet_dir.join("seed-a.kubeconfig")).unwrap();
+    let seed_a = e2e::client_from_kubeconfig(&yaml).await.unwrap();
+    let clusters = Api::<Cluster>::all(seed_a)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(clusters.items.len(), 2);
+
+    let pid = child.id();
+    let processes = procfs::children(pid);
+    assert_eq!(processes.len(), 12, "etcd + kube-apiserver per cluster");
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert!(exit.success(), "{exit}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut reader, &mut rest).unwrap();
+    assert_eq!(rest, "", "exactly one line on stdout");
+    wait_for(Duration::from_secs(5), "no process left", || async {
+        processes.iter().all(|p| !procfs::is_running(*p))
+    })
+    .await
+    .unwrap();
+    assert!(
+        !fleet_dir.join("fleet.json").exists(),
+        "files removed on teardown"
+    );
+}
