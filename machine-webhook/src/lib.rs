@@ -1,1 +1,206 @@
-//! Not built yet: see the open issues.
+//! machine-webhook: race-free admission of machine-controller `Machine`s against project
+//! `ResourceQuota`s.
+//!
+//! - [`decision`]: the pure decision (quota + reservations + size -> allow / deny / warn).
+//! - [`review`]: `AdmissionReview` on the wire; what a request asks of the quota.
+//! - [`reserve`]: per-project batching and the compare-and-swap ledger writer.
+//! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
+//! - [`events`]: denial Events on the MachineDeployment / MachineSet / Cluster.
+//! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk.
+//! - [`metrics`]: Prometheus metrics.
+//!
+//! [`Webhook::start`] binds everything and returns the future that serves it; dropping that
+//! future (or aborting its task) stops every part of it.
+
+pub mod cache;
+pub mod decision;
+pub mod events;
+pub mod metrics;
+pub mod reserve;
+pub mod review;
+pub mod server;
+pub mod tls;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kkp_quota_crds::runtime::RuntimeError;
+use kkp_quota_crds::runtime::ops::{self, Readiness};
+use kube::Client;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::cache::SeedCache;
+use crate::metrics::Metrics;
+use crate::reserve::{Reserver, ReserverConfig};
+use crate::server::App;
+
+/// Everything the webhook is configured with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// HTTPS address for admission requests.
+    pub listen_address: SocketAddr,
+    pub tls_cert_file: PathBuf,
+    pub tls_key_file: PathBuf,
+    /// Plain HTTP address for `/metrics`, `/healthz`, `/readyz`; `None` serves none.
+    pub metrics_address: Option<SocketAddr>,
+    /// The seed's KKP namespace (holds the admin size catalog ConfigMap).
+    pub kubermatic_namespace: String,
+    /// Most requests of one project decided and written together.
+    pub max_batch: usize,
+    /// Reservation writes tried per batch before denying with reason `error`.
+    pub max_attempts: u32,
+    /// Same denial on the same object within this window: one Event, its count increased.
+    pub event_window: Duration,
+}
+
+impl Config {
+    pub fn new(listen_address: SocketAddr, tls_cert_file: PathBuf, tls_key_file: PathBuf) -> Config {
+        Config {
+            listen_address,
+            tls_cert_file,
+            tls_key_file,
+            metrics_address: None,
+            kubermatic_namespace: "kubermatic".into(),
+            max_batch: 256,
+            max_attempts: 10,
+            event_window: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Why the webhook could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("serving certificate: {0}")]
+    Tls(#[from] tls::TlsError),
+    #[error("binding {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+}
+
+type Serving = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
+
+/// A bound, not yet serving webhook.
+pub struct Webhook {
+    /// Where admission requests are served (HTTPS).
+    pub address: SocketAddr,
+    /// Where `/metrics` is served, if anywhere.
+    pub metrics_address: Option<SocketAddr>,
+    pub readiness: Readiness,
+    pub metrics: Metrics,
+    serving: Serving,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("address", &self.address)
+            .field("metrics_address", &self.metrics_address)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Webhook {
+    /// Loads the certificate, binds the listeners and prepares the watches; `seed` is a client
+    /// for the seed cluster this webhook serves.
+    pub async fn start(config: Config, seed: Client) -> Result<Webhook, Error> {
+        let metrics = Metrics::new()?;
+        let readiness = Readiness::default();
+        let cache = Arc::new(SeedCache::new());
+        let token = CancellationToken::new();
+        let reserver = Reserver::new(
+            seed.clone(),
+            Arc::clone(&cache),
+            metrics.clone(),
+            ReserverConfig {
+                max_batch: config.max_batch,
+                max_attempts: config.max_attempts,
+                ..ReserverConfig::default()
+            },
+            token.clone(),
+        );
+        let (events, events_future) = events::start(
+            seed.clone(),
+            Arc::clone(&cache),
+            metrics.clone(),
+            config.event_window,
+        );
+        let cert = Arc::new(tls::ReloadingCert::new(&config.tls_cert_file, &config.tls_key_file)?);
+        let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
+        let listener = tokio::net::TcpListener::bind(config.listen_address)
+            .await
+            .map_err(|source| Error::Bind {
+                address: config.listen_address,
+                source,
+            })?;
+        let address = listener.local_addr().map_err(|source| Error::Bind {
+            address: config.listen_address,
+            source,
+        })?;
+        let ops = match config.metrics_address {
+            Some(addr) => {
+                let (bound, fut) = ops::bind(addr, metrics.registry.clone(), readiness.clone()).await?;
+                Some((bound, fut))
+            }
+            None => None,
+        };
+        let metrics_address = ops.as_ref().map(|(a, _)| *a);
+        let app = App {
+            cache: Arc::clone(&cache),
+            reserver,
+            events,
+            metrics: metrics.clone(),
+            readiness: readiness.clone(),
+        };
+        let router = server::router(app);
+        let ready = readiness.clone();
+        let namespace = config.kubermatic_namespace.clone();
+        let serving = Box::pin(async move {
+            // Dropping this future cancels every task it started.
+            let _guard = token.clone().drop_guard();
+            let watch_ready = async {
+                loop {
+                    ready.set(cache.is_synced());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            let ops_future = async move {
+                match ops {
+                    Some((_, fut)) => fut.await.map_err(Error::from),
+                    None => std::future::pending().await,
+                }
+            };
+            info!(%address, "machine-webhook serving");
+            tokio::select! {
+                () = Arc::clone(&cache).run(seed, namespace) => Ok(()),
+                () = events_future => Ok(()),
+                () = server::serve_https(listener, acceptor, router, token.clone()) => Ok(()),
+                () = watch_ready => Ok(()),
+                r = ops_future => r,
+            }
+        });
+        Ok(Webhook {
+            address,
+            metrics_address,
+            readiness,
+            metrics,
+            serving,
+        })
+    }
+
+    /// Serves until an unrecoverable error (or until dropped).
+    pub async fn run(self) -> Result<(), Error> {
+        self.serving.await
+    }
+}

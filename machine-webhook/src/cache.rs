@@ -1,0 +1,326 @@
+//! What the webhook keeps of the seed in memory, from watches: the `ResourceQuota` copies, the
+//! `Cluster` objects and the admin size catalog. Nothing here calls a cloud API or another
+//! cluster; the admission path only reads these maps.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::{Stream, StreamExt as _};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kkp_quota_crds::kkp::Cluster;
+use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus};
+use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt as _;
+use kube::{Api, Client, Resource, ResourceExt as _};
+use provider_sizes::{AdminCatalog, SizeCatalog};
+use serde::de::DeserializeOwned;
+use tracing::{info, warn};
+
+use crate::decision::{QuotaState, StateError};
+
+/// The admin size catalog: ConfigMap in the seed's kubermatic namespace.
+pub const SIZE_CATALOG_CONFIGMAP: &str = "kkp-quota-size-catalog";
+/// Its key.
+pub const SIZE_CATALOG_KEY: &str = "catalog.yaml";
+
+/// A watched set of objects, keyed by `namespace/name` (or `name`).
+#[derive(Debug)]
+pub struct Mirror<K> {
+    objects: RwLock<HashMap<String, Arc<K>>>,
+    synced: AtomicBool,
+}
+
+impl<K> Default for Mirror<K> {
+    fn default() -> Self {
+        Mirror {
+            objects: RwLock::new(HashMap::new()),
+            synced: AtomicBool::new(false),
+        }
+    }
+}
+
+fn key_of<K: Resource>(object: &K) -> String {
+    match object.meta().namespace.as_deref() {
+        Some(ns) => format!("{ns}/{}", object.name_any()),
+        None => object.name_any(),
+    }
+}
+
+impl<K: Resource> Mirror<K> {
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.objects
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// The first object (by key) that matches.
+    pub fn find(&self, mut matches: impl FnMut(&K) -> bool) -> Option<Arc<K>> {
+        let objects = self
+            .objects
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut found: Vec<(&String, &Arc<K>)> =
+            objects.iter().filter(|(_, o)| matches(o)).collect();
+        found.sort_by(|a, b| a.0.cmp(b.0));
+        found.first().map(|(_, o)| Arc::clone(o))
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<K>>> {
+        self.objects
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Applies one watch event. `buffer` collects a relist until it is complete, so readers never
+    /// see a half-listed set.
+    fn apply(&self, event: Event<K>, buffer: &mut Option<HashMap<String, Arc<K>>>) {
+        match event {
+            Event::Apply(object) => {
+                self.write().insert(key_of(&object), Arc::new(object));
+            }
+            Event::Delete(object) => {
+                self.write().remove(&key_of(&object));
+            }
+            Event::Init => *buffer = Some(HashMap::new()),
+            Event::InitApply(object) => {
+                buffer
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key_of(&object), Arc::new(object));
+            }
+            Event::InitDone => {
+                *self.write() = buffer.take().unwrap_or_default();
+                self.synced.store(true, Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Keeps the mirror up to date from a watch stream until the stream ends.
+    async fn follow(
+        &self,
+        what: &str,
+        stream: impl Stream<Item = Result<Event<K>, watcher::Error>>,
+        mut on_change: impl FnMut(&Self),
+    ) {
+        let mut buffer = None;
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => {
+                    self.apply(event, &mut buffer);
+                    on_change(self);
+                }
+                Err(e) => warn!(error = %e, watch = what, "watch failed; retrying"),
+            }
+        }
+    }
+}
+
+/// The seed as the webhook sees it.
+#[derive(Debug)]
+pub struct SeedCache {
+    pub quotas: Mirror<DynamicObject>,
+    pub clusters: Mirror<Cluster>,
+    catalog: RwLock<SizeCatalog>,
+    catalog_synced: AtomicBool,
+    quota_resource: ApiResource,
+}
+
+/// A quota copy as read: its name, resourceVersion, typed spec and status, and the raw
+/// reservations (kept as JSON so that fields this version does not know survive our writes).
+#[derive(Debug, Clone)]
+pub struct QuotaCopy {
+    pub name: String,
+    pub resource_version: Option<String>,
+    pub spec: ResourceQuotaSpec,
+    pub status: Option<ResourceQuotaStatus>,
+    pub raw_reservations: Vec<serde_json::Value>,
+}
+
+/// A quota copy could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    #[error("quota {name}: {source}")]
+    Parse {
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error("quota {name}: {source}")]
+    State { name: String, source: StateError },
+}
+
+fn parse<T: DeserializeOwned + Default>(
+    name: &str,
+    value: Option<&serde_json::Value>,
+) -> Result<T, CopyError> {
+    match value {
+        None | Some(serde_json::Value::Null) => Ok(T::default()),
+        Some(v) => serde_json::from_value(v.clone()).map_err(|source| CopyError::Parse {
+            name: name.to_owned(),
+            source,
+        }),
+    }
+}
+
+impl QuotaCopy {
+    pub fn from_dynamic(object: &DynamicObject) -> Result<QuotaCopy, CopyError> {
+        let name = object.name_any();
+        let spec: ResourceQuotaSpec = match object.data.get("spec") {
+            Some(v) => serde_json::from_value(v.clone()).map_err(|source| CopyError::Parse {
+                name: name.clone(),
+                source,
+            })?,
+            None => {
+                return Err(CopyError::Parse {
+                    name,
+                    source: serde::de::Error::custom("no spec"),
+                });
+            }
+        };
+        let status: Option<ResourceQuotaStatus> = match object.data.get("status") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(parse(&name, Some(v))?),
+        };
+        let raw_reservations = object
+            .data
+            .get("status")
+            .and_then(|s| s.get("reservations"))
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        Ok(QuotaCopy {
+            name,
+            resource_version: object.metadata.resource_version.clone(),
+            spec,
+            status,
+            raw_reservations,
+        })
+    }
+
+    pub fn state(&self) -> Result<QuotaState, CopyError> {
+        QuotaState::from_parts(&self.spec, self.status.as_ref()).map_err(|source| {
+            CopyError::State {
+                name: self.name.clone(),
+                source,
+            }
+        })
+    }
+
+    pub fn reservation_count(&self) -> usize {
+        self.raw_reservations.len()
+    }
+}
+
+/// Whether a quota object is the project's quota (by labels, never by name).
+pub fn is_quota_of(object: &DynamicObject, project: &str) -> bool {
+    let labels = object.labels();
+    labels.get(SUBJECT_NAME_LABEL).map(String::as_str) == Some(project)
+        && labels.get(SUBJECT_KIND_LABEL).map(String::as_str) == Some(PROJECT_KIND)
+}
+
+impl SeedCache {
+    pub fn new() -> SeedCache {
+        SeedCache {
+            quotas: Mirror::default(),
+            clusters: Mirror::default(),
+            catalog: RwLock::new(SizeCatalog::shipped()),
+            catalog_synced: AtomicBool::new(false),
+            quota_resource: ApiResource::erase::<ResourceQuota>(&()),
+        }
+    }
+
+    pub fn quota_resource(&self) -> &ApiResource {
+        &self.quota_resource
+    }
+
+    /// Every watch has listed once.
+    pub fn is_synced(&self) -> bool {
+        self.quotas.is_synced()
+            && self.clusters.is_synced()
+            && self.catalog_synced.load(Ordering::SeqCst)
+    }
+
+    /// The project's quota copy, if it has one.
+    pub fn quota_for(&self, project: &str) -> Option<Arc<DynamicObject>> {
+        self.quotas.find(|q| is_quota_of(q, project))
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<Arc<Cluster>> {
+        self.clusters.get(name)
+    }
+
+    pub fn catalog(&self) -> SizeCatalog {
+        self.catalog
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set_catalog(&self, configmap: Option<&ConfigMap>) {
+        let text = configmap
+            .and_then(|cm| cm.data.as_ref())
+            .and_then(|d| d.get(SIZE_CATALOG_KEY));
+        let catalog = match text {
+            None => SizeCatalog::shipped(),
+            Some(text) => match AdminCatalog::parse(text) {
+                Ok(admin) => {
+                    info!(entries = admin.len(), "loaded the admin size catalog");
+                    SizeCatalog::shipped().with_admin(&admin)
+                }
+                Err(e) => {
+                    warn!(error = %e, "the admin size catalog is invalid; keeping the previous one");
+                    return;
+                }
+            },
+        };
+        *self
+            .catalog
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = catalog;
+    }
+
+    /// Runs the watches until dropped.
+    pub async fn run(self: Arc<Self>, client: Client, kubermatic_namespace: String) {
+        let quotas = watcher::watcher(
+            Api::<DynamicObject>::all_with(client.clone(), &self.quota_resource),
+            watcher::Config::default(),
+        )
+        .default_backoff();
+        let clusters = watcher::watcher(
+            Api::<Cluster>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff();
+        let catalog = watcher::watcher(
+            Api::<ConfigMap>::namespaced(client, &kubermatic_namespace),
+            watcher::Config::default().fields(&format!("metadata.name={SIZE_CATALOG_CONFIGMAP}")),
+        )
+        .default_backoff();
+        let catalog_mirror: Mirror<ConfigMap> = Mirror::default();
+        tokio::join!(
+            self.quotas.follow("resourcequotas", quotas, |_| {}),
+            self.clusters.follow("clusters", clusters, |_| {}),
+            catalog_mirror.follow("size catalog", catalog, |m| {
+                if m.is_synced() {
+                    self.set_catalog(m.get(&format!("{kubermatic_namespace}/{SIZE_CATALOG_CONFIGMAP}")).as_deref());
+                    self.catalog_synced.store(true, Ordering::SeqCst);
+                }
+            }),
+        );
+    }
+}
+
+impl Default for SeedCache {
+    fn default() -> Self {
+        SeedCache::new()
+    }
+}

@@ -1,0 +1,685 @@
+//! The admission decision: pure functions over plain data, no I/O.
+//!
+//! For a Machine of project P the webhook reads the seed's copy of P's quota and computes
+//!
+//! ```text
+//! in use = otherSeedsUsage + localUsage + sum(reservations[].reserved)
+//! ```
+//!
+//! (`otherSeedsUsage` missing: `globalUsage - localUsage`, floored at zero). A request fits when,
+//! for every limited resource it asks for, `in use + request <= limit`. Deletes and changes that
+//! grow nothing always pass, even over quota; a project without a quota always passes.
+
+use std::fmt;
+
+use kkp_quota_crds::ledger::reserved_total;
+use kkp_quota_crds::{
+    Exceeded, Resource, ResourceDetails, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus,
+};
+
+/// What the webhook knows of a project's quota: the limit and everything already in use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuotaState {
+    /// Absent resources are unlimited.
+    pub limit: ResourceDetails,
+    /// Every other seed's usage, as the master last folded it.
+    pub other_seeds_usage: ResourceDetails,
+    /// This seed's own count (seed-controller).
+    pub local_usage: ResourceDetails,
+    /// Admitted on this seed, not counted yet.
+    pub reserved: ResourceDetails,
+}
+
+/// The quota copy holds amounts that cannot be added up exactly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the quota's usage figures overflow: {0}")]
+pub struct StateError(String);
+
+impl QuotaState {
+    /// Reads a seed quota copy.
+    pub fn from_copy(quota: &ResourceQuota) -> Result<QuotaState, StateError> {
+        QuotaState::from_parts(&quota.spec, quota.status.as_ref())
+    }
+
+    /// Reads a seed quota copy's spec and status.
+    pub fn from_parts(
+        spec: &ResourceQuotaSpec,
+        status: Option<&ResourceQuotaStatus>,
+    ) -> Result<QuotaState, StateError> {
+        let status = status.cloned().unwrap_or_default();
+        let local_usage = status.local_usage.unwrap_or_default();
+        let other_seeds_usage = match status.other_seeds_usage {
+            Some(other) => other,
+            None => status
+                .global_usage
+                .unwrap_or_default()
+                .saturating_sub(&local_usage),
+        };
+        let reserved =
+            reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
+        Ok(QuotaState {
+            limit: spec.quota.clone(),
+            other_seeds_usage,
+            local_usage,
+            reserved,
+        })
+    }
+
+    /// `otherSeedsUsage + localUsage + reservations`.
+    pub fn in_use(&self) -> Result<ResourceDetails, StateError> {
+        self.other_seeds_usage
+            .checked_add(&self.local_usage)
+            .and_then(|sum| sum.checked_add(&self.reserved))
+            .map_err(|e| StateError(e.to_string()))
+    }
+}
+
+/// What one Machine admission asks of the quota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// A new Machine of this size.
+    Create(ResourceDetails),
+    /// A Machine whose size changes; `old` is `None` when the old object could not be sized
+    /// (it then counts as nothing, as usage counts it).
+    Update {
+        old: Option<ResourceDetails>,
+        new: ResourceDetails,
+    },
+    /// A change that does not touch the size (metadata, status, finalizers).
+    Unchanged,
+    /// A delete.
+    Delete,
+    /// The Machine cannot be sized; the text is provider-sizes' actionable message.
+    Unsizeable(String),
+}
+
+impl Ask {
+    /// What admitting it adds to the project's usage, or `None` when it adds nothing.
+    pub fn growth(&self) -> Option<ResourceDetails> {
+        let growth = match self {
+            Ask::Create(size) => size.clone(),
+            Ask::Update { old: None, new } => new.clone(),
+            Ask::Update { old: Some(old), new } => old.growth_to(new),
+            Ask::Unchanged | Ask::Delete | Ask::Unsizeable(_) => return None,
+        };
+        (!growth.is_empty()).then_some(growth)
+    }
+
+    /// The Machine's full size after admission, when known.
+    pub fn new_size(&self) -> Option<&ResourceDetails> {
+        match self {
+            Ask::Create(size) | Ask::Update { new: size, .. } => Some(size),
+            _ => None,
+        }
+    }
+
+    fn is_update(&self) -> bool {
+        matches!(self, Ask::Update { .. })
+    }
+}
+
+/// Why a request was allowed or denied (bounded: used as a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// It fits in the quota.
+    Fits,
+    /// The project has no quota.
+    NoQuota,
+    /// A delete or a change that grows nothing.
+    Reduction,
+    /// A change that does not touch the size.
+    Unchanged,
+    /// It does not fit.
+    QuotaExceeded,
+    /// The Machine cannot be sized.
+    Unsizeable,
+    /// The request names a user cluster this seed does not know.
+    UnknownCluster,
+    /// The request could not be read.
+    BadRequest,
+    /// The decision or its reservation failed (conflicts, API errors, overflow).
+    Error,
+}
+
+impl Reason {
+    pub const ALL: &'static [Reason] = &[
+        Reason::Fits,
+        Reason::NoQuota,
+        Reason::Reduction,
+        Reason::Unchanged,
+        Reason::QuotaExceeded,
+        Reason::Unsizeable,
+        Reason::UnknownCluster,
+        Reason::BadRequest,
+        Reason::Error,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Fits => "fits",
+            Reason::NoQuota => "no_quota",
+            Reason::Reduction => "reduction",
+            Reason::Unchanged => "unchanged",
+            Reason::QuotaExceeded => "quota_exceeded",
+            Reason::Unsizeable => "unsizeable",
+            Reason::UnknownCluster => "unknown_cluster",
+            Reason::BadRequest => "bad_request",
+            Reason::Error => "error",
+        }
+    }
+
+    /// The CamelCase word for Kubernetes `Status.reason` and Event reasons.
+    pub const fn camel(self) -> &'static str {
+        match self {
+            Reason::Fits => "Fits",
+            Reason::NoQuota => "NoQuota",
+            Reason::Reduction => "Reduction",
+            Reason::Unchanged => "Unchanged",
+            Reason::QuotaExceeded => "QuotaExceeded",
+            Reason::Unsizeable => "Unsizeable",
+            Reason::UnknownCluster => "UnknownCluster",
+            Reason::BadRequest => "BadRequest",
+            Reason::Error => "QuotaCheckFailed",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to reserve for an admitted Machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserve {
+    /// The Machine's full size once admitted.
+    pub size: ResourceDetails,
+    /// What this admission adds: the size for a create, the growth for an update.
+    pub reserved: ResourceDetails,
+}
+
+/// The answer to one admission request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    pub reason: Reason,
+    /// For denials: the message shown to whoever created the Machine.
+    pub message: Option<String>,
+    /// For denials: the same without the Machine's own name (generated names differ on every
+    /// retry of a MachineSet), for the Event on the owner.
+    pub event_message: Option<String>,
+    /// Admission warnings (quota lowered below usage, ...).
+    pub warnings: Vec<String>,
+    /// For allowed requests that grow usage under a quota: the reservation to write.
+    pub reserve: Option<Reserve>,
+}
+
+impl Verdict {
+    pub fn allow(reason: Reason) -> Verdict {
+        Verdict {
+            allowed: true,
+            reason,
+            message: None,
+            event_message: None,
+            warnings: Vec::new(),
+            reserve: None,
+        }
+    }
+
+    /// A denial; `detail` is the sentence after `machine "<name>"`.
+    pub fn deny(reason: Reason, machine: &str, detail: &str) -> Verdict {
+        Verdict {
+            allowed: false,
+            reason,
+            message: Some(format!("machine {machine:?} {detail}")),
+            event_message: Some(format!("a Machine {detail}")),
+            warnings: Vec::new(),
+            reserve: None,
+        }
+    }
+
+    #[must_use]
+    pub fn with_warnings(mut self, warnings: Vec<String>) -> Verdict {
+        self.warnings = warnings;
+        self
+    }
+}
+
+/// One request as the decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The Machine's name (for messages).
+    pub machine: String,
+    pub ask: Ask,
+    /// Dry-run requests are decided but add nothing for later requests.
+    pub dry_run: bool,
+}
+
+/// "a", "a and b", "a, b and c".
+fn join_human(parts: &[String]) -> String {
+    match parts {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// The sentence naming every resource that does not fit, in the quota's units:
+/// `needs 4 cpu and 2Gi memory, project "x8k2" uses 14 of 16 cpu and 31Gi of 32Gi memory`.
+pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool) -> String {
+    let needs: Vec<String> = exceeded
+        .iter()
+        .map(|e| {
+            if update {
+                format!("{} more {}", e.resource.amount(e.requested), e.resource.name())
+            } else {
+                e.resource.describe(e.requested)
+            }
+        })
+        .collect();
+    let uses: Vec<String> = exceeded
+        .iter()
+        .map(|e| format!("{} of {}", e.resource.amount(e.used), e.resource.describe(e.limit)))
+        .collect();
+    format!(
+        "needs {}, project {project:?} uses {}",
+        join_human(&needs),
+        join_human(&uses)
+    )
+}
+
+/// Warnings for a project whose usage is already above its quota (the quota was lowered).
+pub fn over_quota_warnings(project: &str, state: &QuotaState) -> Vec<String> {
+    let Ok(in_use) = state.in_use() else {
+        return Vec::new();
+    };
+    let over: Vec<Resource> = state.limit.overrun_by(&in_use);
+    if over.is_empty() {
+        return Vec::new();
+    }
+    let uses: Vec<String> = over
+        .iter()
+        .map(|&r| {
+            format!(
+                "{} of {}",
+                r.amount(in_use.amount(r)),
+                r.describe(state.limit.amount(r))
+            )
+        })
+        .collect();
+    vec![format!(
+        "project {project:?} is over its resource quota: it uses {}; new Machines that need {} are denied until usage is back under the quota",
+        join_human(&uses),
+        join_human(&over.iter().map(|r| r.name().to_owned()).collect::<Vec<_>>())
+    )]
+}
+
+/// Decides one request. `quota` is `None` when the project has no quota.
+pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> Verdict {
+    let Some(state) = quota else {
+        return Verdict::allow(Reason::NoQuota);
+    };
+    let warnings = over_quota_warnings(project, state);
+    let verdict = match &request.ask {
+        Ask::Delete => Verdict::allow(Reason::Reduction),
+        Ask::Unchanged => Verdict::allow(Reason::Unchanged),
+        Ask::Unsizeable(why) => Verdict::deny(
+            Reason::Unsizeable,
+            &request.machine,
+            &format!(
+                "cannot be sized, so it cannot be checked against the resource quota of project {project:?}: {why}"
+            ),
+        ),
+        ask => match ask.growth() {
+            None => Verdict::allow(Reason::Reduction),
+            Some(growth) => decide_growth(project, state, &request.machine, ask, growth),
+        },
+    };
+    verdict.with_warnings(warnings)
+}
+
+fn decide_growth(
+    project: &str,
+    state: &QuotaState,
+    machine: &str,
+    ask: &Ask,
+    growth: ResourceDetails,
+) -> Verdict {
+    let exceeded = state
+        .in_use()
+        .map_err(|e| e.to_string())
+        .and_then(|used| state.limit.exceeded_by(&used, &growth).map_err(|e| e.to_string()));
+    match exceeded {
+        Err(why) => Verdict::deny(
+            Reason::Error,
+            machine,
+            &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
+        ),
+        Ok(exceeded) if exceeded.is_empty() => Verdict {
+            reserve: Some(Reserve {
+                size: ask.new_size().cloned().unwrap_or_default(),
+                reserved: growth,
+            }),
+            ..Verdict::allow(Reason::Fits)
+        },
+        Ok(exceeded) => Verdict::deny(
+            Reason::QuotaExceeded,
+            machine,
+            &exceeded_detail(project, &exceeded, ask.is_update()),
+        ),
+    }
+}
+
+/// Decides several waiting requests of one project in order against one snapshot: each admitted
+/// (non-dry-run) request adds its reservation to the in-use of the ones after it.
+pub fn decide_batch(project: &str, quota: Option<&QuotaState>, requests: &[Request]) -> Vec<Verdict> {
+    let Some(initial) = quota else {
+        return requests.iter().map(|r| decide(project, None, r)).collect();
+    };
+    let mut state = initial.clone();
+    let mut verdicts = Vec::with_capacity(requests.len());
+    for request in requests {
+        let mut verdict = decide(project, Some(&state), request);
+        if let (Some(reserve), false) = (&verdict.reserve, request.dry_run) {
+            match state.reserved.checked_add(&reserve.reserved) {
+                Ok(sum) => state.reserved = sum,
+                Err(e) => {
+                    verdict = Verdict::deny(
+                        Reason::Error,
+                        &request.machine,
+                        &format!("cannot be reserved in project {project:?}: {e}"),
+                    );
+                }
+            }
+        }
+        verdicts.push(verdict);
+    }
+    verdicts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::{Quantity, Subject};
+    use proptest::prelude::*;
+
+    fn details(pairs: &[(Resource, &str)]) -> ResourceDetails {
+        let mut d = ResourceDetails::default();
+        for (r, text) in pairs {
+            d.set(*r, Some(text.parse().unwrap()));
+        }
+        d
+    }
+
+    fn cpu(n: &str) -> ResourceDetails {
+        details(&[(Resource::Cpu, n)])
+    }
+
+    fn state(limit: ResourceDetails, used: ResourceDetails) -> QuotaState {
+        QuotaState {
+            limit,
+            local_usage: used,
+            ..QuotaState::default()
+        }
+    }
+
+    fn create(machine: &str, size: ResourceDetails) -> Request {
+        Request {
+            machine: machine.into(),
+            ask: Ask::Create(size),
+            dry_run: false,
+        }
+    }
+
+    #[test]
+    fn fits_and_reserves_the_size() {
+        let s = state(cpu("16"), cpu("12"));
+        let v = decide("x8k2", Some(&s), &create("worker-7f", cpu("4")));
+        assert!(v.allowed);
+        assert_eq!(v.reason, Reason::Fits);
+        assert_eq!(
+            v.reserve,
+            Some(Reserve {
+                size: cpu("4"),
+                reserved: cpu("4")
+            })
+        );
+        assert!(v.warnings.is_empty());
+    }
+
+    #[test]
+    fn denial_names_the_resource_in_quota_units() {
+        let s = state(cpu("16"), cpu("14"));
+        let v = decide("x8k2", Some(&s), &create("worker-7f", cpu("4")));
+        assert!(!v.allowed);
+        assert_eq!(v.reason, Reason::QuotaExceeded);
+        assert_eq!(
+            v.message.as_deref(),
+            Some(r#"machine "worker-7f" needs 4 cpu, project "x8k2" uses 14 of 16 cpu"#)
+        );
+        assert_eq!(
+            v.event_message.as_deref(),
+            Some(r#"a Machine needs 4 cpu, project "x8k2" uses 14 of 16 cpu"#)
+        );
+        assert_eq!(v.reserve, None);
+    }
+
+    #[test]
+    fn denial_names_every_resource_that_does_not_fit() {
+        let limit = details(&[
+            (Resource::Cpu, "16"),
+            (Resource::Memory, "32Gi"),
+            (Resource::Storage, "1Ti"),
+        ]);
+        let used = details(&[
+            (Resource::Cpu, "14"),
+            (Resource::Memory, "31Gi"),
+            (Resource::Storage, "10Gi"),
+        ]);
+        let size = details(&[
+            (Resource::Cpu, "4"),
+            (Resource::Memory, "2Gi"),
+            (Resource::Storage, "20Gi"),
+        ]);
+        let v = decide("x8k2", Some(&state(limit, used)), &create("w", size));
+        assert_eq!(
+            v.message.as_deref(),
+            Some(r#"machine "w" needs 4 cpu and 2Gi memory, project "x8k2" uses 14 of 16 cpu and 31Gi of 32Gi memory"#)
+        );
+    }
+
+    #[test]
+    fn usage_sums_other_seeds_local_and_reservations() {
+        let s = QuotaState {
+            limit: cpu("16"),
+            other_seeds_usage: cpu("5"),
+            local_usage: cpu("5"),
+            reserved: cpu("4"),
+        };
+        let v = decide("p", Some(&s), &create("m", cpu("3")));
+        assert_eq!(
+            v.message.as_deref(),
+            Some(r#"machine "m" needs 3 cpu, project "p" uses 14 of 16 cpu"#)
+        );
+        assert!(decide("p", Some(&s), &create("m", cpu("2"))).allowed);
+    }
+
+    #[test]
+    fn from_copy_falls_back_to_global_minus_local() {
+        let mut quota = ResourceQuota::new(
+            "project-p",
+            ResourceQuotaSpec {
+                subject: Subject::project("p"),
+                quota: cpu("16"),
+            },
+        );
+        quota.status = Some(ResourceQuotaStatus {
+            global_usage: Some(cpu("10")),
+            local_usage: Some(cpu("4")),
+            ..ResourceQuotaStatus::default()
+        });
+        let s = QuotaState::from_copy(&quota).unwrap();
+        assert_eq!(s.other_seeds_usage, cpu("6"));
+        assert_eq!(s.in_use().unwrap(), cpu("10").checked_add(&ResourceDetails::zero()).unwrap());
+        // A local count fresher than the master's global figure: floored at zero.
+        quota.status = Some(ResourceQuotaStatus {
+            global_usage: Some(cpu("2")),
+            local_usage: Some(cpu("4")),
+            ..ResourceQuotaStatus::default()
+        });
+        assert_eq!(
+            QuotaState::from_copy(&quota).unwrap().other_seeds_usage.amount(Resource::Cpu),
+            Quantity::ZERO
+        );
+        // otherSeedsUsage wins when present.
+        quota.status = Some(ResourceQuotaStatus {
+            global_usage: Some(cpu("100")),
+            local_usage: Some(cpu("4")),
+            other_seeds_usage: Some(cpu("1")),
+            ..ResourceQuotaStatus::default()
+        });
+        assert_eq!(QuotaState::from_copy(&quota).unwrap().other_seeds_usage, cpu("1"));
+    }
+
+    #[test]
+    fn deletes_and_shrinks_pass_over_quota() {
+        let s = state(cpu("16"), cpu("20"));
+        let delete = Request {
+            machine: "m".into(),
+            ask: Ask::Delete,
+            dry_run: false,
+        };
+        assert!(decide("p", Some(&s), &delete).allowed);
+        let shrink = Request {
+            machine: "m".into(),
+            ask: Ask::Update {
+                old: Some(cpu("4")),
+                new: cpu("2"),
+            },
+            dry_run: false,
+        };
+        let v = decide("p", Some(&s), &shrink);
+        assert!(v.allowed);
+        assert_eq!(v.reason, Reason::Reduction);
+        assert_eq!(v.reserve, None);
+        // The over-quota warning rides along.
+        assert_eq!(v.warnings.len(), 1);
+    }
+
+    #[test]
+    fn growth_of_an_update_is_what_counts() {
+        let s = state(cpu("16"), cpu("14"));
+        let grow = |old: &str, new: &str| Request {
+            machine: "m".into(),
+            ask: Ask::Update {
+                old: Some(cpu(old)),
+                new: cpu(new),
+            },
+            dry_run: false,
+        };
+        let v = decide("p", Some(&s), &grow("2", "4"));
+        assert!(v.allowed);
+        assert_eq!(
+            v.reserve,
+            Some(Reserve {
+                size: cpu("4"),
+                reserved: cpu("2")
+            })
+        );
+        let v = decide("p", Some(&s), &grow("2", "5"));
+        assert_eq!(
+            v.message.as_deref(),
+            Some(r#"machine "m" needs 3 more cpu, project "p" uses 14 of 16 cpu"#)
+        );
+    }
+
+    #[test]
+    fn no_quota_allows_everything() {
+        let v = decide(
+            "p",
+            None,
+            &Request {
+                machine: "m".into(),
+                ask: Ask::Unsizeable("no".into()),
+                dry_run: false,
+            },
+        );
+        assert!(v.allowed);
+        assert_eq!(v.reason, Reason::NoQuota);
+    }
+
+    #[test]
+    fn unsizeable_is_denied_with_the_sizing_message() {
+        let s = state(cpu("16"), cpu("0"));
+        let v = decide(
+            "p",
+            Some(&s),
+            &Request {
+                machine: "m".into(),
+                ask: Ask::Unsizeable("set cpus".into()),
+                dry_run: false,
+            },
+        );
+        assert!(!v.allowed);
+        assert_eq!(v.reason, Reason::Unsizeable);
+        assert!(v.message.as_deref().unwrap().ends_with(": set cpus"));
+    }
+
+    #[test]
+    fn lowered_quota_denies_creates_with_a_warning() {
+        let s = state(cpu("8"), cpu("12"));
+        let v = decide("p", Some(&s), &create("m", cpu("1")));
+        assert!(!v.allowed);
+        assert_eq!(
+            v.warnings,
+            vec![r#"project "p" is over its resource quota: it uses 12 of 8 cpu; new Machines that need cpu are denied until usage is back under the quota"#.to_owned()]
+        );
+        // A request that asks nothing of the overrun resource still passes.
+        let v = decide("p", Some(&s), &create("m", details(&[(Resource::Memory, "1Gi")])));
+        assert!(v.allowed);
+        assert_eq!(v.warnings.len(), 1);
+    }
+
+    #[test]
+    fn batch_admits_in_order_until_full() {
+        let s = state(cpu("16"), cpu("12"));
+        let requests: Vec<Request> = (0..6).map(|i| create(&format!("m{i}"), cpu("1"))).collect();
+        let verdicts = decide_batch("p", Some(&s), &requests);
+        let allowed: Vec<bool> = verdicts.iter().map(|v| v.allowed).collect();
+        assert_eq!(allowed, vec![true, true, true, true, false, false]);
+        assert_eq!(
+            verdicts[4].message.as_deref(),
+            Some(r#"machine "m4" needs 1 cpu, project "p" uses 16 of 16 cpu"#)
+        );
+    }
+
+    #[test]
+    fn dry_runs_do_not_take_room() {
+        let s = state(cpu("16"), cpu("15"));
+        let mut dry = create("dry", cpu("1"));
+        dry.dry_run = true;
+        let verdicts = decide_batch("p", Some(&s), &[dry, create("real", cpu("1"))]);
+        assert!(verdicts[0].allowed && verdicts[1].allowed);
+    }
+
+    proptest! {
+        /// However a batch is made up, what it admits fits in the headroom, and every denial is
+        /// justified: the request would not have fit on top of what was admitted before it.
+        #[test]
+        fn batch_never_overruns(limit in 0u32..64, used in 0u32..64, sizes in proptest::collection::vec(0u32..8, 0..40)) {
+            let s = state(cpu(&limit.to_string()), cpu(&used.to_string()));
+            let requests: Vec<Request> = sizes.iter().enumerate().map(|(i, n)| create(&format!("m{i}"), cpu(&n.to_string()))).collect();
+            let verdicts = decide_batch("p", Some(&s), &requests);
+            let mut admitted = 0u32;
+            for (size, verdict) in sizes.iter().zip(&verdicts) {
+                if verdict.allowed {
+                    admitted += size;
+                    prop_assert!(*size == 0 || used + admitted <= limit);
+                } else {
+                    prop_assert!(used + admitted + size > limit);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,304 @@
+//! Events about denials, where a user looks: on the Machine's MachineDeployment (or MachineSet)
+//! in the user cluster, else on the `Cluster` on the seed.
+//!
+//! Sent from a background task, so an admission answer never waits for them. Deduplicated: the
+//! same message on the same object within the window bumps the existing Event's `count` instead
+//! of creating another (a MachineSet retries a denied create again and again, each time with a
+//! new generated name; the Event message leaves the name out for that reason).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
+use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
+use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource as _};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tracing::{debug, warn};
+
+use crate::cache::SeedCache;
+use crate::metrics::Metrics;
+
+/// The component name on Events.
+pub const COMPONENT: &str = "kkp-quota-machine-webhook";
+const MACHINE_GROUP_VERSION: &str = "cluster.k8s.io/v1alpha1";
+
+/// One denial to tell a user about.
+#[derive(Debug, Clone)]
+pub struct DenialEvent {
+    pub cluster: String,
+    pub machine_namespace: String,
+    pub owners: Vec<OwnerReference>,
+    /// `QuotaExceeded`, `Unsizeable`, ...
+    pub reason: String,
+    pub message: String,
+}
+
+/// Hands denials to the background sender.
+#[derive(Clone, Debug)]
+pub struct Events {
+    tx: mpsc::Sender<DenialEvent>,
+    metrics: Metrics,
+}
+
+impl Events {
+    /// Never waits: when the queue is full the event is dropped (and counted).
+    pub fn emit(&self, event: DenialEvent) {
+        if self.tx.try_send(event).is_err() {
+            self.metrics.events.with_label_values(&["dropped"]).inc();
+        }
+    }
+}
+
+/// Where an Event goes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Target {
+    /// An object in the user cluster.
+    User {
+        cluster: String,
+        reference: ObjectRef,
+    },
+    /// The `Cluster` on the seed.
+    Seed { reference: ObjectRef },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ObjectRef {
+    api_version: String,
+    kind: String,
+    namespace: Option<String>,
+    name: String,
+    uid: String,
+}
+
+impl ObjectRef {
+    fn to_reference(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some(self.api_version.clone()),
+            kind: Some(self.kind.clone()),
+            namespace: self.namespace.clone(),
+            name: Some(self.name.clone()),
+            uid: Some(self.uid.clone()),
+            ..ObjectReference::default()
+        }
+    }
+
+    fn from_owner(owner: &OwnerReference, namespace: &str) -> ObjectRef {
+        ObjectRef {
+            api_version: owner.api_version.clone(),
+            kind: owner.kind.clone(),
+            namespace: Some(namespace.to_owned()),
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        }
+    }
+}
+
+struct Sent {
+    name: String,
+    count: i32,
+    first: Instant,
+}
+
+struct Sender {
+    seed: Client,
+    cache: Arc<SeedCache>,
+    metrics: Metrics,
+    window: Duration,
+    clients: HashMap<String, (String, Client)>,
+    sent: HashMap<(Target, String, String), Sent>,
+}
+
+/// Starts the background sender; the returned future runs it until dropped.
+pub fn start(
+    seed: Client,
+    cache: Arc<SeedCache>,
+    metrics: Metrics,
+    window: Duration,
+) -> (Events, impl Future<Output = ()>) {
+    let (tx, rx) = mpsc::channel(1024);
+    let events = Events {
+        tx,
+        metrics: metrics.clone(),
+    };
+    let sender = Sender {
+        seed,
+        cache,
+        metrics,
+        window,
+        clients: HashMap::new(),
+        sent: HashMap::new(),
+    };
+    (events, sender.run(rx))
+}
+
+fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerReference> {
+    owners
+        .iter()
+        .find(|o| o.kind == kind && o.api_version.starts_with("cluster.k8s.io/"))
+}
+
+impl Sender {
+    async fn run(mut self, mut rx: mpsc::Receiver<DenialEvent>) {
+        while let Some(event) = rx.recv().await {
+            match self.send(&event).await {
+                Ok(result) => self.metrics.events.with_label_values(&[result]).inc(),
+                Err(e) => {
+                    self.metrics.events.with_label_values(&["failed"]).inc();
+                    self.clients.remove(&event.cluster);
+                    warn!(error = %e, cluster = %event.cluster, "could not record a denial event");
+                }
+            }
+            let window = self.window;
+            self.sent.retain(|_, s| s.first.elapsed() < window);
+        }
+    }
+
+    async fn user_client(&mut self, cluster: &Cluster) -> Result<Client, String> {
+        let name = cluster.metadata.name.clone().unwrap_or_default();
+        let namespace = cluster.control_plane_namespace();
+        let text = kubeconfig_from_secret(&self.seed, &namespace, ADMIN_KUBECONFIG_SECRET, KUBECONFIG_KEY)
+            .await
+            .map_err(|e| e.to_string())?;
+        if let Some((known, client)) = self.clients.get(&name)
+            && *known == text
+        {
+            return Ok(client.clone());
+        }
+        let client = client_from_yaml(&text).await.map_err(|e| e.to_string())?;
+        self.clients.insert(name, (text, client.clone()));
+        Ok(client)
+    }
+
+    /// The MachineDeployment owning the Machine's MachineSet, else the MachineSet, else the
+    /// MachineDeployment owning the Machine directly, else `None`.
+    async fn owner_in_user_cluster(&self, client: &Client, event: &DenialEvent) -> Option<ObjectRef> {
+        let ns = &event.machine_namespace;
+        if let Some(set) = owner(&event.owners, "MachineSet") {
+            let resource = ApiResource {
+                group: "cluster.k8s.io".into(),
+                version: "v1alpha1".into(),
+                api_version: MACHINE_GROUP_VERSION.into(),
+                kind: "MachineSet".into(),
+                plural: "machinesets".into(),
+            };
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+            if let Ok(Some(object)) = api.get_opt(&set.name).await
+                && let Some(deployment) = object
+                    .meta()
+                    .owner_references
+                    .as_deref()
+                    .and_then(|o| owner(o, "MachineDeployment"))
+            {
+                return Some(ObjectRef::from_owner(deployment, ns));
+            }
+            return Some(ObjectRef::from_owner(set, ns));
+        }
+        owner(&event.owners, "MachineDeployment").map(|d| ObjectRef::from_owner(d, ns))
+    }
+
+    async fn send(&mut self, event: &DenialEvent) -> Result<&'static str, String> {
+        let cluster = self
+            .cache
+            .cluster(&event.cluster)
+            .ok_or_else(|| format!("unknown cluster {}", event.cluster))?;
+        let mut target = None;
+        let mut user_client = None;
+        if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some() {
+            match self.user_client(&cluster).await {
+                Ok(client) => {
+                    if let Some(reference) = self.owner_in_user_cluster(&client, event).await {
+                        target = Some(Target::User {
+                            cluster: event.cluster.clone(),
+                            reference,
+                        });
+                        user_client = Some(client);
+                    }
+                }
+                Err(e) => debug!(error = %e, "user cluster unreachable; the event goes to the Cluster on the seed"),
+            }
+        }
+        let (target, client) = match (target, user_client) {
+            (Some(t), Some(c)) => (t, c),
+            _ => (
+                Target::Seed {
+                    reference: ObjectRef {
+                        api_version: Cluster::api_version(&()).into_owned(),
+                        kind: Cluster::kind(&()).into_owned(),
+                        namespace: None,
+                        name: cluster.metadata.name.clone().unwrap_or_default(),
+                        uid: cluster.metadata.uid.clone().unwrap_or_default(),
+                    },
+                },
+                self.seed.clone(),
+            ),
+        };
+        let reference = match &target {
+            Target::User { reference, .. } | Target::Seed { reference } => reference.clone(),
+        };
+        // Events about cluster-scoped objects live in `default`.
+        let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
+        let api: Api<Event> = Api::namespaced(client, &namespace);
+        let now = Time(Timestamp::now());
+        let key = (target, event.reason.clone(), event.message.clone());
+        if let Some(sent) = self.sent.get_mut(&key) {
+            sent.count += 1;
+            let patch = json!({"count": sent.count, "lastTimestamp": now});
+            match api
+                .patch(&sent.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok("updated"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {
+                    self.sent.remove(&key);
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        let name = format!(
+            "{}.{:x}",
+            reference.name,
+            Timestamp::now().as_nanosecond()
+        );
+        let object = Event {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: reference.to_reference(),
+            reason: Some(event.reason.clone()),
+            message: Some(event.message.clone()),
+            type_: Some("Warning".into()),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: None,
+            }),
+            reporting_component: Some(COMPONENT.into()),
+            reporting_instance: Some(
+                std::env::var("POD_NAME").unwrap_or_else(|_| COMPONENT.to_owned()),
+            ),
+            ..Event::default()
+        };
+        api.create(&PostParams::default(), &object)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.sent.insert(
+            key,
+            Sent {
+                name,
+                count: 1,
+                first: Instant::now(),
+            },
+        );
+        Ok("created")
+    }
+}

@@ -1,0 +1,68 @@
+//! The machine-webhook binary: flags, then [`machine_webhook::Webhook`].
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kkp_quota_crds::runtime::kubeconfig::own_client;
+use kkp_quota_crds::runtime::telemetry::init_tracing;
+use machine_webhook::{Config, Webhook};
+
+/// Validating admission webhook that keeps every project within its resource quota.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// Kubeconfig of the seed cluster (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, env = "KUBECONFIG_PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// HTTPS address for admission requests.
+    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0:9443")]
+    listen_address: SocketAddr,
+    /// PEM certificate chain; re-read when it changes.
+    #[arg(long, env = "TLS_CERT_FILE")]
+    tls_cert_file: PathBuf,
+    /// PEM private key; re-read when it changes.
+    #[arg(long, env = "TLS_KEY_FILE")]
+    tls_key_file: PathBuf,
+    /// Plain HTTP address for /metrics, /healthz and /readyz.
+    #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    metrics_address: SocketAddr,
+    /// The seed's KKP namespace (holds the ConfigMap kkp-quota-size-catalog).
+    #[arg(long, env = "KUBERMATIC_NAMESPACE", default_value = "kubermatic")]
+    kubermatic_namespace: String,
+    /// Most requests of one project decided together and written in one patch.
+    #[arg(long, env = "MAX_BATCH", default_value_t = 256)]
+    max_batch: usize,
+    /// Reservation writes tried per batch before denying with reason "error".
+    #[arg(long, env = "MAX_WRITE_ATTEMPTS", default_value_t = 10)]
+    max_write_attempts: u32,
+    /// Window (seconds) in which the same denial on the same object is one Event.
+    #[arg(long, env = "EVENT_DEDUP_SECONDS", default_value_t = 600)]
+    event_dedup_seconds: u64,
+    /// Log JSON lines instead of text.
+    #[arg(long, env = "LOG_JSON")]
+    log_json: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing(args.log_json);
+    let client = own_client(args.kubeconfig.as_deref())
+        .await
+        .context("connecting to the seed")?;
+    let mut config = Config::new(args.listen_address, args.tls_cert_file, args.tls_key_file);
+    config.metrics_address = Some(args.metrics_address);
+    config.kubermatic_namespace = args.kubermatic_namespace;
+    config.max_batch = args.max_batch;
+    config.max_attempts = args.max_write_attempts;
+    config.event_window = Duration::from_secs(args.event_dedup_seconds);
+    let webhook = Webhook::start(config, client).await?;
+    tokio::select! {
+        result = webhook.run() => result?,
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+    }
+    Ok(())
+}

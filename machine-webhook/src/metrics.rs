@@ -1,0 +1,116 @@
+//! The webhook's Prometheus metrics (names agreed across the project; no Machine name is ever a
+//! label).
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+use crate::decision::{Reason, Verdict};
+
+#[derive(Clone, Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    /// `kkp_quota_admissions_total{result, reason}`
+    pub admissions: IntCounterVec,
+    /// `kkp_quota_admission_duration_seconds`
+    pub duration: Histogram,
+    /// `kkp_quota_reservation_conflicts_total`
+    pub conflicts: IntCounter,
+    /// `kkp_quota_reservation_writes_total`
+    pub writes: IntCounter,
+    /// `kkp_quota_reservation_write_errors_total`
+    pub write_errors: IntCounter,
+    /// `kkp_quota_reservations{project}`: the ledger size as last read or written.
+    pub reservations: IntGaugeVec,
+    /// `kkp_quota_admission_batch_size`: requests decided in one pass.
+    pub batch_size: Histogram,
+    /// `kkp_quota_denial_events_total{result}`: created, updated (deduplicated), failed, dropped.
+    pub events: IntCounterVec,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Metrics, prometheus::Error> {
+        let registry = Registry::new();
+        let admissions = IntCounterVec::new(
+            Opts::new(
+                "kkp_quota_admissions_total",
+                "Machine admission requests answered, by result and reason",
+            ),
+            &["result", "reason"],
+        )?;
+        let duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "kkp_quota_admission_duration_seconds",
+                "Time from receiving an admission request to answering it",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )?;
+        let conflicts = IntCounter::new(
+            "kkp_quota_reservation_conflicts_total",
+            "Reservation writes refused with 409 Conflict (then re-read and re-decided)",
+        )?;
+        let writes = IntCounter::new(
+            "kkp_quota_reservation_writes_total",
+            "Successful reservation writes (one per batch)",
+        )?;
+        let write_errors = IntCounter::new(
+            "kkp_quota_reservation_write_errors_total",
+            "Reservation reads or writes that failed for another reason than a conflict",
+        )?;
+        let reservations = IntGaugeVec::new(
+            Opts::new(
+                "kkp_quota_reservations",
+                "Reservations in the project's ledger on this seed, as last read or written",
+            ),
+            &["project"],
+        )?;
+        let batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "kkp_quota_admission_batch_size",
+                "Requests of one project decided together and written in one patch",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+        )?;
+        let events = IntCounterVec::new(
+            Opts::new(
+                "kkp_quota_denial_events_total",
+                "Events about denials, by result (created, updated, failed, dropped)",
+            ),
+            &["result"],
+        )?;
+        registry.register(Box::new(admissions.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(conflicts.clone()))?;
+        registry.register(Box::new(writes.clone()))?;
+        registry.register(Box::new(write_errors.clone()))?;
+        registry.register(Box::new(reservations.clone()))?;
+        registry.register(Box::new(batch_size.clone()))?;
+        registry.register(Box::new(events.clone()))?;
+        // Every label value up front, so dashboards see zeros rather than gaps.
+        for reason in Reason::ALL {
+            for result in ["allowed", "denied"] {
+                admissions.with_label_values(&[result, reason.as_str()]);
+            }
+        }
+        Ok(Metrics {
+            registry,
+            admissions,
+            duration,
+            conflicts,
+            writes,
+            write_errors,
+            reservations,
+            batch_size,
+            events,
+        })
+    }
+
+    pub fn record(&self, verdict: &Verdict) {
+        let result = if verdict.allowed { "allowed" } else { "denied" };
+        self.admissions
+            .with_label_values(&[result, verdict.reason.as_str()])
+            .inc();
+    }
+}

@@ -1,0 +1,252 @@
+//! Shared helpers for the webhook's tests on a real fleet: a seed, user clusters of one project,
+//! the webhook in-process, and the objects other components would write.
+#![allow(dead_code, clippy::missing_panics_doc)]
+
+pub mod bursts;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use e2e::certs::{WebhookCertPaths, WebhookCerts};
+use e2e::{Fleet, FleetSpec, wait_for};
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use kkp_quota_crds::ledger::Reservation;
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use machine_webhook::{Config, Webhook};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+pub const SEED: &str = "seed-a";
+pub const PROJECT: &str = "demo";
+pub const NS: &str = "kube-system";
+pub const WEBHOOK_CONFIG: &str = "kkp-quota-machines";
+
+/// A seed with user clusters `alpha` and `beta` of project `demo` (plus the master the fleet
+/// always has).
+pub async fn fleet() -> Result<Fleet> {
+    Fleet::start(
+        FleetSpec::empty()
+            .with_seed(SEED)
+            .with_project(PROJECT)
+            .with_project("other")
+            .with_user_cluster("alpha", SEED, PROJECT)
+            .with_user_cluster("beta", SEED, PROJECT),
+    )
+    .await
+}
+
+/// The webhook running in-process as a task.
+pub struct RunningWebhook {
+    pub address: SocketAddr,
+    pub task: JoinHandle<()>,
+    pub metrics: machine_webhook::metrics::Metrics,
+}
+
+impl RunningWebhook {
+    /// Kills it: the task is aborted and every connection and worker it had ends with it.
+    pub async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
+}
+
+pub struct Certs {
+    pub certs: WebhookCerts,
+    pub paths: WebhookCertPaths,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn certs() -> Result<Certs> {
+    let dir = tempfile::tempdir()?;
+    let certs = WebhookCerts::generate()?;
+    let paths = certs.write_to(dir.path())?;
+    Ok(Certs { certs, paths, dir })
+}
+
+/// Starts the webhook against `seed` on `address` (port 0: any) and waits until it is ready.
+pub async fn start_webhook(seed: Client, certs: &Certs, address: SocketAddr) -> Result<RunningWebhook> {
+    let config = Config::new(address, certs.paths.cert.clone(), certs.paths.key.clone());
+    let webhook = Webhook::start(config, seed).await?;
+    let address = webhook.address;
+    let readiness = webhook.readiness.clone();
+    let metrics = webhook.metrics.clone();
+    let task = tokio::spawn(async move {
+        if let Err(e) = webhook.run().await {
+            eprintln!("webhook stopped: {e}");
+        }
+    });
+    wait_for(Duration::from_secs(30), "the webhook's caches to sync", || {
+        let ready = readiness.is_ready();
+        async move { ready }
+    })
+    .await?;
+    Ok(RunningWebhook { address, task, metrics })
+}
+
+/// What seed-controller keeps in every user cluster (written here so the tests do not depend on
+/// it): `<base>/validate/machines/<cluster>`, failurePolicy Fail, 5 s.
+pub async fn register(user: Client, cluster: &str, address: SocketAddr, certs: &Certs) -> Result<()> {
+    let config = ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(WEBHOOK_CONFIG.into()),
+            ..ObjectMeta::default()
+        },
+        webhooks: Some(vec![ValidatingWebhook {
+            name: "machines.kkp-quota.k8c.io".into(),
+            admission_review_versions: vec!["v1".into()],
+            client_config: WebhookClientConfig {
+                url: Some(format!("https://{address}/validate/machines/{cluster}")),
+                ca_bundle: Some(certs.certs.ca_bundle()),
+                service: None,
+            },
+            failure_policy: Some("Fail".into()),
+            side_effects: "NoneOnDryRun".into(),
+            timeout_seconds: Some(5),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec!["cluster.k8s.io".into()]),
+                api_versions: Some(vec!["v1alpha1".into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec!["machines".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..ValidatingWebhook::default()
+        }]),
+    };
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(user.clone());
+    api.patch(
+        WEBHOOK_CONFIG,
+        &PatchParams::apply("kkp-quota-test").force(),
+        &Patch::Apply(&config),
+    )
+    .await?;
+    // The API server picks configurations up asynchronously: wait until a Machine that cannot
+    // be sized is refused (the project must have a quota by now).
+    let machines: Api<Machine> = Api::namespaced(user, NS);
+    wait_for(Duration::from_secs(30), "the webhook configuration to take effect", || {
+        let machines = machines.clone();
+        async move {
+            let probe = unsizeable_machine("probe");
+            matches!(
+                machines.create(&PostParams { dry_run: true, ..PostParams::default() }, &probe).await,
+                Err(kube::Error::Api(s)) if s.message.contains("cannot be sized")
+            )
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+pub fn details(cpu: &str) -> ResourceDetails {
+    serde_json::from_value(json!({"cpu": cpu})).expect("valid quantity")
+}
+
+/// Writes the project's quota copy on the seed as master-controller and seed-controller would:
+/// `spec.quota` (cpu limit), `status.localUsage`, `status.otherSeedsUsage`, no reservations.
+pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu: &str) -> Result<()> {
+    let api: Api<ResourceQuota> = Api::all(seed);
+    let name = format!("project-{project}");
+    let mut quota = ResourceQuota::new(
+        &name,
+        ResourceQuotaSpec {
+            subject: Subject::project(project),
+            quota: details(limit_cpu),
+        },
+    );
+    quota.metadata.labels = Some(BTreeMap::from([
+        (SUBJECT_NAME_LABEL.to_owned(), project.to_owned()),
+        (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
+    ]));
+    api.patch(&name, &PatchParams::apply("kkp-quota-master").force(), &Patch::Apply(&quota))
+        .await
+        .context("writing the quota copy")?;
+    set_usage(&api, &name, local_cpu).await
+}
+
+async fn set_usage(api: &Api<ResourceQuota>, name: &str, local_cpu: &str) -> Result<()> {
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"status": {
+            "localUsage": {"cpu": local_cpu},
+            "otherSeedsUsage": {"cpu": "0"},
+            "globalUsage": {"cpu": local_cpu},
+            "reservations": null,
+        }})),
+    )
+    .await
+    .context("writing the quota copy's status")?;
+    Ok(())
+}
+
+/// Sets the seed's count and empties the ledger (what seed-controller would do after counting).
+pub async fn reset_usage(seed: Client, project: &str, local_cpu: &str) -> Result<()> {
+    set_usage(&Api::all(seed), &format!("project-{project}"), local_cpu).await
+}
+
+pub async fn reservations(seed: Client, project: &str) -> Result<Vec<Reservation>> {
+    let api: Api<ResourceQuota> = Api::all(seed);
+    let quota = api.get(&format!("project-{project}")).await?;
+    Ok(quota.status.unwrap_or_default().reservations)
+}
+
+/// A vSphere Machine of `cpus` vCPUs, 1 GiB and a 10 GiB disk.
+pub fn machine(name: &str, cpus: i64) -> Machine {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.k8s.io/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"providerSpec": {"value": {
+            "cloudProvider": "vsphere",
+            "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": cpus, "memoryMB": 1024, "diskSizeGB": 10},
+            "operatingSystem": "ubuntu"
+        }}}
+    }))
+    .expect("valid Machine")
+}
+
+/// A Machine whose size cannot be known (no cpus).
+pub fn unsizeable_machine(name: &str) -> Machine {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.k8s.io/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"providerSpec": {"value": {
+            "cloudProvider": "vsphere",
+            "cloudProviderSpec": {"memoryMB": 1024, "diskSizeGB": 10}
+        }}}
+    }))
+    .expect("valid Machine")
+}
+
+pub fn machines(user: Client) -> Api<Machine> {
+    Api::namespaced(user, NS)
+}
+
+pub async fn delete_all_machines(user: Client) -> Result<()> {
+    let api = machines(user);
+    api.delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await?;
+    wait_for(Duration::from_secs(30), "every Machine to be gone", || {
+        let api = api.clone();
+        async move { api.list(&ListParams::default()).await.map(|l| l.items.is_empty()).unwrap_or(false) }
+    })
+    .await
+}
+
+/// The message of a refused request (the API server prefixes the webhook's own message).
+pub fn denial(result: Result<Machine, kube::Error>) -> String {
+    match result {
+        Err(kube::Error::Api(status)) => status.message,
+        Ok(m) => panic!("expected a denial, the Machine {:?} was admitted", m.metadata.name),
+        Err(e) => panic!("expected a denial, got {e}"),
+    }
+}

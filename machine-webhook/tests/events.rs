@@ -1,0 +1,145 @@
+//! A denial is told where the user looks: one Event on the owning MachineDeployment in the user
+//! cluster, its count increased on every retry; without an owner, on the Cluster on the seed.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use common::*;
+use e2e::wait_for;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+/// Minimal MachineSet and MachineDeployment CRDs (machine-controller's have no schema either).
+async fn install_owner_crds(user: &Client) -> Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(user.clone());
+    for (kind, plural) in [("MachineSet", "machinesets"), ("MachineDeployment", "machinedeployments")] {
+        let crd: CustomResourceDefinition = serde_json::from_value(json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.cluster.k8s.io")},
+            "spec": {
+                "group": "cluster.k8s.io",
+                "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                "scope": "Namespaced",
+                "versions": [{"name": "v1alpha1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]
+            }
+        }))?;
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    for plural in ["machinesets", "machinedeployments"] {
+        let api: Api<DynamicObject> = Api::namespaced_with(user.clone(), NS, &resource(plural));
+        wait_for(Duration::from_secs(30), "the owner CRDs to be served", || {
+            let api = api.clone();
+            async move { api.list(&ListParams::default()).await.is_ok() }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+fn resource(plural: &str) -> ApiResource {
+    let kind = if plural == "machinesets" { "MachineSet" } else { "MachineDeployment" };
+    ApiResource {
+        group: "cluster.k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "cluster.k8s.io/v1alpha1".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+fn owner_ref(object: &DynamicObject, kind: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "cluster.k8s.io/v1alpha1".into(),
+        kind: kind.into(),
+        name: object.metadata.name.clone().unwrap_or_default(),
+        uid: object.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+async fn events_about(client: &Client, namespace: &str, kind: &str, name: &str) -> Result<Vec<Event>> {
+    let api: Api<Event> = Api::namespaced(client.clone(), namespace);
+    Ok(api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
+    let fleet = fleet().await?;
+    let seed = fleet.seed(SEED).client();
+    let alpha = fleet.user_cluster("alpha").client();
+    let certs = certs()?;
+    // Full: 16 of 16 cpu.
+    write_quota(seed.clone(), PROJECT, "16", "16").await?;
+    let webhook = start_webhook(seed.clone(), &certs, "127.0.0.1:0".parse()?).await?;
+    register(alpha.clone(), "alpha", webhook.address, &certs).await?;
+    install_owner_crds(&alpha).await?;
+
+    let deployments: Api<DynamicObject> = Api::namespaced_with(alpha.clone(), NS, &resource("machinedeployments"));
+    let sets: Api<DynamicObject> = Api::namespaced_with(alpha.clone(), NS, &resource("machinesets"));
+    let mut deployment = DynamicObject::new("workers", &resource("machinedeployments"));
+    deployment.data = json!({"spec": {"replicas": 3}});
+    let deployment = deployments.create(&PostParams::default(), &deployment).await?;
+    let mut set = DynamicObject::new("workers-5d8f", &resource("machinesets"));
+    set.metadata.owner_references = Some(vec![owner_ref(&deployment, "MachineDeployment")]);
+    set.data = json!({"spec": {"replicas": 3}});
+    let set = sets.create(&PostParams::default(), &set).await?;
+
+    // The MachineSet controller retries: a new generated name every time.
+    let api = machines(alpha.clone());
+    for _ in 0..3 {
+        let mut m = machine("", 2);
+        m.metadata.name = None;
+        m.metadata.generate_name = Some("workers-5d8f-".into());
+        m.metadata.owner_references = Some(vec![owner_ref(&set, "MachineSet")]);
+        let message = denial(api.create(&PostParams::default(), &m).await);
+        assert!(message.contains(r#"needs 2 cpu, project "demo" uses 16 of 16 cpu"#), "{message}");
+    }
+    let events = wait_for(Duration::from_secs(30), "one Event with count 3 on the MachineDeployment", || async {
+        let events = events_about(&alpha, NS, "MachineDeployment", "workers").await?;
+        anyhow::ensure!(events.iter().map(|e| e.count.unwrap_or(0)).sum::<i32>() == 3, "so far: {events:?}");
+        Ok(events)
+    })
+    .await?;
+    assert_eq!(events.len(), 1, "deduplicated: {events:?}");
+    let event = &events[0];
+    assert_eq!(event.count, Some(3));
+    assert_eq!(event.reason.as_deref(), Some("QuotaExceeded"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        event.message.as_deref(),
+        Some(r#"a Machine needs 2 cpu, project "demo" uses 16 of 16 cpu"#)
+    );
+    assert_eq!(event.involved_object.uid, deployment.metadata.uid);
+    assert!(events_about(&alpha, NS, "MachineSet", "workers-5d8f").await?.is_empty());
+
+    // No owner: the Event goes to the Cluster on the seed.
+    denial(api.create(&PostParams::default(), &machine("lonely-1", 1)).await);
+    let on_cluster = wait_for(Duration::from_secs(30), "an Event on the Cluster on the seed", || async {
+        let events = events_about(&seed, "default", "Cluster", "alpha").await?;
+        events.into_iter().next().context("none yet")
+    })
+    .await?;
+    assert_eq!(
+        on_cluster.message.as_deref(),
+        Some(r#"a Machine needs 1 cpu, project "demo" uses 16 of 16 cpu"#)
+    );
+    assert_eq!(webhook.metrics.events.with_label_values(&["created"]).get(), 2);
+    assert_eq!(webhook.metrics.events.with_label_values(&["updated"]).get(), 2);
+    webhook.kill().await;
+    Ok(())
+}
