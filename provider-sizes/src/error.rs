@@ -41,7 +41,8 @@ pub enum SizingErrorKind {
     /// has no `rootDiskDefaults` entry for the provider.
     UnknownRootDisk { field: &'static str, why: &'static str },
     /// The Machine carries no size at all (edge, external, fake, bare metal without hardware
-    /// entry) and the admin catalog has no entry for it.
+    /// reference) and the admin catalog has no `"*"` entry for the provider. `what` is an
+    /// optional detail, starting with `" ("` when not empty.
     NotSizable { what: String },
     /// The numbers do not fit (absurdly large values).
     Overflow { field: String },
@@ -189,16 +190,22 @@ impl fmt::Display for SizingError {
                 flavour_word(p),
                 self.flavour.as_deref().unwrap_or("")
             ),
-            SizingErrorKind::UnknownRootDisk { field, why } => write!(
-                f,
-                "{p} Machine: the root disk size is unknown ({why}); set \
-                 cloudProviderSpec.{field} in the Machine, or set rootDiskDefaults.{p} (or the \
-                 flavour's storage) in the admin size catalog ({ADMIN_CATALOG})"
-            ),
+            SizingErrorKind::UnknownRootDisk { field, why } => {
+                write!(
+                    f,
+                    "{p} Machine: the root disk size is unknown ({why}); set cloudProviderSpec.{field} \
+                     in the Machine, or set rootDiskDefaults.{p}"
+                )?;
+                if let Some(flavour) = &self.flavour {
+                    write!(f, " or storage for {flavour:?} under providers.{p}")?;
+                }
+                write!(f, " in the admin size catalog ({ADMIN_CATALOG})")
+            }
             SizingErrorKind::NotSizable { what } => write!(
                 f,
-                "{p} Machines carry no size ({what}); add an entry under providers.{p} in the \
-                 admin size catalog ({ADMIN_CATALOG})"
+                "{p} Machines carry no size of their own{what}; add an entry \"{any}\" under \
+                 providers.{p} in the admin size catalog ({ADMIN_CATALOG}) to size every such Machine",
+                any = crate::sizing::ANY_MACHINE
             ),
             SizingErrorKind::Overflow { field } => write!(
                 f,

@@ -488,7 +488,11 @@ impl Sizer<'_, '_> {
         match self.catalog.flavour(s.provider, ANY_MACHINE) {
             Some(flavour) => Ok(Size::of_flavour(flavour, flavour.disk.unwrap_or_default())),
             None => Err(s.error(SizingErrorKind::NotSizable {
-                what: format!("the provider spec names no size; the admin catalog entry \"{ANY_MACHINE}\" sizes every such Machine"),
+                what: if s.provider == Provider::Baremetal {
+                    " (no driverSpec.hardwareRef)".to_owned()
+                } else {
+                    String::new()
+                },
             })),
         }
     }

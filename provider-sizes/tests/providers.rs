@@ -802,3 +802,34 @@ fn every_machine_controller_provider_is_handled_and_documented() {
         );
     }
 }
+
+#[test]
+fn catalog_and_errors_are_shareable_across_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone + 'static>() {}
+    assert_send_sync::<SizeCatalog>();
+    assert_send_sync::<SizingError>();
+    assert_send_sync::<AdminCatalog>();
+    let c = shipped();
+    let handle = std::thread::spawn(move || sized_with(&c, "hetzner", "serverType: cx22"));
+    assert_size(&handle.join().unwrap(), "2", "4Gi", "40Gi", 0);
+}
+
+#[test]
+fn messages_say_how_to_fix() {
+    assert_eq!(
+        refused("vsphere", "cpus: 2\nmemoryMB: 2048").to_string(),
+        "vsphere Machine: the root disk size is unknown (diskSizeGB is unset, so the template VM's disk size \
+         is used); set cloudProviderSpec.diskSizeGB in the Machine, or set rootDiskDefaults.vsphere in the \
+         admin size catalog (ConfigMap kubermatic/kkp-quota-size-catalog, key catalog.yaml)"
+    );
+    assert_eq!(
+        refused("edge", "{}").to_string(),
+        "edge Machines carry no size of their own; add an entry \"*\" under providers.edge in the admin size \
+         catalog (ConfigMap kubermatic/kkp-quota-size-catalog, key catalog.yaml) to size every such Machine"
+    );
+    assert_eq!(
+        refused("azure", "vmSize: true").to_string(),
+        "azure Machine: cloudProviderSpec.vmSize must be a string, a number or \
+         {value|secretKeyRef|configMapKeyRef}, found the boolean true; correct the Machine's provider spec"
+    );
+}
