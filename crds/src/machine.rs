@@ -27,6 +27,7 @@ pub struct ProviderSpecHolder {
     /// Free JSON: `{cloudProvider, cloudProviderSpec, operatingSystem, ...}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, Value>>")]
+    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
     pub value: Option<Value>,
 }
 
