@@ -3,7 +3,8 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use provider_sizes::{AdminCatalog, SizeCatalog, size_provider_spec};
+use kkp_quota_crds::machine::Machine;
+use provider_sizes::{AdminCatalog, SizeCatalog, size_machine, size_provider_spec};
 use serde_json::{Value, json};
 
 fn machines() -> Vec<(&'static str, Value)> {
@@ -52,6 +53,26 @@ fn bench(c: &mut Criterion) {
             b.iter(|| size_provider_spec(black_box(&spec), &catalog, None).expect("sized"));
         });
     }
+    // The denial path: an unknown type, message rendered as the webhook would.
+    let unknown =
+        json!({"cloudProvider": "aws", "cloudProviderSpec": {"instanceType": "m9.huge", "diskSize": 50}});
+    group.bench_function("aws-unknown-type-error", |b| {
+        b.iter(|| {
+            size_provider_spec(black_box(&unknown), &catalog, None)
+                .expect_err("unknown")
+                .to_string()
+        });
+    });
+    // A whole Machine object, as the webhook decodes it.
+    let machine: Machine = serde_json::from_value(json!({
+        "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
+        "metadata": {"name": "worker-1", "namespace": "kube-system"},
+        "spec": {"providerSpec": {"value": machines()[0].1.clone()}}
+    }))
+    .expect("the benchmark Machine decodes");
+    group.bench_function("size_machine-aws", |b| {
+        b.iter(|| size_machine(black_box(&machine), &catalog, None).expect("sized"));
+    });
     group.finish();
 }
 
