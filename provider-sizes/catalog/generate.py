@@ -99,15 +99,32 @@ def main():
     )
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     parser.add_argument("--out", default=os.path.join(HERE, "shipped"))
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; fail when a shipped file's data differs from what the sources give",
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
+    stale = []
     for provider, (file_name, origin) in PROVIDERS.items():
         directory = args.sources if origin == "shared" else os.path.join(HERE, "sources")
         text, count = convert(provider, os.path.join(directory, file_name), args.date)
         target = os.path.join(args.out, f"{provider}.sizes")
+        if args.check:
+            # Compare everything but the generation date.
+            def data(t):
+                return [line for line in t.splitlines() if not line.startswith("# generated:")]
+
+            with open(target) as f:
+                if data(f.read()) != data(text):
+                    stale.append(target)
+            continue
         with open(target, "w") as f:
             f.write(text)
         print(f"{target}: {count} flavours")
+    if stale:
+        sys.exit("out of date, run provider-sizes/catalog/generate.py: " + ", ".join(stale))
 
 
 if __name__ == "__main__":
