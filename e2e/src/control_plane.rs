@@ -227,11 +227,25 @@ impl ControlPlane {
         if self.apiserver_running() {
             bail!("{}: kube-apiserver is already running", self.name);
         }
-        self.spawn_apiserver().await.map_err(|e| match e {
-            StartError::PortTaken(e) | StartError::Other(e) => {
-                e.context(format!("{}: restarting kube-apiserver", self.name))
+        // The port was free while the apiserver was down: an outgoing connection may hold it as
+        // its local port for a moment. Retry for a while before giving up.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match self.spawn_apiserver().await {
+                Ok(()) => break,
+                Err(StartError::PortTaken(e)) if Instant::now() < deadline => {
+                    tracing::warn!(
+                        cluster = self.name,
+                        port = self.port,
+                        "port busy, retrying: {e:#}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(StartError::PortTaken(e) | StartError::Other(e)) => {
+                    return Err(e.context(format!("{}: restarting kube-apiserver", self.name)));
+                }
             }
-        })?;
+        }
         wait_served(&self.client(), &fleet_crds()).await?;
         tracing::info!(cluster = self.name, "kube-apiserver started again");
         Ok(())
