@@ -58,19 +58,28 @@ impl Quantity {
         }
     }
 
+    // The byte constructors multiply in i128, where no i64 input can overflow
+    // (i64::MAX GiB is about 1e37 nano-bytes; i128 holds 1.7e38).
+
     /// Whole mebibytes, exactly.
     pub const fn from_mebibytes(mib: i64) -> Quantity {
-        Quantity::from_units(mib * 1024 * 1024)
+        Quantity {
+            nanos: mib as i128 * (1 << 20) * NANOS,
+        }
     }
 
     /// Whole gibibytes, exactly.
     pub const fn from_gibibytes(gib: i64) -> Quantity {
-        Quantity::from_units(gib * 1024 * 1024 * 1024)
+        Quantity {
+            nanos: gib as i128 * (1 << 30) * NANOS,
+        }
     }
 
     /// Whole decimal gigabytes (10^9 bytes), exactly.
     pub const fn from_gigabytes(gb: i64) -> Quantity {
-        Quantity::from_units(gb * 1_000_000_000)
+        Quantity {
+            nanos: gb as i128 * 1_000_000_000 * NANOS,
+        }
     }
 
     /// The raw value in nano-units.
@@ -447,6 +456,19 @@ mod tests {
             "999999999999999999999999999999999999999999Ei".parse::<Quantity>(),
             Err(QuantityError::OutOfRange { .. })
         ));
+    }
+
+    #[test]
+    fn byte_constructors_never_overflow() {
+        assert_eq!(
+            Quantity::from_gibibytes(i64::MAX).format(Notation::Binary),
+            format!("{}Gi", i64::MAX)
+        );
+        assert_eq!(
+            Quantity::from_mebibytes(i64::MIN).format(Notation::Binary),
+            "-8388608Ei"
+        ); // -2^63 Mi = -2^23 Ei
+        assert_eq!(Quantity::from_gigabytes(3), q("3G"));
     }
 
     #[test]
