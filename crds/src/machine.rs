@@ -26,9 +26,19 @@ pub struct MachineSpec {
 pub struct ProviderSpecHolder {
     /// Free JSON: `{cloudProvider, cloudProviderSpec, operatingSystem, ...}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(with = "Option<serde_json::Map<String, Value>>")]
-    #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+    #[schemars(schema_with = "free_object")]
     pub value: Option<Value>,
+}
+
+/// Any JSON object, kept verbatim at every depth (machine-controller's CRD does the same): a
+/// schema with `additionalProperties` would make the API server prune nested objects such as
+/// `cloudProviderSpec`.
+fn free_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
 }
 
 /// The part of `spec.providerSpec.value` that says which cloud and how big.
