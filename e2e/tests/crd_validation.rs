@@ -47,6 +47,11 @@ async fn quantities_are_validated_by_the_api_server() {
         ("neg-fraction", json!({"gpu": -0.5})),
     ];
     // Every case is tried before failing, so a failure lists all the holes at once.
+    // Pitfall seen here: `anyOf: [{minimum: 0}, {pattern: ...}]` (what an int-or-string `anyOf` of
+    // `{type: integer, minimum}` / `{type: string, pattern}` becomes once the branch types are
+    // stripped for a structural schema) accepts everything, because `minimum` ignores strings and
+    // `pattern` ignores numbers. `minimum` and `pattern` side by side, without `anyOf`, reject
+    // exactly the cases below (checked against this API server).
     let mut wrongly_accepted = Vec::new();
     for (name, quota) in &rejected {
         match api.create(&pp, &object(name, quota)).await {
