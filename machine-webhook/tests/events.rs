@@ -22,7 +22,10 @@ async fn install_owner_crds(user: &Client) -> Result<()> {
         let crd: CustomResourceDefinition = serde_json::from_value(json!({
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
-            "metadata": {"name": format!("{plural}.cluster.k8s.io")},
+            "metadata": {
+                "name": format!("{plural}.cluster.k8s.io"),
+                "annotations": {"api-approved.kubernetes.io": "unapproved, machine-controller's own group"}
+            },
             "spec": {
                 "group": "cluster.k8s.io",
                 "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
