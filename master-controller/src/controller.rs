@@ -337,38 +337,7 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
         debug!(global = ?folded.global.as_ref().map(ToString::to_string), "master status written");
     }
 
-    // globalUsage and otherSeedsUsage back onto every fresh seed's copy.
-    let writes = views.iter().filter(|v| v.health.is_fresh()).filter_map(|v| {
-        let copy = v.copy.as_ref()?;
-        let client = v.client.clone()?;
-        let others = folded.others.get(&v.name).cloned().flatten();
-        let patch = fanout::seed_status_patch(copy, folded.global.as_ref(), others.as_ref())?;
-        let seed = v.name.clone();
-        let name = name.clone();
-        Some(async move {
-            let api: Api<ResourceQuota> = Api::all(client);
-            match api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
-                Ok(_) => {
-                    ctx.metrics.wrote(&seed, "status");
-                    Ok(())
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-                Err(e) => {
-                    warn!(seed = %seed, error = %e, "writing the seed copy's status failed");
-                    ctx.metrics.sync_error(&seed, "status");
-                    Err(seed)
-                }
-            }
-        })
-    });
-    for result in future::join_all(writes).await {
-        if let Err(seed) = result {
-            failed.push(seed);
-        }
-    }
+    failed.extend(write_seed_statuses(&name, &views, &folded, ctx).await);
 
     ctx.metrics
         .set_quota(&project_name, &master_rq.spec.quota, folded.global.as_ref());
@@ -384,6 +353,46 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
     } else {
         Err(Error::Seeds(failed.join(", ")))
     }
+}
+
+/// `globalUsage` and `otherSeedsUsage` back onto every fresh seed's copy, where changed.
+/// Returns the seeds where the write failed.
+async fn write_seed_statuses(
+    name: &str,
+    views: &[SeedView],
+    folded: &fold::Folded,
+    ctx: &Ctx,
+) -> Vec<String> {
+    let writes = views.iter().filter(|v| v.health.is_fresh()).filter_map(|v| {
+        let copy = v.copy.as_ref()?;
+        let client = v.client.clone()?;
+        let others = folded.others.get(&v.name).cloned().flatten();
+        let patch = fanout::seed_status_patch(copy, folded.global.as_ref(), others.as_ref())?;
+        let seed = v.name.clone();
+        Some(async move {
+            let api: Api<ResourceQuota> = Api::all(client);
+            match api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    ctx.metrics.wrote(&seed, "status");
+                    Ok(())
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                Err(e) => {
+                    warn!(seed = %seed, error = %e, "writing the seed copy's status failed");
+                    ctx.metrics.sync_error(&seed, "status");
+                    Err(seed)
+                }
+            }
+        })
+    });
+    future::join_all(writes)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
 }
 
 /// Applies the copy on one seed if it is fresh and out of date. Returns the view with the copy

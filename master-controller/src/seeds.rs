@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-use futures::{StreamExt, stream};
+use futures::{FutureExt, StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
 use kkp_quota_crds::ResourceQuota;
@@ -198,8 +198,11 @@ pub async fn manage(
         ticks.boxed(),
     );
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    let _ = store.wait_until_ready().await;
     while events.next().await.is_some() {
+        // The store fills as `events` is polled; act only on a complete list of Seeds.
+        if store.wait_until_ready().now_or_never().is_none() {
+            continue;
+        }
         let wanted: BTreeMap<String, (String, String)> = store
             .state()
             .iter()
@@ -216,72 +219,7 @@ pub async fn manage(
         let mut changed = false;
         for (name, (secret_ns, secret_name)) in &wanted {
             let text = kubeconfig_from_secret(&master, secret_ns, secret_name, KUBECONFIG_KEY).await;
-            let text = match text {
-                Ok(t) => t,
-                Err(e) => {
-                    if !running.contains_key(name) {
-                        let fresh_entry = seeds.write(|s| {
-                            let new = !s.contains_key(name);
-                            s.entry(name.clone()).or_insert_with(|| SeedState {
-                                client: None,
-                                health: Health::Unknown {
-                                    since: Timestamp::now(),
-                                },
-                                copies: BTreeMap::new(),
-                            });
-                            new
-                        });
-                        if fresh_entry {
-                            warn!(seed = %name, error = %e, "cannot read the seed's kubeconfig; retrying");
-                            metrics.seed_stale.with_label_values(&[name]).set(1.0);
-                            changed = true;
-                        }
-                        metrics.sync_error(name, "kubeconfig");
-                    }
-                    continue;
-                }
-            };
-            if running.get(name).is_some_and(|r| r.kubeconfig == text) {
-                continue;
-            }
-            let client = match client_from_yaml(&text).await {
-                Ok(c) => c,
-                Err(e) => {
-                    warn!(seed = %name, error = %e, "the seed's kubeconfig is invalid; retrying");
-                    metrics.sync_error(name, "kubeconfig");
-                    continue;
-                }
-            };
-            info!(seed = %name, rotated = running.contains_key(name), "watching seed");
-            seeds.write(|s| {
-                let entry = s.entry(name.clone()).or_insert_with(|| SeedState {
-                    client: None,
-                    health: Health::Unknown {
-                        since: Timestamp::now(),
-                    },
-                    copies: BTreeMap::new(),
-                });
-                entry.client = Some(client.clone());
-            });
-            let task = tokio::spawn(
-                watch_seed(
-                    name.clone(),
-                    client,
-                    seeds.clone(),
-                    triggers.clone(),
-                    metrics.clone(),
-                    max_backoff,
-                )
-                .instrument(info_span!("seed", seed = %name)),
-            );
-            running.insert(
-                name.clone(),
-                Running {
-                    kubeconfig: text,
-                    _task: AbortOnDrop(task),
-                },
-            );
-            changed = true;
+            changed |= configure(name, text, &mut running, &seeds, &triggers, &metrics, max_backoff).await;
         }
         let gone: Vec<String> = seeds
             .names()
@@ -299,6 +237,78 @@ pub async fn manage(
             triggers.everything();
         }
     }
+}
+
+/// Starts, restarts (kubeconfig rotated) or keeps the watch of one seed. Returns whether the
+/// seed set changed.
+async fn configure(
+    name: &str,
+    text: Result<String, kkp_quota_crds::runtime::RuntimeError>,
+    running: &mut BTreeMap<String, Running>,
+    seeds: &Seeds,
+    triggers: &Triggers,
+    metrics: &Metrics,
+    max_backoff: Duration,
+) -> bool {
+    let new_state = || SeedState {
+        client: None,
+        health: Health::Unknown {
+            since: Timestamp::now(),
+        },
+        copies: BTreeMap::new(),
+    };
+    let text = match text {
+        Ok(t) => t,
+        Err(e) => {
+            if running.contains_key(name) {
+                // Keep using the client we have; the Secret may be mid-rotation.
+                return false;
+            }
+            metrics.sync_error(name, "kubeconfig");
+            let added = seeds.write(|s| {
+                let new = !s.contains_key(name);
+                s.entry(name.to_owned()).or_insert_with(new_state);
+                new
+            });
+            if added {
+                warn!(seed = %name, error = %e, "cannot read the seed's kubeconfig; retrying");
+                metrics.seed_stale.with_label_values(&[name]).set(1.0);
+            }
+            return added;
+        }
+    };
+    if running.get(name).is_some_and(|r| r.kubeconfig == text) {
+        return false;
+    }
+    let client = match client_from_yaml(&text).await {
+        Ok(c) => c,
+        Err(e) => {
+            warn!(seed = %name, error = %e, "the seed's kubeconfig is invalid; retrying");
+            metrics.sync_error(name, "kubeconfig");
+            return false;
+        }
+    };
+    info!(seed = %name, rotated = running.contains_key(name), "watching seed");
+    seeds.write(|s| s.entry(name.to_owned()).or_insert_with(new_state).client = Some(client.clone()));
+    let task = tokio::spawn(
+        watch_seed(
+            name.to_owned(),
+            client,
+            seeds.clone(),
+            triggers.clone(),
+            metrics.clone(),
+            max_backoff,
+        )
+        .instrument(info_span!("seed", seed = %name)),
+    );
+    running.insert(
+        name.to_owned(),
+        Running {
+            kubeconfig: text,
+            _task: AbortOnDrop(task),
+        },
+    );
+    true
 }
 
 /// Watches one seed's quota copies until aborted.

@@ -1,0 +1,168 @@
+//! Helpers shared by the integration tests (real kube-apiservers from the e2e crate).
+#![allow(dead_code, clippy::missing_panics_doc)]
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use kkp_quota_crds::runtime::ops::{Readiness, bind};
+use kkp_quota_crds::{Quantity, Resource, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use master_controller::{Metrics, Options};
+use serde_json::json;
+
+pub const DEADLINE: Duration = Duration::from_secs(20);
+
+/// A controller running in-process as a tokio task; aborted when dropped.
+pub struct Running {
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+    pub metrics_url: String,
+    task: tokio::task::JoinHandle<Result<(), master_controller::Error>>,
+}
+
+impl Running {
+    pub async fn start(master: Client, options: Options) -> Result<Running> {
+        kkp_quota_crds::runtime::telemetry::init_tracing(false);
+        let metrics = Metrics::new();
+        let readiness = Readiness::default();
+        let (address, serve) = bind(
+            "127.0.0.1:0".parse()?,
+            metrics.registry.clone(),
+            readiness.clone(),
+        )
+        .await?;
+        tokio::spawn(serve);
+        let task = tokio::spawn(master_controller::run(
+            master,
+            options,
+            metrics.clone(),
+            readiness.clone(),
+        ));
+        Ok(Running {
+            metrics,
+            readiness,
+            metrics_url: format!("http://{address}/metrics"),
+            task,
+        })
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    pub async fn scrape(&self) -> Result<String> {
+        Ok(reqwest::get(&self.metrics_url)
+            .await?
+            .error_for_status()?
+            .text()
+            .await?)
+    }
+
+    /// Quota reconciles completed so far.
+    pub fn reconciles(&self) -> u64 {
+        self.metrics
+            .reconcile_duration
+            .with_label_values(&["quota"])
+            .get_sample_count()
+    }
+
+    /// Every write this replica made.
+    pub fn writes(&self) -> f64 {
+        self.metrics
+            .registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "kkp_quota_master_writes_total")
+            .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value()))
+            .sum::<f64>()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub fn options() -> Options {
+    let mut options = Options::new("kubermatic");
+    options.resync_period = Duration::from_secs(30);
+    options.seed_max_backoff = Duration::from_millis(500);
+    options
+}
+
+pub fn cpu_mem(cpu: i64, mem_gib: i64) -> ResourceDetails {
+    ResourceDetails {
+        cpu: Some(Quantity::from_units(cpu)),
+        memory: Some(Quantity::from_gibibytes(mem_gib)),
+        ..ResourceDetails::default()
+    }
+}
+
+/// Same amounts, absent counting as zero.
+pub fn same_usage(a: &ResourceDetails, b: &ResourceDetails) -> bool {
+    Resource::ALL.iter().all(|&r| a.amount(r) == b.amount(r))
+}
+
+pub async fn create_quota(
+    api: &Api<ResourceQuota>,
+    name: &str,
+    project: &str,
+    quota: ResourceDetails,
+) -> Result<ResourceQuota> {
+    let rq = ResourceQuota::new(
+        name,
+        ResourceQuotaSpec {
+            subject: Subject::project(project),
+            quota,
+        },
+    );
+    api.create(&PostParams::default(), &rq)
+        .await
+        .with_context(|| format!("creating quota {name}"))
+}
+
+pub async fn set_quota(api: &Api<ResourceQuota>, name: &str, quota: &ResourceDetails) -> Result<()> {
+    let patch = json!({"spec": {"quota": quota}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// What a seed-controller does: write the copy's localUsage.
+pub async fn set_local_usage(seed: &Client, name: &str, usage: &ResourceDetails) -> Result<()> {
+    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    // Every resource named: absent ones as null, so the merge patch replaces the whole usage.
+    let mut full = serde_json::Map::new();
+    for &r in Resource::ALL {
+        full.insert(
+            r.name().to_owned(),
+            usage
+                .get(r)
+                .map_or(serde_json::Value::Null, |q| r.amount(q).into()),
+        );
+    }
+    let patch = json!({"status": {"localUsage": full}});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("writing localUsage of {name}"))?;
+    Ok(())
+}
+
+pub fn status_of(rq: &ResourceQuota) -> kkp_quota_crds::ResourceQuotaStatus {
+    rq.status.clone().unwrap_or_default()
+}
+
+pub fn condition<'a>(
+    rq: &'a ResourceQuota,
+    type_: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    rq.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// The value of one sample line (`name{labels}`) in a Prometheus text exposition.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
+}

@@ -1,0 +1,558 @@
+//! master-controller against a real fleet (master + seed-a + seed-b, real kube-apiservers).
+//!
+//! One fleet and one controller serve every scenario, in order: fan-out create/edit, the fold,
+//! quota lowered below usage, orphan copies, default quotas, a seed going down and coming back
+//! (with a deletion held by the down seed), and deletion.
+
+#![allow(clippy::too_many_lines)] // scenarios read top to bottom
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context as _, Result, ensure};
+use common::*;
+use e2e::{Fleet, FleetSpec, wait_for};
+use kkp_quota_crds::kkp::{DefaultProjectResourceQuota, KubermaticSetting, KubermaticSettingSpec, Project};
+use kkp_quota_crds::quota::{
+    DEFAULT_QUOTA_LABEL, SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL,
+};
+use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use master_controller::status::{QUOTA_EXCEEDED, SEED_CLEANUP_PENDING, SEEDS_STALE};
+use serde_json::json;
+
+const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
+
+// Fields drop in order: the controller stops before the fleet does.
+struct World {
+    controller: Running,
+    master: Api<ResourceQuota>,
+    fleet: Fleet,
+}
+
+impl World {
+    fn seed(&self, name: &str) -> Client {
+        self.fleet.seed(name).client()
+    }
+
+    fn seed_api(&self, name: &str) -> Api<ResourceQuota> {
+        Api::all(self.seed(name))
+    }
+
+    /// Waits until every seed has a copy of `name` with the master's spec and labels.
+    async fn converged(&self, name: &str, what: &str) -> Result<()> {
+        wait_for(DEADLINE, what, || async {
+            let master = self.master.get(name).await?;
+            for seed in SEEDS {
+                let copy = self
+                    .seed_api(seed)
+                    .get_opt(name)
+                    .await?
+                    .context(format!("no copy on {seed}"))?;
+                ensure!(copy.spec == master.spec, "{seed}: spec differs");
+                for (k, v) in master.labels() {
+                    ensure!(copy.labels().get(k) == Some(v), "{seed}: label {k} differs");
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn gone_everywhere(&self, name: &str, what: &str) -> Result<()> {
+        wait_for(DEADLINE, what, || async {
+            ensure!(self.master.get_opt(name).await?.is_none(), "still on the master");
+            for seed in SEEDS {
+                ensure!(
+                    self.seed_api(seed).get_opt(name).await?.is_none(),
+                    "still on {seed}"
+                );
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Waits until the master's globalUsage and every seed copy's globalUsage/otherSeedsUsage
+    /// are the exact fold of `locals`.
+    async fn folded(&self, name: &str, locals: &BTreeMap<&str, ResourceDetails>, what: &str) -> Result<()> {
+        let global = ResourceDetails::checked_sum(locals.values())?;
+        wait_for(DEADLINE, what, || async {
+            let master = self.master.get(name).await?;
+            let g = status_of(&master)
+                .global_usage
+                .context("master has no globalUsage")?;
+            ensure!(same_usage(&g, &global), "master globalUsage {g}, want {global}");
+            for seed in SEEDS {
+                let copy = self.seed_api(seed).get(name).await?;
+                let s = status_of(&copy);
+                let g = s.global_usage.context(format!("{seed}: no globalUsage"))?;
+                ensure!(same_usage(&g, &global), "{seed}: globalUsage {g}, want {global}");
+                let others =
+                    ResourceDetails::checked_sum(locals.iter().filter(|(k, _)| **k != seed).map(|(_, v)| v))?;
+                let o = s
+                    .other_seeds_usage
+                    .context(format!("{seed}: no otherSeedsUsage"))?;
+                ensure!(
+                    same_usage(&o, &others),
+                    "{seed}: otherSeedsUsage {o}, want {others}"
+                );
+            }
+            Ok(())
+        })
+        .await
+    }
+}
+
+use kkp_quota_crds::ResourceDetails;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_controller_on_a_real_fleet() -> Result<()> {
+    let fleet = Fleet::start(
+        FleetSpec::empty()
+            .with_seed("seed-a")
+            .with_seed("seed-b")
+            .with_project("demo")
+            .with_project("other")
+            .with_project("third"),
+    )
+    .await?;
+    let master = Api::all(fleet.master().client());
+    let controller = Running::start(fleet.master().client(), options()).await?;
+    let world = World {
+        controller,
+        master,
+        fleet,
+    };
+    fan_out_create_and_edit(&world).await.context("fan-out")?;
+    fold_two_seeds(&world).await.context("fold")?;
+    lowered_below_usage(&world)
+        .await
+        .context("quota lowered below usage")?;
+    orphan_copies_removed(&world).await.context("orphan copies")?;
+    default_quota(&world).await.context("default quota")?;
+    seed_down_and_back(&world).await.context("stale seed")?;
+    delete_converges(&world).await.context("deletion")?;
+    ensure!(!world.controller.is_finished(), "the controller stopped");
+    Ok(())
+}
+
+async fn fan_out_create_and_edit(w: &World) -> Result<()> {
+    create_quota(&w.master, "project-demo", "demo", cpu_mem(4, 8)).await?;
+    w.converged("project-demo", "project-demo copied to every seed")
+        .await?;
+    // The master object got the subject labels, the finalizer and an owner reference to its project.
+    let project = Api::<Project>::all(w.fleet.master().client()).get("demo").await?;
+    wait_for(DEADLINE, "master metadata", || async {
+        let m = w.master.get("project-demo").await?;
+        ensure!(
+            m.labels().get(SUBJECT_NAME_LABEL).map(String::as_str) == Some("demo"),
+            "no subject-name label"
+        );
+        ensure!(
+            m.labels().get(SUBJECT_KIND_LABEL).map(String::as_str) == Some("project"),
+            "no subject-kind label"
+        );
+        ensure!(
+            m.finalizers().iter().any(|f| f == SEED_CLEANUP_FINALIZER),
+            "no finalizer"
+        );
+        ensure!(
+            m.owner_references()
+                .iter()
+                .any(|o| Some(&o.uid) == project.metadata.uid.as_ref() && o.kind == "Project"),
+            "no owner reference to the project"
+        );
+        Ok(())
+    })
+    .await?;
+    let copy = w.seed_api("seed-a").get("project-demo").await?;
+    ensure!(
+        copy.owner_references().is_empty(),
+        "seed copies carry no owner reference"
+    );
+    ensure!(
+        copy.metadata
+            .managed_fields
+            .iter()
+            .flatten()
+            .any(|m| m.manager.as_deref() == Some("kkp-quota-master")
+                && m.operation.as_deref() == Some("Apply")),
+        "the copy is server-side applied by kkp-quota-master"
+    );
+
+    // Edit: every seed follows.
+    set_quota(&w.master, "project-demo", &cpu_mem(6, 8)).await?;
+    w.converged("project-demo", "edited spec on every seed").await?;
+    let copy = w.seed_api("seed-b").get("project-demo").await?;
+    ensure!(
+        copy.spec.quota.amount(Resource::Cpu) == Quantity::from_units(6),
+        "seed-b has the edited spec"
+    );
+
+    // No write when nothing changed: an annotation on the master triggers a reconcile that
+    // leaves the seed copy's resourceVersion as it was.
+    let before = w.seed_api("seed-a").get("project-demo").await?.resource_version();
+    let reconciles = w.controller.reconciles();
+    w.master
+        .patch(
+            "project-demo",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"touched": "1"}}})),
+        )
+        .await?;
+    wait_for(DEADLINE, "a reconcile after the annotation", || async {
+        w.controller.reconciles() > reconciles
+    })
+    .await?;
+    let after = w.seed_api("seed-a").get("project-demo").await?.resource_version();
+    ensure!(
+        before == after,
+        "a no-op edit rewrote the seed copy ({before:?} -> {after:?})"
+    );
+    Ok(())
+}
+
+async fn fold_two_seeds(w: &World) -> Result<()> {
+    let a = ResourceDetails {
+        cpu: Some(Quantity::from_millis(1500)),
+        memory: Some(Quantity::from_mebibytes(2560)),
+        ..ResourceDetails::default()
+    };
+    let b = ResourceDetails {
+        cpu: Some(Quantity::from_units(2)),
+        memory: Some(Quantity::from_gibibytes(1)),
+        storage: Some(Quantity::from_gibibytes(50)),
+        ..ResourceDetails::default()
+    };
+    set_local_usage(&w.seed("seed-a"), "project-demo", &a).await?;
+    set_local_usage(&w.seed("seed-b"), "project-demo", &b).await?;
+    let locals = BTreeMap::from([("seed-a", a), ("seed-b", b)]);
+    w.folded(
+        "project-demo",
+        &locals,
+        "globalUsage = seed-a + seed-b everywhere",
+    )
+    .await?;
+    let global = status_of(&w.master.get("project-demo").await?)
+        .global_usage
+        .context("no globalUsage")?;
+    ensure!(
+        global.amount(Resource::Cpu) == Quantity::from_millis(3500),
+        "exact cpu sum, got {global}"
+    );
+    ensure!(
+        global.amount(Resource::Memory) == Quantity::from_mebibytes(3584),
+        "exact memory sum, got {global}"
+    );
+    ensure!(
+        global.amount(Resource::Storage) == Quantity::from_gibibytes(50),
+        "exact storage sum, got {global}"
+    );
+    // Metrics carry the global and per-seed usage and the limit.
+    let text = wait_for(DEADLINE, "usage metrics", || async {
+        let text = w.controller.scrape().await?;
+        ensure!(
+            sample(
+                &text,
+                "kkp_quota_usage{project=\"demo\",resource=\"cpu\",scope=\"global\"}"
+            ) == Some(3.5),
+            "global cpu usage metric"
+        );
+        Ok(text)
+    })
+    .await?;
+    ensure!(
+        sample(
+            &text,
+            "kkp_quota_usage{project=\"demo\",resource=\"cpu\",scope=\"seed-a\"}"
+        ) == Some(1.5)
+    );
+    ensure!(sample(&text, "kkp_quota_limit{project=\"demo\",resource=\"cpu\"}") == Some(6.0));
+    ensure!(sample(&text, "kkp_quota_over_limit{project=\"demo\",resource=\"cpu\"}") == Some(0.0));
+    Ok(())
+}
+
+async fn lowered_below_usage(w: &World) -> Result<()> {
+    // Usage is 3.5 cpu; a limit of 2 is accepted, and status + metric say it is exceeded.
+    set_quota(&w.master, "project-demo", &cpu_mem(2, 8)).await?;
+    wait_for(DEADLINE, "QuotaExceeded=True", || async {
+        let m = w.master.get("project-demo").await?;
+        let c = condition(&m, QUOTA_EXCEEDED).context("no QuotaExceeded condition")?;
+        ensure!(c.status == "True", "QuotaExceeded is {}", c.status);
+        ensure!(
+            c.message.contains("3500m cpu used of 2 cpu"),
+            "message: {}",
+            c.message
+        );
+        let text = w.controller.scrape().await?;
+        ensure!(
+            sample(&text, "kkp_quota_over_limit{project=\"demo\",resource=\"cpu\"}") == Some(1.0),
+            "over-limit metric"
+        );
+        Ok(())
+    })
+    .await?;
+    w.converged("project-demo", "lowered quota on every seed").await?;
+    set_quota(&w.master, "project-demo", &cpu_mem(6, 8)).await?;
+    wait_for(DEADLINE, "QuotaExceeded=False", || async {
+        let m = w.master.get("project-demo").await?;
+        ensure!(
+            condition(&m, QUOTA_EXCEEDED).is_some_and(|c| c.status == "False"),
+            "still True"
+        );
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+async fn orphan_copies_removed(w: &World) -> Result<()> {
+    let stray = w.seed_api("seed-a");
+    create_quota(&stray, "stray", "other", cpu_mem(1, 1)).await?;
+    wait_for(DEADLINE, "orphan copy deleted from seed-a", || async {
+        ensure!(stray.get_opt("stray").await?.is_none(), "still there");
+        Ok(())
+    })
+    .await?;
+    Ok(())
+}
+
+async fn default_quota(w: &World) -> Result<()> {
+    let settings: Api<KubermaticSetting> = Api::all(w.fleet.master().client());
+    let global = KubermaticSetting::new(
+        "globalsettings",
+        KubermaticSettingSpec {
+            default_quota: Some(DefaultProjectResourceQuota {
+                quota: cpu_mem(10, 20),
+            }),
+        },
+    );
+    settings.create(&PostParams::default(), &global).await?;
+    let demo_before = w.master.get("project-demo").await?;
+
+    // Created for the projects without a quota, labelled as default, and fanned out.
+    for project in ["other", "third"] {
+        let name = format!("project-{project}");
+        wait_for(DEADLINE, &format!("default quota {name}"), || async {
+            let q = w.master.get_opt(&name).await?.context("missing")?;
+            ensure!(
+                q.labels().get(DEFAULT_QUOTA_LABEL).map(String::as_str) == Some("true"),
+                "not labelled default"
+            );
+            ensure!(q.spec.subject.name == project, "wrong subject");
+            ensure!(
+                q.spec.quota.amount(Resource::Cpu) == Quantity::from_units(10),
+                "wrong cpu"
+            );
+            Ok(())
+        })
+        .await?;
+        w.converged(&name, "default quota on every seed").await?;
+    }
+
+    // Changing the default updates the default quotas only.
+    settings
+        .patch(
+            "globalsettings",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"defaultQuota": {"quota": {"cpu": "12", "memory": "20Gi"}}}})),
+        )
+        .await?;
+    for name in ["project-other", "project-third"] {
+        wait_for(DEADLINE, &format!("{name} updated"), || async {
+            let q = w.master.get(name).await?;
+            ensure!(
+                q.spec.quota.amount(Resource::Cpu) == Quantity::from_units(12),
+                "not updated"
+            );
+            Ok(())
+        })
+        .await?;
+        w.converged(name, "updated default on every seed").await?;
+    }
+
+    // Replace the default for "third" by a custom one: drop the label and edit the spec.
+    w.master
+        .patch(
+            "project-third",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {DEFAULT_QUOTA_LABEL: null}}, "spec": {"quota": {"cpu": "3"}}})),
+        )
+        .await?;
+    settings
+        .patch(
+            "globalsettings",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"defaultQuota": {"quota": {"cpu": "14"}}}})),
+        )
+        .await?;
+    wait_for(DEADLINE, "project-other follows the default (14 cpu)", || async {
+        let q = w.master.get("project-other").await?;
+        ensure!(
+            q.spec.quota.amount(Resource::Cpu) == Quantity::from_units(14),
+            "not updated"
+        );
+        Ok(())
+    })
+    .await?;
+    let third = w.master.get("project-third").await?;
+    ensure!(
+        third.spec.quota.amount(Resource::Cpu) == Quantity::from_units(3),
+        "the now-custom quota was overwritten: {third:?}"
+    );
+    ensure!(
+        !third.labels().contains_key(DEFAULT_QUOTA_LABEL),
+        "the default label came back"
+    );
+
+    // Clearing the default deletes the default quotas only.
+    settings
+        .patch(
+            "globalsettings",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"defaultQuota": null}})),
+        )
+        .await?;
+    w.gone_everywhere("project-other", "default quota deleted everywhere")
+        .await?;
+    let third = w.master.get("project-third").await?;
+    ensure!(
+        third.spec.quota.amount(Resource::Cpu) == Quantity::from_units(3),
+        "custom quota untouched"
+    );
+    let demo = w.master.get("project-demo").await?;
+    ensure!(
+        demo.spec == demo_before.spec && demo.labels() == demo_before.labels(),
+        "custom quota project-demo was touched"
+    );
+    ensure!(!demo.labels().contains_key(DEFAULT_QUOTA_LABEL));
+    Ok(())
+}
+
+async fn seed_down_and_back(w: &World) -> Result<()> {
+    let a1 = cpu_mem(1, 1);
+    let b = cpu_mem(2, 2);
+    set_local_usage(&w.seed("seed-a"), "project-demo", &a1).await?;
+    set_local_usage(&w.seed("seed-b"), "project-demo", &b).await?;
+    w.folded(
+        "project-demo",
+        &BTreeMap::from([("seed-a", a1), ("seed-b", b.clone())]),
+        "before the outage",
+    )
+    .await?;
+    w.converged("project-third", "project-third on every seed")
+        .await?;
+
+    w.fleet.seed("seed-b").stop_apiserver().await;
+    wait_for(
+        DEADLINE,
+        "SeedsStale=True naming seed-b, and the stale metric",
+        || async {
+            let m = w.master.get("project-demo").await?;
+            let c = condition(&m, SEEDS_STALE).context("no SeedsStale condition")?;
+            ensure!(c.status == "True", "SeedsStale is {}", c.status);
+            ensure!(
+                c.message.contains("seed-b unreachable since"),
+                "message: {}",
+                c.message
+            );
+            let text = w.controller.scrape().await?;
+            ensure!(
+                sample(&text, "kkp_quota_seed_stale{seed=\"seed-b\"}") == Some(1.0),
+                "stale metric"
+            );
+            ensure!(
+                sample(&text, "kkp_quota_seed_stale{seed=\"seed-a\"}") == Some(0.0),
+                "seed-a is not stale"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    // seed-b's last usage is still counted while seed-a's changes.
+    let a2 = cpu_mem(5, 1);
+    set_local_usage(&w.seed("seed-a"), "project-demo", &a2).await?;
+    wait_for(
+        DEADLINE,
+        "globalUsage = new seed-a + last known seed-b",
+        || async {
+            let g = status_of(&w.master.get("project-demo").await?)
+                .global_usage
+                .context("none")?;
+            ensure!(same_usage(&g, &cpu_mem(7, 3)), "globalUsage {g}");
+            Ok(())
+        },
+    )
+    .await?;
+    // A deletion is held by the down seed, and says so.
+    w.master.delete("project-third", &DeleteParams::default()).await?;
+    wait_for(
+        DEADLINE,
+        "SeedCleanupPending naming seed-b; seed-a's copy gone",
+        || async {
+            let m = w
+                .master
+                .get_opt("project-third")
+                .await?
+                .context("master object gone while seed-b is down")?;
+            let c = condition(&m, SEED_CLEANUP_PENDING).context("no SeedCleanupPending")?;
+            ensure!(c.message.contains("seed-b"), "message: {}", c.message);
+            ensure!(
+                w.seed_api("seed-a").get_opt("project-third").await?.is_none(),
+                "seed-a copy still there"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+
+    w.fleet.seed("seed-b").start_apiserver().await?;
+    wait_for(
+        DEADLINE,
+        "SeedsStale=False and metric 0 after the restart",
+        || async {
+            let m = w.master.get("project-demo").await?;
+            let c = condition(&m, SEEDS_STALE).context("no SeedsStale condition")?;
+            ensure!(c.status == "False", "SeedsStale is {}: {}", c.status, c.message);
+            let text = w.controller.scrape().await?;
+            ensure!(
+                sample(&text, "kkp_quota_seed_stale{seed=\"seed-b\"}") == Some(0.0),
+                "stale metric"
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    // seed-b catches up on what it missed (seed-a's new usage).
+    w.folded(
+        "project-demo",
+        &BTreeMap::from([("seed-a", a2), ("seed-b", b)]),
+        "seed-b caught up",
+    )
+    .await?;
+    w.gone_everywhere("project-third", "held deletion completes once seed-b is back")
+        .await?;
+    let text = w.controller.scrape().await?;
+    ensure!(
+        sample(
+            &text,
+            "kkp_quota_sync_errors_total{operation=\"watch\",seed=\"seed-b\"}"
+        )
+        .is_some_and(|v| v >= 1.0),
+        "sync errors were counted for seed-b"
+    );
+    Ok(())
+}
+
+async fn delete_converges(w: &World) -> Result<()> {
+    w.master.delete("project-demo", &DeleteParams::default()).await?;
+    w.gone_everywhere(
+        "project-demo",
+        "project-demo deleted from the master and every seed",
+    )
+    .await?;
+    Ok(())
+}
