@@ -188,3 +188,74 @@ async fn wait_for_returns_the_value_or_fails_at_the_deadline() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn other_users_get_only_what_rbac_grants_them() {
+    use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject as RbacSubject};
+
+    let cp = ControlPlane::start("rbac").await.unwrap();
+    let yaml = cp.kubeconfig_for_user("quota-reader", &["readers"]).unwrap();
+    let reader = e2e::client_from_kubeconfig(&yaml).await.unwrap();
+    let quotas = Api::<ResourceQuota>::all(reader);
+    match quotas.list(&ListParams::default()).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("expected 403 Forbidden before any binding, got {other:?}"),
+    }
+
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some("readers-admin".to_owned()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            kind: "ClusterRole".to_owned(),
+            name: "cluster-admin".to_owned(),
+        },
+        subjects: Some(vec![RbacSubject {
+            kind: "Group".to_owned(),
+            name: "readers".to_owned(),
+            api_group: Some("rbac.authorization.k8s.io".to_owned()),
+            namespace: None,
+        }]),
+    };
+    Api::<ClusterRoleBinding>::all(cp.client())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    wait_for(Duration::from_secs(10), "the binding to take effect", || async {
+        quotas.list(&ListParams::default()).await.map(|_| ())
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn components_are_logged_and_killed_on_drop() {
+    use e2e::components::{ComponentSpec, spawn};
+
+    let fleet_bin = ComponentSpec::workspace_bin("fleet", Vec::new()).unwrap();
+    assert!(
+        fleet_bin.program.is_file(),
+        "{} should exist",
+        fleet_bin.program.display()
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let spec = ComponentSpec {
+        name: "stand-in".to_owned(),
+        program: "/bin/sh".into(),
+        args: vec!["-c".to_owned(), "echo component up; exec sleep 600".to_owned()],
+    };
+    let running = spawn(&spec, dir.path()).unwrap();
+    let pid = running.pid();
+    let log = dir.path().join("stand-in.log");
+    wait_for(Duration::from_secs(10), "the component's log line", || async {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains("component up"))
+    })
+    .await
+    .unwrap();
+    assert!(procfs::is_running(pid));
+    drop(running);
+    assert!(!procfs::is_running(pid), "component {pid} survived drop");
+}
