@@ -322,7 +322,13 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
                 }
                 Some(Err(e)) => {
                     shared.metrics.watch_restarts.with_label_values(&[&name]).inc();
-                    set_reachability(&shared, &name, Reachability::Unreachable(e.to_string()));
+                    // 410 Gone only means "list again"; anything else means we cannot see
+                    // the cluster's Machines right now.
+                    if matches!(&e, watcher::Error::WatchError(status) if status.code == 410) {
+                        info!(error = %e, "Machine watch expired; listing again");
+                    } else {
+                        set_reachability(&shared, &name, Reachability::Unreachable(e.to_string()));
+                    }
                 }
                 None => return,
             },

@@ -1,0 +1,323 @@
+//! Shared set-up for the seed-controller's tests on real apiservers: a seed, user clusters
+//! registered on it the way KKP does, quota copies, Machines, and the controller in-process.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use e2e::ControlPlane;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, ClusterSpec, KUBECONFIG_KEY, PROJECT_ID_LABEL};
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use provider_sizes::{SizeCatalog, size_machine};
+use seed_controller::usage::same_usage;
+use seed_controller::{AbortOnDrop, Config, Controller, Metrics};
+use serde_json::{Value, json};
+
+pub const WAIT: Duration = Duration::from_secs(90);
+
+pub fn init_logs() {
+    kkp_quota_crds::runtime::telemetry::init_tracing(false);
+}
+
+pub async fn ensure_namespace(client: &Client, name: &str) {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("namespace {name}: {e}"),
+    }
+}
+
+/// Registers a user cluster on the seed as KKP does: `Cluster` labelled with its project,
+/// `status.namespaceName`, and the admin kubeconfig Secret in that namespace.
+pub async fn register_cluster(seed: &Client, name: &str, project: &str, kubeconfig: &str) {
+    let namespace = format!("cluster-{name}");
+    ensure_namespace(seed, &namespace).await;
+    write_kubeconfig_secret(seed, &namespace, kubeconfig).await;
+    let clusters: Api<Cluster> = Api::all(seed.clone());
+    let mut cluster = Cluster::new(
+        name,
+        ClusterSpec {
+            human_readable_name: name.into(),
+        },
+    );
+    cluster.metadata.labels = Some(BTreeMap::from([(
+        PROJECT_ID_LABEL.to_owned(),
+        project.to_owned(),
+    )]));
+    clusters.create(&PostParams::default(), &cluster).await.unwrap();
+    clusters
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"namespaceName": namespace}})),
+        )
+        .await
+        .unwrap();
+}
+
+pub async fn write_kubeconfig_secret(seed: &Client, namespace: &str, kubeconfig: &str) {
+    let secrets: Api<Secret> = Api::namespaced(seed.clone(), namespace);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(ADMIN_KUBECONFIG_SECRET.into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            KUBECONFIG_KEY.to_owned(),
+            ByteString(kubeconfig.as_bytes().to_vec()),
+        )])),
+        ..Secret::default()
+    };
+    secrets
+        .patch(
+            ADMIN_KUBECONFIG_SECRET,
+            &PatchParams::apply("test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+}
+
+/// The seed's copy of a project's quota (normally the master-controller's job).
+pub async fn create_quota_copy(seed: &Client, project: &str, cpu_limit: &str) {
+    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    let quota: ResourceDetails = serde_json::from_value(json!({"cpu": cpu_limit})).unwrap();
+    let mut rq = ResourceQuota::new(
+        &format!("project-{project}"),
+        ResourceQuotaSpec {
+            subject: Subject::project(project),
+            quota,
+        },
+    );
+    rq.metadata.labels = Some(BTreeMap::from([
+        (SUBJECT_NAME_LABEL.to_owned(), project.to_owned()),
+        (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
+    ]));
+    api.create(&PostParams::default(), &rq).await.unwrap();
+}
+
+pub fn aws(instance_type: &str) -> Value {
+    json!({"cloudProvider": "aws", "cloudProviderSpec": {"instanceType": instance_type, "diskSize": 50, "region": "eu-central-1"}, "operatingSystem": "ubuntu"})
+}
+
+pub fn hetzner(server_type: &str) -> Value {
+    json!({"cloudProvider": "hetzner", "cloudProviderSpec": {"serverType": server_type, "datacenter": "fsn1-dc14"}, "operatingSystem": "ubuntu"})
+}
+
+pub fn vsphere(cpus: i64, memory_mb: i64, disk_gb: i64) -> Value {
+    json!({"cloudProvider": "vsphere", "cloudProviderSpec": {"cpus": cpus, "memoryMB": memory_mb, "diskSizeGB": disk_gb, "templateVMName": "ubuntu-22.04"}, "operatingSystem": "ubuntu"})
+}
+
+pub fn machine(name: &str, provider_spec: &Value) -> Machine {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.k8s.io/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": "kube-system"},
+        "spec": {"providerSpec": {"value": provider_spec}, "versions": {"kubelet": "1.31.0"}},
+    }))
+    .unwrap()
+}
+
+/// Creates a Machine in a user cluster's `kube-system` and returns it (with its UID).
+pub async fn create_machine(user: &Client, name: &str, provider_spec: &Value) -> Machine {
+    create_machine_in(user, "kube-system", name, provider_spec).await
+}
+
+pub async fn create_machine_in(user: &Client, namespace: &str, name: &str, provider_spec: &Value) -> Machine {
+    let api: Api<Machine> = Api::namespaced(user.clone(), namespace);
+    let mut m = machine(name, provider_spec);
+    m.metadata.namespace = Some(namespace.into());
+    api.create(&PostParams::default(), &m).await.unwrap()
+}
+
+/// Deletes a Machine and waits until it is gone.
+pub async fn delete_machine(user: &Client, name: &str) {
+    let api: Api<Machine> = Api::namespaced(user.clone(), "kube-system");
+    api.delete(name, &DeleteParams::default()).await.unwrap();
+    e2e::wait_for(WAIT, &format!("machine {name} gone"), || {
+        let api = api.clone();
+        async move { matches!(api.get_opt(name).await, Ok(None)) }
+    })
+    .await
+    .unwrap();
+}
+
+/// What the shipped catalog says a provider spec costs (provider-sizes is the oracle).
+pub fn size_of(provider_spec: &Value) -> ResourceDetails {
+    size_machine(&machine("x", provider_spec), &SizeCatalog::shipped(), None).unwrap()
+}
+
+pub fn sum(sizes: &[&ResourceDetails]) -> ResourceDetails {
+    ResourceDetails::checked_sum(sizes.iter().copied()).unwrap()
+}
+
+pub async fn cluster_usage(seed: &Client, name: &str) -> Option<ResourceDetails> {
+    let api: Api<Cluster> = Api::all(seed.clone());
+    api.get(name).await.ok()?.status?.resource_usage
+}
+
+pub async fn local_usage(seed: &Client, project: &str) -> Option<ResourceDetails> {
+    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    api.get(&format!("project-{project}"))
+        .await
+        .ok()?
+        .status?
+        .local_usage
+}
+
+/// Waits until the Cluster's `status.resourceUsage` equals `expected` exactly.
+pub async fn wait_cluster_usage(seed: &Client, name: &str, expected: &ResourceDetails) {
+    e2e::wait_for(
+        WAIT,
+        &format!("Cluster {name} resourceUsage = {expected}"),
+        || async {
+            match cluster_usage(seed, name).await {
+                Some(u) if same_usage(&u, expected) => Ok(()),
+                other => Err(format!("is {}", other.map(|u| u.to_string()).unwrap_or_default())),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits until the seed copy's `status.localUsage` equals `expected` exactly.
+pub async fn wait_local_usage(seed: &Client, project: &str, expected: &ResourceDetails) {
+    e2e::wait_for(
+        WAIT,
+        &format!("project {project} localUsage = {expected}"),
+        || async {
+            match local_usage(seed, project).await {
+                Some(u) if same_usage(&u, expected) => Ok(()),
+                other => Err(format!("is {}", other.map(|u| u.to_string()).unwrap_or_default())),
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+pub async fn condition(seed: &Client, cluster: &str) -> Option<kkp_quota_crds::kkp::ClusterCondition> {
+    let api: Api<Cluster> = Api::all(seed.clone());
+    api.get(cluster)
+        .await
+        .ok()?
+        .status?
+        .conditions
+        .get(seed_controller::CONDITION_TYPE)
+        .cloned()
+}
+
+pub async fn wait_condition(
+    seed: &Client,
+    cluster: &str,
+    status: &str,
+    reason: &str,
+) -> kkp_quota_crds::kkp::ClusterCondition {
+    e2e::wait_for(
+        WAIT,
+        &format!("Cluster {cluster} condition {status}/{reason}"),
+        || async {
+            match condition(seed, cluster).await {
+                Some(c) if c.status == status && c.reason == reason => Ok(c),
+                other => Err(format!("is {other:?}")),
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Events on a Machine with a reason.
+pub async fn machine_events(user: &Client, machine: &str, reason: &str) -> Vec<KubeEvent> {
+    let api: Api<KubeEvent> = Api::namespaced(user.clone(), "kube-system");
+    api.list(&kube::api::ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(machine)
+                && e.reason.as_deref() == Some(reason)
+        })
+        .collect()
+}
+
+pub async fn wait_machine_event(user: &Client, machine: &str, reason: &str) -> KubeEvent {
+    e2e::wait_for(WAIT, &format!("Event {reason} on Machine {machine}"), || async {
+        machine_events(user, machine, reason).await.into_iter().next()
+    })
+    .await
+    .unwrap()
+}
+
+/// A metric's value with these labels (all of them), if exported.
+pub fn metric(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    for family in metrics.registry.gather() {
+        if family.name() != name {
+            continue;
+        }
+        for m in family.get_metric() {
+            let matches = labels
+                .iter()
+                .all(|(k, v)| m.get_label().iter().any(|l| l.name() == *k && l.value() == *v));
+            if matches {
+                let value = if family.get_field_type() == prometheus::proto::MetricType::GAUGE {
+                    m.get_gauge().get_value()
+                } else {
+                    m.get_counter().get_value()
+                };
+                return Some(value);
+            }
+        }
+    }
+    None
+}
+
+/// A running controller; dropping it (or [`Running::stop`]) stops every task it started.
+pub struct Running {
+    pub metrics: Metrics,
+    pub readiness: kkp_quota_crds::runtime::ops::Readiness,
+    task: Option<AbortOnDrop<Result<(), seed_controller::Error>>>,
+}
+
+impl Running {
+    pub async fn stop(mut self) {
+        if let Some(mut task) = self.task.take() {
+            task.0.abort();
+            let _ = (&mut task.0).await;
+        }
+    }
+}
+
+pub async fn start_controller(seed: &ControlPlane, config: Config) -> Running {
+    let controller = Controller::new(config, seed.client()).await.unwrap();
+    let metrics = controller.metrics().clone();
+    let readiness = controller.readiness();
+    let task = AbortOnDrop(tokio::spawn(controller.run()));
+    Running {
+        metrics,
+        readiness,
+        task: Some(task),
+    }
+}
+
+pub fn uid(m: &Machine) -> String {
+    m.uid().unwrap()
+}
