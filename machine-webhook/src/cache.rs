@@ -13,8 +13,8 @@ use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus};
 use kube::api::{ApiResource, DynamicObject};
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt as _};
 use provider_sizes::{AdminCatalog, SizeCatalog};
 use serde::de::DeserializeOwned;
@@ -22,7 +22,7 @@ use tracing::{info, warn};
 
 use crate::decision::{QuotaState, StateError};
 
-/// The admin size catalog: ConfigMap in the seed's kubermatic namespace.
+/// The admin size catalog: `ConfigMap` in the seed's kubermatic namespace.
 pub const SIZE_CATALOG_CONFIGMAP: &str = "kkp-quota-size-catalog";
 /// Its key.
 pub const SIZE_CATALOG_KEY: &str = "catalog.yaml";
@@ -65,8 +65,7 @@ impl<K: Resource> Mirror<K> {
             .objects
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut found: Vec<(&String, &Arc<K>)> =
-            objects.iter().filter(|(_, o)| matches(o)).collect();
+        let mut found: Vec<(&String, &Arc<K>)> = objects.iter().filter(|(_, o)| matches(o)).collect();
         found.sort_by(|a, b| a.0.cmp(b.0));
         found.first().map(|(_, o)| Arc::clone(o))
     }
@@ -150,10 +149,7 @@ pub struct QuotaCopy {
 #[derive(Debug, thiserror::Error)]
 pub enum CopyError {
     #[error("quota {name}: {source}")]
-    Parse {
-        name: String,
-        source: serde_json::Error,
-    },
+    Parse { name: String, source: serde_json::Error },
     #[error("quota {name}: {source}")]
     State { name: String, source: StateError },
 }
@@ -207,11 +203,9 @@ impl QuotaCopy {
     }
 
     pub fn state(&self) -> Result<QuotaState, CopyError> {
-        QuotaState::from_parts(&self.spec, self.status.as_ref()).map_err(|source| {
-            CopyError::State {
-                name: self.name.clone(),
-                source,
-            }
+        QuotaState::from_parts(&self.spec, self.status.as_ref()).map_err(|source| CopyError::State {
+            name: self.name.clone(),
+            source,
         })
     }
 
@@ -244,9 +238,7 @@ impl SeedCache {
 
     /// Every watch has listed once.
     pub fn is_synced(&self) -> bool {
-        self.quotas.is_synced()
-            && self.clusters.is_synced()
-            && self.catalog_synced.load(Ordering::SeqCst)
+        self.quotas.is_synced() && self.clusters.is_synced() && self.catalog_synced.load(Ordering::SeqCst)
     }
 
     /// The project's quota copy, if it has one.
@@ -295,11 +287,8 @@ impl SeedCache {
             watcher::Config::default(),
         )
         .default_backoff();
-        let clusters = watcher::watcher(
-            Api::<Cluster>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .default_backoff();
+        let clusters = watcher::watcher(Api::<Cluster>::all(client.clone()), watcher::Config::default())
+            .default_backoff();
         let catalog = watcher::watcher(
             Api::<ConfigMap>::namespaced(client, &kubermatic_namespace),
             watcher::Config::default().fields(&format!("metadata.name={SIZE_CATALOG_CONFIGMAP}")),
@@ -311,7 +300,10 @@ impl SeedCache {
             self.clusters.follow("clusters", clusters, |_| {}),
             catalog_mirror.follow("size catalog", catalog, |m| {
                 if m.is_synced() {
-                    self.set_catalog(m.get(&format!("{kubermatic_namespace}/{SIZE_CATALOG_CONFIGMAP}")).as_deref());
+                    self.set_catalog(
+                        m.get(&format!("{kubermatic_namespace}/{SIZE_CATALOG_CONFIGMAP}"))
+                            .as_deref(),
+                    );
                     self.catalog_synced.store(true, Ordering::SeqCst);
                 }
             }),

@@ -55,8 +55,7 @@ impl QuotaState {
                 .unwrap_or_default()
                 .saturating_sub(&local_usage),
         };
-        let reserved =
-            reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
+        let reserved = reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
         Ok(QuotaState {
             limit: spec.quota.clone(),
             other_seeds_usage,
@@ -207,7 +206,7 @@ pub struct Verdict {
     /// For denials: the message shown to whoever created the Machine.
     pub message: Option<String>,
     /// For denials: the same without the Machine's own name (generated names differ on every
-    /// retry of a MachineSet), for the Event on the owner.
+    /// retry of a `MachineSet`), for the Event on the owner.
     pub event_message: Option<String>,
     /// Admission warnings (quota lowered below usage, ...).
     pub warnings: Vec<String>,
@@ -280,7 +279,13 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool) -> St
         .collect();
     let uses: Vec<String> = exceeded
         .iter()
-        .map(|e| format!("{} of {}", e.resource.amount(e.used), e.resource.describe(e.limit)))
+        .map(|e| {
+            format!(
+                "{} of {}",
+                e.resource.amount(e.used),
+                e.resource.describe(e.limit)
+            )
+        })
         .collect();
     format!(
         "needs {}, project {project:?} uses {}",
@@ -485,7 +490,9 @@ mod tests {
         let v = decide("x8k2", Some(&state(limit, used)), &create("w", size));
         assert_eq!(
             v.message.as_deref(),
-            Some(r#"machine "w" needs 4 cpu and 2Gi memory, project "x8k2" uses 14 of 16 cpu and 31Gi of 32Gi memory"#)
+            Some(
+                r#"machine "w" needs 4 cpu and 2Gi memory, project "x8k2" uses 14 of 16 cpu and 31Gi of 32Gi memory"#
+            )
         );
     }
 
@@ -521,7 +528,10 @@ mod tests {
         });
         let s = QuotaState::from_copy(&quota).unwrap();
         assert_eq!(s.other_seeds_usage, cpu("6"));
-        assert_eq!(s.in_use().unwrap(), cpu("10").checked_add(&ResourceDetails::zero()).unwrap());
+        assert_eq!(
+            s.in_use().unwrap(),
+            cpu("10").checked_add(&ResourceDetails::zero()).unwrap()
+        );
         // A local count fresher than the master's global figure: floored at zero.
         quota.status = Some(ResourceQuotaStatus {
             global_usage: Some(cpu("2")),
@@ -529,7 +539,10 @@ mod tests {
             ..ResourceQuotaStatus::default()
         });
         assert_eq!(
-            QuotaState::from_copy(&quota).unwrap().other_seeds_usage.amount(Resource::Cpu),
+            QuotaState::from_copy(&quota)
+                .unwrap()
+                .other_seeds_usage
+                .amount(Resource::Cpu),
             Quantity::ZERO
         );
         // otherSeedsUsage wins when present.

@@ -1,9 +1,9 @@
-//! Events about denials, where a user looks: on the Machine's MachineDeployment (or MachineSet)
+//! Events about denials, where a user looks: on the Machine's `MachineDeployment` (or `MachineSet`)
 //! in the user cluster, else on the `Cluster` on the seed.
 //!
 //! Sent from a background task, so an admission answer never waits for them. Deduplicated: the
 //! same message on the same object within the window bumps the existing Event's `count` instead
-//! of creating another (a MachineSet retries a denied create again and again, each time with a
+//! of creating another (a `MachineSet` retries a denied create again and again, each time with a
 //! new generated name; the Event message leaves the name out for that reason).
 
 use std::collections::HashMap;
@@ -59,10 +59,7 @@ impl Events {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum Target {
     /// An object in the user cluster.
-    User {
-        cluster: String,
-        reference: ObjectRef,
-    },
+    User { cluster: String, reference: ObjectRef },
     /// The `Cluster` on the seed.
     Seed { reference: ObjectRef },
 }
@@ -175,8 +172,8 @@ impl Sender {
         Ok(client)
     }
 
-    /// The MachineDeployment owning the Machine's MachineSet, else the MachineSet, else the
-    /// MachineDeployment owning the Machine directly, else `None`.
+    /// The `MachineDeployment` owning the Machine's `MachineSet`, else the `MachineSet`, else the
+    /// `MachineDeployment` owning the Machine directly, else `None`.
     async fn owner_in_user_cluster(&self, client: &Client, event: &DenialEvent) -> Option<ObjectRef> {
         let ns = &event.machine_namespace;
         if let Some(set) = owner(&event.owners, "MachineSet") {
@@ -209,7 +206,8 @@ impl Sender {
             .ok_or_else(|| format!("unknown cluster {}", event.cluster))?;
         let mut target = None;
         let mut user_client = None;
-        if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some() {
+        if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some()
+        {
             match self.user_client(&cluster).await {
                 Ok(client) => {
                     if let Some(reference) = self.owner_in_user_cluster(&client, event).await {
@@ -220,7 +218,9 @@ impl Sender {
                         user_client = Some(client);
                     }
                 }
-                Err(e) => debug!(error = %e, "user cluster unreachable; the event goes to the Cluster on the seed"),
+                Err(e) => {
+                    debug!(error = %e, "user cluster unreachable; the event goes to the Cluster on the seed")
+                }
             }
         }
         let (target, client) = match (target, user_client) {
@@ -260,11 +260,7 @@ impl Sender {
                 Err(e) => return Err(e.to_string()),
             }
         }
-        let name = format!(
-            "{}.{:x}",
-            reference.name,
-            Timestamp::now().as_nanosecond()
-        );
+        let name = format!("{}.{:x}", reference.name, Timestamp::now().as_nanosecond());
         let object = Event {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
@@ -283,9 +279,7 @@ impl Sender {
                 host: None,
             }),
             reporting_component: Some(COMPONENT.into()),
-            reporting_instance: Some(
-                std::env::var("POD_NAME").unwrap_or_else(|_| COMPONENT.to_owned()),
-            ),
+            reporting_instance: Some(std::env::var("POD_NAME").unwrap_or_else(|_| COMPONENT.to_owned())),
             ..Event::default()
         };
         api.create(&PostParams::default(), &object)

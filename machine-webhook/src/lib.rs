@@ -5,7 +5,7 @@
 //! - [`review`]: `AdmissionReview` on the wire; what a request asks of the quota.
 //! - [`reserve`]: per-project batching and the compare-and-swap ledger writer.
 //! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
-//! - [`events`]: denial Events on the MachineDeployment / MachineSet / Cluster.
+//! - [`events`]: denial Events on the `MachineDeployment` / `MachineSet` / `Cluster`.
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk.
 //! - [`metrics`]: Prometheus metrics.
 //!
@@ -48,7 +48,7 @@ pub struct Config {
     pub tls_key_file: PathBuf,
     /// Plain HTTP address for `/metrics`, `/healthz`, `/readyz`; `None` serves none.
     pub metrics_address: Option<SocketAddr>,
-    /// The seed's KKP namespace (holds the admin size catalog ConfigMap).
+    /// The seed's KKP namespace (holds the admin size catalog `ConfigMap`).
     pub kubermatic_namespace: String,
     /// Most requests of one project decided and written together.
     pub max_batch: usize,
@@ -68,7 +68,7 @@ impl Config {
             kubermatic_namespace: "kubermatic".into(),
             max_batch: 256,
             max_attempts: 10,
-            event_window: Duration::from_secs(600),
+            event_window: Duration::from_mins(10),
         }
     }
 }
@@ -136,7 +136,10 @@ impl Webhook {
             metrics.clone(),
             config.event_window,
         );
-        let cert = Arc::new(tls::ReloadingCert::new(&config.tls_cert_file, &config.tls_key_file)?);
+        let cert = Arc::new(tls::ReloadingCert::new(
+            &config.tls_cert_file,
+            &config.tls_key_file,
+        )?);
         let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
         let listener = tokio::net::TcpListener::bind(config.listen_address)
             .await

@@ -29,7 +29,7 @@ struct Args {
     /// Plain HTTP address for /metrics, /healthz and /readyz.
     #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: SocketAddr,
-    /// The seed's KKP namespace (holds the ConfigMap kkp-quota-size-catalog).
+    /// The seed's KKP namespace (holds the admin size catalog, config map `kkp-quota-size-catalog`).
     #[arg(long, env = "KUBERMATIC_NAMESPACE", default_value = "kubermatic")]
     kubermatic_namespace: String,
     /// Most requests of one project decided together and written in one patch.

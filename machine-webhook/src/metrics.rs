@@ -1,9 +1,7 @@
 //! The webhook's Prometheus metrics (names agreed across the project; no Machine name is ever a
 //! label).
 
-use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
-};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 use crate::decision::{Reason, Verdict};
 

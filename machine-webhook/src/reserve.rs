@@ -44,7 +44,7 @@ impl Default for ReserverConfig {
         ReserverConfig {
             max_batch: 256,
             max_attempts: 10,
-            idle: Duration::from_secs(60),
+            idle: Duration::from_mins(1),
         }
     }
 }
@@ -221,7 +221,10 @@ impl Reserver {
     }
 
     async fn process(&self, project: &str, batch: Vec<Pending>) {
-        self.inner.metrics.batch_size.observe(batch.len() as f64);
+        self.inner
+            .metrics
+            .batch_size
+            .observe(f64::from(u32::try_from(batch.len()).unwrap_or(u32::MAX)));
         let requests: Vec<Request> = batch.iter().map(|p| p.request.clone()).collect();
         let verdicts = self.decide_and_write(project, &batch, &requests).await;
         for (pending, verdict) in batch.into_iter().zip(verdicts) {
@@ -242,12 +245,75 @@ impl Reserver {
             .collect()
     }
 
-    async fn decide_and_write(
-        &self,
+    /// Decides the batch on one copy; returns the verdicts and the reservations to append.
+    fn plan(
         project: &str,
+        copy: &QuotaCopy,
         batch: &[Pending],
         requests: &[Request],
-    ) -> Vec<Verdict> {
+    ) -> Result<(Vec<Verdict>, Vec<serde_json::Value>), String> {
+        let state = copy.state().map_err(|e| e.to_string())?;
+        let verdicts = decide_batch(project, Some(&state), requests);
+        let now = Timestamp::now();
+        let mut new = Vec::new();
+        for (pending, verdict) in batch.iter().zip(&verdicts) {
+            let Some(reserve) = verdict.reserve.as_ref().filter(|_| verdict.allowed) else {
+                continue;
+            };
+            if pending.request.dry_run {
+                continue;
+            }
+            let reservation = Reservation {
+                cluster: pending.machine.cluster.clone(),
+                namespace: pending.machine.namespace.clone(),
+                name: pending.machine.name.clone(),
+                uid: pending.machine.uid.clone(),
+                size: reserve.size.clone(),
+                reserved: reserve.reserved.clone(),
+                created_at: now,
+            };
+            new.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
+        }
+        Ok((verdicts, new))
+    }
+
+    fn set_ledger_size(&self, project: &str, count: usize) {
+        self.inner
+            .metrics
+            .reservations
+            .with_label_values(&[project])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Appends `new` to the copy's reservations, conditioned on the copy's resourceVersion.
+    async fn append(
+        &self,
+        project: &str,
+        copy: &QuotaCopy,
+        new: Vec<serde_json::Value>,
+    ) -> Result<(), kube::Error> {
+        let count = copy.raw_reservations.len() + new.len();
+        let mut reservations = copy.raw_reservations.clone();
+        reservations.extend(new);
+        let patch = json!({
+            "metadata": {"resourceVersion": copy.resource_version},
+            "status": {"reservations": reservations},
+        });
+        let written = self
+            .api()
+            .patch_status(&copy.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.inner.metrics.writes.inc();
+        self.set_ledger_size(project, count);
+        self.inner
+            .last_written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(project.to_owned(), Arc::new(written));
+        Ok(())
+    }
+
+    async fn decide_and_write(&self, project: &str, batch: &[Pending], requests: &[Request]) -> Vec<Verdict> {
         let max_attempts = self.inner.config.max_attempts.max(1);
         let mut snapshot = self.known_copy(project);
         let mut verified = false;
@@ -258,117 +324,62 @@ impl Reserver {
                 // No quota: nothing to reserve.
                 return decide_batch(project, None, requests);
             };
-            let copy = match QuotaCopy::from_dynamic(&object) {
-                Ok(copy) => copy,
-                Err(e) => return Self::error_verdicts(requests, project, &e.to_string()),
+            let planned = QuotaCopy::from_dynamic(&object)
+                .map_err(|e| e.to_string())
+                .and_then(|copy| Self::plan(project, &copy, batch, requests).map(|(v, n)| (copy, v, n)));
+            let (copy, verdicts, new) = match planned {
+                Ok(planned) => planned,
+                Err(why) => return Self::error_verdicts(requests, project, &why),
             };
-            let state = match copy.state() {
-                Ok(state) => state,
-                Err(e) => return Self::error_verdicts(requests, project, &e.to_string()),
-            };
-            let verdicts = decide_batch(project, Some(&state), requests);
-            let now = Timestamp::now();
-            let new: Vec<serde_json::Value> = batch
-                .iter()
-                .zip(&verdicts)
-                .filter(|(p, _)| !p.request.dry_run)
-                .filter_map(|(p, v)| v.reserve.as_ref().filter(|_| v.allowed).map(|r| (p, r)))
-                .filter_map(|(p, r)| {
-                    serde_json::to_value(Reservation {
-                        cluster: p.machine.cluster.clone(),
-                        namespace: p.machine.namespace.clone(),
-                        name: p.machine.name.clone(),
-                        uid: p.machine.uid.clone(),
-                        size: r.size.clone(),
-                        reserved: r.reserved.clone(),
-                        created_at: now,
-                    })
-                    .ok()
-                })
-                .collect();
-            if new.is_empty() {
+            if copy.resource_version.is_none() {
+                return Self::error_verdicts(requests, project, "the quota copy has no resourceVersion");
+            }
+            let result = if new.is_empty() {
                 if verified {
-                    self.inner
-                        .metrics
-                        .reservations
-                        .with_label_values(&[project])
-                        .set(i64::try_from(copy.reservation_count()).unwrap_or(i64::MAX));
+                    self.set_ledger_size(project, copy.reservation_count());
                     return verdicts;
                 }
-                // Denials (or nothing to write) on a snapshot that may be stale: confirm on a
-                // fresh read before answering.
-                match self.fresh_copy(&copy.name).await {
-                    Ok(fresh) => {
-                        snapshot = fresh.map(Arc::new);
-                        verified = true;
-                        continue;
+                // Denials (or nothing to write) on a snapshot that may be stale: confirm them on
+                // a fresh read before answering.
+                Ok(false)
+            } else {
+                match self.append(project, &copy, new).await {
+                    Ok(()) => {
+                        debug!(batch = requests.len(), attempt, quota = %copy.name, "reservations written");
+                        return verdicts;
                     }
-                    Err(e) => {
-                        self.inner.metrics.write_errors.inc();
-                        return Self::error_verdicts(requests, project, &e.to_string());
-                    }
+                    Err(e) => Err(e),
+                }
+            };
+            if let Err(e) = &result {
+                let conflict = matches!(e, kube::Error::Api(s) if s.code == 409);
+                if conflict {
+                    self.inner.metrics.conflicts.inc();
+                } else {
+                    self.inner.metrics.write_errors.inc();
+                    warn!(error = %e, attempt, quota = %copy.name, "reservation write failed");
+                }
+                if attempt >= max_attempts {
+                    let why = if conflict {
+                        format!("the quota changed {attempt} times while it was being checked")
+                    } else {
+                        e.to_string()
+                    };
+                    return Self::error_verdicts(requests, project, &why);
+                }
+                if !conflict {
+                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
                 }
             }
-            let Some(resource_version) = copy.resource_version.clone() else {
-                return Self::error_verdicts(requests, project, "the quota copy has no resourceVersion");
-            };
-            let count = copy.raw_reservations.len() + new.len();
-            let mut reservations = copy.raw_reservations.clone();
-            reservations.extend(new);
-            let patch = json!({
-                "metadata": {"resourceVersion": resource_version},
-                "status": {"reservations": reservations},
-            });
-            let result = self
-                .api()
-                .patch_status(&copy.name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
-            match result {
-                Ok(written) => {
-                    self.inner.metrics.writes.inc();
-                    self.inner
-                        .metrics
-                        .reservations
-                        .with_label_values(&[project])
-                        .set(i64::try_from(count).unwrap_or(i64::MAX));
-                    debug!(batch = requests.len(), attempt, quota = %copy.name, "reservations written");
-                    self.inner
-                        .last_written
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .insert(project.to_owned(), Arc::new(written));
-                    return verdicts;
+            match self.fresh_copy(&copy.name).await {
+                Ok(fresh) => {
+                    snapshot = fresh.map(Arc::new);
+                    verified = true;
                 }
                 Err(e) => {
-                    let conflict = matches!(&e, kube::Error::Api(s) if s.code == 409);
-                    if conflict {
-                        self.inner.metrics.conflicts.inc();
-                    } else {
-                        self.inner.metrics.write_errors.inc();
-                        warn!(error = %e, attempt, quota = %copy.name, "reservation write failed");
-                    }
+                    self.inner.metrics.write_errors.inc();
                     if attempt >= max_attempts {
-                        let why = if conflict {
-                            format!("the quota changed {attempt} times while it was being checked")
-                        } else {
-                            e.to_string()
-                        };
-                        return Self::error_verdicts(requests, project, &why);
-                    }
-                    if !conflict {
-                        tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
-                    }
-                    match self.fresh_copy(&copy.name).await {
-                        Ok(fresh) => {
-                            snapshot = fresh.map(Arc::new);
-                            verified = true;
-                        }
-                        Err(e) => {
-                            self.inner.metrics.write_errors.inc();
-                            if attempt + 1 >= max_attempts {
-                                return Self::error_verdicts(requests, project, &e.to_string());
-                            }
-                        }
+                        return Self::error_verdicts(requests, project, &e.to_string());
                     }
                 }
             }

@@ -83,11 +83,15 @@ impl AdmissionResponse {
         AdmissionResponse {
             uid: uid.to_owned(),
             allowed: verdict.allowed,
-            status: verdict.message.as_ref().filter(|_| !verdict.allowed).map(|m| Status {
-                code: 403,
-                message: m.clone(),
-                reason: verdict.reason.camel().to_owned(),
-            }),
+            status: verdict
+                .message
+                .as_ref()
+                .filter(|_| !verdict.allowed)
+                .map(|m| Status {
+                    code: 403,
+                    message: m.clone(),
+                    reason: verdict.reason.camel().to_owned(),
+                }),
             warnings: verdict.warnings.clone(),
         }
     }
@@ -143,9 +147,7 @@ pub fn ask_for(
                 Err(e) => Ask::Unsizeable(e.to_string()),
             }
         }
-        ("CREATE" | "UPDATE", None) => {
-            Ask::Unsizeable("the request carries no Machine object".to_owned())
-        }
+        ("CREATE" | "UPDATE", None) => Ask::Unsizeable("the request carries no Machine object".to_owned()),
         _ => Ask::Unchanged,
     }
 }
@@ -202,6 +204,9 @@ mod tests {
         assert_eq!(json["response"]["uid"], "abc");
         assert_eq!(json["response"]["allowed"], false);
         assert_eq!(json["response"]["status"]["code"], 403);
-        assert_eq!(json["response"]["status"]["message"], r#"machine "m" needs 1 cpu"#);
+        assert_eq!(
+            json["response"]["status"]["message"],
+            r#"machine "m" needs 1 cpu"#
+        );
     }
 }

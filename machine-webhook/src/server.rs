@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info_span, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Reason, Request, Verdict, decide};
+use crate::decision::{Ask, Reason, Request, Verdict, decide};
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::reserve::{MachineRef, Reserver};
@@ -52,11 +52,7 @@ async fn readyz(State(app): State<App>) -> impl IntoResponse {
     }
 }
 
-async fn validate(
-    State(app): State<App>,
-    Path(cluster): Path<String>,
-    body: Bytes,
-) -> Response {
+async fn validate(State(app): State<App>, Path(cluster): Path<String>, body: Bytes) -> Response {
     let started = Instant::now();
     let review: AdmissionReview = match serde_json::from_slice(&body) {
         Ok(review) => review,
@@ -70,9 +66,7 @@ async fn validate(
     let span = info_span!("admission", cluster = %cluster, project = tracing::field::Empty, operation = %request.operation);
     let verdict = app.admit(&cluster, &request).instrument(span).await;
     app.metrics.record(&verdict);
-    app.metrics
-        .duration
-        .observe(started.elapsed().as_secs_f64());
+    app.metrics.duration.observe(started.elapsed().as_secs_f64());
     axum::Json(AdmissionResponse::from_verdict(&request.uid, &verdict).into_review()).into_response()
 }
 
@@ -110,12 +104,15 @@ impl App {
             ask,
             dry_run: request.dry_run.unwrap_or(false),
         };
-        let grows = decision_request.ask.growth().is_some()
-            || matches!(decision_request.ask, crate::decision::Ask::Unsizeable(_));
+        let grows =
+            decision_request.ask.growth().is_some() || matches!(decision_request.ask, Ask::Unsizeable(_));
         if !grows {
             // Deletes, shrinks and unrelated updates pass whatever happens below; look the quota
             // up only for the over-quota warning.
-            let project = self.cache.cluster(cluster).and_then(|c| c.project_id().map(str::to_owned));
+            let project = self
+                .cache
+                .cluster(cluster)
+                .and_then(|c| c.project_id().map(str::to_owned));
             let state = project.as_deref().and_then(|p| {
                 self.cache
                     .quota_for(p)
@@ -128,55 +125,20 @@ impl App {
                 &decision_request,
             );
         }
-        if !self.readiness.is_ready() {
-            return Verdict::deny(
-                Reason::Error,
-                &name,
-                "cannot be checked against its project's quota yet: the quota webhook is still starting; try again",
-            );
-        }
-        let Some(cluster_object) = self.cache.cluster(cluster) else {
-            return Verdict::deny(
-                Reason::UnknownCluster,
-                &name,
-                &format!(
-                    "cannot be checked against a quota: user cluster {cluster:?} is not known on this seed (no Cluster object of that name), so its project is unknown"
-                ),
-            );
+        let owners = object
+            .as_ref()
+            .and_then(|m| m.metadata.owner_references.clone())
+            .unwrap_or_default();
+        let machine = MachineRef {
+            cluster: cluster.to_owned(),
+            namespace: request.namespace.clone().unwrap_or_default(),
+            name: name.clone(),
+            uid: object
+                .as_ref()
+                .and_then(|m| m.metadata.uid.clone())
+                .unwrap_or_default(),
         };
-        let Some(project) = cluster_object.project_id().map(str::to_owned) else {
-            return Verdict::deny(
-                Reason::UnknownCluster,
-                &name,
-                &format!(
-                    "cannot be checked against a quota: the Cluster {cluster:?} has no project-id label, so its project is unknown"
-                ),
-            );
-        };
-        tracing::Span::current().record("project", project.as_str());
-        let verdict = match self.cache.quota_for(&project) {
-            None => decide(&project, None, &decision_request),
-            Some(_) if matches!(decision_request.ask, crate::decision::Ask::Unsizeable(_)) => {
-                let state = self
-                    .cache
-                    .quota_for(&project)
-                    .and_then(|q| QuotaCopy::from_dynamic(&q).ok())
-                    .and_then(|c| c.state().ok());
-                decide(&project, state.as_ref(), &decision_request)
-            }
-            Some(_) => {
-                let machine = MachineRef {
-                    cluster: cluster.to_owned(),
-                    namespace: request.namespace.clone().unwrap_or_default(),
-                    name: name.clone(),
-                    uid: object
-                        .as_ref()
-                        .and_then(|m| m.metadata.uid.clone())
-                        .unwrap_or_default(),
-                };
-                self.reserver.submit(&project, machine, decision_request.clone()).await
-            }
-        };
+        let verdict = self.admit_growing(machine, &decision_request).await;
         if !verdict.allowed
             && !decision_request.dry_run
             && matches!(verdict.reason, Reason::QuotaExceeded | Reason::Unsizeable)
@@ -185,16 +147,54 @@ impl App {
             self.events.emit(DenialEvent {
                 cluster: cluster.to_owned(),
                 machine_namespace: request.namespace.clone().unwrap_or_default(),
-                owners: object
-                    .as_ref()
-                    .and_then(|m| m.metadata.owner_references.clone())
-                    .unwrap_or_default(),
+                owners,
                 reason: verdict.reason.camel().to_owned(),
                 message: message.clone(),
             });
         }
         debug!(machine = %name, allowed = verdict.allowed, reason = %verdict.reason, "admission decided");
         verdict
+    }
+
+    /// A request that would grow the project's usage (or cannot be sized): needs the project,
+    /// its quota and, when it fits, a reservation.
+    async fn admit_growing(&self, machine: MachineRef, request: &Request) -> Verdict {
+        let name = &request.machine;
+        let cluster = machine.cluster.clone();
+        if !self.readiness.is_ready() {
+            return Verdict::deny(
+                Reason::Error,
+                name,
+                "cannot be checked against its project's quota yet: the quota webhook is still starting; try again",
+            );
+        }
+        let Some(cluster_object) = self.cache.cluster(&cluster) else {
+            return Verdict::deny(
+                Reason::UnknownCluster,
+                name,
+                &format!(
+                    "cannot be checked against a quota: user cluster {cluster:?} is not known on this seed (no Cluster object of that name), so its project is unknown"
+                ),
+            );
+        };
+        let Some(project) = cluster_object.project_id().map(str::to_owned) else {
+            return Verdict::deny(
+                Reason::UnknownCluster,
+                name,
+                &format!(
+                    "cannot be checked against a quota: the Cluster {cluster:?} has no project-id label, so its project is unknown"
+                ),
+            );
+        };
+        tracing::Span::current().record("project", project.as_str());
+        let Some(quota) = self.cache.quota_for(&project) else {
+            return decide(&project, None, request);
+        };
+        if matches!(request.ask, Ask::Unsizeable(_)) {
+            let state = QuotaCopy::from_dynamic(&quota).ok().and_then(|c| c.state().ok());
+            return decide(&project, state.as_ref(), request);
+        }
+        self.reserver.submit(&project, machine, request.clone()).await
     }
 }
 

@@ -20,10 +20,7 @@ use tracing::{info, warn};
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Read { path: PathBuf, source: std::io::Error },
     #[error("{path}: {what}")]
     Invalid { path: PathBuf, what: String },
     #[error("TLS set-up: {0}")]
@@ -116,7 +113,9 @@ impl ReloadingCert {
                     info!(cert = %self.cert.display(), "serving certificate reloaded");
                     loaded.key = Arc::new(certified);
                 }
-                Err(e) => warn!(error = %e, "serving certificate changed but does not load; keeping the previous one"),
+                Err(e) => {
+                    warn!(error = %e, "serving certificate changed but does not load; keeping the previous one")
+                }
             }
         }
         Arc::clone(&loaded.key)

@@ -16,8 +16,14 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-/// Posts an AdmissionReview straight to the webhook, trusting `ca_pem`.
-async fn review(address: SocketAddr, ca_pem: &str, cluster: &str, operation: &str, object: Value) -> Result<Value> {
+/// Posts an `AdmissionReview` straight to the webhook, trusting `ca_pem`.
+async fn review(
+    address: SocketAddr,
+    ca_pem: &str,
+    cluster: &str,
+    operation: &str,
+    object: Value,
+) -> Result<Value> {
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
         .build()?;
@@ -76,22 +82,40 @@ async fn single_admissions_on_a_real_fleet() -> Result<()> {
 
     let metrics = &webhook.metrics;
     assert!(metrics.admissions.with_label_values(&["allowed", "fits"]).get() >= 1);
-    assert!(metrics.admissions.with_label_values(&["denied", "quota_exceeded"]).get() >= 1);
+    assert!(
+        metrics
+            .admissions
+            .with_label_values(&["denied", "quota_exceeded"])
+            .get()
+            >= 1
+    );
     assert!(metrics.writes.get() >= 1);
     webhook.kill().await;
     Ok(())
 }
 
-async fn fits_is_admitted_and_reserved(seed: &Client, api: &Api<kkp_quota_crds::machine::Machine>) -> Result<()> {
+async fn fits_is_admitted_and_reserved(
+    seed: &Client,
+    api: &Api<kkp_quota_crds::machine::Machine>,
+) -> Result<()> {
     let created = api.create(&PostParams::default(), &machine("fits-1", 4)).await?;
     let uid = created.metadata.uid.clone().expect("uid");
     let ledger = reservations(seed.clone(), PROJECT).await?;
     assert_eq!(ledger.len(), 1, "{ledger:?}");
     let r = &ledger[0];
-    assert_eq!((r.cluster.as_str(), r.namespace.as_str(), r.name.as_str()), ("alpha", NS, "fits-1"));
-    assert_eq!(r.uid, uid, "the reservation carries the UID the API server stored");
+    assert_eq!(
+        (r.cluster.as_str(), r.namespace.as_str(), r.name.as_str()),
+        ("alpha", NS, "fits-1")
+    );
+    assert_eq!(
+        r.uid, uid,
+        "the reservation carries the UID the API server stored"
+    );
     assert_eq!(r.reserved.amount(Resource::Cpu), 4);
-    assert_eq!(r.size.amount(Resource::Memory), "1Gi".parse::<kkp_quota_crds::Quantity>()?);
+    assert_eq!(
+        r.size.amount(Resource::Memory),
+        "1Gi".parse::<kkp_quota_crds::Quantity>()?
+    );
     assert_eq!(r.size.amount(Resource::Machines), 1);
     Ok(())
 }
@@ -103,11 +127,17 @@ async fn does_not_fit_is_denied_with_the_exact_message(
     // 12 counted + 4 reserved = 16 of 16.
     let message = denial(api.create(&PostParams::default(), &machine("worker-7f", 4)).await);
     assert!(
-        message.ends_with(r#"denied the request: machine "worker-7f" needs 4 cpu, project "demo" uses 16 of 16 cpu"#),
+        message.ends_with(
+            r#"denied the request: machine "worker-7f" needs 4 cpu, project "demo" uses 16 of 16 cpu"#
+        ),
         "{message}"
     );
     assert!(api.get_opt("worker-7f").await?.is_none());
-    assert_eq!(reservations(seed.clone(), PROJECT).await?.len(), 1, "a denial reserves nothing");
+    assert_eq!(
+        reservations(seed.clone(), PROJECT).await?.len(),
+        1,
+        "a denial reserves nothing"
+    );
     // Several resources: limit memory too, and ask for more of both.
     let quotas: Api<kkp_quota_crds::ResourceQuota> = Api::all(seed.clone());
     quotas
@@ -139,15 +169,18 @@ async fn does_not_fit_is_denied_with_the_exact_message(
     Ok(())
 }
 
-async fn shrinking_and_deleting_always_pass(seed: &Client, api: &Api<kkp_quota_crds::machine::Machine>) -> Result<()> {
+async fn shrinking_and_deleting_always_pass(
+    seed: &Client,
+    api: &Api<kkp_quota_crds::machine::Machine>,
+) -> Result<()> {
     // Far over quota now (the quota was lowered below usage).
     reset_usage(seed.clone(), PROJECT, "40").await?;
     let shrink = json!({"spec": {"providerSpec": {"value": {"cloudProviderSpec": {"cpus": 2}}}}});
-    let shrunk = api
+    let after_shrink = api
         .patch("fits-1", &PatchParams::default(), &Patch::Merge(&shrink))
         .await?;
     assert_eq!(
-        shrunk.spec.provider_spec.value.as_ref().expect("spec")["cloudProviderSpec"]["cpus"],
+        after_shrink.spec.provider_spec.value.as_ref().expect("spec")["cloudProviderSpec"]["cpus"],
         2
     );
     // A metadata-only change passes too.
@@ -159,7 +192,10 @@ async fn shrinking_and_deleting_always_pass(seed: &Client, api: &Api<kkp_quota_c
     .await?;
     // Growing it back is denied, naming the growth.
     let grow = json!({"spec": {"providerSpec": {"value": {"cloudProviderSpec": {"cpus": 3}}}}});
-    let message = match api.patch("fits-1", &PatchParams::default(), &Patch::Merge(&grow)).await {
+    let message = match api
+        .patch("fits-1", &PatchParams::default(), &Patch::Merge(&grow))
+        .await
+    {
         Err(kube::Error::Api(s)) => s.message,
         other => panic!("growth over quota admitted: {other:?}"),
     };
@@ -177,13 +213,21 @@ async fn shrinking_and_deleting_always_pass(seed: &Client, api: &Api<kkp_quota_c
     Ok(())
 }
 
-async fn unsizeable_is_denied_with_the_sizing_message(api: &Api<kkp_quota_crds::machine::Machine>) -> Result<()> {
-    let message = denial(api.create(&PostParams::default(), &unsizeable_machine("odd-1")).await);
+async fn unsizeable_is_denied_with_the_sizing_message(
+    api: &Api<kkp_quota_crds::machine::Machine>,
+) -> Result<()> {
+    let message = denial(
+        api.create(&PostParams::default(), &unsizeable_machine("odd-1"))
+            .await,
+    );
     assert!(
         message.contains(r#"machine "odd-1" cannot be sized, so it cannot be checked against the resource quota of project "demo": "#),
         "{message}"
     );
-    assert!(message.contains("cpus"), "provider-sizes' message names the field: {message}");
+    assert!(
+        message.contains("cpus"),
+        "provider-sizes' message names the field: {message}"
+    );
     Ok(())
 }
 
@@ -195,14 +239,26 @@ async fn quota_below_usage_denies_with_a_warning(
 ) -> Result<()> {
     reset_usage(seed.clone(), PROJECT, "20").await?;
     let message = denial(api.create(&PostParams::default(), &machine("late-1", 1)).await);
-    assert!(message.contains(r#"project "demo" uses 20 of 16 cpu"#), "{message}");
+    assert!(
+        message.contains(r#"project "demo" uses 20 of 16 cpu"#),
+        "{message}"
+    );
     // The warning is in the webhook's answer (the API server passes it on as a Warning header).
     wait_for(Duration::from_secs(20), "the webhook to see usage 20", || async {
-        let response = review(address, &certs.certs.ca_pem, "alpha", "CREATE", machine_json("late-2", 1)).await?;
+        let response = review(
+            address,
+            &certs.webhook.ca_pem,
+            "alpha",
+            "CREATE",
+            machine_json("late-2", 1),
+        )
+        .await?;
         anyhow::ensure!(response["allowed"] == false, "allowed: {response}");
         let warnings = response["warnings"].as_array().cloned().unwrap_or_default();
         anyhow::ensure!(
-            warnings.iter().any(|w| w.as_str().is_some_and(|w| w.contains(r#"project "demo" is over its resource quota: it uses 20 of 16 cpu"#))),
+            warnings.iter().any(|w| w.as_str().is_some_and(
+                |w| w.contains(r#"project "demo" is over its resource quota: it uses 20 of 16 cpu"#)
+            )),
             "no warning in {response}"
         );
         anyhow::ensure!(response["status"]["code"] == 403, "{response}");
@@ -217,20 +273,48 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
     // A Cluster of project "other", which has no quota.
     let clusters: Api<Cluster> = Api::all(seed.clone());
     let mut cluster = Cluster::new("nq", ClusterSpec::default());
-    cluster.metadata.labels = Some(BTreeMap::from([(PROJECT_ID_LABEL.to_owned(), "other".to_owned())]));
+    cluster.metadata.labels = Some(BTreeMap::from([(
+        PROJECT_ID_LABEL.to_owned(),
+        "other".to_owned(),
+    )]));
     clusters.create(&PostParams::default(), &cluster).await?;
-    wait_for(Duration::from_secs(20), "a project without quota to be allowed", || async {
-        let response = review(address, &certs.certs.ca_pem, "nq", "CREATE", machine_json("free-1", 64)).await?;
-        anyhow::ensure!(response["allowed"] == true, "{response}");
-        Ok(())
-    })
+    wait_for(
+        Duration::from_secs(20),
+        "a project without quota to be allowed",
+        || async {
+            let response = review(
+                address,
+                &certs.webhook.ca_pem,
+                "nq",
+                "CREATE",
+                machine_json("free-1", 64),
+            )
+            .await?;
+            anyhow::ensure!(response["allowed"] == true, "{response}");
+            Ok(())
+        },
+    )
     .await?;
     // Even a Machine that cannot be sized: without a quota there is nothing to check.
-    let response = review(address, &certs.certs.ca_pem, "nq", "CREATE", serde_json::to_value(unsizeable_machine("free-2"))?).await?;
+    let response = review(
+        address,
+        &certs.webhook.ca_pem,
+        "nq",
+        "CREATE",
+        serde_json::to_value(unsizeable_machine("free-2"))?,
+    )
+    .await?;
     assert_eq!(response["allowed"], true, "{response}");
     assert!(reservations(seed.clone(), PROJECT).await?.is_empty());
 
-    let response = review(address, &certs.certs.ca_pem, "nope", "CREATE", machine_json("lost-1", 1)).await?;
+    let response = review(
+        address,
+        &certs.webhook.ca_pem,
+        "nope",
+        "CREATE",
+        machine_json("lost-1", 1),
+    )
+    .await?;
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().unwrap_or_default();
     assert!(
@@ -238,7 +322,14 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
         "{message}"
     );
     // Deletes pass even there.
-    let response = review(address, &certs.certs.ca_pem, "nope", "DELETE", machine_json("lost-1", 1)).await?;
+    let response = review(
+        address,
+        &certs.webhook.ca_pem,
+        "nope",
+        "DELETE",
+        machine_json("lost-1", 1),
+    )
+    .await?;
     assert_eq!(response["allowed"], true);
     Ok(())
 }
@@ -248,12 +339,31 @@ async fn certificate_is_reloaded_when_the_files_change(address: SocketAddr, cert
     // Key first, then certificate: a half-rotated pair is ignored until it matches.
     std::fs::write(&certs.paths.key, &rotated.key_pem)?;
     std::fs::write(&certs.paths.cert, &rotated.cert_pem)?;
-    wait_for(Duration::from_secs(20), "the rotated certificate to be served", || async {
-        review(address, &rotated.ca_pem, "nq", "CREATE", machine_json("rotated-1", 1)).await
-    })
+    wait_for(
+        Duration::from_secs(20),
+        "the rotated certificate to be served",
+        || async {
+            review(
+                address,
+                &rotated.ca_pem,
+                "nq",
+                "CREATE",
+                machine_json("rotated-1", 1),
+            )
+            .await
+        },
+    )
     .await?;
     assert!(
-        review(address, &certs.certs.ca_pem, "nq", "CREATE", machine_json("rotated-2", 1)).await.is_err(),
+        review(
+            address,
+            &certs.webhook.ca_pem,
+            "nq",
+            "CREATE",
+            machine_json("rotated-2", 1)
+        )
+        .await
+        .is_err(),
         "the old certificate is no longer served"
     );
     Ok(())

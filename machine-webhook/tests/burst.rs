@@ -25,12 +25,19 @@ async fn sixty_concurrent_creates_admit_exactly_the_headroom_in_twenty_rounds() 
         let writes_before = webhook.metrics.writes.get();
         let (admitted, other) = burst(&alpha_api, &beta_api, round).await?;
         assert!(other.is_empty(), "round {round}: unexpected failures: {other:?}");
-        assert_eq!(admitted, usize::try_from(HEADROOM)?, "round {round}: admitted {admitted} of {BURST}");
+        assert_eq!(
+            admitted,
+            usize::try_from(HEADROOM)?,
+            "round {round}: admitted {admitted} of {BURST}"
+        );
         let (existing, reserved) = check_no_overrun(&seed, &users).await?;
         assert_eq!((existing, reserved), (admitted, admitted), "round {round}");
         // Batching: a write carries at least one admission, so never more writes than admissions.
         let writes = webhook.metrics.writes.get() - writes_before;
-        assert!(writes <= u64::try_from(admitted)?, "round {round}: {writes} writes");
+        assert!(
+            writes <= u64::try_from(admitted)?,
+            "round {round}: {writes} writes"
+        );
         eprintln!("round {round}: {admitted} admitted of {BURST} with {writes} ledger writes");
         // Reset: the Machines go, the ledger empties, the count is back where it was.
         delete_all_machines(alpha.clone()).await?;

@@ -1,4 +1,4 @@
-//! A denial is told where the user looks: one Event on the owning MachineDeployment in the user
+//! A denial is told where the user looks: one Event on the owning `MachineDeployment` in the user
 //! cluster, its count increased on every retry; without an owner, on the Cluster on the seed.
 
 mod common;
@@ -15,10 +15,13 @@ use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-/// Minimal MachineSet and MachineDeployment CRDs (machine-controller's have no schema either).
+/// Minimal `MachineSet` and `MachineDeployment` CRDs (machine-controller's have no schema either).
 async fn install_owner_crds(user: &Client) -> Result<()> {
     let crds: Api<CustomResourceDefinition> = Api::all(user.clone());
-    for (kind, plural) in [("MachineSet", "machinesets"), ("MachineDeployment", "machinedeployments")] {
+    for (kind, plural) in [
+        ("MachineSet", "machinesets"),
+        ("MachineDeployment", "machinedeployments"),
+    ] {
         let crd: CustomResourceDefinition = serde_json::from_value(json!({
             "apiVersion": "apiextensions.k8s.io/v1",
             "kind": "CustomResourceDefinition",
@@ -48,7 +51,11 @@ async fn install_owner_crds(user: &Client) -> Result<()> {
 }
 
 fn resource(plural: &str) -> ApiResource {
-    let kind = if plural == "machinesets" { "MachineSet" } else { "MachineDeployment" };
+    let kind = if plural == "machinesets" {
+        "MachineSet"
+    } else {
+        "MachineDeployment"
+    };
     ApiResource {
         group: "cluster.k8s.io".into(),
         version: "v1alpha1".into(),
@@ -76,7 +83,9 @@ async fn events_about(client: &Client, namespace: &str, kind: &str, name: &str) 
         .await?
         .items
         .into_iter()
-        .filter(|e| e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name))
+        .filter(|e| {
+            e.involved_object.kind.as_deref() == Some(kind) && e.involved_object.name.as_deref() == Some(name)
+        })
         .collect())
 }
 
@@ -92,7 +101,8 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
     register(alpha.clone(), "alpha", webhook.address, &certs).await?;
     install_owner_crds(&alpha).await?;
 
-    let deployments: Api<DynamicObject> = Api::namespaced_with(alpha.clone(), NS, &resource("machinedeployments"));
+    let deployments: Api<DynamicObject> =
+        Api::namespaced_with(alpha.clone(), NS, &resource("machinedeployments"));
     let sets: Api<DynamicObject> = Api::namespaced_with(alpha.clone(), NS, &resource("machinesets"));
     let mut deployment = DynamicObject::new("workers", &resource("machinedeployments"));
     deployment.data = json!({"spec": {"replicas": 3}});
@@ -110,13 +120,23 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
         m.metadata.generate_name = Some("workers-5d8f-".into());
         m.metadata.owner_references = Some(vec![owner_ref(&set, "MachineSet")]);
         let message = denial(api.create(&PostParams::default(), &m).await);
-        assert!(message.contains(r#"needs 2 cpu, project "demo" uses 16 of 16 cpu"#), "{message}");
+        assert!(
+            message.contains(r#"needs 2 cpu, project "demo" uses 16 of 16 cpu"#),
+            "{message}"
+        );
     }
-    let events = wait_for(Duration::from_secs(30), "one Event with count 3 on the MachineDeployment", || async {
-        let events = events_about(&alpha, NS, "MachineDeployment", "workers").await?;
-        anyhow::ensure!(events.iter().map(|e| e.count.unwrap_or(0)).sum::<i32>() == 3, "so far: {events:?}");
-        Ok(events)
-    })
+    let events = wait_for(
+        Duration::from_secs(30),
+        "one Event with count 3 on the MachineDeployment",
+        || async {
+            let events = events_about(&alpha, NS, "MachineDeployment", "workers").await?;
+            anyhow::ensure!(
+                events.iter().map(|e| e.count.unwrap_or(0)).sum::<i32>() == 3,
+                "so far: {events:?}"
+            );
+            Ok(events)
+        },
+    )
     .await?;
     assert_eq!(events.len(), 1, "deduplicated: {events:?}");
     let event = &events[0];
@@ -128,14 +148,22 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
         Some(r#"a Machine needs 2 cpu, project "demo" uses 16 of 16 cpu"#)
     );
     assert_eq!(event.involved_object.uid, deployment.metadata.uid);
-    assert!(events_about(&alpha, NS, "MachineSet", "workers-5d8f").await?.is_empty());
+    assert!(
+        events_about(&alpha, NS, "MachineSet", "workers-5d8f")
+            .await?
+            .is_empty()
+    );
 
     // No owner: the Event goes to the Cluster on the seed.
     denial(api.create(&PostParams::default(), &machine("lonely-1", 1)).await);
-    let on_cluster = wait_for(Duration::from_secs(30), "an Event on the Cluster on the seed", || async {
-        let events = events_about(&seed, "default", "Cluster", "alpha").await?;
-        events.into_iter().next().context("none yet")
-    })
+    let on_cluster = wait_for(
+        Duration::from_secs(30),
+        "an Event on the Cluster on the seed",
+        || async {
+            let events = events_about(&seed, "default", "Cluster", "alpha").await?;
+            events.into_iter().next().context("none yet")
+        },
+    )
     .await?;
     assert_eq!(
         on_cluster.message.as_deref(),

@@ -30,9 +30,9 @@ async fn webhook_killed_mid_burst_never_overruns() -> Result<()> {
         let (a, b) = (alpha_api.clone(), beta_api.clone());
         let running = tokio::spawn(async move { burst(&a, &b, round).await });
         let seed_for_wait = seed.clone();
-        wait_for(Duration::from_secs(60), "a first reservation", || {
+        wait_for(Duration::from_mins(1), "a first reservation", || {
             let seed = seed_for_wait.clone();
-            async move { reservations(seed, PROJECT).await.map(|r| !r.is_empty()).unwrap_or(false) }
+            async move { reservations(seed, PROJECT).await.is_ok_and(|r| !r.is_empty()) }
         })
         .await?;
         // Kill it (the task and every connection and worker it owns) and start a new one on the
@@ -52,7 +52,10 @@ async fn webhook_killed_mid_burst_never_overruns() -> Result<()> {
         // (seed-controller expires them); they only ever make room smaller.
         assert!(reserved >= existing);
         let headroom = usize::try_from(HEADROOM)?;
-        assert_eq!(reserved, headroom, "round {round}: the ledger is full after the second burst");
+        assert_eq!(
+            reserved, headroom,
+            "round {round}: the ledger is full after the second burst"
+        );
         eprintln!(
             "round {round}: {first_admitted} admitted around the kill ({} denied or failed), {second_admitted} after; {} stray reservations",
             BURST - first_admitted,

@@ -22,7 +22,12 @@ pub async fn burst(alpha: &Api<Machine>, beta: &Api<Machine>, round: usize) -> R
     let creates = (0..BURST).map(|i| {
         let api = if i % 2 == 0 { alpha.clone() } else { beta.clone() };
         let name = format!("burst-{round}-{i}");
-        async move { (name.clone(), api.create(&PostParams::default(), &machine(&name, 1)).await) }
+        async move {
+            (
+                name.clone(),
+                api.create(&PostParams::default(), &machine(&name, 1)).await,
+            )
+        }
     });
     let mut admitted = 0;
     let mut other = Vec::new();
@@ -59,7 +64,9 @@ pub async fn check_no_overrun(seed: &Client, users: &[(&str, Client)]) -> Result
         }
     }
     // What seed-controller would count: every existing Machine, one cpu each.
-    ensure!(COUNTED + i64::try_from(existing)? <= LIMIT, "{existing} Machines exist on top of {COUNTED} counted");
+    ensure!(
+        COUNTED + i64::try_from(existing)? <= LIMIT,
+        "{existing} Machines exist on top of {COUNTED} counted"
+    );
     Ok((existing, ledger.len()))
 }
-

@@ -12,8 +12,7 @@ use anyhow::{Context as _, Result};
 use e2e::certs::{WebhookCertPaths, WebhookCerts};
 use e2e::{Fleet, FleetSpec, wait_for};
 use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook,
-    ValidatingWebhookConfiguration, WebhookClientConfig,
+    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use kkp_quota_crds::ledger::Reservation;
 use kkp_quota_crds::machine::Machine;
@@ -60,7 +59,7 @@ impl RunningWebhook {
 }
 
 pub struct Certs {
-    pub certs: WebhookCerts,
+    pub webhook: WebhookCerts,
     pub paths: WebhookCertPaths,
     pub dir: tempfile::TempDir,
 }
@@ -69,7 +68,11 @@ pub fn certs() -> Result<Certs> {
     let dir = tempfile::tempdir()?;
     let certs = WebhookCerts::generate()?;
     let paths = certs.write_to(dir.path())?;
-    Ok(Certs { certs, paths, dir })
+    Ok(Certs {
+        webhook: certs,
+        paths,
+        dir,
+    })
 }
 
 /// Starts the webhook against `seed` on `address` (port 0: any) and waits until it is ready.
@@ -89,7 +92,11 @@ pub async fn start_webhook(seed: Client, certs: &Certs, address: SocketAddr) -> 
         async move { ready }
     })
     .await?;
-    Ok(RunningWebhook { address, task, metrics })
+    Ok(RunningWebhook {
+        address,
+        task,
+        metrics,
+    })
 }
 
 /// What seed-controller keeps in every user cluster (written here so the tests do not depend on
@@ -105,7 +112,7 @@ pub async fn register(user: Client, cluster: &str, address: SocketAddr, certs: &
             admission_review_versions: vec!["v1".into()],
             client_config: WebhookClientConfig {
                 url: Some(format!("https://{address}/validate/machines/{cluster}")),
-                ca_bundle: Some(certs.certs.ca_bundle()),
+                ca_bundle: Some(certs.webhook.ca_bundle()),
                 service: None,
             },
             failure_policy: Some("Fail".into()),
@@ -131,16 +138,20 @@ pub async fn register(user: Client, cluster: &str, address: SocketAddr, certs: &
     // The API server picks configurations up asynchronously: wait until a Machine that cannot
     // be sized is refused (the project must have a quota by now).
     let machines: Api<Machine> = Api::namespaced(user, NS);
-    wait_for(Duration::from_secs(30), "the webhook configuration to take effect", || {
-        let machines = machines.clone();
-        async move {
-            let probe = unsizeable_machine("probe");
-            matches!(
-                machines.create(&PostParams { dry_run: true, ..PostParams::default() }, &probe).await,
-                Err(kube::Error::Api(s)) if s.message.contains("cannot be sized")
-            )
-        }
-    })
+    wait_for(
+        Duration::from_secs(30),
+        "the webhook configuration to take effect",
+        || {
+            let machines = machines.clone();
+            async move {
+                let probe = unsizeable_machine("probe");
+                matches!(
+                    machines.create(&PostParams { dry_run: true, ..PostParams::default() }, &probe).await,
+                    Err(kube::Error::Api(s)) if s.message.contains("cannot be sized")
+                )
+            }
+        },
+    )
     .await?;
     Ok(())
 }
@@ -165,9 +176,13 @@ pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu
         (SUBJECT_NAME_LABEL.to_owned(), project.to_owned()),
         (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
     ]));
-    api.patch(&name, &PatchParams::apply("kkp-quota-master").force(), &Patch::Apply(&quota))
-        .await
-        .context("writing the quota copy")?;
+    api.patch(
+        &name,
+        &PatchParams::apply("kkp-quota-master").force(),
+        &Patch::Apply(&quota),
+    )
+    .await
+    .context("writing the quota copy")?;
     set_usage(&api, &name, local_cpu).await
 }
 
@@ -237,7 +252,11 @@ pub async fn delete_all_machines(user: Client) -> Result<()> {
         .await?;
     wait_for(Duration::from_secs(30), "every Machine to be gone", || {
         let api = api.clone();
-        async move { api.list(&ListParams::default()).await.map(|l| l.items.is_empty()).unwrap_or(false) }
+        async move {
+            api.list(&ListParams::default())
+                .await
+                .is_ok_and(|l| l.items.is_empty())
+        }
     })
     .await
 }
@@ -246,7 +265,10 @@ pub async fn delete_all_machines(user: Client) -> Result<()> {
 pub fn denial(result: Result<Machine, kube::Error>) -> String {
     match result {
         Err(kube::Error::Api(status)) => status.message,
-        Ok(m) => panic!("expected a denial, the Machine {:?} was admitted", m.metadata.name),
+        Ok(m) => panic!(
+            "expected a denial, the Machine {:?} was admitted",
+            m.metadata.name
+        ),
         Err(e) => panic!("expected a denial, got {e}"),
     }
 }
