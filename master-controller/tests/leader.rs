@@ -1,0 +1,168 @@
+//! Leader election on a real master: a replica that does not hold the Lease writes nothing,
+//! and a standby takes over when the holder goes away.
+
+mod common;
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use common::*;
+use e2e::{Fleet, FleetSpec, wait_for};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kkp_quota_crds::quota::SEED_CLEANUP_FINALIZER;
+use kkp_quota_crds::runtime::leader::LeaseConfig;
+use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use master_controller::Options;
+use serde_json::json;
+
+const LEASE: &str = "kkp-quota-master-controller";
+
+fn replica(identity: &str) -> Options {
+    let mut options = options();
+    let mut lease = LeaseConfig::new("kubermatic", LEASE, identity);
+    lease.lease_duration = Duration::from_secs(2);
+    lease.renew_every = Duration::from_millis(250);
+    options.lease = Some(lease);
+    options
+}
+
+async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
+    Ok(leases.get(LEASE).await?.spec.and_then(|s| s.holder_identity))
+}
+
+async fn copy_cpu(seed: &Api<ResourceQuota>) -> Result<Option<Quantity>> {
+    Ok(seed
+        .get_opt("project-demo")
+        .await?
+        .map(|c| c.spec.quota.amount(Resource::Cpu)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one story, top to bottom
+async fn only_the_lease_holder_writes() -> Result<()> {
+    let fleet = Fleet::start(FleetSpec::empty().with_seed("seed-a").with_project("demo")).await?;
+    let master = fleet.master().client();
+    let quotas: Api<ResourceQuota> = Api::all(master.clone());
+    let seed: Api<ResourceQuota> = Api::all(fleet.seed("seed-a").client());
+    let leases: Api<Lease> = Api::namespaced(master.clone(), "kubermatic");
+
+    // Someone else holds the lease and keeps renewing it.
+    let lease = Lease {
+        metadata: ObjectMeta {
+            name: Some(LEASE.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("intruder".into()),
+            lease_duration_seconds: Some(2),
+            renew_time: Some(MicroTime(Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases.create(&PostParams::default(), &lease).await?;
+    let a = Running::start(master.clone(), replica("a")).await?;
+    create_quota(&quotas, "project-demo", "demo", cpu_mem(4, 8)).await?;
+
+    // While the intruder renews (12 rounds over 3 s; holding a lease is a time window by nature),
+    // replica "a" must not write anything: no seed copy, no finalizer, no write counted. A
+    // replica that ignored the lease would have copied the quota within milliseconds.
+    let mut renew = tokio::time::interval(Duration::from_millis(250));
+    for _ in 0..12 {
+        renew.tick().await;
+        let now = serde_json::to_value(MicroTime(Timestamp::now()))?;
+        leases
+            .patch(
+                LEASE,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"renewTime": now}})),
+            )
+            .await?;
+        ensure!(
+            seed.get_opt("project-demo").await?.is_none(),
+            "a non-leader copied the quota to the seed"
+        );
+        let m = quotas.get("project-demo").await?;
+        ensure!(
+            !m.finalizers().iter().any(|f| f == SEED_CLEANUP_FINALIZER),
+            "a non-leader added the finalizer"
+        );
+        ensure!(a.writes() == 0.0, "a non-leader counted writes");
+        ensure!(a.metrics.leader.get() == 0, "a non-leader claims to lead");
+    }
+
+    // The intruder stops renewing: "a" takes over once the lease expires, and acts.
+    wait_for(
+        DEADLINE,
+        "replica a copies the quota after taking the lease",
+        || async {
+            copy_cpu(&seed)
+                .await
+                .ok()
+                .flatten()
+                .filter(|c| *c == Quantity::from_units(4))
+        },
+    )
+    .await?;
+    ensure!(
+        holder(&leases).await?.as_deref() == Some("a"),
+        "a holds the lease"
+    );
+    ensure!(a.metrics.leader.get() == 1);
+
+    // A second replica while "a" holds the lease: edits are carried out by "a" alone.
+    let b = Running::start(master.clone(), replica("b")).await?;
+    wait_for(DEADLINE, "replica b is up (standby is ready)", || async {
+        b.readiness.is_ready()
+    })
+    .await?;
+    for cpu in [5, 6, 7] {
+        set_quota(&quotas, "project-demo", &cpu_mem(cpu, 8)).await?;
+        wait_for(
+            DEADLINE,
+            &format!("copy follows the edit to {cpu} cpu"),
+            || async {
+                copy_cpu(&seed)
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|c| *c == Quantity::from_units(cpu))
+            },
+        )
+        .await?;
+    }
+    ensure!(
+        holder(&leases).await?.as_deref() == Some("a"),
+        "a still holds the lease"
+    );
+    ensure!(
+        b.writes() == 0.0,
+        "the standby replica wrote while a held the lease"
+    );
+    ensure!(b.metrics.leader.get() == 0, "the standby claims to lead");
+    ensure!(a.writes() > 0.0, "the leader did the writes");
+
+    // "a" goes away without releasing the lease: "b" takes over once it expires, and acts.
+    drop(a);
+    wait_for(DEADLINE, "replica b takes the lease", || async {
+        holder(&leases).await.ok().flatten().filter(|h| h == "b")
+    })
+    .await?;
+    set_quota(&quotas, "project-demo", &cpu_mem(9, 8)).await?;
+    wait_for(DEADLINE, "replica b carries out the next edit", || async {
+        copy_cpu(&seed)
+            .await
+            .ok()
+            .flatten()
+            .filter(|c| *c == Quantity::from_units(9))
+    })
+    .await?;
+    ensure!(b.writes() > 0.0, "the new leader wrote");
+    ensure!(b.metrics.leader.get() == 1);
+    drop(b);
+    drop(fleet);
+    Ok(())
+}
