@@ -219,7 +219,7 @@ impl Sender {
                     }
                 }
                 Err(e) => {
-                    debug!(error = %e, "user cluster unreachable; the event goes to the Cluster on the seed")
+                    debug!(error = %e, "user cluster unreachable; the event goes to the Cluster on the seed");
                 }
             }
         }

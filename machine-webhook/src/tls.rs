@@ -114,7 +114,7 @@ impl ReloadingCert {
                     loaded.key = Arc::new(certified);
                 }
                 Err(e) => {
-                    warn!(error = %e, "serving certificate changed but does not load; keeping the previous one")
+                    warn!(error = %e, "serving certificate changed but does not load; keeping the previous one");
                 }
             }
         }
