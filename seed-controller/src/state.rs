@@ -468,7 +468,11 @@ impl State {
                 && c.reason == condition.reason
                 && c.message == condition.message
         };
-        let unchanged = cluster.written.as_ref().is_some_and(|(u, c)| same(u, c))
+        // Still connecting for the first time: nothing to say yet (avoids a burst of
+        // "not synced" writes at every start).
+        let connecting = !cluster.synced && cluster.reachability == Reachability::Unknown;
+        let unchanged = connecting
+            || cluster.written.as_ref().is_some_and(|(u, c)| same(u, c))
             || cluster.observed.as_ref().is_some_and(|s| {
                 s.conditions
                     .get(CONDITION_TYPE)
