@@ -395,11 +395,26 @@ async fn main() -> Result<()> {
         decision_p50 * 1000.0,
         decision_p99 * 1000.0
     )?;
+    let batches = metrics.batch_size.get_sample_count();
+    let mean_batch = if batches == 0 {
+        0.0
+    } else {
+        metrics.batch_size.get_sample_sum() / batches as f64
+    };
+    let writes = metrics.write_duration.get_sample_count();
+    let mean_write = if writes == 0 {
+        0.0
+    } else {
+        metrics.write_duration.get_sample_sum() / writes as f64
+    };
     writeln!(
         md,
-        "Ledger writes: {}, conflicts: {}, failed creates: {failures}.\n",
+        "Ledger writes: {}, conflicts: {}, failed creates: {failures}; {batches} batches of {mean_batch:.1} \
+         requests on average; one compare-and-swap write took {:.1} ms on average (the writes of one \
+         project are serial, so this bounds throughput at about batch / write time).\n",
         metrics.writes.get(),
-        metrics.conflicts.get()
+        metrics.conflicts.get(),
+        mean_write * 1000.0
     )?;
     writeln!(md, "Per phase:\n")?;
     writeln!(md, "| phase | webhook | creates | seconds | creates/s |")?;

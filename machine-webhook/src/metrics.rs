@@ -16,6 +16,8 @@ pub struct Metrics {
     pub conflicts: IntCounter,
     /// `kkp_quota_reservation_writes_total`
     pub writes: IntCounter,
+    /// `kkp_quota_reservation_write_duration_seconds`: one compare-and-swap write of a batch.
+    pub write_duration: Histogram,
     /// `kkp_quota_reservation_write_errors_total`
     pub write_errors: IntCounter,
     /// `kkp_quota_reservations{project}`: the ledger size as last read or written.
@@ -54,6 +56,16 @@ impl Metrics {
             "kkp_quota_reservation_writes_total",
             "Successful reservation writes (one per batch)",
         )?;
+        let write_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "kkp_quota_reservation_write_duration_seconds",
+                "Duration of one reservation write (a batch's compare-and-swap patch), conflicts included",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25,
+                0.5, 1.0,
+            ]),
+        )?;
         let write_errors = IntCounter::new(
             "kkp_quota_reservation_write_errors_total",
             "Reservation reads or writes that failed for another reason than a conflict",
@@ -84,6 +96,7 @@ impl Metrics {
         registry.register(Box::new(conflicts.clone()))?;
         registry.register(Box::new(writes.clone()))?;
         registry.register(Box::new(write_errors.clone()))?;
+        registry.register(Box::new(write_duration.clone()))?;
         registry.register(Box::new(reservations.clone()))?;
         registry.register(Box::new(batch_size.clone()))?;
         registry.register(Box::new(events.clone()))?;
@@ -99,6 +112,7 @@ impl Metrics {
             duration,
             conflicts,
             writes,
+            write_duration,
             write_errors,
             reservations,
             batch_size,

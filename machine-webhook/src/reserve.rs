@@ -299,10 +299,16 @@ impl Reserver {
             "metadata": {"resourceVersion": copy.resource_version},
             "status": {"reservations": reservations},
         });
+        let started = std::time::Instant::now();
         let written = self
             .api()
             .patch_status(&copy.name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
+            .await;
+        self.inner
+            .metrics
+            .write_duration
+            .observe(started.elapsed().as_secs_f64());
+        let written = written?;
         self.inner.metrics.writes.inc();
         self.set_ledger_size(project, count);
         self.inner
