@@ -15,7 +15,13 @@
 //!     --clusters 200 --machines-per-cluster 100
 //! ```
 
-#![allow(clippy::unwrap_used, clippy::cast_precision_loss, clippy::too_many_lines)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::too_many_lines
+)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -98,7 +104,10 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
         },
         ..Namespace::default()
     };
-    match Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &ns).await {
+    match Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         Err(e) => Err(e.into()),
@@ -144,7 +153,13 @@ async fn main() -> Result<()> {
 
     // Simulated user clusters, Cluster objects and kubeconfig Secrets, quota copies.
     let projects: Vec<String> = (0..args.projects).map(|p| format!("p{p}")).collect();
-    let cluster_of = |i: usize| (format!("sim-{i}"), &users[i % users.len()], projects[i % projects.len()].clone());
+    let cluster_of = |i: usize| {
+        (
+            format!("sim-{i}"),
+            &users[i % users.len()],
+            projects[i % projects.len()].clone(),
+        )
+    };
     for project in &projects {
         let mut rq = ResourceQuota::new(
             &format!("project-{project}"),
@@ -157,7 +172,9 @@ async fn main() -> Result<()> {
             (SUBJECT_NAME_LABEL.to_owned(), project.clone()),
             (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
         ]));
-        Api::<ResourceQuota>::all(seed.clone()).create(&PostParams::default(), &rq).await?;
+        Api::<ResourceQuota>::all(seed.clone())
+            .create(&PostParams::default(), &rq)
+            .await?;
     }
     stream::iter(0..args.clusters)
         .map(|i| {
@@ -204,8 +221,10 @@ async fn main() -> Result<()> {
 
     // Machines, before the controller starts (cold start).
     let specs = specs();
-    let mut expected: BTreeMap<String, ResourceDetails> =
-        projects.iter().map(|p| (p.clone(), ResourceDetails::zero())).collect();
+    let mut expected: BTreeMap<String, ResourceDetails> = projects
+        .iter()
+        .map(|p| (p.clone(), ResourceDetails::zero()))
+        .collect();
     let mut jobs = Vec::new();
     for i in 0..args.clusters {
         let (name, cp, project) = cluster_of(i);
@@ -221,7 +240,9 @@ async fn main() -> Result<()> {
     stream::iter(jobs)
         .map(|(client, m)| async move {
             let ns = m.metadata.namespace.clone().unwrap_or_default();
-            Api::<Machine>::namespaced(client, &ns).create(&PostParams::default(), &m).await
+            Api::<Machine>::namespaced(client, &ns)
+                .create(&PostParams::default(), &m)
+                .await
         })
         .buffer_unordered(64)
         .collect::<Vec<_>>()
@@ -268,7 +289,10 @@ async fn main() -> Result<()> {
         if exact && list.items.len() == projects.len() {
             break start.elapsed();
         }
-        anyhow::ensure!(start.elapsed() < Duration::from_secs(900), "no convergence in 15 minutes");
+        anyhow::ensure!(
+            start.elapsed() < Duration::from_mins(15),
+            "no convergence in 15 minutes"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let rss_converged = e2e::procfs::rss_bytes(pid).unwrap_or(0);
@@ -299,7 +323,7 @@ async fn main() -> Result<()> {
             .create(&PostParams::default(), &machine(&name, &format!("lat-{k}"), spec))
             .await?;
         loop {
-            let event = tokio::time::timeout(Duration::from_secs(60), events.next())
+            let event = tokio::time::timeout(Duration::from_mins(1), events.next())
                 .await
                 .context("latency: no quota update within 60s")?
                 .context("watch ended")?;
@@ -325,7 +349,11 @@ async fn main() -> Result<()> {
     let peak = peak_rss_bytes(pid).unwrap_or(0);
     eprintln!("latency median {median:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
 
-    let profile = if bin_dir.ends_with("release") { "release" } else { "dev (dependencies at opt-level 2, this crate unoptimised)" };
+    let profile = if bin_dir.ends_with("release") {
+        "release"
+    } else {
+        "dev (dependencies at opt-level 2, this crate unoptimised)"
+    };
     let report = format!(
         "# seed-controller: scale and latency\n\n\
          Measured by `cargo run -p seed-controller --example scale -- --clusters {clusters} --machines-per-cluster {mpc} --apiservers {apis} --projects {projects}` \

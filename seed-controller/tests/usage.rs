@@ -177,6 +177,43 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     wait_local_usage(&seed, "demo", &sum(&[&s0, &s1])).await;
     wait_local_usage(&seed, "other", &s3).await;
 
+    // --- A Machine being deleted counts until it is gone. ---
+    let held_spec = aws("m5.large");
+    let machines: Api<kkp_quota_crds::machine::Machine> = Api::namespaced(alpha.clone(), "kube-system");
+    let mut held = common::machine("held", &held_spec);
+    held.metadata.finalizers = Some(vec!["test.kkp-quota/hold".into()]);
+    machines
+        .create(&kube::api::PostParams::default(), &held)
+        .await
+        .unwrap();
+    let s_held = size_of(&held_spec);
+    wait_cluster_usage(&seed, "alpha", &sum(&[&s0, &s1, &s_held])).await;
+    machines
+        .delete("held", &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    e2e::wait_for(WAIT, "held has a deletionTimestamp", || async {
+        machines.get("held").await.ok()?.metadata.deletion_timestamp
+    })
+    .await
+    .unwrap();
+    // A write after the deletion started still counts it.
+    let extra_spec = hetzner("cx22");
+    create_machine(&alpha, "extra", &extra_spec).await;
+    let s_extra = size_of(&extra_spec);
+    wait_cluster_usage(&seed, "alpha", &sum(&[&s0, &s1, &s_held, &s_extra])).await;
+    wait_local_usage(&seed, "demo", &sum(&[&s0, &s1, &s_held, &s_extra])).await;
+    machines
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    delete_machine(&alpha, "extra").await;
+    wait_cluster_usage(&seed, "alpha", &sum(&[&s0, &s1])).await;
+
     // --- Unsizeable: reported, not silently zero; the rest still counted. ---
     let bad_spec = aws("t9.imaginary");
     create_machine(&alpha, "bad", &bad_spec).await;
