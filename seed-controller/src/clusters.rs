@@ -195,7 +195,7 @@ fn ensure_task(
     {
         return;
     }
-    let restart = tasks.contains_key(name);
+    let restart = tasks.get(name).is_some_and(|t| t.kubeconfig.is_some());
     let handle = if let Some(text) = &kubeconfig {
         if restart {
             info!(cluster = name, "user cluster kubeconfig changed; reconnecting");

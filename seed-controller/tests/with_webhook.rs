@@ -1,0 +1,142 @@
+//! seed-controller and machine-webhook together on real apiservers: the webhook configuration the
+//! controller keeps sends the user cluster's Machine admissions to the webhook, the webhook
+//! reserves, the controller counts and drops the reservations; the quota holds exactly, and
+//! nothing is flagged as unadmitted.
+
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
+use kube::Api;
+use kube::api::PostParams;
+use seed_controller::{Config, REASON_UNADMITTED};
+use serde_json::json;
+
+async fn reservations(seed: &kube::Client) -> usize {
+    Api::<ResourceQuota>::all(seed.clone())
+        .get("project-demo")
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+        .reservations
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_reservations_are_counted_and_dropped() {
+    init_logs();
+    let (seed_cp, alpha_cp) = tokio::try_join!(
+        e2e::ControlPlane::start("seed"),
+        e2e::ControlPlane::start("alpha")
+    )
+    .unwrap();
+    let (seed, alpha) = (seed_cp.client(), alpha_cp.client());
+    ensure_namespace(&seed, "kubermatic").await;
+    register_cluster(&seed, "alpha", "demo", &alpha_cp.kubeconfig_yaml()).await;
+    create_quota_copy(&seed, "demo", "10").await;
+
+    let certs = e2e::certs::WebhookCerts::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let paths = certs.write_to(dir.path()).unwrap();
+    let webhook = machine_webhook::Webhook::start(
+        machine_webhook::Config::new(
+            "127.0.0.1:0".parse().unwrap(),
+            paths.cert.clone(),
+            paths.key.clone(),
+        ),
+        seed.clone(),
+    )
+    .await
+    .unwrap();
+    let address = webhook.address;
+    let webhook_ready = webhook.readiness.clone();
+    let _webhook = seed_controller::AbortOnDrop(tokio::spawn(webhook.run()));
+    e2e::wait_for(WAIT, "webhook ready", || async { webhook_ready.is_ready() })
+        .await
+        .unwrap();
+
+    let mut config = Config::for_tests("seed");
+    config.webhook_url = Some(format!("https://{address}"));
+    config.webhook_ca_file = Some(paths.ca.clone());
+    let running = start_controller(&seed_cp, config).await;
+
+    // The configuration the controller wrote is in effect: an unsizeable Machine is refused.
+    let machines: Api<Machine> = Api::namespaced(alpha.clone(), "kube-system");
+    e2e::wait_for(WAIT, "webhook configuration in effect", || async {
+        let probe = common::machine(
+            "probe",
+            &json!({"cloudProvider": "aws", "cloudProviderSpec": {"instanceType": "t9.none"}}),
+        );
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        matches!(machines.create(&dry, &probe).await, Err(kube::Error::Api(e)) if e.message.contains("sized"))
+    })
+    .await
+    .unwrap();
+
+    // Five t3.medium (2 cpu each) fill the 10 cpu; the sixth is refused.
+    let spec = aws("t3.medium");
+    let size = size_of(&spec);
+    for i in 0..5 {
+        machines
+            .create(&PostParams::default(), &common::machine(&format!("m{i}"), &spec))
+            .await
+            .unwrap();
+    }
+    let refused = machines
+        .create(&PostParams::default(), &common::machine("m5", &spec))
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(e)) if e.code == 403 || e.code == 400),
+        "{refused:?}"
+    );
+    let five = sum(&[&size, &size, &size, &size, &size]);
+    assert_eq!(five.amount(Resource::Cpu), Quantity::from_units(10));
+    wait_local_usage(&seed, "demo", &five).await;
+    e2e::wait_for(WAIT, "reservations dropped", || async {
+        reservations(&seed).await == 0
+    })
+    .await
+    .unwrap();
+
+    // Room again after a delete: the webhook sees the controller's fresh localUsage.
+    delete_machine(&alpha, "m0").await;
+    wait_local_usage(&seed, "demo", &sum(&[&size, &size, &size, &size])).await;
+    e2e::wait_for(Duration::from_secs(30), "m5 admitted", || async {
+        machines
+            .create(&PostParams::default(), &common::machine("m5", &spec))
+            .await
+    })
+    .await
+    .unwrap();
+    wait_local_usage(&seed, "demo", &five).await;
+    e2e::wait_for(WAIT, "reservations dropped", || async {
+        reservations(&seed).await == 0
+    })
+    .await
+    .unwrap();
+
+    // Every Machine went through admission: none flagged.
+    for name in ["m1", "m2", "m3", "m4", "m5"] {
+        assert!(
+            machine_events(&alpha, name, REASON_UNADMITTED).await.is_empty(),
+            "{name} flagged"
+        );
+    }
+    let unadmitted = metric(
+        &running.metrics,
+        "kkp_quota_unadmitted_machines_total",
+        &[("cluster", "alpha")],
+    );
+    assert!(unadmitted.unwrap_or(0.0) < 1.0, "unadmitted: {unadmitted:?}");
+    assert!(metric(&running.metrics, "kkp_quota_reservations_counted_total", &[]).unwrap_or(0.0) >= 6.0);
+    running.stop().await;
+}
