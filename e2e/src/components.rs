@@ -45,7 +45,7 @@ impl ComponentSpec {
 /// What `make demo` runs beside the fleet whose files are in `dir`. Empty until the components
 /// exist; e.g. later:
 ///
-/// ```ignore
+/// ```text
 /// ComponentSpec::workspace_bin("master-controller", vec![
 ///     format!("--kubeconfig={}", dir.join("master.kubeconfig").display()),
 /// ])?

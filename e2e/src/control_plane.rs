@@ -1,6 +1,6 @@
 //! One cluster's control plane: a real etcd and a real kube-apiserver on loopback.
 //!
-//! Processes are `std::process::Child`ren wrapped in [`Proc`], whose `Drop` sends SIGKILL and
+//! Processes are `std::process::Child`ren wrapped in a private `Proc`, whose `Drop` sends SIGKILL and
 //! reaps the child synchronously, so a test that fails or panics leaves no process and no zombie
 //! behind (unwinding drops the [`ControlPlane`]); the temporary directory (etcd data, certificates,
 //! logs, kubeconfig) is removed after the processes are gone.
@@ -79,6 +79,7 @@ impl ControlPlane {
         let (mut etcd, etcd_url) = start_etcd(&binaries, dir.path())
             .await
             .with_context(|| format!("{name}: etcd"))?;
+        tracing::debug!(cluster = name, elapsed = ?started.elapsed(), "etcd ready");
 
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
@@ -99,6 +100,7 @@ impl ControlPlane {
             };
             match cp.spawn_apiserver().await {
                 Ok(()) => {
+                    tracing::debug!(cluster = name, elapsed = ?started.elapsed(), "kube-apiserver ready");
                     std::fs::write(cp.kubeconfig_path(), &cp.kubeconfig).context("writing kubeconfig")?;
                     cp.wait_for_namespaces().await?;
                     cp.install_crds()
@@ -247,6 +249,7 @@ impl ControlPlane {
             }
         }
         wait_served(&self.client(), &fleet_crds()).await?;
+        warm_up(&self.client()).await?;
         tracing::info!(cluster = self.name, "kube-apiserver started again");
         Ok(())
     }
@@ -346,7 +349,8 @@ impl ControlPlane {
             }
         }))
         .await?;
-        wait_served(&client, &crds).await
+        wait_served(&client, &crds).await?;
+        warm_up(&client).await
     }
 }
 
@@ -378,6 +382,25 @@ pub fn fleet_crds() -> Vec<CustomResourceDefinition> {
             crd
         })
         .collect()
+}
+
+/// kube-apiserver 1.36 answers its first custom-resource write (of any CRD) about 2 s late, a
+/// one-time lazy initialisation; later writes take milliseconds. A dry-run create takes that hit
+/// here, so that tests' first writes and latency measurements do not.
+async fn warm_up(client: &kube::Client) -> Result<()> {
+    use kkp_quota_crds::kkp::{Project, ProjectSpec};
+    let api: Api<Project> = Api::all(client.clone());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    api.create(
+        &dry_run,
+        &Project::new("kkp-quota-e2e-warm-up", ProjectSpec::default()),
+    )
+    .await
+    .context("warm-up: dry-run create of a Project")?;
+    Ok(())
 }
 
 /// Waits until a list of every CRD's resource succeeds (the API is served, not only stored).

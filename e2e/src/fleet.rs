@@ -220,10 +220,12 @@ impl Fleet {
             seeds,
             users,
         };
+        let populating = std::time::Instant::now();
         fleet
             .populate()
             .await
             .context("writing the fleet's KKP objects")?;
+        tracing::debug!(elapsed = ?populating.elapsed(), "fleet objects written");
         Ok(fleet)
     }
 
@@ -344,60 +346,83 @@ impl Fleet {
 
     async fn populate_master(&self) -> Result<()> {
         let client = self.master.client();
-        let pp = PostParams::default();
         let projects: Api<Project> = Api::all(client.clone());
-        for project in &self.spec.projects {
-            projects
-                .create(
-                    &pp,
-                    &Project::new(
-                        project,
-                        ProjectSpec {
-                            name: project.clone(),
-                        },
-                    ),
-                )
-                .await
-                .with_context(|| format!("master: Project {project}"))?;
-        }
-        create_namespace(&client, KUBERMATIC_NAMESPACE).await?;
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), KUBERMATIC_NAMESPACE);
-        let seeds: Api<Seed> = Api::namespaced(client, KUBERMATIC_NAMESPACE);
-        for (name, seed_cp) in &self.seeds {
-            let secret_name = seed_kubeconfig_secret(name);
-            secrets
-                .create(
-                    &pp,
-                    &kubeconfig_secret(&secret_name, KUBERMATIC_NAMESPACE, seed_cp),
-                )
-                .await
-                .with_context(|| format!("master: Secret {secret_name}"))?;
-            let mut seed = Seed::new(
-                name,
-                SeedSpec {
-                    kubeconfig: ObjectReference {
-                        name: Some(secret_name),
-                        namespace: Some(KUBERMATIC_NAMESPACE.to_owned()),
-                        ..ObjectReference::default()
+        let create_projects = try_join_all(self.spec.projects.iter().map(|project| {
+            let projects = projects.clone();
+            async move {
+                let object = Project::new(
+                    project,
+                    ProjectSpec {
+                        name: project.clone(),
                     },
-                },
-            );
-            seed.metadata.namespace = Some(KUBERMATIC_NAMESPACE.to_owned());
-            seeds
-                .create(&pp, &seed)
-                .await
-                .with_context(|| format!("master: Seed {name}"))?;
-        }
+                );
+                projects
+                    .create(&PostParams::default(), &object)
+                    .await
+                    .with_context(|| format!("master: Project {project}"))
+            }
+        }));
+        let create_seeds = async {
+            create_namespace(&client, KUBERMATIC_NAMESPACE).await?;
+            try_join_all(
+                self.seeds
+                    .iter()
+                    .map(|(name, seed_cp)| self.create_seed(&client, name, seed_cp)),
+            )
+            .await
+        };
+        tokio::try_join!(create_projects, create_seeds)?;
+        Ok(())
+    }
+
+    /// Secret `kubeconfig-<seed>` and `Seed` `<seed>` in `kubermatic` on the master.
+    async fn create_seed(&self, client: &kube::Client, name: &str, seed_cp: &ControlPlane) -> Result<()> {
+        let pp = PostParams::default();
+        let secret_name = seed_kubeconfig_secret(name);
+        Api::<Secret>::namespaced(client.clone(), KUBERMATIC_NAMESPACE)
+            .create(
+                &pp,
+                &kubeconfig_secret(&secret_name, KUBERMATIC_NAMESPACE, seed_cp),
+            )
+            .await
+            .with_context(|| format!("master: Secret {secret_name}"))?;
+        let reference = ObjectReference {
+            name: Some(secret_name),
+            namespace: Some(KUBERMATIC_NAMESPACE.to_owned()),
+            ..ObjectReference::default()
+        };
+        let mut seed = Seed::new(
+            name,
+            SeedSpec {
+                kubeconfig: reference,
+            },
+        );
+        seed.metadata.namespace = Some(KUBERMATIC_NAMESPACE.to_owned());
+        Api::<Seed>::namespaced(client.clone(), KUBERMATIC_NAMESPACE)
+            .create(&pp, &seed)
+            .await
+            .with_context(|| format!("master: Seed {name}"))?;
         Ok(())
     }
 
     async fn populate_seed(&self, seed: &str) -> Result<()> {
         let client = self.seeds[seed].client();
+        let kubermatic = create_namespace(&client, KUBERMATIC_NAMESPACE);
+        let users = try_join_all(
+            self.spec
+                .user_clusters_on(seed)
+                .map(|user| self.create_cluster(&client, seed, user)),
+        );
+        tokio::try_join!(kubermatic, users)?;
+        Ok(())
+    }
+
+    /// On the seed: `Cluster` `<name>` (label, status) and Secret `admin-kubeconfig` in its namespace.
+    async fn create_cluster(&self, client: &kube::Client, seed: &str, user: &UserClusterSpec) -> Result<()> {
         let pp = PostParams::default();
-        create_namespace(&client, KUBERMATIC_NAMESPACE).await?;
+        let namespace = cluster_namespace(&user.name);
         let clusters: Api<Cluster> = Api::all(client.clone());
-        for user in self.spec.user_clusters_on(seed) {
-            let namespace = cluster_namespace(&user.name);
+        let cluster_object = async {
             let mut cluster = Cluster::new(
                 &user.name,
                 ClusterSpec {
@@ -417,16 +442,18 @@ impl Fleet {
                 .patch_status(&user.name, &PatchParams::default(), &Patch::Merge(&status))
                 .await
                 .with_context(|| format!("{seed}: Cluster {} status", user.name))?;
-            create_namespace(&client, &namespace).await?;
-            let secrets: Api<Secret> = Api::namespaced(client.clone(), &namespace);
-            secrets
-                .create(
-                    &pp,
-                    &kubeconfig_secret(ADMIN_KUBECONFIG_SECRET, &namespace, &self.users[&user.name]),
-                )
+            anyhow::Ok(())
+        };
+        let secret = async {
+            create_namespace(client, &namespace).await?;
+            let secret = kubeconfig_secret(ADMIN_KUBECONFIG_SECRET, &namespace, &self.users[&user.name]);
+            Api::<Secret>::namespaced(client.clone(), &namespace)
+                .create(&pp, &secret)
                 .await
                 .with_context(|| format!("{seed}: Secret {namespace}/{ADMIN_KUBECONFIG_SECRET}"))?;
-        }
+            anyhow::Ok(())
+        };
+        tokio::try_join!(cluster_object, secret)?;
         Ok(())
     }
 }

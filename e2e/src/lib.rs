@@ -3,7 +3,7 @@
 //!
 //! # Control planes
 //!
-//! ```ignore
+//! ```text
 //! let cp = e2e::ControlPlane::start("test").await?;   // etcd + kube-apiserver, CRDs installed
 //! let client: kube::Client = cp.client();             // admin (system:masters)
 //! let yaml: String = cp.kubeconfig_yaml();            // same credentials, certs embedded

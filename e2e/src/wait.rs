@@ -43,7 +43,7 @@ impl<T, E: Display> WaitOutcome for Result<T, E> {
 /// with a message naming `what` (and the last error, if the check returns `Result`) once
 /// `timeout` has passed. A check still running at the deadline is abandoned.
 ///
-/// ```ignore
+/// ```text
 /// let rq = e2e::wait_for(Duration::from_secs(10), "quota copy on seed-a", || async {
 ///     api.get_opt("project-demo").await.ok().flatten()
 /// }).await?;
