@@ -409,9 +409,10 @@ async fn main() -> Result<()> {
     };
     writeln!(
         md,
-        "Ledger writes: {}, conflicts: {}, failed creates: {failures}; {batches} batches of {mean_batch:.1} \
+        "TLS connections from the API servers: {}. Ledger writes: {}, conflicts: {}, failed creates: {failures}; {batches} batches of {mean_batch:.1} \
          requests on average; one compare-and-swap write took {:.1} ms on average (the writes of one \
          project are serial, so this bounds throughput at about batch / write time).\n",
+        metrics.connections.get(),
         metrics.writes.get(),
         metrics.conflicts.get(),
         mean_write * 1000.0

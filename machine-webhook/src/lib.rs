@@ -168,6 +168,7 @@ impl Webhook {
         };
         let router = server::router(app);
         let ready = readiness.clone();
+        let server_metrics = metrics.clone();
         let namespace = config.kubermatic_namespace.clone();
         let serving = Box::pin(async move {
             // Dropping this future cancels every task it started.
@@ -188,7 +189,7 @@ impl Webhook {
             tokio::select! {
                 () = Arc::clone(&cache).run(seed, namespace) => Ok(()),
                 () = events_future => Ok(()),
-                () = server::serve_https(listener, acceptor, router, token.clone()) => Ok(()),
+                () = server::serve_https(listener, acceptor, router, server_metrics, token.clone()) => Ok(()),
                 () = watch_ready => Ok(()),
                 r = ops_future => r,
             }

@@ -24,6 +24,9 @@ pub struct Metrics {
     pub reservations: IntGaugeVec,
     /// `kkp_quota_admission_batch_size`: requests decided in one pass.
     pub batch_size: Histogram,
+    /// `kkp_quota_webhook_connections_total`: TLS connections accepted (API servers keep them
+    /// alive, so this grows slowly when all is well).
+    pub connections: IntCounter,
     /// `kkp_quota_denial_events_total{result}`: created, updated (deduplicated), failed, dropped.
     pub events: IntCounterVec,
 }
@@ -84,6 +87,10 @@ impl Metrics {
             )
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
         )?;
+        let connections = IntCounter::new(
+            "kkp_quota_webhook_connections_total",
+            "TLS connections accepted by the admission server",
+        )?;
         let events = IntCounterVec::new(
             Opts::new(
                 "kkp_quota_denial_events_total",
@@ -100,6 +107,7 @@ impl Metrics {
         registry.register(Box::new(reservations.clone()))?;
         registry.register(Box::new(batch_size.clone()))?;
         registry.register(Box::new(events.clone()))?;
+        registry.register(Box::new(connections.clone()))?;
         // Every label value up front, so dashboards see zeros rather than gaps.
         for reason in Reason::ALL {
             for result in ["allowed", "denied"] {
@@ -116,6 +124,7 @@ impl Metrics {
             write_errors,
             reservations,
             batch_size,
+            connections,
             events,
         })
     }

@@ -204,6 +204,7 @@ pub async fn serve_https(
     listener: TcpListener,
     acceptor: TlsAcceptor,
     router: Router,
+    metrics: Metrics,
     token: CancellationToken,
 ) {
     let mut connections = JoinSet::new();
@@ -218,6 +219,7 @@ pub async fn serve_https(
                         continue;
                     }
                 };
+                metrics.connections.inc();
                 let acceptor = acceptor.clone();
                 let router = router.clone();
                 connections.spawn(async move {
