@@ -14,7 +14,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use base64::Engine as _;
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::Namespace;
@@ -208,6 +208,37 @@ impl ControlPlane {
     /// Whether kube-apiserver is running (not stopped by [`stop_apiserver`](Self::stop_apiserver)).
     pub fn apiserver_running(&self) -> bool {
         self.apiserver().is_some()
+    }
+
+    /// Freezes kube-apiserver (SIGSTOP): connections are still accepted by the kernel but nothing
+    /// answers, as behind a network partition that drops packets. Requests hang until the
+    /// caller's own timeout, which is what timeout handling must be tested against ("connection
+    /// refused" from [`stop_apiserver`](Self::stop_apiserver) is the easy case). Undo with
+    /// [`resume_apiserver`](Self::resume_apiserver); dropping a paused control plane is fine.
+    pub fn pause_apiserver(&self) -> Result<()> {
+        self.signal_apiserver("STOP")
+    }
+
+    /// Continues a kube-apiserver frozen by [`pause_apiserver`](Self::pause_apiserver) (SIGCONT).
+    pub fn resume_apiserver(&self) -> Result<()> {
+        self.signal_apiserver("CONT")
+    }
+
+    fn signal_apiserver(&self, signal: &str) -> Result<()> {
+        let pid = self
+            .apiserver()
+            .as_ref()
+            .map(Proc::pid)
+            .with_context(|| format!("{}: kube-apiserver is stopped", self.name))?;
+        // `kill(1)`: sending a signal from Rust needs `unsafe` or another crate.
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .context("running kill")?;
+        ensure!(status.success(), "kill -{signal} {pid}: {status}");
+        tracing::info!(cluster = self.name, signal, "kube-apiserver signalled");
+        Ok(())
     }
 
     /// Kills kube-apiserver (SIGKILL, like a crash or a network cut) and waits until it is gone;

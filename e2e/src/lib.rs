@@ -21,8 +21,9 @@
 //!   tail of the process's log.
 //! - [`ControlPlane`]: `client()`, `config()`, `kubeconfig_yaml()`, `kubeconfig_path()`, `url()`,
 //!   `port()`, `ca_pem()`, `kubeconfig_for_user(user, groups)` (RBAC tests), `pids()`,
-//!   `apiserver_log()`, `etcd_log()`, `stop_apiserver().await`, `start_apiserver().await`,
-//!   `apiserver_running()`. Dropping it (also on panic) kills and reaps both processes and removes
+//!   `apiserver_log()`, `etcd_log()`, `stop_apiserver().await` (SIGKILL: connection refused),
+//!   `start_apiserver().await` (same port, etcd and certificates), `pause_apiserver()` /
+//!   `resume_apiserver()` (SIGSTOP/SIGCONT: requests hang, like a partition), `apiserver_running()`. Dropping it (also on panic) kills and reaps both processes and removes
 //!   the temp dir.
 //! - [`client_from_kubeconfig`]`(&str)`: a client from kubeconfig text (e.g. from a Secret).
 //!

@@ -259,3 +259,33 @@ async fn components_are_logged_and_killed_on_drop() {
     drop(running);
     assert!(!procfs::is_running(pid), "component {pid} survived drop");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_apiserver_hangs_requests_until_resumed() {
+    let cp = ControlPlane::start("pause").await.unwrap();
+    let api = Api::<ConfigMap>::namespaced(cp.client(), "default");
+    api.create(&PostParams::default(), &config_map("before", "1"))
+        .await
+        .unwrap();
+
+    cp.pause_apiserver().unwrap();
+    // The process is stopped: the request cannot be answered, however long we wait.
+    let hung = tokio::time::timeout(Duration::from_secs(1), api.get("before")).await;
+    assert!(hung.is_err(), "a paused apiserver answered: {hung:?}");
+
+    cp.resume_apiserver().unwrap();
+    wait_for(
+        Duration::from_secs(30),
+        "the resumed apiserver to answer",
+        || async { api.get("before").await.map(|cm| cm.data) },
+    )
+    .await
+    .unwrap();
+    // Dropping a paused control plane must still clean up.
+    cp.pause_apiserver().unwrap();
+    let pids = cp.pids();
+    drop(cp);
+    for pid in pids {
+        assert!(!procfs::is_running(pid), "process {pid} survived");
+    }
+}
