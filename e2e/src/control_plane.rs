@@ -484,20 +484,27 @@ async fn start_etcd(binaries: &Path, dir: &Path) -> Result<(Proc, String)> {
         let client_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let data = dir.join("etcd-data");
+        // Unique across processes (the temp dir's random name), so that readiness can tell our
+        // etcd from another one on the same port.
+        let member = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("etcd")
+            .to_owned();
         let args = vec![
-            "--name=etcd".to_owned(),
+            format!("--name={member}"),
             format!("--data-dir={}", data.display()),
             format!("--listen-client-urls={client_url}"),
             format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={peer_url}"),
             format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=etcd={peer_url}"),
+            format!("--initial-cluster={member}={peer_url}"),
             "--unsafe-no-fsync=true".to_owned(),
             "--log-level=warn".to_owned(),
         ];
         let mut proc = Proc::spawn("etcd", &binaries.join("etcd"), &args, &dir.join("etcd.log"))?;
         let result = wait_process(&mut proc, STARTUP_TIMEOUT, "/health", || {
-            etcd_healthy(client_port)
+            etcd_ready(client_port, &member)
         })
         .await;
         match result.map_err(classify) {
@@ -515,23 +522,38 @@ async fn start_etcd(binaries: &Path, dir: &Path) -> Result<(Proc, String)> {
         .context("no free port"))
 }
 
-/// `GET /health` on etcd's client port, over plain HTTP/1.0.
-async fn etcd_healthy(port: u16) -> Result<()> {
+/// Healthy, and ours: `GET /health`, then the member list must name `member` (a port picked as
+/// free may have been taken by another test's etcd, which would answer `/health` just as well).
+async fn etcd_ready(port: u16, member: &str) -> Result<()> {
+    let health = etcd_request(port, "GET /health", "").await?;
+    ensure!(
+        health.contains("\"health\":\"true\""),
+        "etcd not healthy yet: {health}"
+    );
+    let members = etcd_request(port, "POST /v3/cluster/member/list", "{}").await?;
+    ensure!(
+        members.contains(&format!("\"name\":\"{member}\"")),
+        "the etcd on port {port} is not ours (member {member}): {members}"
+    );
+    Ok(())
+}
+
+/// One plain HTTP/1.0 request to etcd's client port; the body of a 200 answer.
+async fn etcd_request(port: u16, request_line: &str, body: &str) -> Result<String> {
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
-        .await?;
+    let request = format!(
+        "{request_line} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    if (response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"))
-        && response.contains("\"health\":\"true\"")
-    {
-        return Ok(());
-    }
-    bail!(
-        "etcd not healthy yet: {}",
-        response.lines().last().unwrap_or_default()
-    )
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    ensure!(
+        head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"),
+        "{request_line}: {head}"
+    );
+    Ok(body.to_owned())
 }
 
 /// Polls `check` until it succeeds; fails at once, with the log's tail, if the process exits,
