@@ -169,8 +169,16 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
         on_cluster.message.as_deref(),
         Some(r#"a Machine needs 1 cpu, project "demo" uses 16 of 16 cpu"#)
     );
-    assert_eq!(webhook.metrics.events.with_label_values(&["created"]).get(), 2);
-    assert_eq!(webhook.metrics.events.with_label_values(&["updated"]).get(), 2);
+    // The counter moves just after the API call returns: wait for it rather than race it.
+    let events = webhook.metrics.events.clone();
+    wait_for(Duration::from_secs(10), "2 Events created, 2 updated", || {
+        let counts = (
+            events.with_label_values(&["created"]).get(),
+            events.with_label_values(&["updated"]).get(),
+        );
+        async move { counts == (2, 2) }
+    })
+    .await?;
     webhook.kill().await;
     Ok(())
 }
