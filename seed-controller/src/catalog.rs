@@ -17,6 +17,8 @@ use crate::Shared;
 
 pub const CONFIG_MAP: &str = "kkp-quota-size-catalog";
 pub const KEY: &str = "catalog.yaml";
+/// How long counting waits for the admin catalog before going on with the shipped one.
+const GIVE_UP_WAITING: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// What the catalog `ConfigMap` says: a catalog, or why it cannot be used.
 pub fn catalog_from(config_map: Option<&ConfigMap>) -> Result<SizeCatalog, String> {
@@ -37,6 +39,7 @@ pub async fn run(shared: Arc<Shared>) {
     let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}"));
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut current: Option<String> = None;
+    let started = std::time::Instant::now();
     let mut seen = false;
     while let Some(event) = stream.next().await {
         let object = match event {
@@ -67,6 +70,21 @@ pub async fn run(shared: Arc<Shared>) {
             }
             Err(e) => {
                 warn!(error = %e, "size catalog watch failed; retrying");
+                if started.elapsed() >= GIVE_UP_WAITING {
+                    let first = {
+                        let mut state = shared.state();
+                        let first = !state.catalog_loaded;
+                        state.catalog_loaded = true;
+                        first
+                    };
+                    if first {
+                        error!(
+                            "cannot read ConfigMap {CONFIG_MAP}; counting with the shipped catalog until it can be read"
+                        );
+                        shared.metrics.catalog_errors.inc();
+                        shared.wake_writer();
+                    }
+                }
                 continue;
             }
         };

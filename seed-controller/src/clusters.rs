@@ -7,7 +7,7 @@
 //! Machines and keeps the webhook configuration. A task that cannot reach its cluster marks it
 //! unreachable (its last usage stays) and retries with backoff; it never blocks another task.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,6 +26,9 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::state::{MachineEvent, Reachability};
 use crate::{AbortOnDrop, Error, Shared, webhook_config};
+
+/// How long the recount waits before confirming a difference with a second listing.
+const RECOUNT_CONFIRM_AFTER: Duration = Duration::from_secs(3);
 
 struct Task {
     namespace: String,
@@ -293,21 +296,34 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     let mut recount = tokio::time::interval(shared.config.resync_period);
     recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recount.tick().await;
+    // A cluster that does not answer at all (no error, no listing) is reported unreachable after
+    // --user-cluster-timeout, so it neither holds up readiness nor looks healthy.
+    let first_listing = tokio::time::sleep(shared.config.user_cluster_timeout);
+    tokio::pin!(first_listing);
+    let mut listed_once = false;
+    let mut suspect: Option<BTreeSet<String>> = None;
+    let mut confirm_at = tokio::time::Instant::now();
     loop {
         tokio::select! {
+            () = &mut first_listing, if !listed_once => {
+                listed_once = true;
+                if !shared.state().clusters.get(&name).is_some_and(|c| c.synced) {
+                    set_reachability(
+                        &shared,
+                        &name,
+                        Reachability::Unreachable(format!(
+                            "the Machines could not be listed within {:?}",
+                            shared.config.user_cluster_timeout
+                        )),
+                    );
+                }
+            }
             event = machines.next() => match event {
                 Some(Ok(Event::Init)) => buffer.clear(),
                 Some(Ok(Event::InitApply(machine))) => buffer.push(machine),
                 Some(Ok(Event::InitDone)) => {
-                    set_reachability(&shared, &name, Reachability::Reachable);
-                    let listed = std::mem::take(&mut buffer);
-                    let count = listed.len();
-                    let drift = shared.state().cluster_listed(&name, listed);
-                    match drift {
-                        None => info!(machines = count, "user cluster's Machines listed"),
-                        Some(drift) => report_drift(&shared, &name, &drift, "re-list after watch restart"),
-                    }
-                    shared.wake_writer();
+                    listed_once = true;
+                    listed(&shared, &name, std::mem::take(&mut buffer));
                 }
                 Some(Ok(Event::Apply(machine))) => {
                     set_reachability(&shared, &name, Reachability::Reachable);
@@ -320,32 +336,86 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
                         shared.wake_writer();
                     }
                 }
-                Some(Err(e)) => {
-                    shared.metrics.watch_restarts.with_label_values(&[&name]).inc();
-                    // 410 Gone only means "list again"; anything else means we cannot see
-                    // the cluster's Machines right now.
-                    if matches!(&e, watcher::Error::WatchError(status) if status.code == 410) {
-                        info!(error = %e, "Machine watch expired; listing again");
-                    } else {
-                        set_reachability(&shared, &name, Reachability::Unreachable(e.to_string()));
-                    }
-                }
+                Some(Err(e)) => watch_failed(&shared, &name, &e),
                 None => return,
             },
             _ = recount.tick() => {
-                let listed = tokio::time::timeout(shared.config.user_cluster_timeout, api.list(&ListParams::default())).await;
-                match listed {
-                    Ok(Ok(list)) => {
-                        if let Some(drift) = shared.state().cluster_listed(&name, list.items) {
-                            report_drift(&shared, &name, &drift, "periodic recount");
-                        }
-                        shared.wake_writer();
-                    }
-                    Ok(Err(e)) => warn!(error = %e, "periodic recount could not list Machines"),
-                    Err(_) => warn!("periodic recount timed out"),
-                }
+                suspect = recount_cluster(&shared, &name, &api, None).await;
+                confirm_at = tokio::time::Instant::now() + RECOUNT_CONFIRM_AFTER;
+            }
+            () = tokio::time::sleep_until(confirm_at), if suspect.is_some() => {
+                recount_cluster(&shared, &name, &api, suspect.take()).await;
             }
         }
+    }
+}
+
+/// The safety net, in two listings: the first finds differences from the watched state (returned
+/// as suspects); the second, [`RECOUNT_CONFIRM_AFTER`] later, confirms those still there, and only
+/// then is the state corrected and the drift reported (so events in flight are not called drift).
+async fn recount_cluster(
+    shared: &Shared,
+    name: &str,
+    api: &Api<Machine>,
+    suspects: Option<BTreeSet<String>>,
+) -> Option<BTreeSet<String>> {
+    let listed = tokio::time::timeout(
+        shared.config.user_cluster_timeout,
+        api.list(&ListParams::default()),
+    )
+    .await;
+    let items = match listed {
+        Ok(Ok(list)) => list.items,
+        Ok(Err(e)) => {
+            warn!(error = %e, "periodic recount could not list Machines");
+            return None;
+        }
+        Err(_) => {
+            warn!("periodic recount timed out");
+            return None;
+        }
+    };
+    let diff = shared.state().diff_listing(name, &items);
+    let Some(suspects) = suspects else {
+        return (!diff.is_empty()).then_some(diff);
+    };
+    let confirmed: Vec<&String> = suspects.intersection(&diff).collect();
+    if confirmed.is_empty() {
+        return None;
+    }
+    warn!(machines = ?confirmed, "recount found Machines the watch missed");
+    if let Some(drift) = shared.state().cluster_listed(name, items) {
+        report_drift(shared, name, &drift, "periodic recount");
+    }
+    shared.wake_writer();
+    None
+}
+
+/// A complete listing from the watch (first sync, or catching up after the watch restarted).
+fn listed(shared: &Shared, name: &str, machines: Vec<Machine>) {
+    set_reachability(shared, name, Reachability::Reachable);
+    let count = machines.len();
+    match shared.state().cluster_listed(name, machines) {
+        None => info!(machines = count, "user cluster's Machines listed"),
+        Some(drift) if !drift.is_empty() => info!(
+            added = drift.added,
+            removed = drift.removed,
+            resized = drift.resized,
+            "caught up after the watch restarted"
+        ),
+        Some(_) => {}
+    }
+    shared.wake_writer();
+}
+
+fn watch_failed(shared: &Shared, name: &str, e: &watcher::Error) {
+    shared.metrics.watch_restarts.with_label_values(&[name]).inc();
+    // 410 Gone only means "list again"; anything else means we cannot see the cluster's
+    // Machines right now.
+    if matches!(e, watcher::Error::WatchError(status) if status.code == 410) {
+        info!(error = %e, "Machine watch expired; listing again");
+    } else {
+        set_reachability(shared, name, Reachability::Unreachable(e.to_string()));
     }
 }
 

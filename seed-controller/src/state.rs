@@ -294,6 +294,36 @@ impl State {
         self.mark(cluster_name);
     }
 
+    /// Where a listing differs from what the watch built: `+uid` missing, `-uid` gone, `~uid`
+    /// changed. Used by the recount to confirm a difference on a second listing before calling
+    /// it drift (a difference seen once may be an event still in flight).
+    pub fn diff_listing(&self, cluster_name: &str, machines: &[Machine]) -> BTreeSet<String> {
+        let Some(cluster) = self.clusters.get(cluster_name) else {
+            return BTreeSet::new();
+        };
+        let mut diff = BTreeSet::new();
+        let mut listed = HashSet::with_capacity(machines.len());
+        for machine in machines {
+            let Some(uid) = machine.uid() else { continue };
+            match cluster.machines.get(&uid) {
+                None => {
+                    diff.insert(format!("+{uid}"));
+                }
+                Some(old) if old.spec.spec != machine.spec => {
+                    diff.insert(format!("~{uid}"));
+                }
+                Some(_) => {}
+            }
+            listed.insert(uid);
+        }
+        for uid in cluster.machines.keys() {
+            if !listed.contains(uid) {
+                diff.insert(format!("-{uid}"));
+            }
+        }
+        diff
+    }
+
     /// A complete listing of a cluster's Machines (initial sync, re-list after a watch failure,
     /// or the periodic recount). Returns the drift corrected, `None` on the first listing.
     pub fn cluster_listed(&mut self, cluster_name: &str, machines: Vec<Machine>) -> Option<Drift> {

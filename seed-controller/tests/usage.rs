@@ -117,7 +117,10 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     let m0_spec = aws("t3.medium");
     create_machine(&alpha, "m0", &m0_spec).await;
 
-    let config = Config::for_tests("seed");
+    let mut config = Config::for_tests("seed");
+    // Recount every second: the safety net runs throughout, and must not mistake events in
+    // flight for drift.
+    config.resync_period = std::time::Duration::from_secs(1);
     let running = start_controller(&seed_cp, config.clone()).await;
     e2e::wait_for(WAIT, "controller ready", || async {
         running.readiness.is_ready()
@@ -358,6 +361,9 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
         .unwrap_or(0.0)
             >= 1.0
     );
+
+    let drift = metric(&running.metrics, "kkp_quota_usage_drift_corrections_total", &[]);
+    assert!(drift.unwrap_or(0.0) < 1.0, "no drift expected, got {drift:?}");
 
     // --- Restart mid-run: changes while down, and an admitted Machine with its reservation. ---
     running.stop().await;
