@@ -1,0 +1,77 @@
+//! The `seed-controller` binary as deployed: flags, leader election on a Lease in the seed's
+//! `kubermatic` namespace, `/healthz`, `/readyz` (after the initial sync) and `/metrics`.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Api;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_elects_a_leader_serves_ops_and_counts() {
+    init_logs();
+    let (seed_cp, user_cp) =
+        tokio::try_join!(e2e::ControlPlane::start("seed"), e2e::ControlPlane::start("user")).unwrap();
+    let seed = seed_cp.client();
+    ensure_namespace(&seed, "kubermatic").await;
+    register_cluster(&seed, "alpha", "demo", &user_cp.kubeconfig_yaml()).await;
+    create_quota_copy(&seed, "demo", "100").await;
+    let spec = aws("t3.medium");
+    create_machine(&user_cp.client(), "m0", &spec).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seed-controller"))
+        .args([
+            &format!("--kubeconfig={}", seed_cp.kubeconfig_path().display()),
+            "--seed-name=seed",
+            &format!("--metrics-address=127.0.0.1:{port}"),
+            "--lease-duration=6s",
+        ])
+        .env("SEED_CONTROLLER_RESYNC_PERIOD", "30s")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let http = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    e2e::wait_for(WAIT, "/healthz", || async {
+        http.get(format!("{base}/healthz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await
+    .unwrap();
+    e2e::wait_for(WAIT, "/readyz", || async {
+        http.get(format!("{base}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await
+    .unwrap();
+    let leases: Api<Lease> = Api::namespaced(seed.clone(), "kubermatic");
+    let lease = leases.get("kkp-quota-seed-controller").await.unwrap();
+    assert!(lease.spec.unwrap().holder_identity.is_some_and(|h| !h.is_empty()));
+    wait_local_usage(&seed, "demo", &size_of(&spec)).await;
+    let metrics = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"kkp_quota_local_usage{project="demo",resource="cpu"} 2"#),
+        "{metrics}"
+    );
+    assert!(metrics.contains(r#"kkp_quota_cluster_usage{cluster="alpha",project="demo",resource="cpu"} 2"#));
+    child.kill().await.unwrap();
+}
