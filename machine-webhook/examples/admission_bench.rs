@@ -29,7 +29,7 @@ use machine_webhook::{Config, Webhook};
 use prometheus::core::Metric as _;
 use serde_json::json;
 
-const CLIENTS: usize = 16;
+const DEFAULT_CLIENTS: usize = 16;
 const USERS: [&str; 3] = ["alpha", "beta", "delta"];
 const PROJECT: &str = "demo";
 const NS: &str = "kube-system";
@@ -112,32 +112,39 @@ async fn wait_enforced(user: &Client, enforced: bool) -> Result<()> {
     .map(|_| ())
 }
 
-/// Emulated seed-controller: counts reserved Machines into localUsage and drops their
-/// reservations, in one compare-and-swap write, every 100 ms.
+/// Emulated seed-controller: every 100 ms counts the reserved Machines into localUsage and drops
+/// their reservations, in one compare-and-swap write, re-reading and retrying at once on a
+/// conflict (the webhook writes back to back under load; waiting would starve this writer).
 async fn drain_ledger(seed: Client) {
     let api: Api<ResourceQuota> = Api::all(seed);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let Ok(quota) = api.get("project-demo").await else {
-            continue;
-        };
-        let status = quota.status.clone().unwrap_or_default();
-        if status.reservations.is_empty() {
-            continue;
+        for _ in 0..20 {
+            let Ok(quota) = api.get("project-demo").await else {
+                break;
+            };
+            let status = quota.status.clone().unwrap_or_default();
+            if status.reservations.is_empty() {
+                break;
+            }
+            let Ok(reserved) = kkp_quota_crds::ledger::reserved_total(&status.reservations) else {
+                break;
+            };
+            let Ok(local) = status.local_usage.unwrap_or_default().checked_add(&reserved) else {
+                break;
+            };
+            let patch = json!({
+                "metadata": {"resourceVersion": quota.metadata.resource_version},
+                "status": {"localUsage": local, "reservations": null},
+            });
+            match api
+                .patch_status("project-demo", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                _ => break,
+            }
         }
-        let Ok(reserved) = kkp_quota_crds::ledger::reserved_total(&status.reservations) else {
-            continue;
-        };
-        let Ok(local) = status.local_usage.unwrap_or_default().checked_add(&reserved) else {
-            continue;
-        };
-        let patch = json!({
-            "metadata": {"resourceVersion": quota.metadata.resource_version},
-            "status": {"localUsage": local, "reservations": null},
-        });
-        let _ = api
-            .patch_status("project-demo", &PatchParams::default(), &Patch::Merge(&patch))
-            .await;
     }
 }
 
@@ -149,9 +156,15 @@ struct Phase {
     latencies: Vec<Duration>,
 }
 
-async fn run_phase(users: &[Client], enforced: bool, round: usize, per_client: usize) -> Result<Phase> {
+async fn run_phase(
+    users: &[Client],
+    enforced: bool,
+    round: usize,
+    clients: usize,
+    per_client: usize,
+) -> Result<Phase> {
     let started = Instant::now();
-    let clients = (0..CLIENTS).map(|c| {
+    let clients = (0..clients).map(|c| {
         let api: Api<Machine> = Api::namespaced(users[c % users.len()].clone(), NS);
         async move {
             let mut latencies = Vec::with_capacity(per_client);
@@ -245,6 +258,7 @@ async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let per_client: usize = args.get(1).map_or(Ok(40), |a| a.parse())?;
     let rounds: usize = args.get(2).map_or(Ok(3), |a| a.parse())?;
+    let clients: usize = args.get(3).map_or(Ok(DEFAULT_CLIENTS), |a| a.parse())?;
     let mut spec = FleetSpec::empty().with_seed("seed-a").with_project(PROJECT);
     for user in USERS {
         spec = spec.with_user_cluster(user, "seed-a", PROJECT);
@@ -318,7 +332,14 @@ async fn main() -> Result<()> {
                     .context("switching enforcement")?;
             }
             let snapshot = buckets(&metrics);
-            let phase = run_phase(&users, enforced, round * 2 + usize::from(enforced), per_client).await?;
+            let phase = run_phase(
+                &users,
+                enforced,
+                round * 2 + usize::from(enforced),
+                clients,
+                per_client,
+            )
+            .await?;
             if enforced {
                 if before.is_empty() {
                     before = snapshot;
@@ -366,11 +387,11 @@ async fn main() -> Result<()> {
     writeln!(md, "# machine-webhook: admission throughput and latency\n")?;
     writeln!(
         md,
-        "Measured by `cargo run -p machine-webhook --example admission_bench -- {per_client} {rounds}` \
+        "Measured by `cargo run -p machine-webhook --example admission_bench -- {per_client} {rounds} {clients}` \
          (dev profile: dependencies at opt-level 2, this crate unoptimised) on the shared 2-core build machine, \
          with everything on it: one seed and {} user clusters (each a real etcd + kube-apiserver), the webhook \
          in-process, and an emulated seed-controller draining the ledger every 100 ms with compare-and-swap writes. \
-         {CLIENTS} concurrent clients, spread over the user clusters, each creating {per_client} Machines one after \
+         {clients} concurrent clients, spread over the user clusters, each creating {per_client} Machines one after \
          another; phases alternate without and with the webhook ({rounds} of each, same run). The quota is never \
          reached, so every create with the webhook is decided, reserved and written to the ledger.\n",
         USERS.len()
@@ -430,7 +451,14 @@ async fn main() -> Result<()> {
             p.creates as f64 / p.elapsed.as_secs_f64()
         )?;
     }
-    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("results/admission.md");
+    let file = if clients == DEFAULT_CLIENTS {
+        "admission.md".to_owned()
+    } else {
+        format!("admission-{clients}-clients.md")
+    };
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("results")
+        .join(file);
     std::fs::create_dir_all(out.parent().context("results dir")?)?;
     std::fs::write(&out, &md)?;
     print!("{md}");

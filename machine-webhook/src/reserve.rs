@@ -37,6 +37,9 @@ pub struct ReserverConfig {
     pub max_attempts: u32,
     /// A project's worker stops after this long without requests.
     pub idle: Duration,
+    /// A batch not decided and written within this time is denied with reason `error` (the API
+    /// server gives up on the webhook after its `timeoutSeconds`, 5 s, anyway).
+    pub deadline: Duration,
 }
 
 impl Default for ReserverConfig {
@@ -45,6 +48,7 @@ impl Default for ReserverConfig {
             max_batch: 256,
             max_attempts: 10,
             idle: Duration::from_mins(1),
+            deadline: Duration::from_secs(4),
         }
     }
 }
@@ -226,7 +230,15 @@ impl Reserver {
             .batch_size
             .observe(f64::from(u32::try_from(batch.len()).unwrap_or(u32::MAX)));
         let requests: Vec<Request> = batch.iter().map(|p| p.request.clone()).collect();
-        let verdicts = self.decide_and_write(project, &batch, &requests).await;
+        let decided = tokio::time::timeout(
+            self.inner.config.deadline,
+            self.decide_and_write(project, &batch, &requests),
+        )
+        .await;
+        let verdicts = decided.unwrap_or_else(|_| {
+            self.inner.metrics.write_errors.inc();
+            Self::error_verdicts(&requests, project, "the quota could not be updated in time")
+        });
         for (pending, verdict) in batch.into_iter().zip(verdicts) {
             let _ = pending.reply.send(verdict);
         }
