@@ -50,14 +50,19 @@ pub fn fleet_only() -> Vec<CrdFile> {
         },
     ];
     for file in &mut files {
-        file.crd
-            .metadata
-            .annotations
-            .get_or_insert_with(Default::default)
-            .insert(
-                PURPOSE_ANNOTATION.to_owned(),
-                "local fleet and tests only; KKP and machine-controller ship the real CRD".to_owned(),
+        let annotations = file.crd.metadata.annotations.get_or_insert_with(Default::default);
+        annotations.insert(
+            PURPOSE_ANNOTATION.to_owned(),
+            "local fleet and tests only; KKP and machine-controller ship the real CRD".to_owned(),
+        );
+        // `cluster.k8s.io` is a protected group (*.k8s.io): the API server refuses a CRD in it
+        // without this annotation.
+        if file.crd.spec.group.ends_with(".k8s.io") {
+            annotations.insert(
+                "api-approved.kubernetes.io".to_owned(),
+                "unapproved, stand-in for machine-controller's CRD in the local fleet".to_owned(),
             );
+        }
     }
     files
 }

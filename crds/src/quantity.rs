@@ -348,6 +348,10 @@ impl<'de> Deserialize<'de> for Quantity {
 
 /// A quantity as a non-negative string or integer, checked by the API server with the Kubernetes
 /// grammar (minus the sign), so malformed or negative limits never reach the controllers.
+///
+/// `minimum` and `pattern` sit side by side under `x-kubernetes-int-or-string`: each applies only
+/// to its own JSON type. (An `anyOf` of typed branches does not survive the structural-schema
+/// rewrite: the branches lose their types and then accept everything.)
 impl schemars::JsonSchema for Quantity {
     fn schema_name() -> std::borrow::Cow<'static, str> {
         "Quantity".into()
@@ -356,10 +360,8 @@ impl schemars::JsonSchema for Quantity {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "x-kubernetes-int-or-string": true,
-            "anyOf": [
-                {"type": "integer", "minimum": 0},
-                {"type": "string", "pattern": QUANTITY_PATTERN}
-            ]
+            "minimum": 0,
+            "pattern": QUANTITY_PATTERN
         })
     }
 
