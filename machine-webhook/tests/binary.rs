@@ -1,0 +1,97 @@
+//! The `machine-webhook` binary itself: flags, start-up against a real seed, `/readyz` only once
+//! synced, `/metrics` with the agreed names, HTTPS admission answers.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::Result;
+use common::*;
+use e2e::wait_for;
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
+    let seed = e2e::ControlPlane::start("bin-seed").await?;
+    let certs = certs()?;
+    let (https, ops) = (free_port()?, free_port()?);
+    let child = Command::new(env!("CARGO_BIN_EXE_machine-webhook"))
+        .arg("--kubeconfig")
+        .arg(seed.kubeconfig_path())
+        .args(["--listen-address", &format!("127.0.0.1:{https}")])
+        .arg("--tls-cert-file")
+        .arg(&certs.paths.cert)
+        .arg("--tls-key-file")
+        .arg(&certs.paths.key)
+        .args(["--metrics-address", &format!("127.0.0.1:{ops}")])
+        .env("LOG_JSON", "true")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _child = Killed(child);
+    let http = reqwest::Client::new();
+    wait_for(Duration::from_secs(30), "/readyz to answer 200", || {
+        let http = http.clone();
+        async move {
+            http.get(format!("http://127.0.0.1:{ops}/readyz"))
+                .send()
+                .await
+                .is_ok_and(|r| r.status().is_success())
+        }
+    })
+    .await?;
+    let metrics = http
+        .get(format!("http://127.0.0.1:{ops}/metrics"))
+        .send()
+        .await?
+        .text()
+        .await?;
+    for name in [
+        "kkp_quota_admissions_total",
+        "kkp_quota_admission_duration_seconds",
+        "kkp_quota_reservation_conflicts_total",
+        "kkp_quota_reservation_writes_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
+    // An admission request over HTTPS, for a cluster the seed does not know.
+    let https_client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(certs.webhook.ca_pem.as_bytes())?)
+        .build()?;
+    let body = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "resource": {"group": "cluster.k8s.io", "version": "v1alpha1", "resource": "machines"},
+            "name": "m",
+            "namespace": NS,
+            "operation": "CREATE",
+            "object": serde_json::to_value(machine("m", 1))?
+        }
+    });
+    let review: serde_json::Value = https_client
+        .post(format!("https://127.0.0.1:{https}/validate/machines/ghost"))
+        .json(&body)
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(review["response"]["uid"], "u-1");
+    assert_eq!(review["response"]["allowed"], false);
+    assert_eq!(review["response"]["status"]["reason"], "UnknownCluster");
+    Ok(())
+}
