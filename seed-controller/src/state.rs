@@ -602,3 +602,162 @@ fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
         message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::{Quantity, Resource};
+    use serde_json::json;
+
+    fn machine(uid: &str, instance_type: &str) -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": format!("m-{uid}"), "namespace": "kube-system", "uid": uid},
+            "spec": {"providerSpec": {"value": {"cloudProvider": "aws", "cloudProviderSpec": {"instanceType": instance_type, "diskSize": 10}}}},
+        }))
+        .unwrap()
+    }
+
+    fn cpu(usage: &ResourceDetails) -> Quantity {
+        usage.amount(Resource::Cpu)
+    }
+
+    fn state_with(clusters: &[(&str, &str)]) -> State {
+        let mut state = State::new(SizeCatalog::shipped());
+        for (name, project) in clusters {
+            state.upsert_cluster(name, Some((*project).to_owned()), None);
+        }
+        state
+    }
+
+    #[test]
+    fn projects_sum_their_clusters_only() {
+        let mut state = state_with(&[("a", "p"), ("b", "p"), ("c", "q")]);
+        state.cluster_listed("a", vec![machine("1", "t3.medium")]);
+        state.cluster_listed("b", vec![machine("2", "t3.xlarge")]);
+        state.cluster_listed("c", vec![machine("3", "t3.large")]);
+        assert_eq!(
+            cpu(&state.project_plan("p").unwrap().local_usage),
+            Quantity::from_units(6)
+        );
+        assert_eq!(
+            cpu(&state.project_plan("q").unwrap().local_usage),
+            Quantity::from_units(2)
+        );
+        state.machine_deleted("b", "2");
+        assert_eq!(
+            cpu(&state.project_plan("p").unwrap().local_usage),
+            Quantity::from_units(2)
+        );
+        state.remove_cluster("a");
+        assert!(state.project_plan("p").unwrap().local_usage.is_empty());
+    }
+
+    #[test]
+    fn unsynced_clusters_report_their_last_written_usage_and_are_unsettled() {
+        let mut state = State::new(SizeCatalog::shipped());
+        let mut usage = ResourceDetails::zero();
+        usage.set(Resource::Cpu, Some(Quantity::from_units(7)));
+        let status = ClusterStatus {
+            resource_usage: Some(usage),
+            ..ClusterStatus::default()
+        };
+        state.upsert_cluster("a", Some("p".into()), Some(status));
+        let plan = state.project_plan("p").unwrap();
+        assert_eq!(cpu(&plan.local_usage), Quantity::from_units(7));
+        assert!(plan.counted.unsettled.contains("a"));
+        // Listed: the real count replaces the baseline.
+        state.cluster_listed("a", vec![machine("1", "t3.medium")]);
+        let plan = state.project_plan("p").unwrap();
+        assert_eq!(cpu(&plan.local_usage), Quantity::from_units(2));
+        assert!(!plan.counted.unsettled.contains("a"));
+        // Unreachable: the count is kept, the cluster is unsettled again.
+        state.set_reachability("a", Reachability::Unreachable("down".into()));
+        let plan = state.project_plan("p").unwrap();
+        assert_eq!(cpu(&plan.local_usage), Quantity::from_units(2));
+        assert!(plan.counted.unsettled.contains("a"));
+        assert_eq!(
+            state.cluster_plan("a").unwrap().condition.reason,
+            "UserClusterUnreachable"
+        );
+    }
+
+    #[test]
+    fn only_machines_appearing_while_watched_are_bypass_candidates() {
+        let mut state = state_with(&[("a", "p")]);
+        state.machine_applied("a", machine("0", "t3.medium"), true);
+        assert!(
+            state.project_plan("p").unwrap().appeared.is_empty(),
+            "before the first listing"
+        );
+        state.cluster_listed("a", vec![machine("1", "t3.medium")]);
+        assert!(
+            state.project_plan("p").unwrap().appeared.is_empty(),
+            "first listing"
+        );
+        state.machine_applied("a", machine("2", "t3.medium"), true);
+        state.machine_applied("a", machine("1", "t3.medium"), true);
+        let appeared = state.project_plan("p").unwrap().appeared;
+        assert_eq!(appeared, vec![("a".to_owned(), "2".to_owned())]);
+        state.appeared_checked(&appeared, &[]);
+        assert!(state.project_plan("p").unwrap().appeared.is_empty());
+    }
+
+    #[test]
+    fn unsizeable_machines_are_reported_not_counted_and_a_catalog_fixes_them() {
+        let mut state = state_with(&[("a", "p")]);
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        state.set_events_sender("a", Some(sender));
+        state.cluster_listed("a", vec![machine("1", "t3.medium"), machine("2", "t9.nothing")]);
+        let plan = state.cluster_plan("a").unwrap();
+        assert_eq!(plan.condition.reason, "UnsizeableMachines");
+        assert!(plan.condition.message.contains("kube-system/m-2"));
+        assert_eq!(plan.unsizeable.values().sum::<usize>(), 1);
+        assert_eq!(cpu(plan.usage.as_ref().unwrap()), Quantity::from_units(2));
+        let event = receiver.try_recv().unwrap();
+        assert_eq!((event.uid.as_str(), event.reason), ("2", REASON_UNSIZEABLE));
+        // Listed again: no second Event.
+        state.cluster_listed("a", vec![machine("1", "t3.medium"), machine("2", "t9.nothing")]);
+        assert!(receiver.try_recv().is_err());
+        let admin = provider_sizes::AdminCatalog::parse(
+            "providers:\n  aws:\n    t9.nothing: {cpu: 3, memory: 1Gi}\n",
+        )
+        .unwrap();
+        state.set_catalog(SizeCatalog::shipped().with_admin(&admin));
+        let plan = state.cluster_plan("a").unwrap();
+        assert_eq!(plan.condition.reason, "AllMachinesCounted");
+        assert_eq!(cpu(plan.usage.as_ref().unwrap()), Quantity::from_units(5));
+    }
+
+    #[test]
+    fn diff_listing_names_what_the_watch_missed() {
+        let mut state = state_with(&[("a", "p")]);
+        state.cluster_listed("a", vec![machine("1", "t3.medium"), machine("2", "t3.medium")]);
+        let diff = state.diff_listing("a", &[machine("1", "t3.large"), machine("3", "t3.medium")]);
+        assert_eq!(
+            diff.into_iter().collect::<Vec<_>>(),
+            vec!["+3".to_owned(), "-2".to_owned(), "~1".to_owned()]
+        );
+        assert!(
+            state
+                .diff_listing("a", &[machine("1", "t3.medium"), machine("2", "t3.medium")])
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn cluster_writes_are_skipped_when_nothing_changed() {
+        let mut state = state_with(&[("a", "p")]);
+        assert!(
+            state.cluster_plan("a").unwrap().unchanged,
+            "still connecting: nothing to write"
+        );
+        state.cluster_listed("a", vec![machine("1", "t3.medium")]);
+        let plan = state.cluster_plan("a").unwrap();
+        assert!(!plan.unchanged);
+        state.cluster_written("a", plan.usage.clone(), plan.condition.clone());
+        assert!(state.cluster_plan("a").unwrap().unchanged);
+        state.machine_applied("a", machine("2", "t3.medium"), true);
+        assert!(!state.cluster_plan("a").unwrap().unchanged);
+    }
+}
