@@ -78,6 +78,7 @@ async fn single_admissions_on_a_real_fleet() -> Result<()> {
     unsizeable_is_denied_with_the_sizing_message(&api).await?;
     quota_below_usage_denies_with_a_warning(&seed, &api, webhook.address, &certs).await?;
     no_quota_and_unknown_cluster(&seed, webhook.address, &certs).await?;
+    admin_size_catalog_is_watched(&seed, &api).await?;
     certificate_is_reloaded_when_the_files_change(webhook.address, &certs).await?;
 
     let metrics = &webhook.metrics;
@@ -365,6 +366,49 @@ async fn certificate_is_reloaded_when_the_files_change(address: SocketAddr, cert
         .await
         .is_err(),
         "the old certificate is no longer served"
+    );
+    Ok(())
+}
+
+async fn admin_size_catalog_is_watched(
+    seed: &Client,
+    api: &Api<kkp_quota_crds::machine::Machine>,
+) -> Result<()> {
+    // A vSphere Machine without diskSizeGB: its root disk is the template's, unknown offline ...
+    let mut no_disk = machine("nodisk-1", 1);
+    if let Some(value) = no_disk.spec.provider_spec.value.as_mut() {
+        value["cloudProviderSpec"]
+            .as_object_mut()
+            .expect("object")
+            .remove("diskSizeGB");
+    }
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let message = denial(api.create(&dry_run, &no_disk).await);
+    assert!(message.contains("cannot be sized"), "{message}");
+    // ... until the admin says how big vSphere root disks are.
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(seed.clone(), "kubermatic");
+    let mut catalog = k8s_openapi::api::core::v1::ConfigMap::default();
+    catalog.metadata.name = Some("kkp-quota-size-catalog".into());
+    catalog.data = Some(BTreeMap::from([(
+        "catalog.yaml".to_owned(),
+        "rootDiskDefaults:\n  vsphere: 40Gi\n".to_owned(),
+    )]));
+    configmaps.create(&PostParams::default(), &catalog).await?;
+    wait_for(
+        Duration::from_secs(20),
+        "the admin catalog to size the Machine",
+        || {
+            let (api, no_disk, dry_run) = (api.clone(), no_disk.clone(), dry_run.clone());
+            async move { api.create(&dry_run, &no_disk).await.is_ok() }
+        },
+    )
+    .await?;
+    assert!(
+        reservations(seed.clone(), PROJECT).await?.is_empty(),
+        "a dry run reserves nothing"
     );
     Ok(())
 }
