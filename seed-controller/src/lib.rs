@@ -53,6 +53,8 @@ pub enum Error {
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Config(String),
+    #[error("{0}")]
+    Stopped(String),
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -241,14 +243,25 @@ impl Controller {
     pub async fn run(self) -> Result<(), Error> {
         let shared = self.shared;
         info!(seed = %shared.config.seed_name, "seed-controller starting");
-        let catalog = AbortOnDrop(tokio::spawn(catalog::run(Arc::clone(&shared))));
-        let quotas = AbortOnDrop(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
-        let writer = AbortOnDrop(tokio::spawn(writer::run(Arc::clone(&shared))));
-        let resync = AbortOnDrop(tokio::spawn(resync(Arc::clone(&shared))));
-        let clusters = clusters::run(Arc::clone(&shared));
-        let result = clusters.await;
-        drop((catalog, quotas, writer, resync));
-        result
+        let mut catalog = AbortOnDrop(tokio::spawn(catalog::run(Arc::clone(&shared))));
+        let mut quotas = AbortOnDrop(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
+        let mut writer = AbortOnDrop(tokio::spawn(writer::run(Arc::clone(&shared))));
+        let mut resync = AbortOnDrop(tokio::spawn(resync(Arc::clone(&shared))));
+        // None of these loops ends on its own: if one does (a panic), stop everything so the
+        // process is restarted rather than silently not counting.
+        let stopped = |what: &str, r: Result<(), tokio::task::JoinError>| {
+            Err(Error::Stopped(format!(
+                "{what} stopped: {}",
+                r.err().map_or_else(|| "returned".to_owned(), |e| e.to_string())
+            )))
+        };
+        tokio::select! {
+            result = clusters::run(Arc::clone(&shared)) => result,
+            r = &mut catalog.0 => stopped("size catalog watch", r),
+            r = &mut quotas.0 => stopped("quota watch", r),
+            r = &mut writer.0 => stopped("writer", r),
+            r = &mut resync.0 => stopped("resync", r),
+        }
     }
 }
 
