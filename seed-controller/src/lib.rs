@@ -313,3 +313,36 @@ pub async fn run(config: Config) -> Result<(), Error> {
     drop(ops);
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_the_usual_units() {
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_mins(2)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_hours(1)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-5s").is_err());
+    }
+
+    #[test]
+    fn flags_have_the_documented_defaults() {
+        let config = <Config as clap::Parser>::parse_from(["seed-controller"]);
+        assert_eq!(config.kubermatic_namespace, "kubermatic");
+        assert_eq!(config.machine_namespace, "kube-system");
+        assert_eq!(config.reservation_ttl, Duration::from_mins(2));
+        assert_eq!(config.resync_period, Duration::from_mins(5));
+        assert!(config.leader_elect);
+        assert!(config.webhook_url.is_none());
+        let config = <Config as clap::Parser>::parse_from([
+            "seed-controller",
+            "--leader-elect=false",
+            "--resync-period=1m",
+        ]);
+        assert!(!config.leader_elect);
+        assert_eq!(config.resync_period, Duration::from_mins(1));
+    }
+}
