@@ -44,4 +44,5 @@ test: system-deps control-plane lint rules-test
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) test --workspace --locked --no-fail-fast
 
 demo: control-plane
+	$(CARGO) build --locked --bins -p e2e -p master-controller -p seed-controller -p machine-webhook
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR)

@@ -1,17 +1,12 @@
-//! The project's own components (master-controller, seed-controller, machine-webhook) run beside
-//! a fleet, as child processes of the demo.
-//!
-//! To add one to `make demo`, push a [`ComponentSpec`] in [`demo_components`]: the demo spawns
-//! each after the fleet is up and its directory written (so `<dir>/<cluster>.kubeconfig` exist),
-//! logs it to `<dir>/logs/<name>.log`, and kills it before the fleet on shutdown. The binary must
-//! have been built (`cargo build -p <crate>`; the Makefile's `demo` target is the place) and is
-//! looked up beside the running `fleet` binary, in the same target directory.
+//! Child processes beside a fleet: a [`ComponentSpec`] names a workspace binary and its flags,
+//! [`spawn`] runs it with its output in `<log_dir>/<name>.log` and kills it on drop.
+//! [`crate::system`] uses this to run the whole quota system. Binaries are looked up beside the
+//! running executable, in the same target directory.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::Fleet;
 use crate::control_plane::Proc;
 
 /// A process to run beside the fleet.
@@ -40,19 +35,6 @@ impl ComponentSpec {
             args,
         })
     }
-}
-
-/// What `make demo` runs beside the fleet whose files are in `dir`. Empty until the components
-/// exist; e.g. later:
-///
-/// ```text
-/// ComponentSpec::workspace_bin("master-controller", vec![
-///     format!("--kubeconfig={}", dir.join("master.kubeconfig").display()),
-/// ])?
-/// ```
-pub fn demo_components(fleet: &Fleet, dir: &Path) -> Result<Vec<ComponentSpec>> {
-    let _ = (fleet, dir);
-    Ok(Vec::new())
 }
 
 /// A started component; dropping it kills (SIGKILL) and reaps the process.

@@ -51,14 +51,18 @@
 //! - [`certs::WebhookCerts::generate`]: CA + serving cert/key for `127.0.0.1`/`localhost`
 //!   (`write_to(dir)`, `ca_bundle()`), for the machine-webhook's HTTPS server.
 //! - [`procfs`]: `rss_bytes(pid)`, `is_running(pid)`.
-//! - [`components`]: what the demo runs beside the fleet (empty for now).
+//! - [`components`]: child processes beside a fleet, logged and killed on drop.
+//! - [`system`]: the whole quota system (master-controller, a seed-controller and a
+//!   machine-webhook per seed) as real processes beside a fleet, for the demo and end-to-end tests.
 
 pub mod assets;
 pub mod certs;
 pub mod components;
 pub mod control_plane;
+pub mod demo;
 pub mod fleet;
 pub mod procfs;
+pub mod system;
 pub mod wait;
 
 pub use control_plane::{ControlPlane, client_from_kubeconfig};

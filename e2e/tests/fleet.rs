@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use e2e::fleet::{KUBERMATIC_NAMESPACE, cluster_namespace};
 use e2e::{Fleet, FleetSpec, procfs, wait_for};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kkp_quota_crds::ResourceQuota;
 use kkp_quota_crds::kkp::{
     ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, PROJECT_ID_LABEL, Project, Seed,
 };
@@ -178,9 +180,15 @@ fn fleet_specs_are_validated() {
         .unwrap();
 }
 
-/// What `make demo` runs: one `fleet ready: <dir>` line, working files, clean exit on SIGTERM.
+/// What `make demo` runs: one `fleet ready: <dir>` line, the whole quota system working on the
+/// demo project (a fitting Machine admitted and counted up to the master, one too big refused
+/// with its reason), and a clean exit on SIGTERM.
 #[tokio::test(flavor = "multi_thread")]
-async fn the_demo_binary_comes_up_and_tears_down_on_sigterm() {
+async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
+    tokio::task::spawn_blocking(e2e::system::build_components)
+        .await
+        .unwrap()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let fleet_dir = dir.path().join("fleet");
     let mut child = Command::new(env!("CARGO_BIN_EXE_fleet"))
@@ -197,7 +205,7 @@ async fn the_demo_binary_comes_up_and_tears_down_on_sigterm() {
         reader.read_line(&mut first).unwrap();
         (first, reader)
     });
-    let (first, mut reader) = tokio::time::timeout(Duration::from_mins(3), line)
+    let (first, mut reader) = tokio::time::timeout(Duration::from_mins(4), line)
         .await
         .unwrap()
         .unwrap();
@@ -206,17 +214,86 @@ async fn the_demo_binary_comes_up_and_tears_down_on_sigterm() {
     let members: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fleet_dir.join("fleet.json")).unwrap()).unwrap();
     assert_eq!(members.len(), 6);
-    let yaml = std::fs::read_to_string(fleet_dir.join("seed-a.kubeconfig")).unwrap();
-    let seed_a = e2e::client_from_kubeconfig(&yaml).await.unwrap();
-    let clusters = Api::<Cluster>::all(seed_a)
+    let client_for = |name: &str| {
+        let yaml = std::fs::read_to_string(fleet_dir.join(format!("{name}.kubeconfig"))).unwrap();
+        async move { e2e::client_from_kubeconfig(&yaml).await.unwrap() }
+    };
+    let seed_a = client_for("seed-a").await;
+    let clusters = Api::<Cluster>::all(seed_a.clone())
         .list(&ListParams::default())
         .await
         .unwrap();
     assert_eq!(clusters.items.len(), 2);
 
+    // The demo quota reaches every seed, and the webhook configuration every user cluster.
+    for seed in ["seed-a", "seed-b"] {
+        let quotas = Api::<ResourceQuota>::all(client_for(seed).await);
+        wait_for(Duration::from_secs(60), &format!("demo quota on {seed}"), || {
+            let quotas = quotas.clone();
+            async move { quotas.get_opt("project-demo").await.ok().flatten().is_some() }
+        })
+        .await
+        .unwrap();
+    }
+    let alpha = client_for("alpha").await;
+    let webhooks = Api::<ValidatingWebhookConfiguration>::all(alpha.clone());
+    wait_for(Duration::from_secs(60), "webhook configuration in alpha", || {
+        let webhooks = webhooks.clone();
+        async move {
+            webhooks
+                .get_opt("kkp-quota-machines")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        }
+    })
+    .await
+    .unwrap();
+
+    // deploy/examples: the small Machine is admitted and counted up to the master ...
+    let machines = Api::<Machine>::namespaced(alpha, "kube-system");
+    let example = |file: &str| -> Machine {
+        let path = format!("{}/../deploy/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    machines
+        .create(&PostParams::default(), &example("machine-small.yaml"))
+        .await
+        .unwrap();
+    let master = Api::<ResourceQuota>::all(client_for("master").await);
+    wait_for(
+        Duration::from_secs(60),
+        "t3.medium in the master's globalUsage",
+        || {
+            let master = master.clone();
+            async move {
+                let quota = master.get("project-demo").await.ok()?;
+                let usage = quota.status?.global_usage?;
+                (usage.cpu == Some("2".parse().unwrap()) && usage.memory == Some("4Gi".parse().unwrap()))
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // ... and the one bigger than the whole quota is refused, saying why.
+    let refused = machines
+        .create(&PostParams::default(), &example("machine-too-big.yaml"))
+        .await
+        .unwrap_err();
+    let message = refused.to_string();
+    assert!(message.contains("worker-too-big"), "{message}");
+    assert!(message.contains("needs 32 cpu"), "{message}");
+    assert!(message.contains("of 16 cpu"), "{message}");
+
     let pid = child.id();
     let processes = procfs::children(pid);
-    assert_eq!(processes.len(), 12, "etcd + kube-apiserver per cluster");
+    assert_eq!(
+        processes.len(),
+        17,
+        "etcd + kube-apiserver per cluster, master-controller, a seed-controller and a webhook per seed"
+    );
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status()

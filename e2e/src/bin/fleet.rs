@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use e2e::{Fleet, FleetSpec, components};
+use e2e::system::System;
+use e2e::{Fleet, FleetSpec, demo};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -50,10 +51,29 @@ async fn main() -> Result<()> {
     };
     let elapsed = started.elapsed();
     fleet.write_dir(&args.dir)?;
-    let mut running = Vec::new();
-    for spec in components::demo_components(&fleet, &args.dir)? {
-        running.push(components::spawn(&spec, &args.dir.join("logs"))?);
+    let running = tokio::select! {
+        system = System::start(&fleet, &args.dir) => system?,
+        signal = &mut shutdown => {
+            tracing::info!(signal, "interrupted during startup; stopped");
+            return Ok(());
+        }
+    };
+    for component in &running.components {
+        tracing::info!(
+            component = component.name,
+            metrics = %component.metrics_address,
+            log = %component.log.display(),
+            "component ready"
+        );
     }
+    demo::write_demo_project(&fleet).await?;
+    tracing::info!(
+        "demo project `demo` has a quota of {} (kubectl --kubeconfig {dir}/master.kubeconfig get resourcequotas); \
+         try `kubectl --kubeconfig {dir}/alpha.kubeconfig apply -f deploy/examples/machine-small.yaml` (admitted) and \
+         `... -f deploy/examples/machine-too-big.yaml` (refused with the reason)",
+        demo::DEMO_QUOTA,
+        dir = args.dir.display()
+    );
     #[allow(clippy::cast_precision_loss)]
     let rss_mib = fleet.rss_bytes() as f64 / (1024.0 * 1024.0);
     tracing::info!(

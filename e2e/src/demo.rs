@@ -1,0 +1,53 @@
+//! The demo project `make demo` sets up: a quota for project `demo` on the master, which
+//! master-controller fans out to every seed.
+
+use anyhow::{Context, Result};
+use kkp_quota_crds::quota::{SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kube::Api;
+use kube::api::{ObjectMeta, Patch, PatchParams};
+
+use crate::Fleet;
+
+/// The demo project's quota, as written in the log line.
+pub const DEMO_QUOTA: &str = "cpu=16, memory=64Gi, storage=1Ti";
+
+/// A project quota named as KKP names them (`project-<id>`), with the subject labels.
+pub fn project_quota(project: &str, quota: ResourceDetails) -> ResourceQuota {
+    let mut object = ResourceQuota::new(
+        &format!("project-{project}"),
+        ResourceQuotaSpec {
+            subject: Subject::project(project),
+            quota,
+        },
+    );
+    object.metadata = ObjectMeta {
+        name: Some(format!("project-{project}")),
+        labels: Some(
+            [
+                (SUBJECT_NAME_LABEL.to_owned(), project.to_owned()),
+                (SUBJECT_KIND_LABEL.to_owned(), "project".to_owned()),
+            ]
+            .into(),
+        ),
+        ..ObjectMeta::default()
+    };
+    object
+}
+
+/// Writes (server-side apply) the demo project's quota on the master.
+pub async fn write_demo_project(fleet: &Fleet) -> Result<()> {
+    let quota: ResourceDetails = serde_json::from_value(serde_json::json!({
+        "cpu": "16", "memory": "64Gi", "storage": "1Ti"
+    }))?;
+    let object = project_quota("demo", quota);
+    Api::<ResourceQuota>::all(fleet.master().client())
+        .patch(
+            "project-demo",
+            &PatchParams::apply("kkp-quota-demo").force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .context("writing the demo project's quota")?;
+    Ok(())
+}

@@ -1,0 +1,194 @@
+//! The whole quota system beside a fleet: master-controller on the master, and a seed-controller
+//! and a machine-webhook per seed, each a real child process built from this workspace, with its
+//! ops endpoint on a free loopback port. Used by `make demo` and by the end-to-end tests.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::certs::WebhookCerts;
+use crate::components::{ComponentSpec, RunningComponent, spawn};
+use crate::{Fleet, Role};
+
+/// The binaries the system consists of.
+pub const COMPONENT_CRATES: [&str; 3] = ["master-controller", "seed-controller", "machine-webhook"];
+
+/// One running component and where its `/metrics`, `/healthz` and `/readyz` are served.
+#[derive(Debug)]
+pub struct Component {
+    pub name: String,
+    /// `master-controller`, `seed-controller` or `machine-webhook`.
+    pub kind: &'static str,
+    /// The seed it serves; `None` for master-controller.
+    pub seed: Option<String>,
+    pub metrics_address: SocketAddr,
+    pub log: PathBuf,
+    process: RunningComponent,
+}
+
+impl Component {
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+}
+
+/// The running system; dropping it kills every component.
+#[derive(Debug)]
+pub struct System {
+    pub components: Vec<Component>,
+    /// The CA that signs the webhooks' serving certificate.
+    pub webhook_ca: PathBuf,
+}
+
+/// A free loopback port (bound and released; good enough for local processes).
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Builds the component binaries (a no-op when they are fresh), so tests run the current code
+/// even under `cargo test -p e2e`. Set `KKP_QUOTA_SKIP_BUILD=1` to use what is there.
+pub fn build_components() -> Result<()> {
+    if std::env::var_os("KKP_QUOTA_SKIP_BUILD").is_some() {
+        return Ok(());
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(cargo);
+    command.args(["build", "--locked", "--bins"]);
+    for krate in COMPONENT_CRATES {
+        command.args(["-p", krate]);
+    }
+    command.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let status = command
+        .status()
+        .context("running cargo build for the components")?;
+    if !status.success() {
+        bail!("cargo build of the components failed ({status})");
+    }
+    Ok(())
+}
+
+impl System {
+    /// Starts every component for `fleet`, whose kubeconfigs were written to `dir` by
+    /// [`Fleet::write_dir`], and waits until each answers `/readyz`.
+    pub async fn start(fleet: &Fleet, dir: &Path) -> Result<System> {
+        let logs = dir.join("logs");
+        let certs = WebhookCerts::generate()?.write_to(&dir.join("webhook"))?;
+        let mut specs = Vec::new();
+        let kubeconfig = |name: &str| dir.join(format!("{name}.kubeconfig")).display().to_string();
+
+        let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        specs.push((
+            "master-controller",
+            None,
+            metrics,
+            ComponentSpec::workspace_bin(
+                "master-controller",
+                vec![
+                    format!("--kubeconfig={}", kubeconfig(crate::fleet::MASTER)),
+                    format!("--metrics-address={metrics}"),
+                    "--resync-period=30".to_owned(),
+                ],
+            )?,
+        ));
+        for member in fleet.members().into_iter().filter(|m| m.role == Role::Seed) {
+            let seed = member.name;
+            let webhook_port = free_port()?;
+            let webhook_metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            let mut webhook = ComponentSpec::workspace_bin(
+                "machine-webhook",
+                vec![
+                    format!("--kubeconfig={}", kubeconfig(&seed)),
+                    format!("--listen-address=127.0.0.1:{webhook_port}"),
+                    format!("--tls-cert-file={}", certs.cert.display()),
+                    format!("--tls-key-file={}", certs.key.display()),
+                    format!("--metrics-address={webhook_metrics}"),
+                ],
+            )?;
+            webhook.name = format!("machine-webhook-{seed}");
+            specs.push(("machine-webhook", Some(seed.clone()), webhook_metrics, webhook));
+
+            let seed_metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+            let mut controller = ComponentSpec::workspace_bin(
+                "seed-controller",
+                vec![
+                    format!("--kubeconfig={}", kubeconfig(&seed)),
+                    format!("--seed-name={seed}"),
+                    format!("--metrics-address={seed_metrics}"),
+                    format!("--webhook-url=https://127.0.0.1:{webhook_port}"),
+                    format!("--webhook-ca-file={}", certs.ca.display()),
+                    "--resync-period=1m".to_owned(),
+                ],
+            )?;
+            controller.name = format!("seed-controller-{seed}");
+            specs.push(("seed-controller", Some(seed), seed_metrics, controller));
+        }
+
+        let mut components = Vec::new();
+        for (kind, seed, metrics_address, spec) in specs {
+            if !spec.program.exists() {
+                bail!(
+                    "{} is not built; run `cargo build -p {kind}` (make demo does)",
+                    spec.program.display()
+                );
+            }
+            let process = spawn(&spec, &logs)?;
+            components.push(Component {
+                name: spec.name.clone(),
+                kind,
+                seed,
+                metrics_address,
+                log: logs.join(format!("{}.log", spec.name)),
+                process,
+            });
+        }
+        let system = System {
+            components,
+            webhook_ca: certs.ca,
+        };
+        system.wait_ready(Duration::from_secs(120)).await?;
+        Ok(system)
+    }
+
+    /// Waits until every component answers `/readyz` with 200.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        for component in &self.components {
+            let url = format!("http://{}/readyz", component.metrics_address);
+            let what = format!(
+                "{} ready at {url} (log: {})",
+                component.name,
+                component.log.display()
+            );
+            crate::wait_for(timeout, &what, || {
+                let http = http.clone();
+                let url = url.clone();
+                async move { http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// The components of one kind.
+    pub fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Component> + 'a {
+        self.components.iter().filter(move |c| c.kind == kind)
+    }
+
+    /// The text of every component's `/metrics`, concatenated.
+    pub async fn scrape_all(&self) -> Result<String> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        let mut text = String::new();
+        for component in &self.components {
+            let url = format!("http://{}/metrics", component.metrics_address);
+            text.push_str(&http.get(&url).send().await?.error_for_status()?.text().await?);
+        }
+        Ok(text)
+    }
+}

@@ -1,0 +1,288 @@
+//! A real Prometheus scrapes the running system and evaluates the shipped alert rules: lowering a
+//! quota below usage makes `KkpQuotaProjectOverQuota` go pending and then fire. Also checks that
+//! every metric the components export is documented, and that the rules' and dashboard's core
+//! metrics are really exported.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use e2e::components::{ComponentSpec, spawn};
+use e2e::system::{System, free_port};
+use e2e::{Fleet, FleetSpec, wait_for};
+use kkp_quota_crds::ResourceQuota;
+use kkp_quota_crds::machine::Machine;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+
+fn prometheus_config(system: &System, rules: &Path) -> String {
+    let mut jobs = String::new();
+    for component in &system.components {
+        jobs.push_str(&format!(
+            "  - job_name: {name}\n    static_configs:\n      - targets: ['{address}']\n",
+            name = component.name,
+            address = component.metrics_address
+        ));
+    }
+    format!(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n{jobs}",
+        rules = rules.display()
+    )
+}
+
+async fn query(http: &reqwest::Client, base: &str, path: &str) -> Option<Value> {
+    let body: Value = http
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()?;
+    (body["status"] == "success").then(|| body["data"].clone())
+}
+
+/// The state (`pending`/`firing`) of the over-quota alert for project `demo` and `cpu`, if active.
+async fn over_quota_state(http: &reqwest::Client, base: &str) -> Option<String> {
+    let data = query(http, base, "/api/v1/alerts").await?;
+    data["alerts"].as_array()?.iter().find_map(|alert| {
+        let labels = &alert["labels"];
+        (labels["alertname"] == "KkpQuotaProjectOverQuota"
+            && labels["project"] == "demo"
+            && labels["resource"] == "cpu")
+            .then(|| alert["state"].as_str().unwrap_or_default().to_owned())
+    })
+}
+
+fn documented_metrics() -> BTreeSet<String> {
+    let readme = std::fs::read_to_string(format!("{REPO}/README.md")).unwrap();
+    let table = readme
+        .split("## Metrics")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    table
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `kkp_quota_"))
+        .map(|rest| format!("kkp_quota_{}", rest.split('`').next().unwrap()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
+    tokio::task::spawn_blocking(e2e::system::build_components)
+        .await
+        .unwrap()
+        .unwrap();
+    let spec = FleetSpec::empty()
+        .with_seed("seed-a")
+        .with_project("demo")
+        .with_user_cluster("alpha", "seed-a", "demo");
+    let fleet = Fleet::start(spec).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fleet.write_dir(dir.path()).unwrap();
+    let system = System::start(&fleet, dir.path()).await.unwrap();
+
+    // Project demo: 8 cpu, two t3.medium Machines (2 cpu each) admitted through the webhook.
+    let master = Api::<ResourceQuota>::all(fleet.master().client());
+    let quota = |cpu: &str| {
+        let mut quota =
+            e2e::demo::project_quota("demo", serde_json::from_value(json!({ "cpu": cpu })).unwrap());
+        quota.metadata.managed_fields = None;
+        quota
+    };
+    master
+        .patch(
+            "project-demo",
+            &PatchParams::apply("alerting-test").force(),
+            &Patch::Apply(&quota("8")),
+        )
+        .await
+        .unwrap();
+    let seed_quotas = Api::<ResourceQuota>::all(fleet.seed("seed-a").client());
+    wait_for(Duration::from_secs(60), "quota copy on seed-a", || {
+        let seed_quotas = seed_quotas.clone();
+        async move { seed_quotas.get_opt("project-demo").await.ok().flatten().is_some() }
+    })
+    .await
+    .unwrap();
+    let webhooks = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+        fleet.user_cluster("alpha").client(),
+    );
+    wait_for(Duration::from_secs(60), "webhook configuration in alpha", || {
+        let webhooks = webhooks.clone();
+        async move {
+            webhooks
+                .get_opt("kkp-quota-machines")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        }
+    })
+    .await
+    .unwrap();
+    let machines = Api::<Machine>::namespaced(fleet.user_cluster("alpha").client(), "kube-system");
+    for name in ["worker-1", "worker-2"] {
+        let machine: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": name, "namespace": "kube-system"},
+            "spec": {"providerSpec": {"value": {"cloudProvider": "aws",
+                "cloudProviderSpec": {"instanceType": "t3.medium", "diskSize": 50, "region": "eu-central-1"}}}}
+        }))
+        .unwrap();
+        machines.create(&PostParams::default(), &machine).await.unwrap();
+    }
+    wait_for(
+        Duration::from_secs(60),
+        "4 cpu in the master's globalUsage",
+        || {
+            let master = master.clone();
+            async move {
+                let usage = master.get("project-demo").await.ok()?.status?.global_usage?;
+                (usage.cpu == Some("4".parse().unwrap())).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // A real Prometheus scraping every component with the shipped rules.
+    let prom_dir = dir.path().join("prometheus");
+    std::fs::create_dir_all(&prom_dir).unwrap();
+    let rules = Path::new(REPO).join("deploy/prometheus/kkp-quota.rules.yaml");
+    std::fs::write(
+        prom_dir.join("prometheus.yml"),
+        prometheus_config(&system, &rules),
+    )
+    .unwrap();
+    let port = free_port().unwrap();
+    let _prometheus = spawn(
+        &ComponentSpec {
+            name: "prometheus".to_owned(),
+            program: "prometheus".into(),
+            args: vec![
+                format!("--config.file={}", prom_dir.join("prometheus.yml").display()),
+                format!("--storage.tsdb.path={}", prom_dir.join("data").display()),
+                format!("--web.listen-address=127.0.0.1:{port}"),
+            ],
+        },
+        &prom_dir,
+    )
+    .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+
+    // Every target up, and the usage metric through Prometheus.
+    wait_for(Duration::from_secs(60), "every scrape target up", || {
+        let (http, base) = (http.clone(), base.clone());
+        let expected = system.components.len();
+        async move {
+            let data = query(&http, &base, "/api/v1/targets").await?;
+            let targets = data["activeTargets"].as_array()?;
+            (targets.len() == expected && targets.iter().all(|t| t["health"] == "up")).then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    wait_for(Duration::from_secs(60), "usage 4 cpu in Prometheus", || {
+        let (http, base) = (http.clone(), base.clone());
+        async move {
+            let data = query(
+                &http,
+                &base,
+                "/api/v1/query?query=kkp_quota_usage%7Bscope%3D%22global%22%2Cproject%3D%22demo%22%2Cresource%3D%22cpu%22%7D",
+            )
+            .await?;
+            (data["result"][0]["value"][1] == "4").then_some(())
+        }
+    })
+    .await
+    .unwrap();
+    // Within the quota: the alert is not active (give the rules a few evaluations).
+    let evaluations_before = std::time::Instant::now();
+    wait_for(Duration::from_secs(30), "three rule evaluations", || async {
+        evaluations_before.elapsed() > Duration::from_secs(3)
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        over_quota_state(&http, &base).await,
+        None,
+        "no over-quota alert while within quota"
+    );
+
+    // Lowered below usage (allowed): the alert goes pending, then fires after its `for: 1m`.
+    master
+        .patch(
+            "project-demo",
+            &PatchParams::apply("alerting-test").force(),
+            &Patch::Apply(&quota("2")),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        Duration::from_secs(60),
+        "over-quota alert pending or firing",
+        || {
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                over_quota_state(&http, &base)
+                    .await
+                    .filter(|s| s == "pending" || s == "firing")
+            }
+        },
+    )
+    .await
+    .unwrap();
+    wait_for(Duration::from_secs(150), "over-quota alert firing", || {
+        let (http, base) = (http.clone(), base.clone());
+        async move { over_quota_state(&http, &base).await.filter(|s| s == "firing") }
+    })
+    .await
+    .unwrap();
+
+    // What the components export is documented, and the core metrics of the rules and the
+    // dashboard are really there.
+    let documented = documented_metrics();
+    let exported: BTreeSet<String> = system
+        .scrape_all()
+        .await
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter(|name| name.starts_with("kkp_quota_"))
+        .map(str::to_owned)
+        .collect();
+    let undocumented: Vec<_> = exported.difference(&documented).collect();
+    assert!(
+        undocumented.is_empty(),
+        "exported but not in README's Metrics table: {undocumented:?}"
+    );
+    for core in [
+        "kkp_quota_limit",
+        "kkp_quota_usage",
+        "kkp_quota_over_limit",
+        "kkp_quota_seed_stale",
+        "kkp_quota_seed_last_sync_timestamp_seconds",
+        "kkp_quota_cluster_usage",
+        "kkp_quota_local_usage",
+        "kkp_quota_user_cluster_unreachable",
+        "kkp_quota_admissions_total",
+        "kkp_quota_admission_duration_seconds",
+    ] {
+        assert!(
+            exported.contains(core),
+            "{core} is not exported; exported: {exported:?}"
+        );
+    }
+}
