@@ -13,7 +13,10 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, Result, ensure};
 use common::*;
 use e2e::{Fleet, FleetSpec, wait_for};
-use kkp_quota_crds::kkp::{DefaultProjectResourceQuota, KubermaticSetting, KubermaticSettingSpec, Project};
+use k8s_openapi::api::core::v1::Secret;
+use kkp_quota_crds::kkp::{
+    DefaultProjectResourceQuota, KubermaticSetting, KubermaticSettingSpec, Project, Seed,
+};
 use kkp_quota_crds::quota::{
     DEFAULT_QUOTA_LABEL, SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL,
 };
@@ -134,6 +137,7 @@ async fn master_controller_on_a_real_fleet() -> Result<()> {
     orphan_copies_removed(&world).await.context("orphan copies")?;
     default_quota(&world).await.context("default quota")?;
     seed_down_and_back(&world).await.context("stale seed")?;
+    seed_set_changes(&world).await.context("seed set changes")?;
     delete_converges(&world).await.context("deletion")?;
     ensure!(!world.controller.is_finished(), "the controller stopped");
     Ok(())
@@ -544,6 +548,69 @@ async fn seed_down_and_back(w: &World) -> Result<()> {
         .is_some_and(|v| v >= 1.0),
         "sync errors were counted for seed-b"
     );
+    Ok(())
+}
+
+/// Seeds removed, re-added and with a rotated kubeconfig are followed without a restart.
+async fn seed_set_changes(w: &World) -> Result<()> {
+    let a = cpu_mem(5, 1);
+    let b = cpu_mem(2, 2);
+    let seeds: Api<Seed> = Api::namespaced(w.fleet.master().client(), "kubermatic");
+    let secrets: Api<Secret> = Api::namespaced(w.fleet.master().client(), "kubermatic");
+    let global_is = |want: ResourceDetails, what: &'static str| async move {
+        wait_for(DEADLINE, what, || async {
+            let g = status_of(&w.master.get("project-demo").await?)
+                .global_usage
+                .context("none")?;
+            ensure!(same_usage(&g, &want), "globalUsage {g}, want {want}");
+            Ok(())
+        })
+        .await
+    };
+
+    // Removed from the fleet: its usage no longer counts, its series go.
+    let seed_b = seeds.get("seed-b").await?;
+    seeds.delete("seed-b", &DeleteParams::default()).await?;
+    global_is(a.clone(), "globalUsage without seed-b").await?;
+    wait_for(DEADLINE, "seed-b's stale series removed", || async {
+        let text = w.controller.scrape().await?;
+        ensure!(
+            sample(&text, "kkp_quota_seed_stale{seed=\"seed-b\"}").is_none(),
+            "still exported"
+        );
+        Ok(())
+    })
+    .await?;
+
+    // Back in the fleet.
+    let mut again = Seed::new("seed-b", seed_b.spec.clone());
+    again.metadata.namespace = Some("kubermatic".into());
+    seeds.create(&PostParams::default(), &again).await?;
+    global_is(a.checked_add(&b)?, "globalUsage with seed-b again").await?;
+
+    // Kubeconfig rotated to point at seed-a's apiserver: "seed-b" now reads seed-a's copy.
+    let secret = e2e::fleet::seed_kubeconfig_secret("seed-b");
+    let rotate = |text: String| {
+        let secrets = secrets.clone();
+        let secret = secret.clone();
+        async move {
+            secrets
+                .patch(
+                    &secret,
+                    &PatchParams::default(),
+                    &Patch::Merge(&json!({"stringData": {"kubeconfig": text}})),
+                )
+                .await
+        }
+    };
+    rotate(w.fleet.seed("seed-a").kubeconfig_yaml()).await?;
+    global_is(
+        a.checked_add(&a)?,
+        "globalUsage after rotating seed-b's kubeconfig to seed-a",
+    )
+    .await?;
+    rotate(w.fleet.seed("seed-b").kubeconfig_yaml()).await?;
+    global_is(a.checked_add(&b)?, "globalUsage after rotating back").await?;
     Ok(())
 }
 
