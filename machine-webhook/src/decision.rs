@@ -322,21 +322,24 @@ pub fn over_quota_warnings(project: &str, state: &QuotaState) -> Vec<String> {
 
 /// Decides one request. `quota` is `None` when the project has no quota.
 pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> Verdict {
-    let Some(state) = quota else {
-        return Verdict::allow(Reason::NoQuota);
-    };
-    let warnings = over_quota_warnings(project, state);
-    let verdict = match &request.ask {
-        Ask::Delete => Verdict::allow(Reason::Reduction),
-        Ask::Unchanged => Verdict::allow(Reason::Unchanged),
-        Ask::Unsizeable(why) => Verdict::deny(
+    let warnings = quota
+        .map(|state| over_quota_warnings(project, state))
+        .unwrap_or_default();
+    let verdict = match (&request.ask, quota) {
+        (Ask::Delete, _) => Verdict::allow(Reason::Reduction),
+        (Ask::Unchanged, _) => Verdict::allow(Reason::Unchanged),
+        (Ask::Create(_) | Ask::Update { .. }, _) if request.ask.growth().is_none() => {
+            Verdict::allow(Reason::Reduction)
+        }
+        (_, None) => Verdict::allow(Reason::NoQuota),
+        (Ask::Unsizeable(why), Some(_)) => Verdict::deny(
             Reason::Unsizeable,
             &request.machine,
             &format!(
                 "cannot be sized, so it cannot be checked against the resource quota of project {project:?}: {why}"
             ),
         ),
-        ask => match ask.growth() {
+        (ask, Some(state)) => match ask.growth() {
             None => Verdict::allow(Reason::Reduction),
             Some(growth) => decide_growth(project, state, &request.machine, ask, growth),
         },
@@ -620,6 +623,14 @@ mod tests {
         );
         assert!(v.allowed);
         assert_eq!(v.reason, Reason::NoQuota);
+        let v = decide("p", None, &create("m", cpu("64")));
+        assert_eq!((v.allowed, v.reason, v.reserve), (true, Reason::NoQuota, None));
+        let delete = Request {
+            machine: "m".into(),
+            ask: Ask::Delete,
+            dry_run: false,
+        };
+        assert_eq!(decide("p", None, &delete).reason, Reason::Reduction);
     }
 
     #[test]
