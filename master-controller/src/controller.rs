@@ -21,7 +21,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fanout::{self, FIELD_MANAGER};
-use crate::fold::{self, SeedUsage};
+use crate::fold::{self, Health, SeedUsage};
 use crate::metrics::Metrics;
 use crate::seeds::{self, SeedView, Seeds, Triggers};
 use crate::status;
@@ -266,6 +266,10 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
     let name = master_rq.name_any();
     let project_name = master_rq.project().to_owned();
     let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
+    if !ctx.seeds.resolved() {
+        // Seeds not listed yet: an empty seed set here means "unknown", not "none".
+        return Ok(Action::await_change());
+    }
     let views = ctx.seeds.views(&name);
     let project = ctx
         .projects
@@ -278,12 +282,20 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
 
     if !fanout::master_metadata_in_sync(master_rq, project.as_deref()) {
         let body = fanout::master_metadata_apply(master_rq, project.as_deref(), true);
-        api.patch(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await?;
+        if let Err(e) = api
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+        {
+            // Deleted meanwhile (the apply cannot re-create it: the schema requires a spec).
+            if api.get_opt(&name).await?.is_none() {
+                return Ok(Action::await_change());
+            }
+            return Err(e.into());
+        }
         ctx.metrics.wrote("master", "apply");
         debug!("master metadata applied");
     }
@@ -330,7 +342,15 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
         master_rq.metadata.generation,
         Timestamp::now(),
     );
-    if let Some(patch) = fanout::master_status_patch(master_rq, folded.global.as_ref(), &conditions) {
+    // A seed just added (or just started watching) is listed within moments; its first sync
+    // triggers every quota again. Writing conditions before that would only flap.
+    let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
+    let patch = if settling {
+        None
+    } else {
+        fanout::master_status_patch(master_rq, folded.global.as_ref(), &conditions)
+    };
+    if let Some(patch) = patch {
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         ctx.metrics.wrote("master", "status");
@@ -491,7 +511,7 @@ async fn finalize(
             .await
         {
             Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(_) if api.get_opt(&name).await?.is_none() => {}
             Err(e) => return Err(e.into()),
         }
         ctx.metrics.wrote("master", "finalize");

@@ -12,6 +12,7 @@
 //!   once the cache is complete and current ("catch up at once").
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
@@ -52,9 +53,16 @@ pub struct SeedView {
 
 /// The shared seed state.
 #[derive(Clone, Default)]
-pub struct Seeds(Arc<RwLock<BTreeMap<String, SeedState>>>);
+pub struct Seeds(Arc<RwLock<BTreeMap<String, SeedState>>>, Arc<AtomicBool>);
 
 impl Seeds {
+    /// True once the `Seed` objects have been listed and resolved at least once. Before that
+    /// the seed set is empty for lack of knowledge, not because there are no seeds: nothing may
+    /// be folded, released or deleted on its basis.
+    pub fn resolved(&self) -> bool {
+        self.1.load(Ordering::SeqCst)
+    }
+
     fn write<T>(&self, f: impl FnOnce(&mut BTreeMap<String, SeedState>) -> T) -> T {
         f(&mut self.0.write().unwrap_or_else(PoisonError::into_inner))
     }
@@ -233,6 +241,10 @@ pub async fn manage(
             metrics.forget_seed(&name);
             changed = true;
         }
+        if !seeds.resolved() {
+            seeds.1.store(true, Ordering::SeqCst);
+            changed = true;
+        }
         if changed {
             triggers.everything();
         }
@@ -265,9 +277,11 @@ async fn configure(
                 return false;
             }
             metrics.sync_error(name, "kubeconfig");
+            // Counted as unreachable (not "about to sync"), so it shows in the conditions.
             let added = seeds.write(|s| {
                 let new = !s.contains_key(name);
-                s.entry(name.to_owned()).or_insert_with(new_state);
+                let state = s.entry(name.to_owned()).or_insert_with(new_state);
+                state.health = state.health.failed(Timestamp::now());
                 new
             });
             if added {
@@ -384,9 +398,9 @@ async fn watch_seed(
                 Err(e) => {
                     let became_stale = seeds.write(|s| {
                         s.get_mut(&seed).is_some_and(|state| {
-                            let was = state.health.is_fresh();
+                            let before = state.health;
                             state.health = state.health.failed(now);
-                            was
+                            !matches!(before, Health::Stale { .. })
                         })
                     });
                     metrics.sync_error(&seed, "watch");
