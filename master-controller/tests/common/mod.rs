@@ -18,7 +18,9 @@ pub struct Running {
     pub metrics: Metrics,
     pub readiness: Readiness,
     pub metrics_url: String,
-    task: tokio::task::JoinHandle<Result<(), master_controller::Error>>,
+    master: Client,
+    options: Options,
+    task: std::sync::Mutex<tokio::task::JoinHandle<Result<(), master_controller::Error>>>,
 }
 
 impl Running {
@@ -34,8 +36,8 @@ impl Running {
         .await?;
         tokio::spawn(serve);
         let task = tokio::spawn(master_controller::run(
-            master,
-            options,
+            master.clone(),
+            options.clone(),
             metrics.clone(),
             readiness.clone(),
         ));
@@ -43,12 +45,35 @@ impl Running {
             metrics,
             readiness,
             metrics_url: format!("http://{address}/metrics"),
-            task,
+            master,
+            options,
+            task: std::sync::Mutex::new(task),
         })
     }
 
+    /// Stops the controller and starts a fresh one (empty caches), keeping the metrics.
+    pub fn restart(&self) {
+        let fresh = tokio::spawn(master_controller::run(
+            self.master.clone(),
+            self.options.clone(),
+            self.metrics.clone(),
+            self.readiness.clone(),
+        ));
+        let old = std::mem::replace(
+            &mut *self
+                .task
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            fresh,
+        );
+        old.abort();
+    }
+
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        self.task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_finished()
     }
 
     pub async fn scrape(&self) -> Result<String> {
@@ -81,7 +106,10 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        self.task.abort();
+        self.task
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .abort();
     }
 }
 
