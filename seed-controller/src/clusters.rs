@@ -364,14 +364,32 @@ async fn recount_cluster(
         api.list(&ListParams::default()),
     )
     .await;
+    // The recount doubles as a liveness probe: a cluster that hangs (no error, no answer) is
+    // invisible to a watch, but not to a listing with a timeout.
     let items = match listed {
-        Ok(Ok(list)) => list.items,
+        Ok(Ok(list)) => {
+            set_reachability(shared, name, Reachability::Reachable);
+            list.items
+        }
         Ok(Err(e)) => {
             warn!(error = %e, "periodic recount could not list Machines");
+            set_reachability(
+                shared,
+                name,
+                Reachability::Unreachable(format!("listing Machines failed: {e}")),
+            );
             return None;
         }
         Err(_) => {
             warn!("periodic recount timed out");
+            set_reachability(
+                shared,
+                name,
+                Reachability::Unreachable(format!(
+                    "listing Machines did not answer within {:?}",
+                    shared.config.user_cluster_timeout
+                )),
+            );
             return None;
         }
     };

@@ -121,6 +121,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     // Recount every second: the safety net runs throughout, and must not mistake events in
     // flight for drift.
     config.resync_period = std::time::Duration::from_secs(1);
+    config.user_cluster_timeout = std::time::Duration::from_secs(3);
     let running = start_controller(&seed_cp, config.clone()).await;
     e2e::wait_for(WAIT, "controller ready", || async {
         running.readiness.is_ready()
@@ -339,6 +340,18 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
 
     // Back: caught up (a Machine created right away is counted), the reservation expires.
     beta_cp.start_apiserver().await.unwrap();
+    wait_condition(&seed, "beta", "True", "AllMachinesCounted").await;
+
+    // --- A user cluster that hangs (no answer, no error): detected by the recount's timeout,
+    // last usage kept, the others keep being counted. ---
+    beta_cp.pause_apiserver().unwrap();
+    wait_condition(&seed, "beta", "False", "UserClusterUnreachable").await;
+    let m9_spec = hetzner("cx22");
+    create_machine(&alpha, "m9", &m9_spec).await;
+    wait_local_usage(&seed, "demo", &sum(&[&alpha_usage, &s5, &s4, &size_of(&m9_spec)])).await;
+    delete_machine(&alpha, "m9").await;
+    wait_local_usage(&seed, "demo", &sum(&[&alpha_usage, &s5, &s4])).await;
+    beta_cp.resume_apiserver().unwrap();
     let beta = beta_cp.client();
     let m6_spec = vsphere(2, 4096, 20);
     create_machine(&beta, "m6", &m6_spec).await;
