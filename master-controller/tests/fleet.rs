@@ -483,8 +483,39 @@ async fn seed_down_and_back(w: &World) -> Result<()> {
         DEADLINE,
         "globalUsage = new seed-a + last known seed-b",
         || async {
-            let kept = status_of(&w.master.get("project-demo").await?).global_usage.context("none")?;
-    ensure!(same_usage(&kept, &cpu_mem(7, 3)), "globalUsage rewritten without seed-b: {kept}");
+            let g = status_of(&w.master.get("project-demo").await?)
+                .global_usage
+                .context("none")?;
+            ensure!(same_usage(&g, &cpu_mem(7, 3)), "globalUsage {g}");
+            Ok(())
+        },
+    )
+    .await?;
+    // A controller restarted while seed-b is down has no last known usage for it: it says so,
+    // and leaves globalUsage as it was rather than writing a sum without seed-b.
+    w.controller.restart();
+    wait_for(
+        DEADLINE,
+        "restarted controller: seed-b's usage reported unknown",
+        || async {
+            let m = w.master.get("project-demo").await?;
+            let c = condition(&m, SEEDS_STALE).context("no SeedsStale condition")?;
+            ensure!(
+                c.status == "True" && c.message.contains("usage is not known yet"),
+                "message: {}",
+                c.message
+            );
+            Ok(())
+        },
+    )
+    .await?;
+    let kept = status_of(&w.master.get("project-demo").await?)
+        .global_usage
+        .context("none")?;
+    ensure!(
+        same_usage(&kept, &cpu_mem(7, 3)),
+        "globalUsage rewritten without seed-b: {kept}"
+    );
 
     // A deletion is held by the down seed, and says so.
     w.master.delete("project-third", &DeleteParams::default()).await?;
