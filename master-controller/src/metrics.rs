@@ -170,10 +170,30 @@ impl Metrics {
         }
     }
 
-    /// Drops a seed's series (removed from the fleet).
+    /// Drops a seed's series (removed from the fleet), including its per-project usage.
     pub fn forget_seed(&self, seed: &str) {
         let _ = self.seed_stale.remove_label_values(&[seed]);
         let _ = self.seed_last_sync.remove_label_values(&[seed]);
+        let mut stale: Vec<(String, String)> = Vec::new();
+        for family in prometheus::core::Collector::collect(&self.usage) {
+            for metric in family.get_metric() {
+                let label = |name: &str| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .find(|l| l.name() == name)
+                        .map(|l| l.value().to_owned())
+                };
+                if label("scope").as_deref() == Some(seed)
+                    && let (Some(project), Some(resource)) = (label("project"), label("resource"))
+                {
+                    stale.push((project, resource));
+                }
+            }
+        }
+        for (project, resource) in stale {
+            let _ = self.usage.remove_label_values(&[&project, &resource, seed]);
+        }
     }
 }
 
@@ -235,5 +255,17 @@ mod tests {
             !text.contains("kkp_quota_limit{project=\"demo\",resource=\"memory\"}"),
             "unlimited resources have no limit series"
         );
+        m.forget_seed("seed-a");
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&m.registry.gather(), &mut out)
+            .unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            !text.contains("scope=\"seed-a\""),
+            "seed-a's usage series are gone:\n{text}"
+        );
+        assert!(text.contains("scope=\"global\""));
+        assert!(!text.contains("kkp_quota_seed_stale{seed=\"seed-a\"}"));
     }
 }
