@@ -244,6 +244,22 @@ async fn run_as_leader(
     }
 }
 
+/// Longest wait for one call to a seed: a seed that hangs must not hold up a reconcile (and so
+/// the other seeds' view of that quota) for the client's much longer default timeouts.
+const SEED_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+async fn bounded<T>(
+    call: impl std::future::Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    match tokio::time::timeout(SEED_CALL_TIMEOUT, call).await {
+        Ok(result) => result,
+        Err(_) => Err(kube::Error::Service(Box::new(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("no answer from the seed within {SEED_CALL_TIMEOUT:?}"),
+        )))),
+    }
+}
+
 #[allow(clippy::needless_pass_by_value)] // the signature kube-runtime asks for
 fn error_policy(quota: Arc<ResourceQuota>, error: &Error, ctx: Arc<Ctx>) -> Action {
     warn!(quota = %quota.name_any(), project = %quota.project(), error = %error, "reconcile failed; retrying");
@@ -391,10 +407,7 @@ async fn write_seed_statuses(
         let seed = v.name.clone();
         Some(async move {
             let api: Api<ResourceQuota> = Api::all(client);
-            match api
-                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-            {
+            match bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
                 Ok(_) => {
                     ctx.metrics.wrote(&seed, "status");
                     Ok(())
@@ -432,14 +445,13 @@ async fn fan_out(master_rq: &ResourceQuota, view: &SeedView, ctx: &Ctx) -> (Seed
     }
     let api: Api<ResourceQuota> = Api::all(client);
     let body = fanout::copy_apply_body(master_rq);
-    let result = api
-        .patch(
-            &master_rq.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .instrument(info_span!("apply", seed = %view.name))
-        .await;
+    let result = bounded(api.patch(
+        &master_rq.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    ))
+    .instrument(info_span!("apply", seed = %view.name))
+    .await;
     match result {
         Ok(copy) => {
             debug!(seed = %view.name, "seed copy applied");
@@ -476,7 +488,7 @@ async fn finalize(
                 return Err(view.name.clone());
             };
             let api: Api<ResourceQuota> = Api::all(client);
-            match api.delete(&name, &DeleteParams::default()).await {
+            match bounded(api.delete(&name, &DeleteParams::default())).await {
                 Ok(either) => {
                     ctx.metrics.wrote(&view.name, "delete");
                     // Still there (someone else's finalizer): not done yet.
@@ -557,7 +569,7 @@ async fn orphan_sweep(quotas: Store<ResourceQuota>, seeds: Seeds, wake: Arc<Noti
                     }),
                     ..DeleteParams::default()
                 };
-                match api.delete(&name, &dp).await {
+                match bounded(api.delete(&name, &dp)).await {
                     Ok(_) => {
                         info!(seed = %seed, quota = %name, project = %copy.project(), "deleted seed copy without a master object");
                         metrics.wrote(&seed, "delete");
