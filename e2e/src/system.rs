@@ -148,7 +148,7 @@ impl System {
             components,
             webhook_ca: certs.ca,
         };
-        system.wait_ready(Duration::from_secs(120)).await?;
+        system.wait_ready(Duration::from_mins(2)).await?;
         Ok(system)
     }
 

@@ -2,6 +2,9 @@
 //! quota below usage makes `KkpQuotaProjectOverQuota` go pending and then fire. Also checks that
 //! every metric the components export is documented, and that the rules' and dashboard's core
 //! metrics are really exported.
+#![allow(clippy::unwrap_used, reason = "test code: a panic is the failure report")]
+
+use std::fmt::Write as _;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -21,11 +24,12 @@ const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 fn prometheus_config(system: &System, rules: &Path) -> String {
     let mut jobs = String::new();
     for component in &system.components {
-        jobs.push_str(&format!(
+        let _ = write!(
+            jobs,
             "  - job_name: {name}\n    static_configs:\n      - targets: ['{address}']\n",
             name = component.name,
             address = component.metrics_address
-        ));
+        );
     }
     format!(
         "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n{jobs}",
@@ -87,9 +91,21 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     let dir = tempfile::tempdir().unwrap();
     fleet.write_dir(dir.path()).unwrap();
     let system = System::start(&fleet, dir.path()).await.unwrap();
-
-    // Project demo: 8 cpu, two t3.medium Machines (2 cpu each) admitted through the webhook.
     let master = Api::<ResourceQuota>::all(fleet.master().client());
+
+    use_four_cpus_of_eight(&fleet, &master).await;
+    let (_prometheus, base) = start_prometheus(&system, dir.path()).await;
+    alert_fires_when_quota_is_lowered(&master, &base).await;
+    exported_metrics_are_documented(&system).await;
+}
+
+fn quota(cpu: &str) -> ResourceQuota {
+    e2e::demo::project_quota("demo", serde_json::from_value(json!({ "cpu": cpu })).unwrap())
+}
+
+/// Project demo: an 8-cpu quota and two t3.medium Machines (2 cpu each) admitted through the
+/// webhook and counted up to the master.
+async fn use_four_cpus_of_eight(fleet: &Fleet, master: &Api<ResourceQuota>) {
     let quota = |cpu: &str| {
         let mut quota =
             e2e::demo::project_quota("demo", serde_json::from_value(json!({ "cpu": cpu })).unwrap());
@@ -105,7 +121,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
         .await
         .unwrap();
     let seed_quotas = Api::<ResourceQuota>::all(fleet.seed("seed-a").client());
-    wait_for(Duration::from_secs(60), "quota copy on seed-a", || {
+    wait_for(Duration::from_mins(1), "quota copy on seed-a", || {
         let seed_quotas = seed_quotas.clone();
         async move { seed_quotas.get_opt("project-demo").await.ok().flatten().is_some() }
     })
@@ -114,7 +130,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     let webhooks = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
         fleet.user_cluster("alpha").client(),
     );
-    wait_for(Duration::from_secs(60), "webhook configuration in alpha", || {
+    wait_for(Duration::from_mins(1), "webhook configuration in alpha", || {
         let webhooks = webhooks.clone();
         async move {
             webhooks
@@ -139,7 +155,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
         machines.create(&PostParams::default(), &machine).await.unwrap();
     }
     wait_for(
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         "4 cpu in the master's globalUsage",
         || {
             let master = master.clone();
@@ -151,18 +167,17 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     )
     .await
     .unwrap();
+}
 
-    // A real Prometheus scraping every component with the shipped rules.
-    let prom_dir = dir.path().join("prometheus");
+/// A real Prometheus scraping every component with the shipped rules; returns it and its URL
+/// once every target is up and the usage is visible through it.
+async fn start_prometheus(system: &System, dir: &Path) -> (e2e::components::RunningComponent, String) {
+    let prom_dir = dir.join("prometheus");
     std::fs::create_dir_all(&prom_dir).unwrap();
     let rules = Path::new(REPO).join("deploy/prometheus/kkp-quota.rules.yaml");
-    std::fs::write(
-        prom_dir.join("prometheus.yml"),
-        prometheus_config(&system, &rules),
-    )
-    .unwrap();
+    std::fs::write(prom_dir.join("prometheus.yml"), prometheus_config(system, &rules)).unwrap();
     let port = free_port().unwrap();
-    let _prometheus = spawn(
+    let prometheus = spawn(
         &ComponentSpec {
             name: "prometheus".to_owned(),
             program: "prometheus".into(),
@@ -182,7 +197,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
         .unwrap();
 
     // Every target up, and the usage metric through Prometheus.
-    wait_for(Duration::from_secs(60), "every scrape target up", || {
+    wait_for(Duration::from_mins(1), "every scrape target up", || {
         let (http, base) = (http.clone(), base.clone());
         let expected = system.components.len();
         async move {
@@ -193,7 +208,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     })
     .await
     .unwrap();
-    wait_for(Duration::from_secs(60), "usage 4 cpu in Prometheus", || {
+    wait_for(Duration::from_mins(1), "usage 4 cpu in Prometheus", || {
         let (http, base) = (http.clone(), base.clone());
         async move {
             let data = query(
@@ -207,6 +222,17 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     })
     .await
     .unwrap();
+    (prometheus, base)
+}
+
+/// Within the quota the alert is not active; lowered below usage (allowed), it goes pending, then
+/// fires after its `for: 1m`.
+async fn alert_fires_when_quota_is_lowered(master: &Api<ResourceQuota>, base: &str) {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let base = base.to_owned();
     // Within the quota: the alert is not active (give the rules a few evaluations).
     let evaluations_before = std::time::Instant::now();
     wait_for(Duration::from_secs(30), "three rule evaluations", || async {
@@ -220,7 +246,6 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
         "no over-quota alert while within quota"
     );
 
-    // Lowered below usage (allowed): the alert goes pending, then fires after its `for: 1m`.
     master
         .patch(
             "project-demo",
@@ -230,7 +255,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
         .await
         .unwrap();
     wait_for(
-        Duration::from_secs(60),
+        Duration::from_mins(1),
         "over-quota alert pending or firing",
         || {
             let (http, base) = (http.clone(), base.clone());
@@ -249,9 +274,11 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     })
     .await
     .unwrap();
+}
 
-    // What the components export is documented, and the core metrics of the rules and the
-    // dashboard are really there.
+/// What the components export is documented, and the core metrics of the rules and the dashboard
+/// are really there.
+async fn exported_metrics_are_documented(system: &System) {
     let documented = documented_metrics();
     let exported: BTreeSet<String> = system
         .scrape_all()

@@ -180,6 +180,84 @@ fn fleet_specs_are_validated() {
         .unwrap();
 }
 
+/// The demo project end to end: its quota on every seed, the webhook configuration in a user
+/// cluster, a fitting Machine counted up to the master, and one too big refused with the reason.
+#[allow(clippy::unwrap_used, reason = "a test helper: a panic is the failure report")]
+async fn check_demo_project(fleet_dir: &std::path::Path) {
+    let client_for = |name: &str| {
+        let yaml = std::fs::read_to_string(fleet_dir.join(format!("{name}.kubeconfig"))).unwrap();
+        async move { e2e::client_from_kubeconfig(&yaml).await.unwrap() }
+    };
+    let seed_a = client_for("seed-a").await;
+    let clusters = Api::<Cluster>::all(seed_a.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(clusters.items.len(), 2);
+
+    // The demo quota reaches every seed, and the webhook configuration every user cluster.
+    for seed in ["seed-a", "seed-b"] {
+        let quotas = Api::<ResourceQuota>::all(client_for(seed).await);
+        wait_for(Duration::from_mins(1), &format!("demo quota on {seed}"), || {
+            let quotas = quotas.clone();
+            async move { quotas.get_opt("project-demo").await.ok().flatten().is_some() }
+        })
+        .await
+        .unwrap();
+    }
+    let alpha = client_for("alpha").await;
+    let webhooks = Api::<ValidatingWebhookConfiguration>::all(alpha.clone());
+    wait_for(Duration::from_mins(1), "webhook configuration in alpha", || {
+        let webhooks = webhooks.clone();
+        async move {
+            webhooks
+                .get_opt("kkp-quota-machines")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+        }
+    })
+    .await
+    .unwrap();
+
+    // deploy/examples: the small Machine is admitted and counted up to the master ...
+    let machines = Api::<Machine>::namespaced(alpha, "kube-system");
+    let example = |file: &str| -> Machine {
+        let path = format!("{}/../deploy/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    machines
+        .create(&PostParams::default(), &example("machine-small.yaml"))
+        .await
+        .unwrap();
+    let master = Api::<ResourceQuota>::all(client_for("master").await);
+    wait_for(
+        Duration::from_mins(1),
+        "t3.medium in the master's globalUsage",
+        || {
+            let master = master.clone();
+            async move {
+                let quota = master.get("project-demo").await.ok()?;
+                let usage = quota.status?.global_usage?;
+                (usage.cpu == Some("2".parse().unwrap()) && usage.memory == Some("4Gi".parse().unwrap()))
+                    .then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // ... and the one bigger than the whole quota is refused, saying why.
+    let refused = machines
+        .create(&PostParams::default(), &example("machine-too-big.yaml"))
+        .await
+        .unwrap_err();
+    let message = refused.to_string();
+    assert!(message.contains("worker-too-big"), "{message}");
+    assert!(message.contains("needs 32 cpu"), "{message}");
+    assert!(message.contains("of 16 cpu"), "{message}");
+}
+
 /// What `make demo` runs: one `fleet ready: <dir>` line, the whole quota system working on the
 /// demo project (a fitting Machine admitted and counted up to the master, one too big refused
 /// with its reason), and a clean exit on SIGTERM.
@@ -214,78 +292,7 @@ async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
     let members: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fleet_dir.join("fleet.json")).unwrap()).unwrap();
     assert_eq!(members.len(), 6);
-    let client_for = |name: &str| {
-        let yaml = std::fs::read_to_string(fleet_dir.join(format!("{name}.kubeconfig"))).unwrap();
-        async move { e2e::client_from_kubeconfig(&yaml).await.unwrap() }
-    };
-    let seed_a = client_for("seed-a").await;
-    let clusters = Api::<Cluster>::all(seed_a.clone())
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert_eq!(clusters.items.len(), 2);
-
-    // The demo quota reaches every seed, and the webhook configuration every user cluster.
-    for seed in ["seed-a", "seed-b"] {
-        let quotas = Api::<ResourceQuota>::all(client_for(seed).await);
-        wait_for(Duration::from_secs(60), &format!("demo quota on {seed}"), || {
-            let quotas = quotas.clone();
-            async move { quotas.get_opt("project-demo").await.ok().flatten().is_some() }
-        })
-        .await
-        .unwrap();
-    }
-    let alpha = client_for("alpha").await;
-    let webhooks = Api::<ValidatingWebhookConfiguration>::all(alpha.clone());
-    wait_for(Duration::from_secs(60), "webhook configuration in alpha", || {
-        let webhooks = webhooks.clone();
-        async move {
-            webhooks
-                .get_opt("kkp-quota-machines")
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-        }
-    })
-    .await
-    .unwrap();
-
-    // deploy/examples: the small Machine is admitted and counted up to the master ...
-    let machines = Api::<Machine>::namespaced(alpha, "kube-system");
-    let example = |file: &str| -> Machine {
-        let path = format!("{}/../deploy/examples/{file}", env!("CARGO_MANIFEST_DIR"));
-        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    };
-    machines
-        .create(&PostParams::default(), &example("machine-small.yaml"))
-        .await
-        .unwrap();
-    let master = Api::<ResourceQuota>::all(client_for("master").await);
-    wait_for(
-        Duration::from_secs(60),
-        "t3.medium in the master's globalUsage",
-        || {
-            let master = master.clone();
-            async move {
-                let quota = master.get("project-demo").await.ok()?;
-                let usage = quota.status?.global_usage?;
-                (usage.cpu == Some("2".parse().unwrap()) && usage.memory == Some("4Gi".parse().unwrap()))
-                    .then_some(())
-            }
-        },
-    )
-    .await
-    .unwrap();
-    // ... and the one bigger than the whole quota is refused, saying why.
-    let refused = machines
-        .create(&PostParams::default(), &example("machine-too-big.yaml"))
-        .await
-        .unwrap_err();
-    let message = refused.to_string();
-    assert!(message.contains("worker-too-big"), "{message}");
-    assert!(message.contains("needs 32 cpu"), "{message}");
-    assert!(message.contains("of 16 cpu"), "{message}");
+    check_demo_project(&fleet_dir).await;
 
     let pid = child.id();
     let processes = procfs::children(pid);
