@@ -15,34 +15,38 @@ use machine_webhook::{Config, Webhook};
 #[command(version)]
 struct Args {
     /// Kubeconfig of the seed cluster (default: KUBECONFIG, ~/.kube/config, in-cluster).
-    #[arg(long, env = "KUBECONFIG_PATH")]
+    #[arg(long, env = "MACHINE_WEBHOOK_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// HTTPS address for admission requests.
-    #[arg(long, env = "LISTEN_ADDRESS", default_value = "0.0.0.0:9443")]
+    #[arg(long, env = "MACHINE_WEBHOOK_LISTEN_ADDRESS", default_value = "0.0.0.0:9443")]
     listen_address: SocketAddr,
     /// PEM certificate chain; re-read when it changes.
-    #[arg(long, env = "TLS_CERT_FILE")]
+    #[arg(long, env = "MACHINE_WEBHOOK_TLS_CERT_FILE")]
     tls_cert_file: PathBuf,
     /// PEM private key; re-read when it changes.
-    #[arg(long, env = "TLS_KEY_FILE")]
+    #[arg(long, env = "MACHINE_WEBHOOK_TLS_KEY_FILE")]
     tls_key_file: PathBuf,
     /// Plain HTTP address for /metrics, /healthz and /readyz.
-    #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "MACHINE_WEBHOOK_METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
     metrics_address: SocketAddr,
     /// The seed's KKP namespace (holds the admin size catalog, config map `kkp-quota-size-catalog`).
-    #[arg(long, env = "KUBERMATIC_NAMESPACE", default_value = "kubermatic")]
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_KUBERMATIC_NAMESPACE",
+        default_value = "kubermatic"
+    )]
     kubermatic_namespace: String,
     /// Most requests of one project decided together and written in one patch.
-    #[arg(long, env = "MAX_BATCH", default_value_t = 256)]
+    #[arg(long, env = "MACHINE_WEBHOOK_MAX_BATCH", default_value_t = 256)]
     max_batch: usize,
     /// Reservation writes tried per batch before denying with reason "error".
-    #[arg(long, env = "MAX_WRITE_ATTEMPTS", default_value_t = 10)]
+    #[arg(long, env = "MACHINE_WEBHOOK_MAX_WRITE_ATTEMPTS", default_value_t = 10)]
     max_write_attempts: u32,
     /// Window (seconds) in which the same denial on the same object is one Event.
-    #[arg(long, env = "EVENT_DEDUP_SECONDS", default_value_t = 600)]
+    #[arg(long, env = "MACHINE_WEBHOOK_EVENT_DEDUP_SECONDS", default_value_t = 600)]
     event_dedup_seconds: u64,
     /// Log JSON lines instead of text.
-    #[arg(long, env = "LOG_JSON")]
+    #[arg(long, env = "MACHINE_WEBHOOK_LOG_JSON")]
     log_json: bool,
 }
 

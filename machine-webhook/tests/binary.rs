@@ -37,7 +37,7 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
         .arg("--tls-key-file")
         .arg(&certs.paths.key)
         .args(["--metrics-address", &format!("127.0.0.1:{ops}")])
-        .env("LOG_JSON", "true")
+        .env("MACHINE_WEBHOOK_LOG_JSON", "true")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()?;

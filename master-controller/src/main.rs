@@ -18,34 +18,46 @@ use master_controller::{Metrics, Options};
 #[command(name = "master-controller", version)]
 struct Args {
     /// Kubeconfig of the master cluster (default: KUBECONFIG, ~/.kube/config, in-cluster).
-    #[arg(long, env = "KUBECONFIG_MASTER")]
+    #[arg(long, env = "MASTER_CONTROLLER_KUBECONFIG")]
     kubeconfig: Option<PathBuf>,
     /// Namespace of the Seed objects (and their kubeconfig Secrets) on the master.
-    #[arg(long, env = "SEED_NAMESPACE", default_value = "kubermatic")]
+    #[arg(long, env = "MASTER_CONTROLLER_SEED_NAMESPACE", default_value = "kubermatic")]
     seed_namespace: String,
     /// Address of the /metrics, /healthz and /readyz server.
-    #[arg(long, env = "METRICS_ADDRESS", default_value = "0.0.0.0:8080")]
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_METRICS_ADDRESS",
+        default_value = "0.0.0.0:8080"
+    )]
     metrics_address: SocketAddr,
     /// Every quota is reconciled at least this often, in seconds (a safety net).
-    #[arg(long, env = "RESYNC_PERIOD", default_value_t = 60)]
+    #[arg(long, env = "MASTER_CONTROLLER_RESYNC_PERIOD", default_value_t = 60)]
     resync_period: u64,
     /// Namespace of the leader-election Lease.
-    #[arg(long, env = "LEADER_ELECTION_NAMESPACE", default_value = "kubermatic")]
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_LEADER_ELECTION_NAMESPACE",
+        default_value = "kubermatic"
+    )]
     leader_election_namespace: String,
     /// Name of the leader-election Lease.
-    #[arg(long, env = "LEASE_NAME", default_value = "kkp-quota-master-controller")]
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_LEASE_NAME",
+        default_value = "kkp-quota-master-controller"
+    )]
     lease_name: String,
     /// This replica's identity in the Lease (default: `$POD_NAME`, else host name and pid).
-    #[arg(long, env = "IDENTITY")]
+    #[arg(long, env = "MASTER_CONTROLLER_IDENTITY")]
     identity: Option<String>,
     /// Run without leader election (only ever one replica).
-    #[arg(long, env = "NO_LEADER_ELECTION")]
+    #[arg(long, env = "MASTER_CONTROLLER_NO_LEADER_ELECTION")]
     no_leader_election: bool,
     /// Quotas reconciled concurrently.
-    #[arg(long, env = "CONCURRENCY", default_value_t = 16)]
+    #[arg(long, env = "MASTER_CONTROLLER_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
     /// Log JSON lines instead of human-readable text.
-    #[arg(long, env = "LOG_JSON")]
+    #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     log_json: bool,
 }
 

@@ -42,7 +42,7 @@ pub fn desired(cluster: &str, base_url: &str, ca_bundle: Option<&[u8]>) -> Value
             }],
             "failurePolicy": "Fail",
             "matchPolicy": "Equivalent",
-            "sideEffects": "None",
+            "sideEffects": "NoneOnDryRun",
             "timeoutSeconds": 5,
             "admissionReviewVersions": ["v1"],
         }],

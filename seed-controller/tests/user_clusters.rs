@@ -76,7 +76,7 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
         Some(certs.ca_pem.as_bytes().to_vec())
     );
     assert_eq!(hook.timeout_seconds, Some(5));
-    assert_eq!(hook.side_effects, "None");
+    assert_eq!(hook.side_effects, "NoneOnDryRun");
     assert_eq!(hook.admission_review_versions, vec!["v1".to_owned()]);
     assert_eq!(hook.match_policy.as_deref(), Some("Equivalent"));
     let rule = hook.rules.clone().unwrap().remove(0);
