@@ -67,4 +67,4 @@ pub mod wait;
 
 pub use control_plane::{ControlPlane, client_from_kubeconfig};
 pub use fleet::{Fleet, FleetSpec, Member, Role, UserClusterSpec};
-pub use wait::wait_for;
+pub use wait::{wait_for, wait_for_object};

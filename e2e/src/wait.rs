@@ -79,3 +79,16 @@ where
         tokio::time::sleep(POLL_INTERVAL.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
 }
+
+/// Waits until the object `name` exists behind `api` (e.g. a quota copy reaching a seed, or the
+/// webhook configuration reaching a user cluster).
+pub async fn wait_for_object<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> Result<K>
+where
+    K: kube::Resource<DynamicType: Default> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let what = format!("{} {name} to exist", K::kind(&K::DynamicType::default()));
+    wait_for(timeout, &what, || async {
+        api.get_opt(name).await.ok().flatten()
+    })
+    .await
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use e2e::components::{ComponentSpec, spawn};
 use e2e::system::{System, free_port};
-use e2e::{Fleet, FleetSpec, wait_for};
+use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
 use kkp_quota_crds::ResourceQuota;
 use kkp_quota_crds::machine::Machine;
 use kube::Api;
@@ -121,28 +121,15 @@ async fn use_four_cpus_of_eight(fleet: &Fleet, master: &Api<ResourceQuota>) {
         .await
         .unwrap();
     let seed_quotas = Api::<ResourceQuota>::all(fleet.seed("seed-a").client());
-    wait_for(Duration::from_mins(1), "quota copy on seed-a", || {
-        let seed_quotas = seed_quotas.clone();
-        async move { seed_quotas.get_opt("project-demo").await.ok().flatten().is_some() }
-    })
-    .await
-    .unwrap();
+    wait_for_object(&seed_quotas, "project-demo", Duration::from_mins(1))
+        .await
+        .unwrap();
     let webhooks = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
         fleet.user_cluster("alpha").client(),
     );
-    wait_for(Duration::from_mins(1), "webhook configuration in alpha", || {
-        let webhooks = webhooks.clone();
-        async move {
-            webhooks
-                .get_opt("kkp-quota-machines")
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-        }
-    })
-    .await
-    .unwrap();
+    wait_for_object(&webhooks, "kkp-quota-machines", Duration::from_mins(1))
+        .await
+        .unwrap();
     let machines = Api::<Machine>::namespaced(fleet.user_cluster("alpha").client(), "kube-system");
     for name in ["worker-1", "worker-2"] {
         let machine: Machine = serde_json::from_value(json!({

@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use e2e::fleet::{KUBERMATIC_NAMESPACE, cluster_namespace};
-use e2e::{Fleet, FleetSpec, procfs, wait_for};
+use e2e::{Fleet, FleetSpec, procfs, wait_for, wait_for_object};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kkp_quota_crds::ResourceQuota;
@@ -198,28 +198,15 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     // The demo quota reaches every seed, and the webhook configuration every user cluster.
     for seed in ["seed-a", "seed-b"] {
         let quotas = Api::<ResourceQuota>::all(client_for(seed).await);
-        wait_for(Duration::from_mins(1), &format!("demo quota on {seed}"), || {
-            let quotas = quotas.clone();
-            async move { quotas.get_opt("project-demo").await.ok().flatten().is_some() }
-        })
-        .await
-        .unwrap();
+        wait_for_object(&quotas, "project-demo", Duration::from_mins(1))
+            .await
+            .unwrap();
     }
     let alpha = client_for("alpha").await;
     let webhooks = Api::<ValidatingWebhookConfiguration>::all(alpha.clone());
-    wait_for(Duration::from_mins(1), "webhook configuration in alpha", || {
-        let webhooks = webhooks.clone();
-        async move {
-            webhooks
-                .get_opt("kkp-quota-machines")
-                .await
-                .ok()
-                .flatten()
-                .is_some()
-        }
-    })
-    .await
-    .unwrap();
+    wait_for_object(&webhooks, "kkp-quota-machines", Duration::from_mins(1))
+        .await
+        .unwrap();
 
     // deploy/examples: the small Machine is admitted and counted up to the master ...
     let machines = Api::<Machine>::namespaced(alpha, "kube-system");
