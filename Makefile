@@ -38,6 +38,7 @@ lint: fmt-check clippy crd-check
 rules-test: system-deps
 	promtool check rules deploy/prometheus/kkp-quota.rules.yaml
 	cd deploy/prometheus && promtool test rules kkp-quota.rules.test.yaml
+	deploy/prometheus/gen-prometheusrule.sh --check
 	deploy/check-metric-names.sh
 
 test: system-deps control-plane lint rules-test

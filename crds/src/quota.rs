@@ -25,6 +25,8 @@ pub const PROJECT_KIND: &str = "project";
     version = "v1",
     kind = "ResourceQuota",
     plural = "resourcequotas",
+    // `kubectl get resourcequotas` means Kubernetes' own core ResourceQuota; this is unambiguous.
+    shortname = "pquota",
     status = "ResourceQuotaStatus",
     printcolumn = r#"{"name":"Subject","type":"string","jsonPath":".spec.subject.name"}"#,
     printcolumn = r#"{"name":"CPU used","type":"string","jsonPath":".status.globalUsage.cpu"}"#,

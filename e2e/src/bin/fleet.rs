@@ -68,7 +68,7 @@ async fn main() -> Result<()> {
     }
     demo::write_demo_project(&fleet).await?;
     tracing::info!(
-        "demo project `demo` has a quota of {} (kubectl --kubeconfig {dir}/master.kubeconfig get resourcequotas); \
+        "demo project `demo` has a quota of {} (kubectl --kubeconfig {dir}/master.kubeconfig get pquota); \
          try `kubectl --kubeconfig {dir}/alpha.kubeconfig apply -f deploy/examples/machine-small.yaml` (admitted) and \
          `... -f deploy/examples/machine-too-big.yaml` (refused with the reason)",
         demo::DEMO_QUOTA,
