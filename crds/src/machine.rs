@@ -30,6 +30,13 @@ pub struct ProviderSpecHolder {
     pub value: Option<Value>,
 }
 
+impl Machine {
+    /// `spec.providerSpec.value`, if the Machine has one.
+    pub fn provider_spec(&self) -> Option<&Value> {
+        self.spec.provider_spec.value.as_ref()
+    }
+}
+
 /// Any JSON object, kept verbatim at every depth (machine-controller's CRD does the same): a
 /// schema with `additionalProperties` would make the API server prune nested objects such as
 /// `cloudProviderSpec`.
@@ -41,31 +48,8 @@ fn free_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// The part of `spec.providerSpec.value` that says which cloud and how big.
-#[derive(Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ProviderSpec {
-    #[serde(default)]
-    pub cloud_provider: String,
-    #[serde(default)]
-    pub cloud_provider_spec: Value,
-}
-
-impl Machine {
-    /// The provider spec, if the Machine has one that is a JSON object.
-    pub fn provider_spec(&self) -> Option<&Value> {
-        self.spec.provider_spec.value.as_ref()
-    }
-}
-
-/// A provider setting: either a plain value or `{value, secretKeyRef, configMapKeyRef}`.
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq)]
-#[serde(untagged)]
-pub enum ConfigValue {
-    Plain(Value),
-    Ref(ConfigValueRef),
-}
-
+/// A provider setting given as `{value, secretKeyRef, configMapKeyRef}` (the other form is a plain
+/// JSON value); provider-sizes reads both.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ConfigValueRef {
@@ -86,26 +70,4 @@ pub struct GlobalKeyRef {
     pub name: String,
     #[serde(default)]
     pub key: String,
-}
-
-impl ConfigValue {
-    /// Reads a provider setting from JSON; `null` or a missing field is `None`.
-    pub fn from_json(value: Option<&Value>) -> Option<ConfigValue> {
-        match value {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(_)) => serde_json::from_value(value.cloned().unwrap_or_default())
-                .ok()
-                .map(ConfigValue::Ref),
-            Some(other) => Some(ConfigValue::Plain(other.clone())),
-        }
-    }
-
-    /// The inline value, if there is one (a non-empty `value` wins over references, as in
-    /// machine-controller).
-    pub fn inline(&self) -> Option<&Value> {
-        match self {
-            ConfigValue::Plain(v) => Some(v),
-            ConfigValue::Ref(r) => r.value.as_ref().filter(|v| !matches!(v, Value::Null) && *v != ""),
-        }
-    }
 }

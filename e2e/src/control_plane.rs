@@ -385,33 +385,12 @@ impl ControlPlane {
     }
 }
 
-/// Annotation the API server requires on CRDs in `*.k8s.io` and `*.kubernetes.io` groups.
-pub const API_APPROVAL_ANNOTATION: &str = "api-approved.kubernetes.io";
-
-/// `kkp_quota_crds::crd::all()`, with the API-approval annotation added where the group needs it
-/// and the manifest lacks it (machine-controller's `cluster.k8s.io` is such a protected group;
-/// its upstream CRD carries an "unapproved" value).
+/// Every CRD manifest of `kkp_quota_crds::crd::all()` (which already carries the API-approval
+/// annotation that machine-controller's protected `cluster.k8s.io` group needs).
 pub fn fleet_crds() -> Vec<CustomResourceDefinition> {
     kkp_quota_crds::crd::all()
         .into_iter()
-        .map(|file| {
-            let mut crd = file.crd;
-            let group = &crd.spec.group;
-            if group == "k8s.io"
-                || group.ends_with(".k8s.io")
-                || group == "kubernetes.io"
-                || group.ends_with(".kubernetes.io")
-            {
-                crd.metadata
-                    .annotations
-                    .get_or_insert_with(Default::default)
-                    .entry(API_APPROVAL_ANNOTATION.to_owned())
-                    .or_insert_with(|| {
-                        "unapproved, machine-controller's legacy API group (local fleet stand-in)".to_owned()
-                    });
-            }
-            crd
-        })
+        .map(|file| file.crd)
         .collect()
 }
 
