@@ -92,6 +92,11 @@ pub struct ResourceQuotaStatus {
     /// with writes conditioned on `resourceVersion`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reservations: Vec<crate::ledger::Reservation>,
+    /// On a seed copy: headroom held by webhook processes, each admitting from its own without
+    /// a write per Machine. Written by machine-webhook (its holder); expired ones are removed by
+    /// seed-controller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allotments: Vec<crate::ledger::Allotment>,
     /// `Ready`, `SeedsStale`, `QuotaExceeded`, ... (see README).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

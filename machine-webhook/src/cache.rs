@@ -143,6 +143,9 @@ pub struct QuotaCopy {
     pub spec: ResourceQuotaSpec,
     pub status: Option<ResourceQuotaStatus>,
     pub raw_reservations: Vec<serde_json::Value>,
+    /// `status.allotments` as JSON, for the same reason.
+    pub raw_allotments: Vec<serde_json::Value>,
+    pub uid: Option<String>,
 }
 
 /// A quota copy could not be read.
@@ -186,19 +189,23 @@ impl QuotaCopy {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => Some(parse(&name, Some(v))?),
         };
-        let raw_reservations = object
-            .data
-            .get("status")
-            .and_then(|s| s.get("reservations"))
-            .and_then(serde_json::Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let raw_list = |field: &str| {
+            object
+                .data
+                .get("status")
+                .and_then(|s| s.get(field))
+                .and_then(serde_json::Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        };
         Ok(QuotaCopy {
             name,
             resource_version: object.metadata.resource_version.clone(),
             spec,
             status,
-            raw_reservations,
+            raw_reservations: raw_list("reservations"),
+            raw_allotments: raw_list("allotments"),
+            uid: object.metadata.uid.clone(),
         })
     }
 

@@ -3,16 +3,18 @@
 //! For a Machine of project P the webhook reads the seed's copy of P's quota and computes
 //!
 //! ```text
-//! in use = otherSeedsUsage + localUsage + sum(reservations[].reserved)
+//! in use = otherSeedsUsage + localUsage + sum(reservations[].reserved) + sum(allotments[].granted)
 //! ```
 //!
-//! (`otherSeedsUsage` missing: `globalUsage - localUsage`, floored at zero). A request fits when,
+//! (`otherSeedsUsage` missing: `globalUsage - localUsage`, floored at zero). A webhook process
+//! deciding for itself counts, instead of its own allotment, only what it admitted from it
+//! ([`QuotaState::for_holder`]). A request fits when,
 //! for every limited resource it asks for, `in use + request <= limit`. Deletes and changes that
 //! grow nothing always pass, even over quota; a project without a quota always passes.
 
 use std::fmt;
 
-use kkp_quota_crds::ledger::reserved_total;
+use kkp_quota_crds::ledger::{allotted_total, reserved_total};
 use kkp_quota_crds::{
     Exceeded, Resource, ResourceDetails, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus,
 };
@@ -28,6 +30,9 @@ pub struct QuotaState {
     pub local_usage: ResourceDetails,
     /// Admitted on this seed, not counted yet.
     pub reserved: ResourceDetails,
+    /// Headroom held by webhook processes (allotments); for [`QuotaState::for_holder`], the
+    /// other holders' allotments plus what the holder itself admitted from its own.
+    pub allotted: ResourceDetails,
 }
 
 /// The quota copy holds amounts that cannot be added up exactly.
@@ -56,19 +61,41 @@ impl QuotaState {
                 .saturating_sub(&local_usage),
         };
         let reserved = reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
+        let allotted = allotted_total(&status.allotments).map_err(|e| StateError(e.to_string()))?;
         Ok(QuotaState {
             limit: spec.quota.clone(),
             other_seeds_usage,
             local_usage,
             reserved,
+            allotted,
         })
     }
 
-    /// `otherSeedsUsage + localUsage + reservations`.
+    /// The state as the webhook process `holder` sees it: its own allotment is replaced by
+    /// `admitted_from_own`, what it admitted from that allotment and has not recorded yet.
+    pub fn for_holder(
+        spec: &ResourceQuotaSpec,
+        status: Option<&ResourceQuotaStatus>,
+        holder: &str,
+        admitted_from_own: &ResourceDetails,
+    ) -> Result<QuotaState, StateError> {
+        let mut state = QuotaState::from_parts(spec, status)?;
+        let others = status
+            .map(|s| s.allotments.iter().filter(|a| a.holder != holder))
+            .into_iter()
+            .flatten();
+        state.allotted = ResourceDetails::checked_sum(others.map(|a| &a.granted))
+            .and_then(|sum| sum.checked_add(admitted_from_own))
+            .map_err(|e| StateError(e.to_string()))?;
+        Ok(state)
+    }
+
+    /// `otherSeedsUsage + localUsage + reservations + allotments`.
     pub fn in_use(&self) -> Result<ResourceDetails, StateError> {
         self.other_seeds_usage
             .checked_add(&self.local_usage)
             .and_then(|sum| sum.checked_add(&self.reserved))
+            .and_then(|sum| sum.checked_add(&self.allotted))
             .map_err(|e| StateError(e.to_string()))
     }
 }
@@ -500,12 +527,13 @@ mod tests {
     }
 
     #[test]
-    fn usage_sums_other_seeds_local_and_reservations() {
+    fn usage_sums_other_seeds_local_reservations_and_allotments() {
         let s = QuotaState {
             limit: cpu("16"),
-            other_seeds_usage: cpu("5"),
+            other_seeds_usage: cpu("4"),
             local_usage: cpu("5"),
             reserved: cpu("4"),
+            allotted: cpu("1"),
         };
         let v = decide("p", Some(&s), &create("m", cpu("3")));
         assert_eq!(
@@ -513,6 +541,43 @@ mod tests {
             Some(r#"machine "m" needs 3 cpu, project "p" uses 14 of 16 cpu"#)
         );
         assert!(decide("p", Some(&s), &create("m", cpu("2"))).allowed);
+    }
+
+    #[test]
+    fn a_holder_counts_what_it_admitted_instead_of_its_own_allotment() {
+        use kkp_quota_crds::ledger::Allotment;
+        let allotment = |holder: &str, granted: &str| Allotment {
+            holder: holder.into(),
+            granted: cpu(granted),
+            expires_at: jiff::Timestamp::UNIX_EPOCH,
+        };
+        let spec = ResourceQuotaSpec {
+            subject: Subject::project("p"),
+            quota: cpu("16"),
+        };
+        let status = ResourceQuotaStatus {
+            local_usage: Some(cpu("4")),
+            other_seeds_usage: Some(cpu("0")),
+            allotments: vec![allotment("me", "5"), allotment("other", "3")],
+            ..ResourceQuotaStatus::default()
+        };
+        // Anyone else: both allotments are taken.
+        let everyone = QuotaState::from_parts(&spec, Some(&status)).unwrap();
+        assert_eq!(
+            everyone.in_use().unwrap().amount(Resource::Cpu),
+            Quantity::from_units(12)
+        );
+        // "me", having admitted 2 from its own 5: the other's 3 and its own 2.
+        let mine = QuotaState::for_holder(&spec, Some(&status), "me", &cpu("2")).unwrap();
+        assert_eq!(
+            mine.in_use().unwrap().amount(Resource::Cpu),
+            Quantity::from_units(9)
+        );
+        let v = decide("p", Some(&mine), &create("m", cpu("8")));
+        assert_eq!(
+            v.message.as_deref(),
+            Some(r#"machine "m" needs 8 cpu, project "p" uses 9 of 16 cpu"#)
+        );
     }
 
     #[test]

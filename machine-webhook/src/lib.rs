@@ -3,7 +3,9 @@
 //!
 //! - [`decision`]: the pure decision (quota + reservations + size -> allow / deny / warn).
 //! - [`review`]: `AdmissionReview` on the wire; what a request asks of the quota.
-//! - [`reserve`]: per-project batching and the compare-and-swap ledger writer.
+//! - [`reserve`]: per-project batching, the compare-and-swap ledger writer, and admissions from
+//!   this process's allotment.
+//! - [`escrow`]: how big an allotment is and what fits in it (pure).
 //! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
 //! - [`events`]: denial Events on the `MachineDeployment` / `MachineSet` / `Cluster`.
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk.
@@ -14,6 +16,7 @@
 
 pub mod cache;
 pub mod decision;
+pub mod escrow;
 pub mod events;
 pub mod metrics;
 pub mod reserve;
@@ -36,7 +39,7 @@ use tracing::info;
 
 use crate::cache::SeedCache;
 use crate::metrics::Metrics;
-use crate::reserve::{Reserver, ReserverConfig};
+use crate::reserve::{AllotmentConfig, Reserver, ReserverConfig};
 use crate::server::App;
 
 /// Everything the webhook is configured with.
@@ -56,6 +59,8 @@ pub struct Config {
     pub max_attempts: u32,
     /// Same denial on the same object within this window: one Event, its count increased.
     pub event_window: Duration,
+    /// Allotments (escrow); `None`: every admission waits for its own ledger write.
+    pub allotments: Option<AllotmentConfig>,
 }
 
 impl Config {
@@ -69,6 +74,7 @@ impl Config {
             max_batch: 256,
             max_attempts: 10,
             event_window: Duration::from_mins(10),
+            allotments: Some(AllotmentConfig::default()),
         }
     }
 }
@@ -99,6 +105,8 @@ pub struct Webhook {
     pub metrics_address: Option<SocketAddr>,
     pub readiness: Readiness,
     pub metrics: Metrics,
+    /// The ledger writer; [`Reserver::release_all`] gives allotments back on a clean stop.
+    pub reserver: Reserver,
     serving: Serving,
 }
 
@@ -126,6 +134,7 @@ impl Webhook {
             ReserverConfig {
                 max_batch: config.max_batch,
                 max_attempts: config.max_attempts,
+                allotments: config.allotments.clone(),
                 ..ReserverConfig::default()
             },
             token.clone(),
@@ -161,7 +170,7 @@ impl Webhook {
         let metrics_address = ops.as_ref().map(|(a, _)| *a);
         let app = App {
             cache: Arc::clone(&cache),
-            reserver,
+            reserver: reserver.clone(),
             events,
             metrics: metrics.clone(),
             readiness: readiness.clone(),
@@ -199,6 +208,7 @@ impl Webhook {
             metrics_address,
             readiness,
             metrics,
+            reserver,
             serving,
         })
     }

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use kkp_quota_crds::runtime::kubeconfig::own_client;
 use kkp_quota_crds::runtime::telemetry::init_tracing;
+use machine_webhook::reserve::AllotmentConfig;
 use machine_webhook::{Config, Webhook};
 
 /// Validating admission webhook that keeps every project within its resource quota.
@@ -45,6 +46,17 @@ struct Args {
     /// Window (seconds) in which the same denial on the same object is one Event.
     #[arg(long, env = "MACHINE_WEBHOOK_EVENT_DEDUP_SECONDS", default_value_t = 600)]
     event_dedup_seconds: u64,
+    /// Lifetime (seconds) of this process's allotments: headroom it holds per project so that
+    /// Machines that fit are admitted without waiting for a ledger write. Renewed while in use;
+    /// after a crash the headroom stays held this long. 0 turns allotments off (every admission
+    /// waits for its own compare-and-swap write).
+    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_TTL_SECONDS", default_value_t = 30)]
+    allotment_ttl_seconds: u64,
+    /// How soon (milliseconds) Machines admitted from an allotment are written as reservations:
+    /// longer means fewer, larger ledger writes on the seed, and Machines that take longer to show
+    /// in usage (seed-controller holds them back until then).
+    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_RECORD_MS", default_value_t = 500)]
+    allotment_record_ms: u64,
     /// Log JSON lines instead of text.
     #[arg(long, env = "MACHINE_WEBHOOK_LOG_JSON")]
     log_json: bool,
@@ -63,10 +75,25 @@ async fn main() -> anyhow::Result<()> {
     config.max_batch = args.max_batch;
     config.max_attempts = args.max_write_attempts;
     config.event_window = Duration::from_secs(args.event_dedup_seconds);
+    config.allotments = (args.allotment_ttl_seconds > 0).then(|| AllotmentConfig {
+        ttl: Duration::from_secs(args.allotment_ttl_seconds),
+        record_after: Duration::from_millis(args.allotment_record_ms),
+        ..AllotmentConfig::default()
+    });
     let webhook = Webhook::start(config, client).await?;
+    let reserver = webhook.reserver.clone();
+    let serving = webhook.run();
+    tokio::pin!(serving);
     tokio::select! {
-        result = webhook.run() => result?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        result = &mut serving => result?,
+        signal = kkp_quota_crds::runtime::shutdown_signal() => {
+            tracing::info!(signal, "stopping: giving allotments back");
+            // Keep serving meanwhile: the workers that record and give back run inside it.
+            tokio::select! {
+                _ = reserver.release_all(Duration::from_secs(5)) => {}
+                result = &mut serving => result?,
+            }
+        }
     }
     Ok(())
 }

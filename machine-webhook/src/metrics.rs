@@ -29,6 +29,9 @@ pub struct Metrics {
     pub connections: IntCounter,
     /// `kkp_quota_denial_events_total{result}`: created, updated (deduplicated), failed, dropped.
     pub events: IntCounterVec,
+    /// `kkp_quota_allotment_admissions_total`: admitted from this process's allotment, without
+    /// waiting for a ledger write.
+    pub allotment_admissions: IntCounter,
 }
 
 impl Metrics {
@@ -91,6 +94,10 @@ impl Metrics {
             "kkp_quota_webhook_connections_total",
             "TLS connections accepted by the admission server",
         )?;
+        let allotment_admissions = IntCounter::new(
+            "kkp_quota_allotment_admissions_total",
+            "Machines admitted from this webhook process's allotment without waiting for a ledger write",
+        )?;
         let events = IntCounterVec::new(
             Opts::new(
                 "kkp_quota_denial_events_total",
@@ -108,6 +115,7 @@ impl Metrics {
         registry.register(Box::new(batch_size.clone()))?;
         registry.register(Box::new(events.clone()))?;
         registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(allotment_admissions.clone()))?;
         // Every label value up front, so dashboards see zeros rather than gaps.
         for reason in Reason::ALL {
             for result in ["allowed", "denied"] {
@@ -126,6 +134,7 @@ impl Metrics {
             batch_size,
             connections,
             events,
+            allotment_admissions,
         })
     }
 

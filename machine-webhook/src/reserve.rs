@@ -1,4 +1,4 @@
-//! Reservations by compare-and-swap, batched per project.
+//! Reservations by compare-and-swap, batched per project, and allotments (escrow).
 //!
 //! Every project with requests in flight has one queue and one worker. Requests that wait at the
 //! same time are taken together, decided in order against one snapshot of the quota copy
@@ -8,24 +8,35 @@
 //! server (never from the cache) and the whole batch is decided again. Each answer waits for its
 //! batch's write, so an admitted Machine is always in the ledger before the API server stores it.
 //!
+//! With allotments on (the default), the same write also takes an allotment for this process
+//! (see [`crate::escrow`]): half of the headroom left. Later requests that fit in it are admitted
+//! at once, in memory ([`Reserver::submit`]'s fast path), and the worker records them as
+//! reservations a moment later in its next write, moving their size out of the allotment. Only
+//! requests that do not fit in the allotment wait for a write, and they are decided exactly
+//! against everything but this process's own allotment, so one process never denies a Machine
+//! that fits.
+//!
 //! A denial is only final on a snapshot known to be current: either the batch's write succeeded
 //! (so its snapshot was the latest), or the snapshot was just read from the API server.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
-use jiff::Timestamp;
-use kkp_quota_crds::ledger::Reservation;
+use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::ledger::{Allotment, Reservation};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt as _};
-use serde_json::json;
-use tokio::sync::{mpsc, oneshot};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Reason, Request, Verdict, decide_batch};
+use crate::decision::{QuotaState, Reason, Request, Verdict, decide, decide_batch};
+use crate::escrow::{cap_while_writing, fits_within, grant_for};
 use crate::metrics::Metrics;
 
 /// How the writer behaves.
@@ -40,6 +51,30 @@ pub struct ReserverConfig {
     /// A batch not decided and written within this time is denied with reason `error` (the API
     /// server gives up on the webhook after its `timeoutSeconds`, 5 s, anyway).
     pub deadline: Duration,
+    /// Allotments; `None`: every admission waits for its own batch's write.
+    pub allotments: Option<AllotmentConfig>,
+}
+
+/// How allotments are held.
+#[derive(Debug, Clone)]
+pub struct AllotmentConfig {
+    /// An allotment not renewed within this time expires (seed-controller removes it); the
+    /// holder admits from it only during the first half, and renews it after a quarter.
+    pub ttl: Duration,
+    /// Admissions from the allotment are recorded as reservations this soon.
+    pub record_after: Duration,
+    /// An allotment is given back after this long without requests for its project.
+    pub release_after: Duration,
+}
+
+impl Default for AllotmentConfig {
+    fn default() -> Self {
+        AllotmentConfig {
+            ttl: Duration::from_secs(30),
+            record_after: Duration::from_millis(500),
+            release_after: Duration::from_secs(10),
+        }
+    }
 }
 
 impl Default for ReserverConfig {
@@ -49,6 +84,7 @@ impl Default for ReserverConfig {
             max_attempts: 10,
             idle: Duration::from_mins(1),
             deadline: Duration::from_secs(4),
+            allotments: Some(AllotmentConfig::default()),
         }
     }
 }
@@ -68,15 +104,92 @@ struct Pending {
     reply: oneshot::Sender<Verdict>,
 }
 
+/// This process's standing in one project's ledger.
+#[derive(Debug, Default)]
+struct Escrow {
+    /// The quota copy our allotment is in.
+    quota_uid: Option<String>,
+    /// Our allotment is in the ledger, granting `granted`.
+    holding: bool,
+    granted: ResourceDetails,
+    /// Fast admissions stop at this instant unless a write renews the allotment.
+    usable_until: Option<Instant>,
+    /// The last write that renewed it began here.
+    renewed: Option<Instant>,
+    /// Admitted from the allotment, not yet recorded as reservations (oldest first).
+    admitted: Vec<(Instant, Reservation)>,
+    admitted_total: ResourceDetails,
+    /// While a write is in flight: the most `admitted_total` may reach.
+    cap_in_flight: Option<ResourceDetails>,
+    last_request: Option<Instant>,
+    /// The copy as our last successful write returned it (often newer than the cache, which
+    /// would make the next write's first attempt a certain conflict).
+    last_written: Option<Arc<DynamicObject>>,
+    /// The newest copy, parsed once per resourceVersion.
+    parsed: Option<Arc<QuotaCopy>>,
+    /// Wakes the worker when there is something to record.
+    wake: Arc<Notify>,
+}
+
+impl Escrow {
+    fn idle_since(&self, since: Duration, now: Instant) -> bool {
+        self.last_request
+            .is_none_or(|t| now.saturating_duration_since(t) >= since)
+    }
+
+    /// When the worker has upkeep to do without requests: record admissions, renew or give
+    /// back the allotment.
+    fn upkeep_due(&self, config: &AllotmentConfig, stopping: bool) -> Option<Instant> {
+        if stopping && (self.holding || !self.admitted.is_empty()) {
+            return Some(Instant::now());
+        }
+        if let Some((first, _)) = self.admitted.first() {
+            return Some(*first + config.record_after);
+        }
+        if !self.holding {
+            return None;
+        }
+        let renew = self.renewed.map(|t| t + config.ttl / 4);
+        let release = self.last_request.map(|t| t + config.release_after);
+        match (renew, release) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+/// What one write changes, decided on one copy.
+struct Plan {
+    verdicts: Vec<Verdict>,
+    /// Reservations to append (recorded admissions, then this batch's).
+    new_reservations: Vec<Value>,
+    /// The new `status.allotments`, when it changes.
+    allotments: Option<Value>,
+    /// How many of the escrow's admissions this write records, and their total.
+    recorded: usize,
+    recorded_total: ResourceDetails,
+    /// Our allotment after the write (`None`: not holding one).
+    grant: Option<ResourceDetails>,
+}
+
+impl Plan {
+    fn writes(&self) -> bool {
+        !self.new_reservations.is_empty() || self.allotments.is_some()
+    }
+}
+
 struct Inner {
     client: Client,
     cache: Arc<SeedCache>,
     metrics: Metrics,
     config: ReserverConfig,
+    /// This process in `status.allotments`: new on every start.
+    holder: String,
     queues: Mutex<HashMap<String, mpsc::UnboundedSender<Pending>>>,
-    /// Per project: the copy as our last successful write returned it (often newer than the
-    /// cache, which would make the next batch's first attempt a certain conflict).
-    last_written: Mutex<HashMap<String, Arc<DynamicObject>>>,
+    escrows: Mutex<HashMap<String, Escrow>>,
+    /// Set by [`Reserver::release_all`]: no more admissions from allotments; workers record
+    /// and give back.
+    stopping: AtomicBool,
     token: CancellationToken,
 }
 
@@ -88,6 +201,21 @@ pub struct Reserver {
 
 fn rv_number(object: &DynamicObject) -> Option<u64> {
     object.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// A name for this process in the ledger: the pod (host) name, the process and the start time,
+/// so that a restarted process never takes its predecessor's allotment for its own.
+fn holder_identity() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "machine-webhook".to_owned());
+    format!(
+        "{host}-{}-{:x}",
+        std::process::id(),
+        Timestamp::now().as_nanosecond()
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Reserver {
@@ -104,16 +232,59 @@ impl Reserver {
                 cache,
                 metrics,
                 config,
+                holder: holder_identity(),
                 queues: Mutex::new(HashMap::new()),
-                last_written: Mutex::new(HashMap::new()),
+                escrows: Mutex::new(HashMap::new()),
+                stopping: AtomicBool::new(false),
                 token,
             }),
         }
     }
 
-    /// Queues a request behind the project's other waiting requests and waits for its verdict
-    /// (which, when it admits, is already written to the ledger).
+    /// This process's name in `status.allotments`.
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
+    }
+
+    /// For a clean stop: stops admitting from allotments, lets every project's worker record what
+    /// was admitted and give its allotment back, and waits for that up to `timeout`. Returns how
+    /// many projects still hold something (their allotments expire on their own).
+    pub async fn release_all(&self, timeout: Duration) -> usize {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + timeout;
+        loop {
+            let pending = {
+                let escrows = lock(&self.inner.escrows);
+                for escrow in escrows.values() {
+                    escrow.wake.notify_one();
+                }
+                escrows
+                    .values()
+                    .filter(|e| e.holding || !e.admitted.is_empty())
+                    .count()
+            };
+            if pending == 0 || Instant::now() >= deadline {
+                if pending > 0 {
+                    warn!(
+                        projects = pending,
+                        "stopping with allotments not given back; they expire on their own"
+                    );
+                } else {
+                    info!("allotments given back");
+                }
+                return pending;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Decides a request: at once from this process's allotment when it fits there, else queued
+    /// behind the project's other waiting requests until its verdict (which, when it admits, is
+    /// already written to the ledger).
     pub async fn submit(&self, project: &str, machine: MachineRef, request: Request) -> Verdict {
+        if let Some(verdict) = self.admit_from_allotment(project, &machine, &request) {
+            return verdict;
+        }
         let (reply, answer) = oneshot::channel();
         let machine_name = request.machine.clone();
         let pending = Pending {
@@ -122,11 +293,7 @@ impl Reserver {
             reply,
         };
         {
-            let mut queues = self
-                .inner
-                .queues
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut queues = lock(&self.inner.queues);
             // Sending under the lock: a worker only retires under the same lock, after checking
             // that its queue is empty, so no request is ever left in a dead queue.
             let pending = match queues.get(project) {
@@ -160,38 +327,140 @@ impl Reserver {
         })
     }
 
+    /// The fast path: admits `request` from this process's allotment when the allotment is
+    /// current and the Machine fits both the quota (as everything else in the ledger leaves it)
+    /// and what is left of the allotment. `None`: the request must wait for a write.
+    fn admit_from_allotment(
+        &self,
+        project: &str,
+        machine: &MachineRef,
+        request: &Request,
+    ) -> Option<Verdict> {
+        self.inner.config.allotments.as_ref()?;
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return None;
+        }
+        let growth = request.ask.growth()?;
+        let now = Instant::now();
+        let mut escrows = lock(&self.inner.escrows);
+        let escrow = escrows.get_mut(project)?;
+        escrow.last_request = Some(now);
+        if !escrow.holding || escrow.usable_until.is_none_or(|t| now >= t) {
+            return None;
+        }
+        let copy = self.newest_parsed(project, escrow)?;
+        if copy.uid != escrow.quota_uid {
+            return None;
+        }
+        // Our allotment must still be in the ledger as we wrote it (seed-controller removes
+        // expired ones).
+        let own = copy
+            .status
+            .as_ref()?
+            .allotments
+            .iter()
+            .find(|a| a.holder == self.inner.holder)?;
+        if own.granted != escrow.granted {
+            return None;
+        }
+        let state = QuotaState::for_holder(
+            &copy.spec,
+            copy.status.as_ref(),
+            &self.inner.holder,
+            &escrow.admitted_total,
+        )
+        .ok()?;
+        let verdict = decide(project, Some(&state), request);
+        if !verdict.allowed || verdict.reason != Reason::Fits {
+            return None;
+        }
+        let cap = escrow.cap_in_flight.as_ref().unwrap_or(&escrow.granted);
+        if !fits_within(&state.limit, cap, &escrow.admitted_total, &growth) {
+            return None;
+        }
+        if !request.dry_run {
+            let reserve = verdict.reserve.as_ref()?;
+            let total = escrow.admitted_total.checked_add(&reserve.reserved).ok()?;
+            escrow.admitted_total = total;
+            if escrow.admitted.is_empty() {
+                escrow.wake.notify_one();
+            }
+            escrow.admitted.push((
+                now,
+                Reservation {
+                    cluster: machine.cluster.clone(),
+                    namespace: machine.namespace.clone(),
+                    name: machine.name.clone(),
+                    uid: machine.uid.clone(),
+                    size: reserve.size.clone(),
+                    reserved: reserve.reserved.clone(),
+                    created_at: Timestamp::now(),
+                },
+            ));
+        }
+        self.inner.metrics.allotment_admissions.inc();
+        Some(verdict)
+    }
+
     async fn work(&self, project: String, mut rx: mpsc::UnboundedReceiver<Pending>) {
         let span = info_span!("project", project = %project);
         async {
             loop {
-                let first = match tokio::time::timeout(self.inner.config.idle, rx.recv()).await {
-                    Ok(Some(p)) => p,
-                    Ok(None) => return,
-                    Err(_) => {
-                        let mut queues = self
-                            .inner
-                            .queues
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner);
-                        if rx.is_empty() {
-                            queues.remove(&project);
-                            return;
-                        }
-                        continue;
+                let (wake, due) =
+                    {
+                        let mut escrows = lock(&self.inner.escrows);
+                        let escrow = escrows.entry(project.clone()).or_default();
+                        let due =
+                            self.inner.config.allotments.as_ref().and_then(|c| {
+                                escrow.upkeep_due(c, self.inner.stopping.load(Ordering::SeqCst))
+                            });
+                        (Arc::clone(&escrow.wake), due)
+                    };
+                let upkeep = async {
+                    match due {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
                     }
                 };
-                let mut batch = vec![first];
-                while batch.len() < self.inner.config.max_batch.max(1) {
-                    match rx.try_recv() {
-                        Ok(p) => batch.push(p),
-                        Err(_) => break,
+                tokio::select! {
+                    received = rx.recv() => {
+                        let Some(first) = received else { return };
+                        let mut batch = vec![first];
+                        while batch.len() < self.inner.config.max_batch.max(1) {
+                            match rx.try_recv() {
+                                Ok(p) => batch.push(p),
+                                Err(_) => break,
+                            }
+                        }
+                        self.process(&project, batch).await;
+                    }
+                    () = wake.notified() => {}
+                    () = upkeep => self.process(&project, Vec::new()).await,
+                    () = tokio::time::sleep(self.inner.config.idle) => {
+                        if self.retire(&project, &rx) {
+                            return;
+                        }
                     }
                 }
-                self.process(&project, batch).await;
             }
         }
         .instrument(span)
         .await;
+    }
+
+    /// Stops the project's worker when nothing is queued, recorded or held.
+    fn retire(&self, project: &str, rx: &mpsc::UnboundedReceiver<Pending>) -> bool {
+        let mut queues = lock(&self.inner.queues);
+        let mut escrows = lock(&self.inner.escrows);
+        let quiet = escrows.get(project).is_none_or(|e| {
+            !e.holding && e.admitted.is_empty() && e.idle_since(self.inner.config.idle, Instant::now())
+        });
+        if quiet && rx.is_empty() {
+            queues.remove(project);
+            escrows.remove(project);
+            return true;
+        }
+        false
     }
 
     fn api(&self) -> Api<DynamicObject> {
@@ -199,16 +468,9 @@ impl Reserver {
     }
 
     /// The freshest copy we know without asking: the cache's, or our own last write if newer.
-    fn known_copy(&self, project: &str) -> Option<Arc<DynamicObject>> {
+    fn newest_copy(&self, project: &str, escrow: &Escrow) -> Option<Arc<DynamicObject>> {
         let cached = self.inner.cache.quota_for(project);
-        let written = self
-            .inner
-            .last_written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(project)
-            .cloned();
-        match (cached, written) {
+        match (cached, escrow.last_written.clone()) {
             (Some(c), Some(w)) if c.name_any() == w.name_any() && c.uid() == w.uid() => {
                 if rv_number(&w) > rv_number(&c) {
                     Some(w)
@@ -220,15 +482,39 @@ impl Reserver {
         }
     }
 
+    /// [`Self::newest_copy`], parsed (once per resourceVersion).
+    fn newest_parsed(&self, project: &str, escrow: &mut Escrow) -> Option<Arc<QuotaCopy>> {
+        let object = self.newest_copy(project, escrow)?;
+        if let Some(parsed) = &escrow.parsed
+            && parsed.uid == object.metadata.uid
+            && parsed.resource_version == object.metadata.resource_version
+        {
+            return Some(Arc::clone(parsed));
+        }
+        let parsed = Arc::new(QuotaCopy::from_dynamic(&object).ok()?);
+        escrow.parsed = Some(Arc::clone(&parsed));
+        Some(parsed)
+    }
+
+    fn known_copy(&self, project: &str) -> Option<Arc<DynamicObject>> {
+        let escrows = lock(&self.inner.escrows);
+        match escrows.get(project) {
+            Some(escrow) => self.newest_copy(project, escrow),
+            None => self.inner.cache.quota_for(project),
+        }
+    }
+
     async fn fresh_copy(&self, name: &str) -> Result<Option<DynamicObject>, kube::Error> {
         self.api().get_opt(name).await
     }
 
     async fn process(&self, project: &str, batch: Vec<Pending>) {
-        self.inner
-            .metrics
-            .batch_size
-            .observe(f64::from(u32::try_from(batch.len()).unwrap_or(u32::MAX)));
+        if !batch.is_empty() {
+            self.inner
+                .metrics
+                .batch_size
+                .observe(f64::from(u32::try_from(batch.len()).unwrap_or(u32::MAX)));
+        }
         let requests: Vec<Request> = batch.iter().map(|p| p.request.clone()).collect();
         let decided = tokio::time::timeout(
             self.inner.config.deadline,
@@ -236,6 +522,7 @@ impl Reserver {
         )
         .await;
         let verdicts = decided.unwrap_or_else(|_| {
+            // The write may still land: the escrow keeps its in-flight cap until one succeeds.
             self.inner.metrics.write_errors.inc();
             Self::error_verdicts(&requests, project, "the quota could not be updated in time")
         });
@@ -257,36 +544,131 @@ impl Reserver {
             .collect()
     }
 
-    /// Decides the batch on one copy; returns the verdicts and the reservations to append.
+    fn reservation_of(pending: &Pending, verdict: &Verdict, now: Timestamp) -> Option<Reservation> {
+        let reserve = verdict.reserve.as_ref().filter(|_| verdict.allowed)?;
+        (!pending.request.dry_run).then(|| Reservation {
+            cluster: pending.machine.cluster.clone(),
+            namespace: pending.machine.namespace.clone(),
+            name: pending.machine.name.clone(),
+            uid: pending.machine.uid.clone(),
+            size: reserve.size.clone(),
+            reserved: reserve.reserved.clone(),
+            created_at: now,
+        })
+    }
+
+    /// Decides the batch on one copy, under the escrow lock: records every admission made from
+    /// the allotment, decides the batch against everything but our own allotment, and sizes the
+    /// allotment anew (or gives it back). Marks the escrow as writing, so that admissions from
+    /// the allotment meanwhile stay covered whether the write lands or not.
     fn plan(
+        &self,
         project: &str,
         copy: &QuotaCopy,
         batch: &[Pending],
         requests: &[Request],
-    ) -> Result<(Vec<Verdict>, Vec<serde_json::Value>), String> {
-        let state = copy.state().map_err(|e| e.to_string())?;
-        let verdicts = decide_batch(project, Some(&state), requests);
+        escrow: &mut Escrow,
+    ) -> Result<Plan, String> {
+        let holder = self.inner.holder.as_str();
         let now = Timestamp::now();
-        let mut new = Vec::new();
-        for (pending, verdict) in batch.iter().zip(&verdicts) {
-            let Some(reserve) = verdict.reserve.as_ref().filter(|_| verdict.allowed) else {
-                continue;
-            };
-            if pending.request.dry_run {
-                continue;
-            }
-            let reservation = Reservation {
-                cluster: pending.machine.cluster.clone(),
-                namespace: pending.machine.namespace.clone(),
-                name: pending.machine.name.clone(),
-                uid: pending.machine.uid.clone(),
-                size: reserve.size.clone(),
-                reserved: reserve.reserved.clone(),
-                created_at: now,
-            };
-            new.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
+        let recorded = escrow.admitted.len();
+        let recorded_total = escrow.admitted_total.clone();
+        let mut state =
+            QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &ResourceDetails::zero())
+                .map_err(|e| e.to_string())?;
+        state.reserved = state
+            .reserved
+            .checked_add(&recorded_total)
+            .map_err(|e| e.to_string())?;
+        let verdicts = decide_batch(project, Some(&state), requests);
+        let mut new_reservations = Vec::new();
+        for (_, reservation) in &escrow.admitted {
+            new_reservations.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
         }
-        Ok((verdicts, new))
+        let mut admitted = ResourceDetails::zero();
+        for (pending, verdict) in batch.iter().zip(&verdicts) {
+            if let Some(reservation) = Self::reservation_of(pending, verdict, now) {
+                admitted = admitted
+                    .checked_add(&reservation.reserved)
+                    .map_err(|e| e.to_string())?;
+                new_reservations.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
+            }
+        }
+        let own = copy
+            .status
+            .as_ref()
+            .and_then(|s| s.allotments.iter().find(|a| a.holder == holder));
+        let grant = self.inner.config.allotments.as_ref().and_then(|config| {
+            let idle = requests.is_empty() && escrow.idle_since(config.release_after, Instant::now());
+            if idle || self.inner.stopping.load(Ordering::SeqCst) {
+                return None;
+            }
+            let in_use = state.in_use().ok()?.checked_add(&admitted).ok()?;
+            Some(grant_for(&state.limit, &in_use))
+        });
+        let renewal_due = escrow.renewed.is_none_or(|t| {
+            t.elapsed()
+                >= self
+                    .inner
+                    .config
+                    .allotments
+                    .as_ref()
+                    .map_or(Duration::ZERO, |c| c.ttl / 4)
+        });
+        let allotment_changes = match (own, &grant) {
+            (None, None) => false,
+            (Some(own), Some(grant)) => own.granted != *grant || renewal_due || !new_reservations.is_empty(),
+            _ => true,
+        };
+        let allotments = if allotment_changes {
+            let mut list: Vec<Value> = copy
+                .raw_allotments
+                .iter()
+                .filter(|a| a.get("holder").and_then(Value::as_str) != Some(holder))
+                .cloned()
+                .collect();
+            if let (Some(grant), Some(config)) = (&grant, &self.inner.config.allotments) {
+                let expires_at = now
+                    .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
+                    .unwrap_or(now);
+                let allotment = Allotment {
+                    holder: holder.to_owned(),
+                    granted: grant.clone(),
+                    expires_at,
+                };
+                list.push(serde_json::to_value(allotment).map_err(|e| e.to_string())?);
+            }
+            Some(if list.is_empty() {
+                Value::Null
+            } else {
+                Value::Array(list)
+            })
+        } else {
+            None
+        };
+        let plan = Plan {
+            verdicts,
+            new_reservations,
+            allotments,
+            recorded,
+            recorded_total,
+            grant,
+        };
+        if plan.writes() {
+            // A cap still set is from a write whose outcome is unknown (it timed out or failed
+            // without a conflict): it may have landed, so it bounds this one too.
+            let old = match &escrow.cap_in_flight {
+                Some(cap) => cap.clone(),
+                None if escrow.holding && escrow.quota_uid == copy.uid => escrow.granted.clone(),
+                None => ResourceDetails::default(),
+            };
+            let new = plan.grant.clone().unwrap_or_default();
+            escrow.cap_in_flight = Some(cap_while_writing(&old, &new, &plan.recorded_total));
+        }
+        if !requests.is_empty() {
+            escrow.last_request = Some(Instant::now());
+        }
+        Ok(plan)
     }
 
     fn set_ledger_size(&self, project: &str, count: usize) {
@@ -297,21 +679,22 @@ impl Reserver {
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// Appends `new` to the copy's reservations, conditioned on the copy's resourceVersion.
-    async fn append(
-        &self,
-        project: &str,
-        copy: &QuotaCopy,
-        new: Vec<serde_json::Value>,
-    ) -> Result<(), kube::Error> {
-        let count = copy.raw_reservations.len() + new.len();
-        let mut reservations = copy.raw_reservations.clone();
-        reservations.extend(new);
+    /// Writes the plan, conditioned on the copy's resourceVersion.
+    async fn write(&self, copy: &QuotaCopy, plan: &Plan) -> Result<DynamicObject, kube::Error> {
+        let mut status = serde_json::Map::new();
+        if !plan.new_reservations.is_empty() {
+            let mut reservations = copy.raw_reservations.clone();
+            reservations.extend(plan.new_reservations.iter().cloned());
+            status.insert("reservations".into(), Value::Array(reservations));
+        }
+        if let Some(allotments) = &plan.allotments {
+            status.insert("allotments".into(), allotments.clone());
+        }
         let patch = json!({
             "metadata": {"resourceVersion": copy.resource_version},
-            "status": {"reservations": reservations},
+            "status": status,
         });
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let written = self
             .api()
             .patch_status(&copy.name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -322,13 +705,67 @@ impl Reserver {
             .observe(started.elapsed().as_secs_f64());
         let written = written?;
         self.inner.metrics.writes.inc();
+        Ok(written)
+    }
+
+    /// The write landed: what it recorded leaves the escrow, the allotment is what it wrote.
+    fn written(
+        &self,
+        project: &str,
+        copy: &QuotaCopy,
+        plan: &Plan,
+        started: Instant,
+        written: DynamicObject,
+    ) {
+        let mut escrows = lock(&self.inner.escrows);
+        let escrow = escrows.entry(project.to_owned()).or_default();
+        escrow.admitted.drain(..plan.recorded.min(escrow.admitted.len()));
+        escrow.admitted_total = escrow.admitted_total.saturating_sub(&plan.recorded_total);
+        escrow.cap_in_flight = None;
+        escrow.quota_uid.clone_from(&copy.uid);
+        let ttl = self.inner.config.allotments.as_ref().map(|c| c.ttl);
+        if let (Some(grant), Some(ttl)) = (&plan.grant, ttl) {
+            if plan.allotments.is_some() {
+                escrow.renewed = Some(started);
+                escrow.usable_until = Some(started + ttl / 2);
+            }
+            if !escrow.holding {
+                debug!(granted = %grant, "allotment taken");
+            }
+            escrow.holding = true;
+            escrow.granted = grant.clone();
+        } else {
+            if escrow.holding {
+                info!(quota = %copy.name, "allotment given back");
+            }
+            escrow.holding = false;
+            escrow.granted = ResourceDetails::default();
+            escrow.usable_until = None;
+            escrow.renewed = None;
+        }
+        let count = written
+            .data
+            .get("status")
+            .and_then(|s| s.get("reservations"))
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        escrow.last_written = Some(Arc::new(written));
+        drop(escrows);
         self.set_ledger_size(project, count);
-        self.inner
-            .last_written
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(project.to_owned(), Arc::new(written));
-        Ok(())
+    }
+
+    /// The project has no quota (any more): nothing to record into, nothing to hold.
+    fn forget(&self, project: &str) {
+        let mut escrows = lock(&self.inner.escrows);
+        if let Some(escrow) = escrows.get_mut(project) {
+            let wake = Arc::clone(&escrow.wake);
+            let last_request = escrow.last_request;
+            *escrow = Escrow {
+                last_request,
+                wake,
+                ..Escrow::default()
+            };
+        }
     }
 
     async fn decide_and_write(&self, project: &str, batch: &[Pending], requests: &[Request]) -> Vec<Verdict> {
@@ -340,34 +777,58 @@ impl Reserver {
             attempt += 1;
             let Some(object) = snapshot.clone() else {
                 // No quota: nothing to reserve.
+                self.forget(project);
                 return decide_batch(project, None, requests);
             };
-            let planned = QuotaCopy::from_dynamic(&object)
-                .map_err(|e| e.to_string())
-                .and_then(|copy| Self::plan(project, &copy, batch, requests).map(|(v, n)| (copy, v, n)));
-            let (copy, verdicts, new) = match planned {
-                Ok(planned) => planned,
-                Err(why) => return Self::error_verdicts(requests, project, &why),
+            let copy = match QuotaCopy::from_dynamic(&object) {
+                Ok(copy) => copy,
+                Err(e) => return Self::error_verdicts(requests, project, &e.to_string()),
             };
             if copy.resource_version.is_none() {
                 return Self::error_verdicts(requests, project, "the quota copy has no resourceVersion");
             }
-            let result = if new.is_empty() {
-                if verified {
+            let planned = {
+                let mut escrows = lock(&self.inner.escrows);
+                let escrow = escrows.entry(project.to_owned()).or_default();
+                self.plan(project, &copy, batch, requests, escrow)
+            };
+            let plan = match planned {
+                Ok(plan) => plan,
+                Err(why) => return Self::error_verdicts(requests, project, &why),
+            };
+            let result = if plan.writes() {
+                let started = Instant::now();
+                match self.write(&copy, &plan).await {
+                    Ok(written) => {
+                        self.written(project, &copy, &plan, started, written);
+                        debug!(batch = requests.len(), recorded = plan.recorded, attempt, quota = %copy.name, "ledger written");
+                        return plan.verdicts;
+                    }
+                    Err(e) => {
+                        // A conflict certainly did not land; anything else may have.
+                        if matches!(&e, kube::Error::Api(s) if s.code == 409)
+                            && let Some(escrow) = lock(&self.inner.escrows).get_mut(project)
+                        {
+                            escrow.cap_in_flight = None;
+                        }
+                        Err(e)
+                    }
+                }
+            } else {
+                if plan.grant.is_none()
+                    && let Some(escrow) = lock(&self.inner.escrows).get_mut(project)
+                {
+                    // Nothing of ours in the ledger (seed-controller removed it): not holding.
+                    escrow.holding = false;
+                    escrow.usable_until = None;
+                }
+                if verified || requests.is_empty() {
                     self.set_ledger_size(project, copy.reservation_count());
-                    return verdicts;
+                    return plan.verdicts;
                 }
                 // Denials (or nothing to write) on a snapshot that may be stale: confirm them on
                 // a fresh read before answering.
-                Ok(false)
-            } else {
-                match self.append(project, &copy, new).await {
-                    Ok(()) => {
-                        debug!(batch = requests.len(), attempt, quota = %copy.name, "reservations written");
-                        return verdicts;
-                    }
-                    Err(e) => Err(e),
-                }
+                Ok(())
             };
             if let Err(e) = &result {
                 let conflict = matches!(e, kube::Error::Api(s) if s.code == 409);
@@ -375,7 +836,7 @@ impl Reserver {
                     self.inner.metrics.conflicts.inc();
                 } else {
                     self.inner.metrics.write_errors.inc();
-                    warn!(error = %e, attempt, quota = %copy.name, "reservation write failed");
+                    warn!(error = %e, attempt, quota = %copy.name, "ledger write failed");
                 }
                 if attempt >= max_attempts {
                     let why = if conflict {

@@ -23,25 +23,31 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// Starts the binary against the seed of `kubeconfig`, admission on `https`, ops on `ops`.
+fn spawn_webhook(kubeconfig: &std::path::Path, certs: &Certs, https: u16, ops: u16) -> Result<Killed> {
+    Ok(Killed(
+        Command::new(env!("CARGO_BIN_EXE_machine-webhook"))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["--listen-address", &format!("127.0.0.1:{https}")])
+            .arg("--tls-cert-file")
+            .arg(&certs.paths.cert)
+            .arg("--tls-key-file")
+            .arg(&certs.paths.key)
+            .args(["--metrics-address", &format!("127.0.0.1:{ops}")])
+            .env("MACHINE_WEBHOOK_LOG_JSON", "true")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?,
+    ))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
     let seed = e2e::ControlPlane::start("bin-seed").await?;
     let certs = certs()?;
     let (https, ops) = (free_port()?, free_port()?);
-    let child = Command::new(env!("CARGO_BIN_EXE_machine-webhook"))
-        .arg("--kubeconfig")
-        .arg(seed.kubeconfig_path())
-        .args(["--listen-address", &format!("127.0.0.1:{https}")])
-        .arg("--tls-cert-file")
-        .arg(&certs.paths.cert)
-        .arg("--tls-key-file")
-        .arg(&certs.paths.key)
-        .args(["--metrics-address", &format!("127.0.0.1:{ops}")])
-        .env("MACHINE_WEBHOOK_LOG_JSON", "true")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?;
-    let _child = Killed(child);
+    let _child = spawn_webhook(&seed.kubeconfig_path(), &certs, https, ops)?;
     let http = reqwest::Client::new();
     wait_for(Duration::from_secs(30), "/readyz to answer 200", || {
         let http = http.clone();
@@ -93,5 +99,54 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
     assert_eq!(review["response"]["uid"], "u-1");
     assert_eq!(review["response"]["allowed"], false);
     assert_eq!(review["response"]["status"]["reason"], "UnknownCluster");
+    Ok(())
+}
+
+/// Stopped with SIGTERM (as Kubernetes stops a Pod), the binary records what it admitted from
+/// its allotment and gives the allotment back before it exits, so a rolling update does not
+/// leave headroom held until the allotment expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_records_admissions_and_gives_the_allotment_back() -> Result<()> {
+    let fleet = fleet().await?;
+    let seed = fleet.seed(SEED);
+    let alpha = fleet.user_cluster("alpha").client();
+    let certs = certs()?;
+    write_quota(seed.client(), PROJECT, "16", "6").await?;
+    let (https, ops) = (free_port()?, free_port()?);
+    let mut child = spawn_webhook(&seed.kubeconfig_path(), &certs, https, ops)?;
+    register(
+        alpha.clone(),
+        "alpha",
+        format!("127.0.0.1:{https}").parse()?,
+        &certs,
+    )
+    .await?;
+    let api = machines(alpha.clone());
+    // The first create waits for the write that reserves it and takes the allotment; the second
+    // is admitted from the allotment and not recorded yet.
+    api.create(&kube::api::PostParams::default(), &machine("first", 1))
+        .await?;
+    api.create(&kube::api::PostParams::default(), &machine("second", 1))
+        .await?;
+    let (_, allotments) = ledger(seed.client(), PROJECT).await?;
+    assert_eq!(allotments.len(), 1, "{allotments:?}");
+    let metrics = reqwest::get(format!("http://127.0.0.1:{ops}/metrics"))
+        .await?
+        .text()
+        .await?;
+    assert!(
+        metrics.contains("kkp_quota_allotment_admissions_total 1"),
+        "the second Machine was not admitted from the allotment"
+    );
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()?;
+    assert!(status.success());
+    let exit = tokio::task::spawn_blocking(move || child.0.wait()).await??;
+    assert!(exit.success(), "{exit}");
+    let (reserved, allotments) = ledger(seed.client(), PROJECT).await?;
+    assert!(allotments.is_empty(), "allotment left behind: {allotments:?}");
+    let names: Vec<&str> = reserved.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["first", "second"]);
     Ok(())
 }

@@ -87,8 +87,8 @@ async fn main() -> anyhow::Result<()> {
     }
     tokio::select! {
         result = master_controller::run(client, options, metrics, readiness) => result.context("master-controller stopped"),
-        _ = tokio::signal::ctrl_c() => {
-            tracing::info!("interrupted; exiting");
+        signal = kkp_quota_crds::runtime::shutdown_signal() => {
+            tracing::info!(signal, "stopping");
             Ok(())
         }
     }

@@ -1,5 +1,5 @@
-//! Ledger upkeep, pure: which admission reservations a write of `localUsage` drops, and which
-//! newly seen Machines were never admitted.
+//! Ledger upkeep, pure: which admission reservations and allotments a write of `localUsage`
+//! drops, which newly seen Machines it holds back, and which were never admitted.
 //!
 //! A reservation is dropped when
 //! - **counted**: its Machine (same cluster and UID) is counted, at the reserved `size`, in the
@@ -7,12 +7,22 @@
 //!   twice), or
 //! - **expired**: it is older than the TTL and its cluster is not unsettled (unreachable or not
 //!   synced yet), since the Machine may exist there uncounted.
+//!
+//! An allotment (headroom a webhook process holds) is removed once its `expiresAt` has passed,
+//! but never while one of the project's own clusters is unsettled: a Machine admitted from it may
+//! exist there uncounted, covered only by the allotment.
+//!
+//! A Machine that appeared while watched with no reservation, while the quota copy keeps an
+//! allotment, is **held back** (not counted, not judged for bypass) for a grace period: it may
+//! have been admitted from an allotment, whose `granted` covers it until the webhook records it as
+//! a reservation. Counting it before that would count it twice, judging it a false alarm.
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
-use kkp_quota_crds::ResourceDetails;
-use kkp_quota_crds::ledger::Reservation;
+use kkp_quota_crds::ledger::{Allotment, Reservation};
+use kkp_quota_crds::{QuantityError, ResourceDetails};
 
 use crate::usage::same_usage;
 
@@ -37,6 +47,21 @@ impl Counted {
         self.machines
             .get(&(reservation.cluster.clone(), reservation.uid.clone()))
             .is_some_and(|size| same_usage(size, &reservation.size))
+    }
+}
+
+/// A Machine that appeared while its cluster was watched (not in a first listing).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Appeared {
+    pub cluster: String,
+    pub uid: String,
+    /// When the controller first saw it.
+    pub at: Instant,
+}
+
+impl Appeared {
+    pub fn key(&self) -> (String, String) {
+        (self.cluster.clone(), self.uid.clone())
     }
 }
 
@@ -74,20 +99,98 @@ pub fn remaining(reservations: &[Reservation], drops: &[(usize, DropReason)]) ->
         .collect()
 }
 
-/// Of Machines that appeared while the watch was running (`(cluster, uid)`), those with no
-/// reservation: the webhook never admitted them.
-pub fn unadmitted<'a>(
-    appeared: impl IntoIterator<Item = &'a (String, String)>,
-    reservations: &[Reservation],
-) -> Vec<(String, String)> {
-    let reserved: HashSet<(&str, &str)> = reservations
+/// The allotments (by index) to remove: `expiresAt` has passed, and none of the project's own
+/// clusters is unsettled (`project_unsettled`).
+pub fn allotments_to_expire(allotments: &[Allotment], project_unsettled: bool, now: Timestamp) -> Vec<usize> {
+    if project_unsettled {
+        return Vec::new();
+    }
+    allotments
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.expires_at <= now)
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// The allotments that stay after removing `expired`.
+pub fn remaining_allotments(allotments: &[Allotment], expired: &[usize]) -> Vec<Allotment> {
+    allotments
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !expired.contains(i))
+        .map(|(_, a)| a.clone())
+        .collect()
+}
+
+fn reserved_keys(reservations: &[Reservation]) -> HashSet<(&str, &str)> {
+    reservations
         .iter()
         .map(|r| (r.cluster.as_str(), r.uid.as_str()))
+        .collect()
+}
+
+/// The appeared Machines (by index) held back: no reservation for them, an allotment stays in the
+/// quota copy (`has_allotments`), and their grace has not ended.
+pub fn held_back(
+    appeared: &[Appeared],
+    reservations: &[Reservation],
+    has_allotments: bool,
+    now: Instant,
+    grace: Duration,
+) -> Vec<usize> {
+    if !has_allotments {
+        return Vec::new();
+    }
+    let reserved = reserved_keys(reservations);
+    appeared
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| !reserved.contains(&(a.cluster.as_str(), a.uid.as_str())))
+        .filter(|(_, a)| a.at.checked_add(grace).is_none_or(|end| now < end))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// When the earliest grace of the `held` Machines ends (the write to make then).
+pub fn grace_ends(appeared: &[Appeared], held: &[usize], grace: Duration) -> Option<Instant> {
+    held.iter()
+        .filter_map(|&i| appeared.get(i))
+        .filter_map(|a| a.at.checked_add(grace))
+        .min()
+}
+
+/// `local_usage` without the `held` Machines (each counted in it at its size in `counted`, if it
+/// could be sized).
+pub fn usage_without_held(
+    local_usage: &ResourceDetails,
+    counted: &Counted,
+    appeared: &[Appeared],
+    held: &[usize],
+) -> Result<ResourceDetails, QuantityError> {
+    let sizes: Vec<&ResourceDetails> = held
+        .iter()
+        .filter_map(|&i| appeared.get(i))
+        .filter_map(|a| counted.machines.get(&a.key()))
         .collect();
+    if sizes.is_empty() {
+        return Ok(local_usage.clone());
+    }
+    Ok(local_usage.saturating_sub(&ResourceDetails::checked_sum(sizes)?))
+}
+
+/// Of Machines that appeared while the watch was running, those with no reservation: the webhook
+/// never admitted them (or a webhook process admitted them from its allotment and stopped before
+/// recording them).
+pub fn unadmitted<'a>(
+    appeared: impl IntoIterator<Item = &'a Appeared>,
+    reservations: &[Reservation],
+) -> Vec<(String, String)> {
+    let reserved = reserved_keys(reservations);
     appeared
         .into_iter()
-        .filter(|(cluster, uid)| !reserved.contains(&(cluster.as_str(), uid.as_str())))
-        .cloned()
+        .filter(|a| !reserved.contains(&(a.cluster.as_str(), a.uid.as_str())))
+        .map(Appeared::key)
         .collect()
 }
 
@@ -154,14 +257,33 @@ mod tests {
         );
     }
 
+    fn appeared(cluster: &str, uid: &str, at: Instant) -> Appeared {
+        Appeared {
+            cluster: cluster.into(),
+            uid: uid.into(),
+            at,
+        }
+    }
+
+    fn allotment(holder: &str, cpu: i64, expires_at: Timestamp) -> Allotment {
+        Allotment {
+            holder: holder.into(),
+            granted: size(cpu),
+            expires_at,
+        }
+    }
+
+    const GRACE: Duration = Duration::from_secs(5);
+
     #[test]
     fn unadmitted_are_those_without_reservation() {
         let now = Timestamp::now();
+        let at = Instant::now();
         let rs = vec![reservation("alpha", "u1", 2, 1, now)];
         let appeared = [
-            ("alpha".to_owned(), "u1".to_owned()),
-            ("alpha".to_owned(), "u2".to_owned()),
-            ("beta".to_owned(), "u1".to_owned()),
+            appeared("alpha", "u1", at),
+            appeared("alpha", "u2", at),
+            appeared("beta", "u1", at),
         ];
         assert_eq!(
             unadmitted(&appeared, &rs),
@@ -172,7 +294,146 @@ mod tests {
         );
     }
 
+    #[test]
+    fn allotments_expire_after_expires_at_and_only_when_the_project_is_settled() {
+        let now = Timestamp::now();
+        let allotments = vec![
+            allotment("gone", 2, now - SignedDuration::from_secs(1)),
+            allotment("live", 2, now + SignedDuration::from_secs(30)),
+            allotment("just", 2, now),
+        ];
+        assert_eq!(allotments_to_expire(&allotments, false, now), vec![0, 2]);
+        assert!(allotments_to_expire(&allotments, true, now).is_empty());
+        let kept = remaining_allotments(&allotments, &[0, 2]);
+        assert_eq!(kept, vec![allotments[1].clone()]);
+    }
+
+    #[test]
+    fn held_back_until_reserved_or_the_grace_ends_and_only_with_allotments() {
+        let now = Timestamp::now();
+        let start = Instant::now() + Duration::from_mins(1);
+        let rs = vec![reservation("alpha", "reserved", 2, 1, now)];
+        let list = [
+            appeared("alpha", "reserved", start),
+            appeared("alpha", "fresh", start),
+            appeared("beta", "old", start.checked_sub(GRACE).unwrap()),
+            appeared(
+                "beta",
+                "fresh",
+                start.checked_sub(Duration::from_secs(4)).unwrap(),
+            ),
+        ];
+        let held = held_back(&list, &rs, true, start, GRACE);
+        assert_eq!(held, vec![1, 3]);
+        assert_eq!(
+            grace_ends(&list, &held, GRACE),
+            Some(start + Duration::from_secs(1))
+        );
+        assert!(
+            held_back(&list, &rs, false, start, GRACE).is_empty(),
+            "no allotment"
+        );
+        assert_eq!(
+            held_back(&list, &rs, true, start + GRACE, GRACE),
+            Vec::<usize>::new()
+        );
+        // Judged: what is not held; of that, what has no reservation is unadmitted.
+        let judged: Vec<&Appeared> = list
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !held.contains(i))
+            .map(|(_, a)| a)
+            .collect();
+        assert_eq!(
+            unadmitted(judged, &rs),
+            vec![("beta".to_owned(), "old".to_owned())]
+        );
+
+        let mut counted = Counted::default();
+        for (a, cpu) in list.iter().zip([1, 2, 4, 8]) {
+            counted.machines.insert(a.key(), size(cpu));
+        }
+        let total = ResourceDetails::checked_sum(counted.machines.values()).unwrap();
+        let without = usage_without_held(&total, &counted, &list, &held).unwrap();
+        assert_eq!(without.amount(Resource::Cpu), Quantity::from_units(5));
+        assert_eq!(without.amount(Resource::Machines), Quantity::from_units(2));
+        // An unsizeable held Machine is not in the usage: nothing to take out.
+        counted.machines.remove(&list[1].key());
+        let total = ResourceDetails::checked_sum(counted.machines.values()).unwrap();
+        let without = usage_without_held(&total, &counted, &list, &held).unwrap();
+        assert_eq!(without.amount(Resource::Cpu), Quantity::from_units(5));
+    }
+
     proptest! {
+        /// A held-back Machine is never counted and never judged; nothing with a reservation, and
+        /// nothing without an allotment in the quota copy, is held back; every hold ends with the
+        /// grace.
+        #[test]
+        fn held_back_machines_are_neither_counted_nor_flagged(
+            machines in proptest::collection::vec((0u8..3, 0u8..8, 1i64..4, 0u64..10_000, any::<bool>()), 0..30),
+            has_allotments in any::<bool>(),
+        ) {
+            let now = Instant::now() + Duration::from_secs(20);
+            let ts = Timestamp::now();
+            let mut list = Vec::new();
+            let mut rs = Vec::new();
+            let mut counted = Counted::default();
+            for (c, u, cpu, age_ms, reserved) in &machines {
+                let key = (format!("c{c}"), format!("u{u}"));
+                if counted.machines.contains_key(&key) {
+                    continue;
+                }
+                let a = appeared(&key.0, &key.1, now.checked_sub(Duration::from_millis(*age_ms)).unwrap());
+                if *reserved {
+                    rs.push(reservation(&key.0, &key.1, *cpu, 1, ts));
+                }
+                counted.machines.insert(key, size(*cpu));
+                list.push(a);
+            }
+            let held = held_back(&list, &rs, has_allotments, now, GRACE);
+            let total = ResourceDetails::checked_sum(counted.machines.values()).unwrap();
+            let written = usage_without_held(&total, &counted, &list, &held).unwrap();
+            let judged: Vec<&Appeared> = list.iter().enumerate().filter(|(i, _)| !held.contains(i)).map(|(_, a)| a).collect();
+            let flagged = unadmitted(judged.iter().copied(), &rs);
+            let not_held = ResourceDetails::checked_sum(judged.iter().map(|a| &counted.machines[&a.key()])).unwrap();
+            prop_assert!(same_usage(&written, &not_held), "written {written}, not held {not_held}");
+            for &i in &held {
+                let a = &list[i];
+                prop_assert!(has_allotments);
+                prop_assert!(!rs.iter().any(|r| r.cluster == a.cluster && r.uid == a.uid));
+                prop_assert!(now < a.at + GRACE);
+                prop_assert!(!flagged.contains(&a.key()));
+            }
+            // When the earliest grace ends, that Machine is held no more (and nothing new is).
+            if let Some(end) = grace_ends(&list, &held, GRACE) {
+                let later = held_back(&list, &rs, has_allotments, end, GRACE);
+                prop_assert!(later.len() < held.len());
+                prop_assert!(later.iter().all(|i| held.contains(i)));
+            }
+            prop_assert!(held_back(&list, &rs, has_allotments, now + GRACE, GRACE).is_empty());
+        }
+
+        /// An allotment is never removed before `expiresAt` nor while the project has an
+        /// unsettled cluster; every other expired one is.
+        #[test]
+        fn allotment_expiry_is_justified(
+            offsets in proptest::collection::vec(-120i64..120, 0..20),
+            project_unsettled in any::<bool>(),
+        ) {
+            let now = Timestamp::now();
+            let allotments: Vec<Allotment> = offsets
+                .iter()
+                .enumerate()
+                .map(|(i, s)| allotment(&format!("h{i}"), 1, now + SignedDuration::from_secs(*s)))
+                .collect();
+            let expired = allotments_to_expire(&allotments, project_unsettled, now);
+            for (i, a) in allotments.iter().enumerate() {
+                let gone = expired.contains(&i);
+                prop_assert_eq!(gone, !project_unsettled && a.expires_at <= now);
+            }
+            prop_assert_eq!(remaining_allotments(&allotments, &expired).len() + expired.len(), allotments.len());
+        }
+
         /// A reservation is never dropped as counted unless its Machine is counted at its size,
         /// and never expires for an unsettled cluster.
         #[test]

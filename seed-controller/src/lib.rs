@@ -107,6 +107,12 @@ pub struct Config {
     /// while the Machine's user cluster is unreachable).
     #[arg(long, env = "SEED_CONTROLLER_RESERVATION_TTL", default_value = "2m", value_parser = parse_duration)]
     pub reservation_ttl: Duration,
+    /// While a project's quota copy has allotments (headroom held by webhook processes), a
+    /// Machine that appears without a reservation is neither counted nor judged for bypass for
+    /// this long: it may have been admitted from an allotment (which covers it) and be recorded
+    /// as a reservation a moment later. Counted, and flagged as unadmitted, after it.
+    #[arg(long, env = "SEED_CONTROLLER_ADMISSION_RECORD_GRACE", default_value = "5s", value_parser = parse_duration)]
+    pub admission_record_grace: Duration,
     /// Base URL of the machine-webhook (https://host:port). When set, every user cluster gets the
     /// `ValidatingWebhookConfiguration` `kkp-quota-machines` pointing at
     /// `<url>/validate/machines/<cluster>`.
@@ -334,6 +340,7 @@ mod tests {
         assert_eq!(config.kubermatic_namespace, "kubermatic");
         assert_eq!(config.machine_namespace, "kube-system");
         assert_eq!(config.reservation_ttl, Duration::from_mins(2));
+        assert_eq!(config.admission_record_grace, Duration::from_secs(5));
         assert_eq!(config.resync_period, Duration::from_mins(5));
         assert!(config.leader_elect);
         assert!(config.webhook_url.is_none());
@@ -341,7 +348,9 @@ mod tests {
             "seed-controller",
             "--leader-elect=false",
             "--resync-period=1m",
+            "--admission-record-grace=500ms",
         ]);
+        assert_eq!(config.admission_record_grace, Duration::from_millis(500));
         assert!(!config.leader_elect);
         assert_eq!(config.resync_period, Duration::from_mins(1));
     }

@@ -9,7 +9,7 @@ async fn main() -> anyhow::Result<()> {
     kkp_quota_crds::runtime::telemetry::init_tracing(config.log_json);
     tokio::select! {
         result = seed_controller::run(config) => result?,
-        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted; stopping"),
+        signal = kkp_quota_crds::runtime::shutdown_signal() => tracing::info!(signal, "stopping"),
     }
     Ok(())
 }

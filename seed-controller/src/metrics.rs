@@ -28,6 +28,8 @@ pub struct Metrics {
     pub reservations_expired: IntCounter,
     /// `kkp_quota_reservations_counted_total`
     pub reservations_counted: IntCounter,
+    /// `kkp_quota_allotments_expired_total`
+    pub allotments_expired: IntCounter,
     /// `kkp_quota_size_catalog_errors_total`
     pub catalog_errors: IntCounter,
     /// `kkp_quota_reconcile_duration_seconds{controller}`
@@ -94,6 +96,10 @@ impl Metrics {
                 "kkp_quota_reservations_counted_total",
                 "Admission reservations dropped in the same write that counted their Machine",
             )?,
+            allotments_expired: IntCounter::new(
+                "kkp_quota_allotments_expired_total",
+                "Webhook allotments (held headroom) removed after their expiresAt passed",
+            )?,
             catalog_errors: IntCounter::new(
                 "kkp_quota_size_catalog_errors_total",
                 "Admin size catalogs that could not be loaded (the previous one stays in use)",
@@ -120,6 +126,7 @@ impl Metrics {
         m.registry.register(Box::new(m.drift_corrections.clone()))?;
         m.registry.register(Box::new(m.reservations_expired.clone()))?;
         m.registry.register(Box::new(m.reservations_counted.clone()))?;
+        m.registry.register(Box::new(m.allotments_expired.clone()))?;
         m.registry.register(Box::new(m.catalog_errors.clone()))?;
         m.registry.register(Box::new(m.reconcile_duration.clone()))?;
         m.registry.register(Box::new(m.reconcile_errors.clone()))?;

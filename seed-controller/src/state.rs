@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::kkp::{ClusterCondition, ClusterStatus};
@@ -16,7 +17,7 @@ use provider_sizes::{SizeCatalog, SizingError, size_machine};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::{error, warn};
 
-use crate::ledger::Counted;
+use crate::ledger::{Appeared, Counted};
 use crate::usage::{ClusterUsage, Drift, project_usage, same_usage};
 
 /// The key of our condition in `Cluster.status.conditions` (KKP keeps conditions as a map).
@@ -53,6 +54,22 @@ struct MachineInfo {
     sizing: Result<ResourceDetails, SizingError>,
 }
 
+/// When a Machine appeared while watched, and whether a write has held it back since.
+#[derive(Debug, Clone, Copy)]
+struct Appearance {
+    at: Instant,
+    held: bool,
+}
+
+impl Appearance {
+    fn now() -> Appearance {
+        Appearance {
+            at: Instant::now(),
+            held: false,
+        }
+    }
+}
+
 /// One user cluster as the controller sees it.
 #[derive(Debug, Default)]
 pub struct ClusterState {
@@ -68,7 +85,7 @@ pub struct ClusterState {
     pub synced: bool,
     pub reachability: Reachability,
     /// Machines that appeared while the watch was running: checked for a reservation.
-    appeared: BTreeSet<String>,
+    appeared: BTreeMap<String, Appearance>,
     /// Events already sent (uid, reason): every Event is sent once per Machine.
     reported: HashSet<(String, &'static str)>,
     events: Option<UnboundedSender<MachineEvent>>,
@@ -103,8 +120,10 @@ pub struct ProjectPlan {
     pub project: String,
     pub local_usage: ResourceDetails,
     pub counted: Counted,
-    /// `(cluster, uid)` of Machines that appeared while watched, to check for reservations.
-    pub appeared: Vec<(String, String)>,
+    /// Machines that appeared while watched, to check for reservations.
+    pub appeared: Vec<Appeared>,
+    /// One of the project's own clusters is unsettled: its allotments must not expire.
+    pub project_unsettled: bool,
 }
 
 /// What to write to one `Cluster`'s status.
@@ -132,6 +151,8 @@ pub struct State {
     /// report a partial seed.
     pub clusters_listed: bool,
     pub catalog_loaded: bool,
+    /// Project -> when the grace of its earliest held-back Machine ends (a write is due then).
+    pub grace_wakeups: BTreeMap<String, Instant>,
 }
 
 impl State {
@@ -143,6 +164,7 @@ impl State {
             dirty_projects: BTreeSet::new(),
             clusters_listed: false,
             catalog_loaded: false,
+            grace_wakeups: BTreeMap::new(),
         }
     }
 
@@ -265,7 +287,7 @@ impl State {
         }
         let new = !cluster.machines.contains_key(&uid);
         if new && watching && cluster.synced {
-            cluster.appeared.insert(uid.clone());
+            cluster.appeared.insert(uid.clone(), Appearance::now());
         }
         cluster
             .machines
@@ -338,7 +360,10 @@ impl State {
                     Some(old) if old.spec.spec == machine.spec => old,
                     _ => {
                         if !first {
-                            cluster.appeared.insert(uid.clone());
+                            cluster
+                                .appeared
+                                .entry(uid.clone())
+                                .or_insert_with(Appearance::now);
                         }
                         Self::info(&catalog, machine)
                     }
@@ -409,6 +434,7 @@ impl State {
         let mut counted = Counted::default();
         let mut usages = Vec::new();
         let mut appeared = Vec::new();
+        let mut project_unsettled = false;
         for (name, cluster) in &self.clusters {
             if cluster.unsettled() {
                 counted.unsettled.insert(name.clone());
@@ -416,6 +442,7 @@ impl State {
             if cluster.project.as_deref() != Some(project) {
                 continue;
             }
+            project_unsettled |= cluster.unsettled();
             usages.push(cluster.reported_usage());
             if cluster.synced {
                 for (uid, size) in cluster.usage.iter() {
@@ -424,26 +451,54 @@ impl State {
                         .insert((name.clone(), uid.to_owned()), size.clone());
                 }
             }
-            appeared.extend(cluster.appeared.iter().map(|uid| (name.clone(), uid.clone())));
+            appeared.extend(cluster.appeared.iter().map(|(uid, a)| Appeared {
+                cluster: name.clone(),
+                uid: uid.clone(),
+                at: a.at,
+            }));
         }
         Ok(ProjectPlan {
             project: project.to_owned(),
             local_usage: project_usage(usages.iter())?,
             counted,
             appeared,
+            project_unsettled,
         })
     }
 
+    /// Machines a write held back (not counted, not judged yet): if they are judged unadmitted
+    /// later, the Event says they got no reservation within the grace.
+    pub fn held_back(&mut self, held: &[(String, String)]) {
+        for (cluster_name, uid) in held {
+            if let Some(a) = self
+                .clusters
+                .get_mut(cluster_name)
+                .and_then(|c| c.appeared.get_mut(uid))
+            {
+                a.held = true;
+            }
+        }
+    }
+
     /// Bypass candidates were checked: forget them, and queue Events for the unadmitted ones.
-    pub fn appeared_checked(&mut self, checked: &[(String, String)], unadmitted: &[(String, String)]) {
+    /// `allotments`: the quota copy had allotments, so an unadmitted Machine was given `grace` to
+    /// be recorded (as was any Machine held back earlier).
+    pub fn appeared_checked(
+        &mut self,
+        checked: &[(String, String)],
+        unadmitted: &[(String, String)],
+        allotments: bool,
+        grace: Duration,
+    ) {
         for (cluster_name, uid) in checked {
             let Some(cluster) = self.clusters.get_mut(cluster_name) else {
                 continue;
             };
-            cluster.appeared.remove(uid);
+            let appearance = cluster.appeared.remove(uid);
             if !unadmitted.contains(&(cluster_name.clone(), uid.clone())) {
                 continue;
             }
+            let after_grace = allotments || appearance.is_some_and(|a| a.held);
             let key = (uid.clone(), REASON_UNADMITTED);
             if cluster.reported.contains(&key) {
                 continue;
@@ -451,16 +506,28 @@ impl State {
             let Some(info) = cluster.machines.get(uid) else {
                 continue;
             };
-            warn!(cluster = %cluster_name, project = ?cluster.project, machine = %info.name, "machine exists without admission: the quota webhook was bypassed or removed; it is counted");
+            let message = if after_grace {
+                warn!(cluster = %cluster_name, project = ?cluster.project, machine = %info.name, grace = ?grace,
+                    "machine got no admission reservation within the grace: admitted by no webhook (bypassed or removed), \
+                     or by a webhook process that stopped before recording it; it is counted");
+                format!(
+                    "This Machine got no resource quota admission reservation within {grace:?} of appearing: it was \
+                     admitted by no webhook (webhook removed or bypassed), or by a webhook process that stopped \
+                     before recording it. It is counted in the project's usage."
+                )
+            } else {
+                warn!(cluster = %cluster_name, project = ?cluster.project, machine = %info.name, "machine exists without admission: the quota webhook was bypassed or removed; it is counted");
+                "This Machine was created without passing the resource quota admission webhook \
+                 (webhook removed or bypassed). It is counted in the project's usage."
+                    .to_owned()
+            };
             if let Some(sender) = &cluster.events {
                 let _ = sender.send(MachineEvent {
                     namespace: info.namespace.clone(),
                     name: info.name.clone(),
                     uid: uid.clone(),
                     reason: REASON_UNADMITTED,
-                    message: "This Machine was created without passing the resource quota admission webhook \
-                              (webhook removed or bypassed). It is counted in the project's usage."
-                        .to_owned(),
+                    message,
                 });
             }
             cluster.reported.insert(key);
@@ -697,9 +764,60 @@ mod tests {
         );
         state.machine_applied("a", machine("2", "t3.medium"), true);
         state.machine_applied("a", machine("1", "t3.medium"), true);
-        let appeared = state.project_plan("p").unwrap().appeared;
+        let appeared: Vec<(String, String)> = state
+            .project_plan("p")
+            .unwrap()
+            .appeared
+            .iter()
+            .map(Appeared::key)
+            .collect();
         assert_eq!(appeared, vec![("a".to_owned(), "2".to_owned())]);
-        state.appeared_checked(&appeared, &[]);
+        state.appeared_checked(&appeared, &[], false, Duration::from_secs(5));
+        assert!(state.project_plan("p").unwrap().appeared.is_empty());
+    }
+
+    #[test]
+    fn held_back_machines_keep_their_time_and_are_told_they_had_a_grace() {
+        let mut state = state_with(&[("a", "p"), ("b", "q")]);
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel();
+        state.set_events_sender("a", Some(sender));
+        assert!(
+            state.project_plan("p").unwrap().project_unsettled,
+            "a not listed yet"
+        );
+        state.cluster_listed("a", vec![]);
+        let plan = state.project_plan("p").unwrap();
+        assert!(!plan.project_unsettled, "b (unsettled) is another project's");
+        assert!(plan.counted.unsettled.contains("b"));
+        state.machine_applied("a", machine("1", "t3.medium"), true);
+        let first = state.project_plan("p").unwrap().appeared[0].at;
+        state.machine_applied("a", machine("2", "t3.medium"), true);
+        // Seen again by a re-listing: still appeared at the first sight.
+        state.cluster_listed("a", vec![machine("1", "t3.medium"), machine("2", "t3.medium")]);
+        let appeared = state.project_plan("p").unwrap().appeared;
+        assert_eq!(appeared.len(), 2);
+        assert_eq!(appeared[0].at, first);
+        let keys: Vec<(String, String)> = appeared.iter().map(Appeared::key).collect();
+        state.held_back(&keys[..1]);
+        state.appeared_checked(&keys, &keys, false, Duration::from_secs(5));
+        let mut messages: Vec<(String, String)> = std::iter::from_fn(|| receiver.try_recv().ok())
+            .map(|e| (e.uid, e.message))
+            .collect();
+        messages.sort();
+        assert_eq!(messages.len(), 2);
+        assert!(
+            messages[0]
+                .1
+                .contains("no resource quota admission reservation within 5s"),
+            "{}",
+            messages[0].1
+        );
+        assert!(
+            messages[0].1.contains("stopped before recording it"),
+            "{}",
+            messages[0].1
+        );
+        assert!(messages[1].1.contains("without passing"), "{}", messages[1].1);
         assert!(state.project_plan("p").unwrap().appeared.is_empty());
     }
 

@@ -1,13 +1,16 @@
 //! The writes: `Cluster.status.resourceUsage` and its `ResourceQuotaUsage` condition, and the
-//! seed quota copy's `status.localUsage` together with the reservations it makes obsolete.
+//! seed quota copy's `status.localUsage` together with the reservations and expired allotments it
+//! makes obsolete.
 //!
 //! The quota copy write is one JSON merge patch on `/status` carrying the `resourceVersion` it
 //! was computed from (compare-and-swap): `localUsage` grows by a Machine in the same write that
 //! drops the Machine's reservation, so an admitted Machine is never counted zero times or twice.
-//! On 409 Conflict the copy is read again and the write recomputed. Nothing is written when
-//! nothing changed.
+//! While the copy has allotments, a Machine that appeared without a reservation is held back
+//! (left out of `localUsage`, not judged) until it is reserved or `--admission-record-grace` has
+//! passed; the writer wakes itself when the earliest grace ends. On 409 Conflict the copy is read
+//! again and the write recomputed. Nothing is written when nothing changed.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +18,7 @@ use futures::{FutureExt, StreamExt, stream};
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{Resource, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{QuantityError, Resource, ResourceDetails, ResourceQuota, ResourceQuotaStatus};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -23,10 +26,13 @@ use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::ledger::{DropReason, remaining, reservations_to_drop, unadmitted};
-use crate::state::CONDITION_TYPE;
+use crate::ledger::{
+    DropReason, allotments_to_expire, grace_ends, held_back, remaining, remaining_allotments,
+    reservations_to_drop, unadmitted, usage_without_held,
+};
+use crate::state::{CONDITION_TYPE, ProjectPlan};
 use crate::usage::{as_f64, same_usage};
-use crate::{Error, Shared};
+use crate::{Config, Error, Shared};
 
 /// How many writes run at once.
 const CONCURRENCY: usize = 16;
@@ -38,9 +44,30 @@ type Outcome = (Option<String>, Option<String>, Result<(), Error>);
 /// Waits for changes and writes them, until aborted.
 pub async fn run(shared: Arc<Shared>) {
     loop {
-        shared.notify.notified().await;
+        // Woken by a change, or when the grace of a held-back Machine ends.
+        let wakeup = shared.state().grace_wakeups.values().min().copied();
+        match wakeup {
+            Some(at) => {
+                tokio::select! {
+                    () = shared.notify.notified() => {}
+                    () = tokio::time::sleep_until(tokio::time::Instant::from_std(at)) => {}
+                }
+            }
+            None => shared.notify.notified().await,
+        }
         let (clusters, projects) = {
             let mut state = shared.state();
+            let now = Instant::now();
+            let due: Vec<String> = state
+                .grace_wakeups
+                .iter()
+                .filter(|(_, at)| **at <= now)
+                .map(|(p, _)| p.clone())
+                .collect();
+            for project in due {
+                state.grace_wakeups.remove(&project);
+                state.dirty_projects.insert(project);
+            }
             if !(state.clusters_listed && state.catalog_loaded) {
                 continue;
             }
@@ -204,39 +231,111 @@ async fn write_project(shared: &Shared, project: &str) -> Result<(), Error> {
     result
 }
 
+/// What one write of a project's quota copy does, from one snapshot and one read of the copy.
+struct Decision {
+    /// `localUsage`: the plan's usage without the held-back Machines.
+    local_usage: ResourceDetails,
+    /// Reservations dropped (by index).
+    drops: Vec<(usize, DropReason)>,
+    /// Allotments removed (by index).
+    expired: Vec<usize>,
+    /// The copy read had allotments: a Machine judged unadmitted had its grace to be recorded.
+    had_allotments: bool,
+    /// `(cluster, uid)` of Machines held back (not counted, not judged).
+    held: Vec<(String, String)>,
+    /// When the earliest held-back Machine's grace ends.
+    grace_end: Option<Instant>,
+    /// `(cluster, uid)` of appeared Machines judged now, and those of them with no reservation.
+    checked: Vec<(String, String)>,
+    bypassed: Vec<(String, String)>,
+}
+
+fn decide(
+    plan: &ProjectPlan,
+    status: &ResourceQuotaStatus,
+    config: &Config,
+) -> Result<Decision, QuantityError> {
+    let ttl = SignedDuration::try_from(config.reservation_ttl).unwrap_or(SignedDuration::MAX);
+    let grace = config.admission_record_grace;
+    let now = Timestamp::now();
+    let instant = Instant::now();
+    let drops = reservations_to_drop(&status.reservations, &plan.counted, now, ttl);
+    let expired = allotments_to_expire(&status.allotments, plan.project_unsettled, now);
+    // Only an allotment that stays in the written copy may cover a Machine not counted in it.
+    let has_allotments = status.allotments.len() > expired.len();
+    let held = held_back(
+        &plan.appeared,
+        &status.reservations,
+        has_allotments,
+        instant,
+        grace,
+    );
+    let local_usage = usage_without_held(&plan.local_usage, &plan.counted, &plan.appeared, &held)?;
+    let held_set: HashSet<usize> = held.iter().copied().collect();
+    let judged: Vec<_> = plan
+        .appeared
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !held_set.contains(i))
+        .map(|(_, a)| a)
+        .collect();
+    Ok(Decision {
+        local_usage,
+        drops,
+        expired,
+        had_allotments: !status.allotments.is_empty(),
+        grace_end: grace_ends(&plan.appeared, &held, grace),
+        held: held.iter().map(|&i| plan.appeared[i].key()).collect(),
+        checked: judged.iter().map(|a| a.key()).collect(),
+        bypassed: unadmitted(judged.iter().copied(), &status.reservations),
+    })
+}
+
 async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error> {
     let api: Api<ResourceQuota> = Api::all(shared.seed.clone());
     let selector = format!("{SUBJECT_NAME_LABEL}={project},{SUBJECT_KIND_LABEL}={PROJECT_KIND}");
-    let ttl = SignedDuration::try_from(shared.config.reservation_ttl).unwrap_or(SignedDuration::MAX);
     for _ in 0..MAX_ATTEMPTS {
         let quotas = api.list(&ListParams::default().labels(&selector)).await?;
         // The snapshot is taken after the read: every reservation we see was made before it.
         let plan = shared.state().project_plan(project)?;
-        set_usage_gauges(&shared.metrics.local_usage, &[project], &plan.local_usage);
         let Some(quota) = quotas.items.into_iter().next() else {
             // No quota for this project on this seed: nothing to write, nothing was admitted
             // against one.
-            shared.state().appeared_checked(&plan.appeared, &[]);
+            set_usage_gauges(&shared.metrics.local_usage, &[project], &plan.local_usage);
+            let checked: Vec<_> = plan.appeared.iter().map(crate::ledger::Appeared::key).collect();
+            let mut state = shared.state();
+            state.grace_wakeups.remove(project);
+            state.appeared_checked(&checked, &[], false, shared.config.admission_record_grace);
             return Ok(());
         };
         let status = quota.status.clone().unwrap_or_default();
-        let drops = reservations_to_drop(&status.reservations, &plan.counted, Timestamp::now(), ttl);
-        let bypassed = unadmitted(&plan.appeared, &status.reservations);
+        let decision = decide(&plan, &status, &shared.config)?;
+        set_usage_gauges(&shared.metrics.local_usage, &[project], &decision.local_usage);
         let usage_same = status
             .local_usage
             .as_ref()
-            .is_some_and(|u| same_usage(u, &plan.local_usage));
-        if usage_same && drops.is_empty() {
-            note_unadmitted(shared, &plan.appeared, &bypassed);
+            .is_some_and(|u| same_usage(u, &decision.local_usage));
+        if usage_same && decision.drops.is_empty() && decision.expired.is_empty() {
+            judged(shared, project, &decision);
             return Ok(());
         }
         let mut patch = json!({
             "metadata": { "resourceVersion": quota.resource_version() },
-            "status": { "localUsage": plan.local_usage },
+            "status": { "localUsage": decision.local_usage },
         });
-        if !drops.is_empty() {
-            let kept = remaining(&status.reservations, &drops);
+        if !decision.drops.is_empty() {
+            let kept = remaining(&status.reservations, &decision.drops);
             patch["status"]["reservations"] = if kept.is_empty() {
+                Value::Null
+            } else {
+                serde_json::to_value(&kept).unwrap_or(Value::Null)
+            };
+        }
+        // Written only when some go, so an unchanged list (the holders' to change) is never
+        // rewritten.
+        if !decision.expired.is_empty() {
+            let kept = remaining_allotments(&status.allotments, &decision.expired);
+            patch["status"]["allotments"] = if kept.is_empty() {
                 Value::Null
             } else {
                 serde_json::to_value(&kept).unwrap_or(Value::Null)
@@ -247,18 +346,27 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             .await
         {
             Ok(_) => {
+                let drops = &decision.drops;
                 let counted = drops.iter().filter(|(_, r)| *r == DropReason::Counted).count();
                 let expired = drops.len() - counted;
                 shared.metrics.reservations_counted.inc_by(counted as u64);
                 shared.metrics.reservations_expired.inc_by(expired as u64);
-                for (i, reason) in &drops {
+                shared
+                    .metrics
+                    .allotments_expired
+                    .inc_by(decision.expired.len() as u64);
+                for (i, reason) in drops {
                     let r = &status.reservations[*i];
                     if *reason == DropReason::Expired {
                         info!(cluster = %r.cluster, machine = %r.name, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
                     }
                 }
-                debug!(local_usage = %plan.local_usage, counted, expired, "localUsage written");
-                note_unadmitted(shared, &plan.appeared, &bypassed);
+                for &i in &decision.expired {
+                    let a = &status.allotments[i];
+                    info!(holder = %a.holder, granted = %a.granted, expires_at = %a.expires_at, "allotment expired: its holder stopped renewing it; removed");
+                }
+                debug!(local_usage = %decision.local_usage, counted, expired, allotments_expired = decision.expired.len(), held = decision.held.len(), "localUsage written");
+                judged(shared, project, &decision);
                 return Ok(());
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -273,39 +381,85 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
     )))
 }
 
-fn note_unadmitted(shared: &Shared, appeared: &[(String, String)], bypassed: &[(String, String)]) {
-    for (cluster, _) in bypassed {
+/// After a write (or none needed): the judged Machines are flagged if unadmitted and forgotten,
+/// the held-back ones stay, and the writer is to wake when the earliest grace ends.
+fn judged(shared: &Shared, project: &str, decision: &Decision) {
+    for (cluster, _) in &decision.bypassed {
         shared.metrics.unadmitted.with_label_values(&[cluster]).inc();
     }
-    shared.state().appeared_checked(appeared, bypassed);
+    if !decision.held.is_empty() {
+        debug!(
+            held = decision.held.len(),
+            "Machines without reservation held back while allotments may cover them"
+        );
+    }
+    let mut state = shared.state();
+    state.held_back(&decision.held);
+    state.appeared_checked(
+        &decision.checked,
+        &decision.bypassed,
+        decision.had_allotments,
+        shared.config.admission_record_grace,
+    );
+    match decision.grace_end {
+        Some(at) => {
+            state.grace_wakeups.insert(project.to_owned(), at);
+        }
+        None => {
+            state.grace_wakeups.remove(project);
+        }
+    }
+}
+
+/// When a quota copy's ledger next needs a write although nothing changes: its oldest
+/// reservation's TTL ends, or its earliest allotment expires.
+fn ledger_due(status: &ResourceQuotaStatus, ttl: SignedDuration) -> Option<Timestamp> {
+    let reservation = status
+        .reservations
+        .iter()
+        .map(|r| r.created_at.saturating_add(ttl).unwrap_or(Timestamp::MAX))
+        .min();
+    let allotment = status.allotments.iter().map(|a| a.expires_at).min();
+    reservation.into_iter().chain(allotment).min()
 }
 
 /// Watches the seed's quota copies: a new copy, a copy whose `localUsage` is not ours, and copies
-/// with reservations (for expiry) get a write.
+/// with reservations get a write; so does a copy when its oldest reservation's TTL ends or its
+/// earliest allotment expires (and again every little while as long as that stays due, e.g. while
+/// a cluster is unsettled).
 pub async fn watch_quotas(shared: Arc<Shared>) {
     let api: Api<ResourceQuota> = Api::all(shared.seed.clone());
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
-    // Project -> the oldest reservation's creation time.
-    let mut oldest: HashMap<String, Timestamp> = HashMap::new();
+    // Project -> when its ledger is next due for a write.
+    let mut due: HashMap<String, Timestamp> = HashMap::new();
     let ttl = SignedDuration::try_from(shared.config.reservation_ttl).unwrap_or(SignedDuration::MAX);
-    let tick = (shared.config.reservation_ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(10));
-    let mut ticker = tokio::time::interval(tick);
+    let again =
+        (shared.config.reservation_ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(10));
+    let again_signed = SignedDuration::try_from(again).unwrap_or(SignedDuration::from_secs(10));
     loop {
+        let now = Timestamp::now();
+        let wait = due.values().min().map_or(Duration::from_hours(1), |t| {
+            Duration::try_from(t.duration_since(now)).unwrap_or(Duration::ZERO)
+        });
         tokio::select! {
             event = stream.next() => match event {
                 Some(Ok(Event::InitApply(quota) | Event::Apply(quota))) => {
                     let project = quota.project().to_owned();
                     let status = quota.status.clone().unwrap_or_default();
-                    match status.reservations.iter().map(|r| r.created_at).min() {
-                        Some(t) => { oldest.insert(project.clone(), t); }
-                        None => { oldest.remove(&project); }
+                    match ledger_due(&status, ttl) {
+                        Some(t) => { due.insert(project.clone(), t); }
+                        None => { due.remove(&project); }
                     }
                     let stale = {
                         let state = shared.state();
                         let ours = state.projects().contains(&project);
-                        let usage = state.project_plan(&project).map(|p| p.local_usage).ok();
+                        let usage = state
+                            .project_plan(&project)
+                            .ok()
+                            .and_then(|plan| decide(&plan, &status, &shared.config).ok())
+                            .map(|d| d.local_usage);
                         let differs = match (&status.local_usage, &usage) {
                             (Some(a), Some(b)) => !same_usage(a, b),
                             _ => true,
@@ -317,20 +471,23 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                         shared.wake_writer();
                     }
                 }
-                Some(Ok(Event::Delete(quota))) => { oldest.remove(quota.project()); }
+                Some(Ok(Event::Delete(quota))) => { due.remove(quota.project()); }
                 Some(Ok(Event::Init | Event::InitDone)) => {}
                 Some(Err(e)) => warn!(error = %e, "ResourceQuota watch on the seed failed; retrying"),
                 None => return,
             },
-            _ = ticker.tick() => {
+            () = tokio::time::sleep(wait) => {
                 let now = Timestamp::now();
-                let due: Vec<String> = oldest
-                    .iter()
-                    .filter(|(_, t)| t.saturating_add(ttl).is_ok_and(|d| d <= now))
-                    .map(|(p, _)| p.clone())
-                    .collect();
-                if !due.is_empty() {
-                    shared.state().dirty_projects.extend(due);
+                let mut fired = Vec::new();
+                for (project, at) in &mut due {
+                    if *at <= now {
+                        fired.push(project.clone());
+                        // Due again a little later, unless a write changes the copy meanwhile.
+                        *at = now.saturating_add(again_signed).unwrap_or(Timestamp::MAX);
+                    }
+                }
+                if !fired.is_empty() {
+                    shared.state().dirty_projects.extend(fired);
                     shared.wake_writer();
                 }
             }

@@ -8,16 +8,12 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-
 use common::*;
-use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kkp_quota_crds::ledger::Reservation;
 use kkp_quota_crds::{Resource, ResourceDetails, ResourceQuota};
 use kube::api::{Patch, PatchParams};
-use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use seed_controller::usage::same_usage;
 use seed_controller::{Config, REASON_UNADMITTED, REASON_UNSIZEABLE};
@@ -402,28 +398,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     let expected = sum(&[&alpha_usage, &s7, &s4, &s6, &s8]);
 
     // Record every version of the quota copy from now on.
-    let versions: Arc<Mutex<Vec<ResourceQuota>>> = Arc::default();
-    let recorder = {
-        let versions = Arc::clone(&versions);
-        let api: Api<ResourceQuota> = Api::all(seed.clone());
-        tokio::spawn(async move {
-            let mut stream = watcher::watcher(
-                api,
-                watcher::Config::default().fields("metadata.name=project-demo"),
-            )
-            .boxed();
-            while let Some(Ok(event)) = stream.next().await {
-                if let Event::Apply(rq) | Event::InitApply(rq) = event {
-                    versions.lock().unwrap().push(rq);
-                }
-            }
-        })
-    };
-    e2e::wait_for(WAIT, "recorder saw the current version", || async {
-        !versions.lock().unwrap().is_empty()
-    })
-    .await
-    .unwrap();
+    let recorder = QuotaVersions::start(&seed).await;
 
     let running = start_controller(&seed_cp, config.clone()).await;
     wait_local_usage(&seed, "demo", &expected).await;
@@ -436,17 +411,16 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     .await
     .unwrap();
     e2e::wait_for(WAIT, "recorder saw the final version", || async {
-        versions.lock().unwrap().last().is_some_and(|rq| {
+        recorder.last().is_some_and(|rq| {
             let s = rq.status.clone().unwrap_or_default();
             s.reservations.is_empty() && s.local_usage.is_some_and(|u| same_usage(&u, &expected))
         })
     })
     .await
     .unwrap();
-    recorder.abort();
     // In every version, m8 is counted exactly once: by its reservation or in localUsage (the
     // count and the drop are one write).
-    let versions = versions.lock().unwrap().clone();
+    let versions = recorder.all();
     assert!(versions.len() >= 2, "saw {} versions", versions.len());
     let m8_uid = uid(&m8);
     assert_eq!(s8.amount(Resource::Gpu), kkp_quota_crds::Quantity::from_units(1));

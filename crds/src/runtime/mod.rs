@@ -26,3 +26,26 @@ pub enum RuntimeError {
     #[error("lost the leader lease {0}")]
     LostLease(String),
 }
+
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends a Pod that is being stopped), so that a
+/// component can finish cleanly instead of being killed by the default signal action.
+pub async fn shutdown_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            }
+        } else {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "interrupt"
+    }
+}

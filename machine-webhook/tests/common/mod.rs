@@ -14,12 +14,13 @@ use e2e::{Fleet, FleetSpec, wait_for};
 use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
-use kkp_quota_crds::ledger::Reservation;
+use kkp_quota_crds::ledger::{Allotment, Reservation};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
+use machine_webhook::reserve::AllotmentConfig;
 use machine_webhook::{Config, Webhook};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -77,7 +78,18 @@ pub fn certs() -> Result<Certs> {
 
 /// Starts the webhook against `seed` on `address` (port 0: any) and waits until it is ready.
 pub async fn start_webhook(seed: Client, certs: &Certs, address: SocketAddr) -> Result<RunningWebhook> {
-    let config = Config::new(address, certs.paths.cert.clone(), certs.paths.key.clone());
+    start_webhook_with(seed, certs, address, Some(AllotmentConfig::default())).await
+}
+
+/// [`start_webhook`] with the given allotments (`None`: off).
+pub async fn start_webhook_with(
+    seed: Client,
+    certs: &Certs,
+    address: SocketAddr,
+    allotments: Option<AllotmentConfig>,
+) -> Result<RunningWebhook> {
+    let mut config = Config::new(address, certs.paths.cert.clone(), certs.paths.key.clone());
+    config.allotments = allotments;
     let webhook = Webhook::start(config, seed).await?;
     let address = webhook.address;
     let readiness = webhook.readiness.clone();
@@ -195,6 +207,7 @@ async fn set_usage(api: &Api<ResourceQuota>, name: &str, local_cpu: &str) -> Res
             "otherSeedsUsage": {"cpu": "0"},
             "globalUsage": {"cpu": local_cpu},
             "reservations": null,
+            "allotments": null,
         }})),
     )
     .await
@@ -202,15 +215,41 @@ async fn set_usage(api: &Api<ResourceQuota>, name: &str, local_cpu: &str) -> Res
     Ok(())
 }
 
-/// Sets the seed's count and empties the ledger (what seed-controller would do after counting).
+/// Sets the seed's count and empties the ledger, allotments included (what seed-controller would
+/// do after counting, and after the allotments expired).
 pub async fn reset_usage(seed: Client, project: &str, local_cpu: &str) -> Result<()> {
     set_usage(&Api::all(seed), &format!("project-{project}"), local_cpu).await
 }
 
 pub async fn reservations(seed: Client, project: &str) -> Result<Vec<Reservation>> {
+    Ok(ledger(seed, project).await?.0)
+}
+
+/// The project's reservations and allotments.
+pub async fn ledger(seed: Client, project: &str) -> Result<(Vec<Reservation>, Vec<Allotment>)> {
     let api: Api<ResourceQuota> = Api::all(seed);
     let quota = api.get(&format!("project-{project}")).await?;
-    Ok(quota.status.unwrap_or_default().reservations)
+    let status = quota.status.unwrap_or_default();
+    Ok((status.reservations, status.allotments))
+}
+
+/// Waits until the project's reservations number `count` (admissions from an allotment are
+/// recorded a moment after they are answered).
+pub async fn wait_reservations(seed: Client, project: &str, count: usize) -> Result<Vec<Reservation>> {
+    wait_for(
+        Duration::from_secs(30),
+        &format!("{count} reservations in project {project}"),
+        || {
+            let seed = seed.clone();
+            async move {
+                reservations(seed, project)
+                    .await
+                    .ok()
+                    .filter(|r| r.len() == count)
+            }
+        },
+    )
+    .await
 }
 
 /// A vSphere Machine of `cpus` vCPUs, 1 GiB and a 10 GiB disk.

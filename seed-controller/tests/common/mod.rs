@@ -321,3 +321,53 @@ pub async fn start_controller(seed: &ControlPlane, config: Config) -> Running {
 pub fn uid(m: &Machine) -> String {
     m.uid().unwrap()
 }
+
+/// Records every version of project `demo`'s quota copy on the seed from the moment it starts,
+/// so a test can check a property of each version a reader could have seen.
+pub struct QuotaVersions {
+    versions: std::sync::Arc<std::sync::Mutex<Vec<ResourceQuota>>>,
+    _watch: AbortOnDrop<()>,
+}
+
+impl QuotaVersions {
+    /// Starts recording and waits until the current version is recorded.
+    pub async fn start(seed: &Client) -> QuotaVersions {
+        use futures::StreamExt as _;
+        use kube::runtime::watcher::{self, Event};
+        let versions: std::sync::Arc<std::sync::Mutex<Vec<ResourceQuota>>> = std::sync::Arc::default();
+        let sink = std::sync::Arc::clone(&versions);
+        let api: Api<ResourceQuota> = Api::all(seed.clone());
+        let watch = AbortOnDrop(tokio::spawn(async move {
+            let mut stream = watcher::watcher(
+                api,
+                watcher::Config::default().fields("metadata.name=project-demo"),
+            )
+            .boxed();
+            while let Some(Ok(event)) = stream.next().await {
+                if let Event::Apply(rq) | Event::InitApply(rq) = event {
+                    sink.lock().unwrap().push(rq);
+                }
+            }
+        }));
+        let recorder = QuotaVersions {
+            versions,
+            _watch: watch,
+        };
+        e2e::wait_for(
+            Duration::from_secs(30),
+            "recorder saw the current version",
+            || async { recorder.last().is_some() },
+        )
+        .await
+        .unwrap();
+        recorder
+    }
+
+    pub fn last(&self) -> Option<ResourceQuota> {
+        self.versions.lock().unwrap().last().cloned()
+    }
+
+    pub fn all(&self) -> Vec<ResourceQuota> {
+        self.versions.lock().unwrap().clone()
+    }
+}
