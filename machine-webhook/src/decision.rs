@@ -72,7 +72,8 @@ impl QuotaState {
     }
 
     /// The state as the webhook process `holder` sees it: its own allotment is replaced by
-    /// `admitted_from_own`, what it admitted from that allotment and has not recorded yet.
+    /// `admitted_from_own`, what it admitted from that allotment and has not recorded yet (counted
+    /// as reserved: they are admitted Machines); `allotted` is the other holders' alone.
     pub fn for_holder(
         spec: &ResourceQuotaSpec,
         status: Option<&ResourceQuotaStatus>,
@@ -85,17 +86,27 @@ impl QuotaState {
             .into_iter()
             .flatten();
         state.allotted = ResourceDetails::checked_sum(others.map(|a| &a.granted))
-            .and_then(|sum| sum.checked_add(admitted_from_own))
+            .map_err(|e| StateError(e.to_string()))?;
+        state.reserved = state
+            .reserved
+            .checked_add(admitted_from_own)
             .map_err(|e| StateError(e.to_string()))?;
         Ok(state)
     }
 
-    /// `otherSeedsUsage + localUsage + reservations + allotments`.
-    pub fn in_use(&self) -> Result<ResourceDetails, StateError> {
+    /// What is used or admitted: `otherSeedsUsage + localUsage + reservations`, without headroom
+    /// held in allotments.
+    pub fn used(&self) -> Result<ResourceDetails, StateError> {
         self.other_seeds_usage
             .checked_add(&self.local_usage)
             .and_then(|sum| sum.checked_add(&self.reserved))
-            .and_then(|sum| sum.checked_add(&self.allotted))
+            .map_err(|e| StateError(e.to_string()))
+    }
+
+    /// `otherSeedsUsage + localUsage + reservations + allotments`: what a request must fit beside.
+    pub fn in_use(&self) -> Result<ResourceDetails, StateError> {
+        self.used()?
+            .checked_add(&self.allotted)
             .map_err(|e| StateError(e.to_string()))
     }
 }
@@ -323,7 +334,8 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool) -> St
 
 /// Warnings for a project whose usage is already above its quota (the quota was lowered).
 pub fn over_quota_warnings(project: &str, state: &QuotaState) -> Vec<String> {
-    let Ok(in_use) = state.in_use() else {
+    // Headroom held in allotments is not usage: it never makes a project "over".
+    let Ok(in_use) = state.used() else {
         return Vec::new();
     };
     let over: Vec<Resource> = state.limit.overrun_by(&in_use);
@@ -401,8 +413,30 @@ fn decide_growth(
         Ok(exceeded) => Verdict::deny(
             Reason::QuotaExceeded,
             machine,
-            &exceeded_detail(project, &exceeded, ask.is_update()),
+            &format!(
+                "{}{}",
+                exceeded_detail(project, &exceeded, ask.is_update()),
+                held_note(&exceeded, &state.allotted)
+            ),
         ),
+    }
+}
+
+/// When part of "in use" is headroom other webhook processes hold (allotments), says so: it comes
+/// back when they record what they admitted or give it back.
+fn held_note(exceeded: &[Exceeded], allotted: &ResourceDetails) -> String {
+    let held: Vec<String> = exceeded
+        .iter()
+        .filter(|e| allotted.amount(e.resource) > kkp_quota_crds::Quantity::ZERO)
+        .map(|e| e.resource.describe(allotted.amount(e.resource)))
+        .collect();
+    if held.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (of which {} is headroom held by other webhook processes, freed as they record their admissions or give it back)",
+            join_human(&held)
+        )
     }
 }
 
@@ -538,7 +572,9 @@ mod tests {
         let v = decide("p", Some(&s), &create("m", cpu("3")));
         assert_eq!(
             v.message.as_deref(),
-            Some(r#"machine "m" needs 3 cpu, project "p" uses 14 of 16 cpu"#)
+            Some(
+                r#"machine "m" needs 3 cpu, project "p" uses 14 of 16 cpu (of which 1 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back)"#
+            )
         );
         assert!(decide("p", Some(&s), &create("m", cpu("2"))).allowed);
     }
@@ -573,11 +609,24 @@ mod tests {
             mine.in_use().unwrap().amount(Resource::Cpu),
             Quantity::from_units(9)
         );
+        assert_eq!(
+            mine.used().unwrap().amount(Resource::Cpu),
+            Quantity::from_units(6)
+        );
         let v = decide("p", Some(&mine), &create("m", cpu("8")));
         assert_eq!(
             v.message.as_deref(),
-            Some(r#"machine "m" needs 8 cpu, project "p" uses 9 of 16 cpu"#)
+            Some(
+                r#"machine "m" needs 8 cpu, project "p" uses 9 of 16 cpu (of which 3 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back)"#
+            )
         );
+        // Held headroom is not usage: no over-quota warning for it.
+        let lowered = ResourceQuotaSpec {
+            quota: cpu("8"),
+            ..spec.clone()
+        };
+        let state = QuotaState::for_holder(&lowered, Some(&status), "me", &cpu("2")).unwrap();
+        assert!(over_quota_warnings("p", &state).is_empty());
     }
 
     #[test]

@@ -50,7 +50,7 @@ struct Args {
     /// Machines that fit are admitted without waiting for a ledger write. Renewed while in use;
     /// after a crash the headroom stays held this long. 0 turns allotments off (every admission
     /// waits for its own compare-and-swap write).
-    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_TTL_SECONDS", default_value_t = 30)]
+    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_TTL_SECONDS", default_value_t = 120)]
     allotment_ttl_seconds: u64,
     /// How soon (milliseconds) Machines admitted from an allotment are written as reservations:
     /// longer means fewer, larger ledger writes on the seed, and Machines that take longer to show

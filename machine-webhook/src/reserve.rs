@@ -19,7 +19,7 @@
 //! A denial is only final on a snapshot known to be current: either the batch's write succeeded
 //! (so its snapshot was the latest), or the snapshot was just read from the API server.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -70,7 +70,7 @@ pub struct AllotmentConfig {
 impl Default for AllotmentConfig {
     fn default() -> Self {
         AllotmentConfig {
-            ttl: Duration::from_secs(30),
+            ttl: Duration::from_mins(2),
             record_after: Duration::from_millis(500),
             release_after: Duration::from_secs(10),
         }
@@ -122,6 +122,12 @@ struct Escrow {
     /// While a write is in flight: the most `admitted_total` may reach.
     cap_in_flight: Option<ResourceDetails>,
     last_request: Option<Instant>,
+    /// A write that set our allotment ended without telling whether it landed: one may be in the
+    /// ledger although `holding` is false, so upkeep writes again soon.
+    maybe_holding: bool,
+    /// Failed writes in a row, and no upkeep before this (backoff).
+    failures: u32,
+    not_before: Option<Instant>,
     /// The copy as our last successful write returned it (often newer than the cache, which
     /// would make the next write's first attempt a certain conflict).
     last_written: Option<Arc<DynamicObject>>,
@@ -140,11 +146,20 @@ impl Escrow {
     /// When the worker has upkeep to do without requests: record admissions, renew or give
     /// back the allotment.
     fn upkeep_due(&self, config: &AllotmentConfig, stopping: bool) -> Option<Instant> {
-        if stopping && (self.holding || !self.admitted.is_empty()) {
-            return Some(Instant::now());
+        let due = self.upkeep_wanted(config, stopping)?;
+        Some(self.not_before.map_or(due, |t| due.max(t)))
+    }
+
+    fn upkeep_wanted(&self, config: &AllotmentConfig, stopping: bool) -> Option<Instant> {
+        let now = Instant::now();
+        if stopping && (self.holding || self.maybe_holding || !self.admitted.is_empty()) {
+            return Some(now);
         }
         if let Some((first, _)) = self.admitted.first() {
             return Some(*first + config.record_after);
+        }
+        if self.maybe_holding {
+            return Some(now + config.record_after);
         }
         if !self.holding {
             return None;
@@ -155,6 +170,20 @@ impl Escrow {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
+    }
+
+    /// A write failed or its outcome is unknown: wait longer before the next upkeep.
+    fn failed(&mut self) {
+        self.failures = self.failures.saturating_add(1);
+        let backoff = Duration::from_millis(100)
+            .saturating_mul(1 << self.failures.min(6))
+            .min(Duration::from_secs(5));
+        self.not_before = Some(Instant::now() + backoff);
+    }
+
+    fn succeeded(&mut self) {
+        self.failures = 0;
+        self.not_before = None;
     }
 }
 
@@ -170,6 +199,9 @@ struct Plan {
     recorded_total: ResourceDetails,
     /// Our allotment after the write (`None`: not holding one).
     grant: Option<ResourceDetails>,
+    /// The in-flight cap before this plan set its own (restored when the write certainly did
+    /// not land).
+    prior_cap: Option<ResourceDetails>,
 }
 
 impl Plan {
@@ -260,7 +292,7 @@ impl Reserver {
                 }
                 escrows
                     .values()
-                    .filter(|e| e.holding || !e.admitted.is_empty())
+                    .filter(|e| e.holding || e.maybe_holding || !e.admitted.is_empty())
                     .count()
             };
             if pending == 0 || Instant::now() >= deadline {
@@ -522,8 +554,10 @@ impl Reserver {
         )
         .await;
         let verdicts = decided.unwrap_or_else(|_| {
-            // The write may still land: the escrow keeps its in-flight cap until one succeeds.
+            // The write may still land: the escrow keeps its in-flight cap until one succeeds,
+            // and an allotment of ours may be in the ledger.
             self.inner.metrics.write_errors.inc();
+            self.note_failure(project, true);
             Self::error_verdicts(&requests, project, "the quota could not be updated in time")
         });
         for (pending, verdict) in batch.into_iter().zip(verdicts) {
@@ -573,18 +607,28 @@ impl Reserver {
         let now = Timestamp::now();
         let recorded = escrow.admitted.len();
         let recorded_total = escrow.admitted_total.clone();
-        let mut state =
-            QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &ResourceDetails::zero())
-                .map_err(|e| e.to_string())?;
-        state.reserved = state
-            .reserved
-            .checked_add(&recorded_total)
-            .map_err(|e| e.to_string())?;
-        let verdicts = decide_batch(project, Some(&state), requests);
+        // An admission already in the ledger was recorded by a write whose answer was lost (it
+        // timed out but landed): not again.
+        let in_ledger: HashSet<(&str, &str)> = copy
+            .status
+            .iter()
+            .flat_map(|s| &s.reservations)
+            .map(|r| (r.cluster.as_str(), r.uid.as_str()))
+            .collect();
         let mut new_reservations = Vec::new();
+        let mut unrecorded = ResourceDetails::zero();
         for (_, reservation) in &escrow.admitted {
+            if in_ledger.contains(&(reservation.cluster.as_str(), reservation.uid.as_str())) {
+                continue;
+            }
+            unrecorded = unrecorded
+                .checked_add(&reservation.reserved)
+                .map_err(|e| e.to_string())?;
             new_reservations.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
         }
+        let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded)
+            .map_err(|e| e.to_string())?;
+        let verdicts = decide_batch(project, Some(&state), requests);
         let mut admitted = ResourceDetails::zero();
         for (pending, verdict) in batch.iter().zip(&verdicts) {
             if let Some(reservation) = Self::reservation_of(pending, verdict, now) {
@@ -615,37 +659,15 @@ impl Reserver {
                     .as_ref()
                     .map_or(Duration::ZERO, |c| c.ttl / 4)
         });
-        let allotment_changes = match (own, &grant) {
-            (None, None) => false,
-            (Some(own), Some(grant)) => own.granted != *grant || renewal_due || !new_reservations.is_empty(),
-            _ => true,
-        };
-        let allotments = if allotment_changes {
-            let mut list: Vec<Value> = copy
-                .raw_allotments
-                .iter()
-                .filter(|a| a.get("holder").and_then(Value::as_str) != Some(holder))
-                .cloned()
-                .collect();
-            if let (Some(grant), Some(config)) = (&grant, &self.inner.config.allotments) {
-                let expires_at = now
-                    .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
-                    .unwrap_or(now);
-                let allotment = Allotment {
-                    holder: holder.to_owned(),
-                    granted: grant.clone(),
-                    expires_at,
-                };
-                list.push(serde_json::to_value(allotment).map_err(|e| e.to_string())?);
-            }
-            Some(if list.is_empty() {
-                Value::Null
-            } else {
-                Value::Array(list)
-            })
-        } else {
-            None
-        };
+        let allotments = self.allotments_after(
+            copy,
+            own,
+            grant.as_ref(),
+            renewal_due,
+            !new_reservations.is_empty(),
+            now,
+        )?;
+        let own_granted = own.map(|a| a.granted.clone()).unwrap_or_default();
         let plan = Plan {
             verdicts,
             new_reservations,
@@ -653,13 +675,17 @@ impl Reserver {
             recorded,
             recorded_total,
             grant,
+            prior_cap: escrow.cap_in_flight.clone(),
         };
         if plan.writes() {
             // A cap still set is from a write whose outcome is unknown (it timed out or failed
-            // without a conflict): it may have landed, so it bounds this one too.
+            // without a conflict): it may have landed, so it bounds this one too. Otherwise the
+            // grant we hold, as far as the copy still shows it.
             let old = match &escrow.cap_in_flight {
                 Some(cap) => cap.clone(),
-                None if escrow.holding && escrow.quota_uid == copy.uid => escrow.granted.clone(),
+                None if escrow.holding && escrow.quota_uid == copy.uid => {
+                    cap_while_writing(&escrow.granted, &own_granted, &ResourceDetails::default())
+                }
                 None => ResourceDetails::default(),
             };
             let new = plan.grant.clone().unwrap_or_default();
@@ -669,6 +695,50 @@ impl Reserver {
             escrow.last_request = Some(Instant::now());
         }
         Ok(plan)
+    }
+
+    /// The new `status.allotments`, when it changes: the others' entries as they are, and ours
+    /// with `grant` (renewed), or without ours when `grant` is `None`.
+    fn allotments_after(
+        &self,
+        copy: &QuotaCopy,
+        own: Option<&Allotment>,
+        grant: Option<&ResourceDetails>,
+        renewal_due: bool,
+        recording: bool,
+        now: Timestamp,
+    ) -> Result<Option<Value>, String> {
+        let holder = self.inner.holder.as_str();
+        let changes = match (own, grant) {
+            (None, None) => false,
+            (Some(own), Some(grant)) => own.granted != *grant || renewal_due || recording,
+            _ => true,
+        };
+        if !changes {
+            return Ok(None);
+        }
+        let mut list: Vec<Value> = copy
+            .raw_allotments
+            .iter()
+            .filter(|a| a.get("holder").and_then(Value::as_str) != Some(holder))
+            .cloned()
+            .collect();
+        if let (Some(grant), Some(config)) = (grant, &self.inner.config.allotments) {
+            let expires_at = now
+                .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(now);
+            let allotment = Allotment {
+                holder: holder.to_owned(),
+                granted: grant.clone(),
+                expires_at,
+            };
+            list.push(serde_json::to_value(allotment).map_err(|e| e.to_string())?);
+        }
+        Ok(Some(if list.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(list)
+        }))
     }
 
     fn set_ledger_size(&self, project: &str, count: usize) {
@@ -722,6 +792,8 @@ impl Reserver {
         escrow.admitted.drain(..plan.recorded.min(escrow.admitted.len()));
         escrow.admitted_total = escrow.admitted_total.saturating_sub(&plan.recorded_total);
         escrow.cap_in_flight = None;
+        escrow.maybe_holding = false;
+        escrow.succeeded();
         escrow.quota_uid.clone_from(&copy.uid);
         let ttl = self.inner.config.allotments.as_ref().map(|c| c.ttl);
         if let (Some(grant), Some(ttl)) = (&plan.grant, ttl) {
@@ -754,17 +826,44 @@ impl Reserver {
         self.set_ledger_size(project, count);
     }
 
-    /// The project has no quota (any more): nothing to record into, nothing to hold.
+    /// The project has no quota (any more): nothing to hold. Admissions not recorded yet stay,
+    /// to be recorded if a copy comes back (they are Machines that exist); meanwhile upkeep backs
+    /// off.
     fn forget(&self, project: &str) {
         let mut escrows = lock(&self.inner.escrows);
         if let Some(escrow) = escrows.get_mut(project) {
-            let wake = Arc::clone(&escrow.wake);
-            let last_request = escrow.last_request;
-            *escrow = Escrow {
-                last_request,
-                wake,
+            let mut kept = Escrow {
+                last_request: escrow.last_request,
+                wake: Arc::clone(&escrow.wake),
+                admitted: std::mem::take(&mut escrow.admitted),
+                admitted_total: std::mem::take(&mut escrow.admitted_total),
+                failures: escrow.failures,
                 ..Escrow::default()
             };
+            if !kept.admitted.is_empty() {
+                kept.failed();
+            }
+            *escrow = kept;
+        }
+    }
+
+    /// Notes a failed (or unknown) write for the project's upkeep backoff.
+    fn note_failure(&self, project: &str, maybe_holding: bool) {
+        if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+            escrow.failed();
+            escrow.maybe_holding |= maybe_holding;
+        }
+    }
+
+    /// A write failed. A conflict certainly did not land: the bound in force before its plan is
+    /// back. Anything else may have landed: its bound stays, and so may our allotment.
+    fn write_failed(&self, project: &str, plan: &Plan, error: &kube::Error) {
+        if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+            if matches!(error, kube::Error::Api(s) if s.code == 409) {
+                escrow.cap_in_flight.clone_from(&plan.prior_cap);
+            } else {
+                escrow.maybe_holding |= plan.allotments.is_some();
+            }
         }
     }
 
@@ -782,9 +881,13 @@ impl Reserver {
             };
             let copy = match QuotaCopy::from_dynamic(&object) {
                 Ok(copy) => copy,
-                Err(e) => return Self::error_verdicts(requests, project, &e.to_string()),
+                Err(e) => {
+                    self.note_failure(project, false);
+                    return Self::error_verdicts(requests, project, &e.to_string());
+                }
             };
             if copy.resource_version.is_none() {
+                self.note_failure(project, false);
                 return Self::error_verdicts(requests, project, "the quota copy has no resourceVersion");
             }
             let planned = {
@@ -794,7 +897,10 @@ impl Reserver {
             };
             let plan = match planned {
                 Ok(plan) => plan,
-                Err(why) => return Self::error_verdicts(requests, project, &why),
+                Err(why) => {
+                    self.note_failure(project, false);
+                    return Self::error_verdicts(requests, project, &why);
+                }
             };
             let result = if plan.writes() {
                 let started = Instant::now();
@@ -805,22 +911,20 @@ impl Reserver {
                         return plan.verdicts;
                     }
                     Err(e) => {
-                        // A conflict certainly did not land; anything else may have.
-                        if matches!(&e, kube::Error::Api(s) if s.code == 409)
-                            && let Some(escrow) = lock(&self.inner.escrows).get_mut(project)
-                        {
-                            escrow.cap_in_flight = None;
-                        }
+                        self.write_failed(project, &plan, &e);
                         Err(e)
                     }
                 }
             } else {
-                if plan.grant.is_none()
-                    && let Some(escrow) = lock(&self.inner.escrows).get_mut(project)
-                {
-                    // Nothing of ours in the ledger (seed-controller removed it): not holding.
-                    escrow.holding = false;
-                    escrow.usable_until = None;
+                if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+                    if plan.grant.is_none() {
+                        // Nothing of ours in this copy (seed-controller removed it, or we gave
+                        // it back): not holding; certain only on a fresh read.
+                        escrow.holding = false;
+                        escrow.usable_until = None;
+                        escrow.maybe_holding &= !verified;
+                    }
+                    escrow.succeeded();
                 }
                 if verified || requests.is_empty() {
                     self.set_ledger_size(project, copy.reservation_count());
@@ -844,6 +948,7 @@ impl Reserver {
                     } else {
                         e.to_string()
                     };
+                    self.note_failure(project, false);
                     return Self::error_verdicts(requests, project, &why);
                 }
                 if !conflict {
@@ -858,6 +963,7 @@ impl Reserver {
                 Err(e) => {
                     self.inner.metrics.write_errors.inc();
                     if attempt >= max_attempts {
+                        self.note_failure(project, false);
                         return Self::error_verdicts(requests, project, &e.to_string());
                     }
                 }

@@ -358,7 +358,10 @@ impl State {
                 // Reuse the sizing of unchanged Machines.
                 let info = match cluster.machines.remove(&uid) {
                     Some(old) if old.spec.spec == machine.spec => old,
-                    _ => {
+                    // Known before and changed meanwhile: counted all along, so never a bypass
+                    // candidate (and never held back, which would drop it from the count).
+                    Some(_) => Self::info(&catalog, machine),
+                    None => {
                         if !first {
                             cluster
                                 .appeared
@@ -774,6 +777,25 @@ mod tests {
         assert_eq!(appeared, vec![("a".to_owned(), "2".to_owned())]);
         state.appeared_checked(&appeared, &[], false, Duration::from_secs(5));
         assert!(state.project_plan("p").unwrap().appeared.is_empty());
+        // A re-listing that finds a known Machine resized (its event missed) and a new one: only
+        // the new one appeared. The resized one was counted all along; holding it back would
+        // take it out of the count.
+        state.cluster_listed(
+            "a",
+            vec![
+                machine("1", "t3.medium"),
+                machine("2", "m5.large"),
+                machine("3", "t3.medium"),
+            ],
+        );
+        let appeared: Vec<(String, String)> = state
+            .project_plan("p")
+            .unwrap()
+            .appeared
+            .iter()
+            .map(Appeared::key)
+            .collect();
+        assert_eq!(appeared, vec![("a".to_owned(), "3".to_owned())]);
     }
 
     #[test]

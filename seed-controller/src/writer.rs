@@ -261,8 +261,12 @@ fn decide(
     let instant = Instant::now();
     let drops = reservations_to_drop(&status.reservations, &plan.counted, now, ttl);
     let expired = allotments_to_expire(&status.allotments, plan.project_unsettled, now);
-    // Only an allotment that stays in the written copy may cover a Machine not counted in it.
-    let has_allotments = status.allotments.len() > expired.len();
+    // A Machine is left out of the count only while an allotment that stays in the written copy
+    // may cover it. In a write that removes an expired allotment nothing is held back: the
+    // removed one may have covered it (its holder died), and a Machine counted twice for a moment
+    // is safe where one counted nowhere is not. An allotment granting nothing covers nothing
+    // (its holder admits nothing from it).
+    let has_allotments = expired.is_empty() && status.allotments.iter().any(|a| !a.granted.is_empty());
     let held = held_back(
         &plan.appeared,
         &status.reservations,
