@@ -53,6 +53,11 @@ impl std::fmt::Debug for RunningComponent {
 }
 
 impl RunningComponent {
+    /// How it ended, if it has (reaps it).
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.exited()
+    }
+
     pub fn pid(&self) -> u32 {
         self.proc.pid()
     }

@@ -690,7 +690,7 @@ impl Proc {
         self.child.id()
     }
 
-    fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
 

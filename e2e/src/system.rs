@@ -32,6 +32,11 @@ impl Component {
     pub fn pid(&self) -> u32 {
         self.process.pid()
     }
+
+    /// How it ended, if it has.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.process.exit_status()
+    }
 }
 
 /// The running system; dropping it kills every component.

@@ -245,6 +245,30 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     assert!(message.contains("of 16 cpu"), "{message}");
 }
 
+/// The fleet binary, stopped the way it expects (SIGTERM, then up to 30 s for its teardown) when a
+/// test ends before it does, so a failed test does not leave a whole fleet running.
+struct StopOnDrop(Option<std::process::Child>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let Some(mut child) = self.0.take() else {
+            return;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// What `make demo` runs: one `fleet ready: <dir>` line, the whole quota system working on the
 /// demo project (a fitting Machine admitted and counted up to the master, one too big refused
 /// with its reason), and a clean exit on SIGTERM.
@@ -256,14 +280,19 @@ async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let fleet_dir = dir.path().join("fleet");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fleet"))
-        .arg("--dir")
-        .arg(&fleet_dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
+    // Its warnings and errors (a component that exits, with the end of its log) go to the test's
+    // output.
+    let mut guard = StopOnDrop(Some(
+        Command::new(env!("CARGO_BIN_EXE_fleet"))
+            .arg("--dir")
+            .arg(&fleet_dir)
+            .env("RUST_LOG", "warn,kube_client=off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    ));
+    let stdout = guard.0.as_mut().unwrap().stdout.take().unwrap();
     let mut first = String::new();
     let mut reader = BufReader::new(stdout);
     let line = tokio::task::spawn_blocking(move || {
@@ -281,7 +310,7 @@ async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
     assert_eq!(members.len(), 6);
     check_demo_project(&fleet_dir).await;
 
-    let pid = child.id();
+    let pid = guard.0.as_ref().unwrap().id();
     let processes = procfs::children(pid);
     assert_eq!(
         processes.len(),
@@ -293,6 +322,7 @@ async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
         .status()
         .unwrap();
     assert!(status.success());
+    let mut child = guard.0.take().unwrap();
     let exit = tokio::task::spawn_blocking(move || child.wait().unwrap())
         .await
         .unwrap();

@@ -85,7 +85,35 @@ async fn main() -> Result<()> {
     );
     println!("fleet ready: {}", args.dir.display());
 
-    let signal = shutdown.await;
+    // Until stopped: a component that exits is reported at once, with the end of its log (nothing
+    // restarts it here, unlike in a cluster).
+    let mut running = running;
+    let mut reported = std::collections::BTreeSet::new();
+    let mut check = tokio::time::interval(std::time::Duration::from_secs(1));
+    let signal = loop {
+        tokio::select! {
+            signal = &mut shutdown => break signal,
+            _ = check.tick() => {
+                for component in &mut running.components {
+                    if reported.contains(&component.name) {
+                        continue;
+                    }
+                    if let Some(status) = component.exit_status() {
+                        reported.insert(component.name.clone());
+                        let log = std::fs::read_to_string(&component.log).unwrap_or_default();
+                        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                        tracing::error!(
+                            component = component.name,
+                            %status,
+                            log = %component.log.display(),
+                            "component exited; the system is incomplete. Last lines of its log:\n{}",
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        );
+                    }
+                }
+            }
+        }
+    };
     tracing::info!(signal, "tearing down");
     drop(running);
     for file in fleet.dir_files(&args.dir) {
