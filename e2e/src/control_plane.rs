@@ -26,7 +26,6 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::assets::control_plane_binaries;
 use crate::certs::{CertPem, ClusterCerts};
-use crate::wait::POLL_INTERVAL;
 
 /// How long `start` waits for etcd, then for kube-apiserver, each. Generous: several control
 /// planes start at once on a small, shared machine.
@@ -262,23 +261,29 @@ impl ControlPlane {
         }
         // The port was free while the apiserver was down: an outgoing connection may hold it as
         // its local port for a moment. Retry for a while before giving up.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.spawn_apiserver().await {
-                Ok(()) => break,
-                Err(StartError::PortTaken(e)) if Instant::now() < deadline => {
-                    tracing::warn!(
-                        cluster = self.name,
-                        port = self.port,
-                        "port busy, retrying: {e:#}"
-                    );
-                    tokio::time::sleep(Duration::from_millis(200)).await;
+        // Done when it started (`Some(Ok)`) or failed otherwise (`Some(Err)`); retried while the
+        // port is taken (`None`).
+        crate::wait_for(
+            Duration::from_secs(30),
+            "the apiserver's port to be free",
+            || async {
+                match self.spawn_apiserver().await {
+                    Ok(()) => Some(Ok(())),
+                    Err(StartError::PortTaken(e)) => {
+                        tracing::warn!(
+                            cluster = self.name,
+                            port = self.port,
+                            "port busy, retrying: {e:#}"
+                        );
+                        None
+                    }
+                    Err(StartError::Other(e)) => Some(Err(e)),
                 }
-                Err(StartError::PortTaken(e) | StartError::Other(e)) => {
-                    return Err(e.context(format!("{}: restarting kube-apiserver", self.name)));
-                }
-            }
-        }
+            },
+        )
+        .await
+        .and_then(|started| started)
+        .map_err(|e| e.context(format!("{}: restarting kube-apiserver", self.name)))?;
         wait_served(&self.client(), &fleet_crds()).await?;
         warm_up(&self.client()).await?;
         tracing::info!(cluster = self.name, "kube-apiserver started again");
@@ -542,31 +547,41 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<()>>,
 {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = proc.exited() {
-            bail!(
-                "{} exited during startup ({status}); log {}:\n{}",
-                proc.name,
-                proc.log.display(),
-                log_tail(&proc.log)
-            );
+    let name = proc.name.clone();
+    let log = proc.log.clone();
+    let last = std::sync::Mutex::new(String::new());
+    // Done when the check passes (`Some(Ok)`) or the process has exited (`Some(Err)`).
+    let outcome = crate::wait_for(timeout, what, || {
+        let exited = proc.exited();
+        let attempt = check();
+        let last = &last;
+        let (name, log) = (&name, &log);
+        async move {
+            if let Some(status) = exited {
+                return Some(Err(anyhow::anyhow!(
+                    "{name} exited during startup ({status}); log {}:\n{}",
+                    log.display(),
+                    log_tail(log)
+                )));
+            }
+            match attempt.await {
+                Ok(()) => Some(Ok(())),
+                Err(e) => {
+                    *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = format!("{e:#}");
+                    None
+                }
+            }
         }
-        let left = deadline.saturating_duration_since(Instant::now());
-        let last = match tokio::time::timeout(left, check()).await {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => format!("{e:#}"),
-            Err(_) => "check still running at the deadline".to_owned(),
-        };
-        if Instant::now() >= deadline {
-            bail!(
-                "{} not ready ({what}) after {timeout:?}: {last}; log {}:\n{}",
-                proc.name,
-                proc.log.display(),
-                log_tail(&proc.log)
-            );
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
+    })
+    .await;
+    match outcome {
+        Ok(result) => result,
+        Err(_) => bail!(
+            "{name} not ready ({what}) after {timeout:?}: {}; log {}:\n{}",
+            last.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+            log.display(),
+            log_tail(&log)
+        ),
     }
 }
 

@@ -254,18 +254,19 @@ impl Drop for StopOnDrop {
         let Some(mut child) = self.0.take() else {
             return;
         };
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        let pid = child.id();
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+        // Wait for its exit (a thread blocked in wait), at most 30 s; then SIGKILL, which the
+        // same thread then reaps.
+        let (done, exited) = std::sync::mpsc::channel();
+        let waiter = std::thread::spawn(move || {
+            let _ = child.wait();
+            let _ = done.send(());
+        });
+        if exited.recv_timeout(Duration::from_secs(30)).is_err() {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
         }
-        let _ = child.kill();
-        let _ = child.wait();
+        let _ = waiter.join();
     }
 }
 

@@ -676,6 +676,17 @@ fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `(cluster, uid)` of the project's appeared Machines.
+    fn appeared_keys(state: &State, project: &str) -> Vec<(String, String)> {
+        state
+            .project_plan(project)
+            .unwrap()
+            .appeared
+            .iter()
+            .map(Appeared::key)
+            .collect()
+    }
     use kkp_quota_crds::{Quantity, Resource};
     use serde_json::json;
 
@@ -767,13 +778,7 @@ mod tests {
         );
         state.machine_applied("a", machine("2", "t3.medium"), true);
         state.machine_applied("a", machine("1", "t3.medium"), true);
-        let appeared: Vec<(String, String)> = state
-            .project_plan("p")
-            .unwrap()
-            .appeared
-            .iter()
-            .map(Appeared::key)
-            .collect();
+        let appeared = appeared_keys(&state, "p");
         assert_eq!(appeared, vec![("a".to_owned(), "2".to_owned())]);
         state.appeared_checked(&appeared, &[], false, Duration::from_secs(5));
         assert!(state.project_plan("p").unwrap().appeared.is_empty());
@@ -788,13 +793,7 @@ mod tests {
                 machine("3", "t3.medium"),
             ],
         );
-        let appeared: Vec<(String, String)> = state
-            .project_plan("p")
-            .unwrap()
-            .appeared
-            .iter()
-            .map(Appeared::key)
-            .collect();
+        let appeared = appeared_keys(&state, "p");
         assert_eq!(appeared, vec![("a".to_owned(), "3".to_owned())]);
     }
 

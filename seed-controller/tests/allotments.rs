@@ -35,24 +35,6 @@ fn allotment(holder: &str, cpu: &str, expires_in: SignedDuration) -> Allotment {
     }
 }
 
-fn reservation(
-    cluster: &str,
-    name: &str,
-    uid: &str,
-    size: &ResourceDetails,
-    age: SignedDuration,
-) -> Reservation {
-    Reservation {
-        cluster: cluster.into(),
-        namespace: "kube-system".into(),
-        name: name.into(),
-        uid: uid.into(),
-        size: size.clone(),
-        reserved: size.clone(),
-        created_at: Timestamp::now() - age,
-    }
-}
-
 async fn status(seed: &Client) -> ResourceQuotaStatus {
     Api::<ResourceQuota>::all(seed.clone())
         .get("project-demo")

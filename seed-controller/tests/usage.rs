@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use jiff::{SignedDuration, Timestamp};
+use jiff::SignedDuration;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kkp_quota_crds::ledger::Reservation;
 use kkp_quota_crds::{Resource, ResourceDetails, ResourceQuota};
@@ -18,24 +18,6 @@ use kube::{Api, Client};
 use seed_controller::usage::same_usage;
 use seed_controller::{Config, REASON_UNADMITTED, REASON_UNSIZEABLE};
 use serde_json::json;
-
-fn reservation(
-    cluster: &str,
-    name: &str,
-    uid: &str,
-    size: &ResourceDetails,
-    age: SignedDuration,
-) -> Reservation {
-    Reservation {
-        cluster: cluster.into(),
-        namespace: "kube-system".into(),
-        name: name.into(),
-        uid: uid.into(),
-        size: size.clone(),
-        reserved: size.clone(),
-        created_at: Timestamp::now() - age,
-    }
-}
 
 /// Appends reservations as the webhook does: a merge patch conditioned on resourceVersion.
 async fn add_reservations(seed: &Client, project: &str, add: Vec<Reservation>) {

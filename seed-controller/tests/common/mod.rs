@@ -371,3 +371,22 @@ impl QuotaVersions {
         self.versions.lock().unwrap().clone()
     }
 }
+
+/// A reservation as machine-webhook writes it (reserved = size: a create), made `age` ago.
+pub fn reservation(
+    cluster: &str,
+    name: &str,
+    uid: &str,
+    size: &ResourceDetails,
+    age: jiff::SignedDuration,
+) -> kkp_quota_crds::ledger::Reservation {
+    kkp_quota_crds::ledger::Reservation {
+        cluster: cluster.into(),
+        namespace: "kube-system".into(),
+        name: name.into(),
+        uid: uid.into(),
+        size: size.clone(),
+        reserved: size.clone(),
+        created_at: jiff::Timestamp::now() - age,
+    }
+}
