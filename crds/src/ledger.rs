@@ -1,7 +1,10 @@
 //! The admission ledger in a seed quota copy's status: what the webhook admitted that usage
 //! does not count yet.
 //!
-//! - [`Reservation`]: one admitted Machine, named.
+//! - [`Reservation`]: one admitted Machine. On the wire, reservations that share cluster, sizes
+//!   and time are one [`ReservationGroup`] listing their Machines' UIDs: a burst of one
+//!   `MachineDeployment` is one small entry, not hundreds, which keeps every ledger write (and
+//!   every API server's decoding, validating and watching of it) cheap.
 //! - [`Allotment`]: headroom one webhook process holds so that it can admit without a write per
 //!   Machine; what it admits from it is inside `granted` until it records those Machines as
 //!   reservations (moving their size out of `granted` in the same write).
@@ -9,20 +12,20 @@
 //! Both are written with compare-and-swap on `resourceVersion` and survive any restart, so an
 //! admitted Machine is always covered by something in the API server.
 
+use std::collections::HashMap;
+
 use jiff::Timestamp;
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::resources::ResourceDetails;
 
 /// One admitted Machine, reserved until seed-controller counts it or the reservation expires.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
+/// In memory only; see [`ReservationGroup`] for how it is written.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Reservation {
     /// The user cluster (KKP cluster ID) the Machine is in.
     pub cluster: String,
-    pub namespace: String,
-    pub name: String,
     /// The Machine's UID as the API server assigned it before admission.
     pub uid: String,
     /// The Machine's full size once admitted; it is counted when usage sees this size.
@@ -31,8 +34,80 @@ pub struct Reservation {
     /// growth for an update).
     pub reserved: ResourceDetails,
     /// When the webhook admitted it; used for expiry.
+    pub created_at: Timestamp,
+}
+
+/// Reservations as written in `status.reservations`: the Machines (by UID) of one user cluster
+/// admitted at the same size, growth and time.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservationGroup {
+    /// The user cluster (KKP cluster ID) the Machines are in.
+    pub cluster: String,
+    /// Each Machine's full size once admitted; a Machine is counted when usage sees this size.
+    pub size: ResourceDetails,
+    /// What each admission added to the project's usage (the whole size for a create, the
+    /// growth for an update).
+    pub reserved: ResourceDetails,
+    /// When the webhook admitted (or recorded) them; used for expiry.
     #[schemars(with = "String")]
     pub created_at: Timestamp,
+    /// The Machines' UIDs, as the API server assigned them before admission.
+    pub uids: Vec<String>,
+}
+
+/// `reservations` grouped for the wire, groups in order of their first reservation, UIDs in
+/// order within each group.
+pub fn group(reservations: &[Reservation]) -> Vec<ReservationGroup> {
+    let mut groups: Vec<ReservationGroup> = Vec::new();
+    let mut index: HashMap<(&str, &ResourceDetails, &ResourceDetails, Timestamp), usize> = HashMap::new();
+    for r in reservations {
+        let key = (r.cluster.as_str(), &r.size, &r.reserved, r.created_at);
+        if let Some(&i) = index.get(&key) {
+            groups[i].uids.push(r.uid.clone());
+        } else {
+            index.insert(key, groups.len());
+            groups.push(ReservationGroup {
+                cluster: r.cluster.clone(),
+                size: r.size.clone(),
+                reserved: r.reserved.clone(),
+                created_at: r.created_at,
+                uids: vec![r.uid.clone()],
+            });
+        }
+    }
+    groups
+}
+
+/// One [`Reservation`] per UID of every group, in order.
+pub fn ungroup(groups: &[ReservationGroup]) -> Vec<Reservation> {
+    groups
+        .iter()
+        .flat_map(|g| {
+            g.uids.iter().map(|uid| Reservation {
+                cluster: g.cluster.clone(),
+                uid: uid.clone(),
+                size: g.size.clone(),
+                reserved: g.reserved.clone(),
+                created_at: g.created_at,
+            })
+        })
+        .collect()
+}
+
+/// `#[serde(with = "grouped")]` for a `Vec<Reservation>` written as groups.
+pub mod grouped {
+    use super::{
+        Deserialize, Deserializer, Reservation, ReservationGroup, Serialize, Serializer, group, ungroup,
+    };
+
+    pub fn serialize<S: Serializer>(reservations: &[Reservation], serializer: S) -> Result<S::Ok, S::Error> {
+        group(reservations).serialize(serializer)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Reservation>, D::Error> {
+        Ok(ungroup(&Vec::<ReservationGroup>::deserialize(deserializer)?))
+    }
 }
 
 /// Headroom held by one webhook process (escrow). Only its holder changes it; seed-controller
@@ -59,4 +134,71 @@ pub fn allotted_total(allotments: &[Allotment]) -> Result<ResourceDetails, crate
 /// The resources all reservations hold.
 pub fn reserved_total(reservations: &[Reservation]) -> Result<ResourceDetails, crate::QuantityError> {
     ResourceDetails::checked_sum(reservations.iter().map(|r| &r.reserved))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Quantity, Resource};
+    use proptest::prelude::*;
+
+    fn size(cpu: i64) -> ResourceDetails {
+        let mut d = ResourceDetails::zero();
+        d.set(Resource::Cpu, Some(Quantity::from_units(cpu)));
+        d.set(Resource::Machines, Some(Quantity::from_units(1)));
+        d
+    }
+
+    fn reservation(cluster: u8, uid: usize, cpu: i64, reserved: i64, secs: i64) -> Reservation {
+        Reservation {
+            cluster: format!("c{cluster}"),
+            uid: format!("u{uid}"),
+            size: size(cpu),
+            reserved: size(reserved),
+            created_at: Timestamp::from_second(1_800_000_000 + secs).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_burst_of_one_cluster_is_one_group() {
+        let rs: Vec<Reservation> = (0..50).map(|i| reservation(0, i, 4, 4, 0)).collect();
+        let groups = group(&rs);
+        assert_eq!(groups.len(), 1);
+        assert_eq!(groups[0].uids.len(), 50);
+        let json = serde_json::to_value(&groups).unwrap();
+        assert_eq!(json[0]["uids"][49], "u49");
+        assert_eq!(json[0]["size"]["cpu"], "4");
+    }
+
+    proptest! {
+        /// Grouping loses nothing: ungrouping gives back every reservation, each group's
+        /// members share cluster, sizes and time, and no two groups share all four.
+        #[test]
+        fn grouping_round_trips(
+            entries in proptest::collection::vec((0u8..3, 1i64..4, 1i64..4, 0i64..3), 0..60),
+        ) {
+            let rs: Vec<Reservation> = entries
+                .iter()
+                .enumerate()
+                .map(|(uid, (c, cpu, reserved, secs))| reservation(*c, uid, *cpu, *reserved, *secs))
+                .collect();
+            let groups = group(&rs);
+            let mut back = ungroup(&groups);
+            let mut expected = rs.clone();
+            back.sort_by(|a, b| a.uid.cmp(&b.uid));
+            expected.sort_by(|a, b| a.uid.cmp(&b.uid));
+            prop_assert_eq!(&back, &expected);
+            for (i, a) in groups.iter().enumerate() {
+                for b in &groups[i + 1..] {
+                    prop_assert!((&a.cluster, &a.size, &a.reserved, a.created_at) != (&b.cluster, &b.size, &b.reserved, b.created_at));
+                }
+            }
+            // Through JSON as the status field carries it.
+            let status = crate::ResourceQuotaStatus { reservations: rs.clone(), ..Default::default() };
+            let parsed: crate::ResourceQuotaStatus = serde_json::from_value(serde_json::to_value(&status).unwrap()).unwrap();
+            let mut parsed = parsed.reservations;
+            parsed.sort_by(|a, b| a.uid.cmp(&b.uid));
+            prop_assert_eq!(parsed, expected);
+        }
+    }
 }

@@ -89,8 +89,14 @@ pub struct ResourceQuotaStatus {
     pub other_seeds_usage: Option<ResourceDetails>,
     /// On a seed copy: Machines admitted by the webhook and not yet counted in `localUsage`.
     /// Added by machine-webhook, removed by seed-controller when it counts the Machine, both
-    /// with writes conditioned on `resourceVersion`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// with writes conditioned on `resourceVersion`. Written as groups: one entry per cluster,
+    /// size and time, listing the UIDs of the Machines admitted so.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::ledger::grouped"
+    )]
+    #[schemars(with = "Vec<crate::ledger::ReservationGroup>")]
     pub reservations: Vec<crate::ledger::Reservation>,
     /// On a seed copy: headroom held by webhook processes, each admitting from its own without
     /// a write per Machine. Written by machine-webhook (its holder); expired ones are removed by

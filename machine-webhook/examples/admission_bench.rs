@@ -14,6 +14,9 @@
 //! ```
 //!
 //! Writes `machine-webhook/results/admission.md` (or `admission-<clients>-clients.md`).
+//! For profiling, `BENCH_ONLY=<part of a mode's label>` runs only the modes it names (a partial
+//! run writes no results file) and `BENCH_FLEET_DIR=<dir>` writes the fleet's kubeconfigs
+//! there, so that the API servers' `/debug/pprof` can be read while it runs.
 //! seed-controller is emulated: a loop that moves reservations into `localUsage` with
 //! compare-and-swap writes, as seed-controller does when it counts Machines (so the ledger stays
 //! short and the webhook meets real conflicts).
@@ -419,6 +422,12 @@ async fn main() -> Result<()> {
     let users: Vec<Client> = USERS.iter().map(|u| fleet.user_cluster(u).client()).collect();
     let user_pids: Vec<Vec<u32>> = USERS.iter().map(|u| fleet.user_cluster(u).pids()).collect();
     let seed_pids = fleet.seed("seed-a").pids();
+    // For profiling: the fleet's kubeconfigs, e.g. for
+    // `kubectl --kubeconfig <dir>/seed-a.kubeconfig get --raw '/debug/pprof/profile?seconds=15'`.
+    if let Ok(dir) = std::env::var("BENCH_FLEET_DIR") {
+        fleet.write_dir(std::path::Path::new(&dir))?;
+    }
+    let only = std::env::var("BENCH_ONLY").ok();
 
     // A quota that is never reached: the webhook still decides and reserves every Machine.
     let quotas: Api<ResourceQuota> = Api::all(seed.clone());
@@ -426,7 +435,7 @@ async fn main() -> Result<()> {
         "project-demo",
         ResourceQuotaSpec {
             subject: Subject::project(PROJECT),
-            quota: serde_json::from_value::<ResourceDetails>(json!({"cpu": "1000000", "memory": "100Ti"}))?,
+            quota: serde_json::from_value::<ResourceDetails>(json!({"cpu": "1000000", "memory": "1Ei"}))?,
         },
     );
     quota.metadata.labels = Some(
@@ -464,6 +473,9 @@ async fn main() -> Result<()> {
     let mut histograms: Vec<(Mode, Buckets, Buckets)> = Vec::new();
     for round in 0..rounds {
         for (m, mode) in Mode::ALL.into_iter().enumerate() {
+            if only.as_deref().is_some_and(|o| !mode.label().contains(o)) {
+                continue;
+            }
             let instance = match mode {
                 Mode::NoWebhook => None,
                 Mode::EveryAdmissionWritten => Some(&written),
@@ -521,6 +533,11 @@ async fn main() -> Result<()> {
         });
         creates as f64 / secs
     };
+    if only.is_some() {
+        eprintln!("partial run (BENCH_ONLY): no results file written");
+        drainer.abort();
+        return Ok(());
+    }
     let base = rate(Mode::NoWebhook);
     let failures: usize = phases.iter().map(|p| p.failures).sum();
 

@@ -216,8 +216,9 @@ impl QuotaCopy {
         })
     }
 
+    /// Reserved Machines (not groups).
     pub fn reservation_count(&self) -> usize {
-        self.raw_reservations.len()
+        self.status.as_ref().map_or(0, |s| s.reservations.len())
     }
 }
 

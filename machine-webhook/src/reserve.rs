@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ResourceDetails;
-use kkp_quota_crds::ledger::{Allotment, Reservation};
+use kkp_quota_crds::ledger::{Allotment, Reservation, group};
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
@@ -191,7 +191,7 @@ impl Escrow {
 struct Plan {
     verdicts: Vec<Verdict>,
     /// Reservations to append (recorded admissions, then this batch's).
-    new_reservations: Vec<Value>,
+    new_reservations: Vec<Reservation>,
     /// The new `status.allotments`, when it changes.
     allotments: Option<Value>,
     /// How many of the escrow's admissions this write records, and their total.
@@ -421,8 +421,6 @@ impl Reserver {
                 now,
                 Reservation {
                     cluster: machine.cluster.clone(),
-                    namespace: machine.namespace.clone(),
-                    name: machine.name.clone(),
                     uid: machine.uid.clone(),
                     size: reserve.size.clone(),
                     reserved: reserve.reserved.clone(),
@@ -582,8 +580,6 @@ impl Reserver {
         let reserve = verdict.reserve.as_ref().filter(|_| verdict.allowed)?;
         (!pending.request.dry_run).then(|| Reservation {
             cluster: pending.machine.cluster.clone(),
-            namespace: pending.machine.namespace.clone(),
-            name: pending.machine.name.clone(),
             uid: pending.machine.uid.clone(),
             size: reserve.size.clone(),
             reserved: reserve.reserved.clone(),
@@ -624,7 +620,12 @@ impl Reserver {
             unrecorded = unrecorded
                 .checked_add(&reservation.reserved)
                 .map_err(|e| e.to_string())?;
-            new_reservations.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
+            // Recorded at this write's time, so that one write's reservations of a cluster at one
+            // size are one group on the wire (expiry counts from a moment later: harmless).
+            new_reservations.push(Reservation {
+                created_at: now,
+                ..reservation.clone()
+            });
         }
         let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded)
             .map_err(|e| e.to_string())?;
@@ -635,7 +636,7 @@ impl Reserver {
                 admitted = admitted
                     .checked_add(&reservation.reserved)
                     .map_err(|e| e.to_string())?;
-                new_reservations.push(serde_json::to_value(reservation).map_err(|e| e.to_string())?);
+                new_reservations.push(reservation);
             }
         }
         let own = copy
@@ -754,7 +755,9 @@ impl Reserver {
         let mut status = serde_json::Map::new();
         if !plan.new_reservations.is_empty() {
             let mut reservations = copy.raw_reservations.clone();
-            reservations.extend(plan.new_reservations.iter().cloned());
+            for group in group(&plan.new_reservations) {
+                reservations.push(serde_json::to_value(group).map_err(kube::Error::SerdeError)?);
+            }
             status.insert("reservations".into(), Value::Array(reservations));
         }
         if let Some(allotments) = &plan.allotments {

@@ -124,9 +124,11 @@ async fn sigterm_records_admissions_and_gives_the_allotment_back() -> Result<()>
     let api = machines(alpha.clone());
     // The first create waits for the write that reserves it and takes the allotment; the second
     // is admitted from the allotment and not recorded yet.
-    api.create(&kube::api::PostParams::default(), &machine("first", 1))
+    let first = api
+        .create(&kube::api::PostParams::default(), &machine("first", 1))
         .await?;
-    api.create(&kube::api::PostParams::default(), &machine("second", 1))
+    let second = api
+        .create(&kube::api::PostParams::default(), &machine("second", 1))
         .await?;
     let (_, allotments) = ledger(seed.client(), PROJECT).await?;
     assert_eq!(allotments.len(), 1, "{allotments:?}");
@@ -146,7 +148,10 @@ async fn sigterm_records_admissions_and_gives_the_allotment_back() -> Result<()>
     assert!(exit.success(), "{exit}");
     let (reserved, allotments) = ledger(seed.client(), PROJECT).await?;
     assert!(allotments.is_empty(), "allotment left behind: {allotments:?}");
-    let names: Vec<&str> = reserved.iter().map(|r| r.name.as_str()).collect();
-    assert_eq!(names, ["first", "second"]);
+    let uids: Vec<&str> = reserved.iter().map(|r| r.uid.as_str()).collect();
+    assert_eq!(
+        uids,
+        [first.metadata.uid.as_deref(), second.metadata.uid.as_deref()].map(Option::unwrap_or_default)
+    );
     Ok(())
 }

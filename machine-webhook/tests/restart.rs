@@ -51,6 +51,7 @@ async fn count_as_seed_controller(seed: &Client, users: &[(&str, Client)]) -> Re
                 .reservations
                 .iter()
                 .filter(|r| !uids.contains(&r.uid))
+                .cloned()
                 .collect();
             let live: Vec<_> = status.allotments.iter().filter(|a| a.expires_at > now).collect();
             let counted = COUNTED + i64::try_from(uids.len())?;
@@ -59,7 +60,7 @@ async fn count_as_seed_controller(seed: &Client, users: &[(&str, Client)]) -> Re
                 "status": {
                     "localUsage": {"cpu": counted.to_string()},
                     "globalUsage": {"cpu": counted.to_string()},
-                    "reservations": stray,
+                    "reservations": kkp_quota_crds::ledger::group(&stray),
                     "allotments": live,
                 },
             });

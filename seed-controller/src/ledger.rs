@@ -210,8 +210,6 @@ mod tests {
     fn reservation(cluster: &str, uid: &str, cpu: i64, age_secs: i64, now: Timestamp) -> Reservation {
         Reservation {
             cluster: cluster.into(),
-            namespace: "kube-system".into(),
-            name: format!("m-{uid}"),
             uid: uid.into(),
             size: size(cpu),
             reserved: size(cpu),

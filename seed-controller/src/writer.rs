@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt, StreamExt, stream};
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::kkp::Cluster;
+use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{QuantityError, Resource, ResourceDetails, ResourceQuota, ResourceQuotaStatus};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -332,7 +333,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             patch["status"]["reservations"] = if kept.is_empty() {
                 Value::Null
             } else {
-                serde_json::to_value(&kept).unwrap_or(Value::Null)
+                json!(group(&kept))
             };
         }
         // Written only when some go, so an unchanged list (the holders' to change) is never
@@ -362,7 +363,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
                 for (i, reason) in drops {
                     let r = &status.reservations[*i];
                     if *reason == DropReason::Expired {
-                        info!(cluster = %r.cluster, machine = %r.name, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
+                        info!(cluster = %r.cluster, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
                     }
                 }
                 for &i in &decision.expired {

@@ -59,7 +59,8 @@ async fn add_to_ledger(seed: &Client, allotments: &[Allotment], reservations: &[
         if !reservations.is_empty() {
             let mut all = status.reservations.clone();
             all.extend(reservations.iter().cloned());
-            patch["status"]["reservations"] = serde_json::to_value(all).unwrap();
+            patch["status"]["reservations"] =
+                serde_json::to_value(kkp_quota_crds::ledger::group(&all)).unwrap();
         }
         match api
             .patch_status("project-demo", &PatchParams::default(), &Patch::Merge(&patch))
@@ -159,13 +160,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     add_to_ledger(
         &seed,
         &[],
-        &[reservation(
-            "alpha",
-            "m1",
-            &m1_uid,
-            &s1,
-            SignedDuration::from_secs(1),
-        )],
+        &[reservation("alpha", &m1_uid, &s1, SignedDuration::from_secs(1))],
     )
     .await;
     wait_local_usage(&seed, "demo", &s1).await;
@@ -233,7 +228,6 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
         &[allotment("webhook-stuck", "2", SignedDuration::from_secs(-1))],
         &[reservation(
             "elsewhere",
-            "ghost",
             "ghost-uid",
             &s1,
             SignedDuration::from_mins(10),

@@ -29,7 +29,7 @@ async fn add_reservations(seed: &Client, project: &str, add: Vec<Reservation>) {
         reservations.extend(add.iter().cloned());
         let patch = json!({
             "metadata": {"resourceVersion": rq.metadata.resource_version},
-            "status": {"reservations": reservations},
+            "status": {"reservations": kkp_quota_crds::ledger::group(&reservations)},
         });
         match api
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -282,20 +282,8 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
         &seed,
         "demo",
         vec![
-            reservation(
-                "alpha",
-                "ghost-a",
-                "ghost-alpha",
-                &s5,
-                SignedDuration::from_mins(10),
-            ),
-            reservation(
-                "beta",
-                "ghost-b",
-                "ghost-beta",
-                &s5,
-                SignedDuration::from_mins(10),
-            ),
+            reservation("alpha", "ghost-alpha", &s5, SignedDuration::from_mins(10)),
+            reservation("beta", "ghost-beta", &s5, SignedDuration::from_mins(10)),
         ],
     )
     .await;
@@ -368,13 +356,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     add_reservations(
         &seed,
         "demo",
-        vec![reservation(
-            "beta",
-            "m8",
-            &uid(&m8),
-            &s8,
-            SignedDuration::from_secs(1),
-        )],
+        vec![reservation("beta", &uid(&m8), &s8, SignedDuration::from_secs(1))],
     )
     .await;
     let expected = sum(&[&alpha_usage, &s7, &s4, &s6, &s8]);

@@ -375,15 +375,12 @@ impl QuotaVersions {
 /// A reservation as machine-webhook writes it (reserved = size: a create), made `age` ago.
 pub fn reservation(
     cluster: &str,
-    name: &str,
     uid: &str,
     size: &ResourceDetails,
     age: jiff::SignedDuration,
 ) -> kkp_quota_crds::ledger::Reservation {
     kkp_quota_crds::ledger::Reservation {
         cluster: cluster.into(),
-        namespace: "kube-system".into(),
-        name: name.into(),
         uid: uid.into(),
         size: size.clone(),
         reserved: size.clone(),
