@@ -12,7 +12,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kkp_quota_crds::quota::SEED_CLEANUP_FINALIZER;
-use kkp_quota_crds::runtime::leader::LeaseConfig;
+use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -31,7 +31,7 @@ fn replica(identity: &str) -> Options {
 }
 
 async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
-    Ok(leases.get(LEASE).await?.spec.and_then(|s| s.holder_identity))
+    holder_of(leases, LEASE).await
 }
 
 async fn copy_cpu(seed: &Api<ResourceQuota>) -> Result<Option<Quantity>> {
@@ -165,4 +165,35 @@ async fn only_the_lease_holder_writes() -> Result<()> {
     drop(b);
     drop(fleet);
     Ok(())
+}
+
+/// A renewal that meets a conflicting write is retried on a fresh read, not taken as a lost
+/// lease: two renewals of the same holder at once (as when one's answer was slow) both keep it,
+/// and a live other holder still wins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_renewal_does_not_lose_the_lease() -> Result<()> {
+    let fleet = Fleet::start(FleetSpec::empty()).await?;
+    let master = fleet.master().client();
+    let config = LeaseConfig::new("default", "conflicts", "a");
+    let elector = LeaderElector::new(master.clone(), config.clone());
+    ensure!(elector.try_acquire_or_renew().await?, "a takes the free lease");
+    for round in 0..20 {
+        let (first, second) = tokio::join!(elector.try_acquire_or_renew(), elector.try_acquire_or_renew());
+        ensure!(
+            first? && second?,
+            "round {round}: a renewal reported the lease lost"
+        );
+    }
+    let leases: Api<Lease> = Api::namespaced(master.clone(), "default");
+    ensure!(holder_of(&leases, "conflicts").await?.as_deref() == Some("a"));
+    // Another candidate meets a live holder: not taken, however often it tries.
+    let other = LeaderElector::new(master, LeaseConfig::new("default", "conflicts", "b"));
+    let (b1, b2) = tokio::join!(other.try_acquire_or_renew(), other.try_acquire_or_renew());
+    ensure!(!b1? && !b2?, "b took a live lease");
+    ensure!(holder_of(&leases, "conflicts").await?.as_deref() == Some("a"));
+    Ok(())
+}
+
+async fn holder_of(leases: &Api<Lease>, name: &str) -> Result<Option<String>> {
+    Ok(leases.get(name).await?.spec.and_then(|s| s.holder_identity))
 }

@@ -14,9 +14,12 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::RuntimeError;
+
+/// Conflicting writes retried (each after a fresh read) within one round.
+const CONFLICT_RETRIES: usize = 3;
 
 /// Where the lease lives and who we are.
 #[derive(Clone, Debug)]
@@ -64,8 +67,20 @@ impl LeaderElector {
     }
 
     /// One round: take the lease if it is free or expired, renew it if we hold it. Returns whether
-    /// we hold it afterwards.
+    /// we hold it afterwards. A conflicting write is not taken as a loss by itself: the lease is
+    /// read again and the round retried, so only another live holder makes this `false` (a
+    /// renewal whose answer was lost, or a slow API server, must not stop a healthy leader).
     pub async fn try_acquire_or_renew(&self) -> Result<bool, RuntimeError> {
+        for _ in 0..CONFLICT_RETRIES {
+            if let Some(held) = self.round().await? {
+                return Ok(held);
+            }
+        }
+        Ok(false)
+    }
+
+    /// One read and one write; `None` on a conflict.
+    async fn round(&self) -> Result<Option<bool>, RuntimeError> {
         let now = Timestamp::now();
         let duration_secs = i32::try_from(self.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
         let Some(mut lease) = self.api.get_opt(&self.config.name).await? else {
@@ -84,8 +99,8 @@ impl LeaderElector {
                 }),
             };
             return match self.api.create(&PostParams::default(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+                Ok(_) => Ok(Some(true)),
+                Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
                 Err(e) => Err(e.into()),
             };
         };
@@ -93,7 +108,7 @@ impl LeaderElector {
         let holder = spec.holder_identity.clone().unwrap_or_default();
         let ours = holder == self.config.identity;
         if !ours && !holder.is_empty() && !expired(spec, now) {
-            return Ok(false);
+            return Ok(Some(false));
         }
         if !ours {
             spec.acquire_time = Some(MicroTime(now));
@@ -112,9 +127,12 @@ impl LeaderElector {
                 if !ours {
                     info!(lease = %self.config.name, identity = %self.config.identity, previous = %holder, "acquired leader lease");
                 }
-                Ok(true)
+                Ok(Some(true))
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                debug!(lease = %self.config.name, "lease changed while renewing; reading it again");
+                Ok(None)
+            }
             Err(e) => Err(e.into()),
         }
     }
