@@ -222,6 +222,8 @@ struct Inner {
     /// Set by [`Reserver::release_all`]: no more admissions from allotments; workers record
     /// and give back.
     stopping: AtomicBool,
+    /// Signalled after every pass of a worker (what [`Reserver::release_all`] waits on).
+    passed: Notify,
     token: CancellationToken,
 }
 
@@ -268,6 +270,7 @@ impl Reserver {
                 queues: Mutex::new(HashMap::new()),
                 escrows: Mutex::new(HashMap::new()),
                 stopping: AtomicBool::new(false),
+                passed: Notify::new(),
                 token,
             }),
         }
@@ -285,6 +288,10 @@ impl Reserver {
         self.inner.stopping.store(true, Ordering::SeqCst);
         let deadline = Instant::now() + timeout;
         loop {
+            // Armed before the check, so that a pass ending in between is not missed.
+            let passed = self.inner.passed.notified();
+            tokio::pin!(passed);
+            passed.as_mut().enable();
             let pending = {
                 let escrows = lock(&self.inner.escrows);
                 for escrow in escrows.values() {
@@ -306,7 +313,7 @@ impl Reserver {
                 }
                 return pending;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            let _ = tokio::time::timeout_at(deadline.into(), passed).await;
         }
     }
 
@@ -561,6 +568,7 @@ impl Reserver {
         for (pending, verdict) in batch.into_iter().zip(verdicts) {
             let _ = pending.reply.send(verdict);
         }
+        self.inner.passed.notify_waiters();
     }
 
     fn error_verdicts(requests: &[Request], project: &str, why: &str) -> Vec<Verdict> {

@@ -9,12 +9,7 @@ use common::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sixty_concurrent_creates_admit_exactly_the_headroom_in_twenty_rounds() -> Result<()> {
-    let fleet = fleet().await?;
-    let seed = fleet.seed(SEED).client();
-    let alpha = fleet.user_cluster("alpha").client();
-    let beta = fleet.user_cluster("beta").client();
-    let certs = certs()?;
-    write_quota(seed.clone(), PROJECT, &LIMIT.to_string(), &COUNTED.to_string()).await?;
+    let (_running, seed, alpha, beta, certs) = burst_fleet().await?;
     let webhook = start_webhook(seed.clone(), &certs, "127.0.0.1:0".parse()?).await?;
     register(alpha.clone(), "alpha", webhook.address, &certs).await?;
     register(beta.clone(), "beta", webhook.address, &certs).await?;

@@ -75,12 +75,7 @@ async fn count_as_seed_controller(seed: &Client, users: &[(&str, Client)]) -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_killed_mid_burst_never_overruns() -> Result<()> {
-    let fleet = fleet().await?;
-    let seed = fleet.seed(SEED).client();
-    let alpha = fleet.user_cluster("alpha").client();
-    let beta = fleet.user_cluster("beta").client();
-    let certs = certs()?;
-    write_quota(seed.clone(), PROJECT, &LIMIT.to_string(), &COUNTED.to_string()).await?;
+    let (_running, seed, alpha, beta, certs) = burst_fleet().await?;
     let mut current =
         start_webhook_with(seed.clone(), &certs, "127.0.0.1:0".parse()?, Some(allotments())).await?;
     let address = current.address;
@@ -157,12 +152,7 @@ async fn webhook_killed_mid_burst_never_overruns() -> Result<()> {
 /// successor admits only what is left beside it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unrecorded_admissions_of_a_dead_process_stay_covered() -> Result<()> {
-    let fleet = fleet().await?;
-    let seed = fleet.seed(SEED).client();
-    let alpha = fleet.user_cluster("alpha").client();
-    let beta = fleet.user_cluster("beta").client();
-    let certs = certs()?;
-    write_quota(seed.clone(), PROJECT, &LIMIT.to_string(), &COUNTED.to_string()).await?;
+    let (_running, seed, alpha, beta, certs) = burst_fleet().await?;
     // This process never gets to record what it admits from its allotment.
     let never = Duration::from_hours(1);
     let first = start_webhook_with(

@@ -88,14 +88,14 @@ pub fn reservations_to_drop(
         .collect()
 }
 
-/// The reservations that stay after dropping `drops`.
-pub fn remaining(reservations: &[Reservation], drops: &[(usize, DropReason)]) -> Vec<Reservation> {
-    let dropped: HashSet<usize> = drops.iter().map(|(i, _)| *i).collect();
-    reservations
-        .iter()
+/// The items of `list` whose index is not in `gone` (reservations after their drops,
+/// allotments after their expiry).
+pub fn remaining<T: Clone>(list: &[T], gone: impl IntoIterator<Item = usize>) -> Vec<T> {
+    let gone: HashSet<usize> = gone.into_iter().collect();
+    list.iter()
         .enumerate()
-        .filter(|(i, _)| !dropped.contains(i))
-        .map(|(_, r)| r.clone())
+        .filter(|(i, _)| !gone.contains(i))
+        .map(|(_, item)| item.clone())
         .collect()
 }
 
@@ -110,16 +110,6 @@ pub fn allotments_to_expire(allotments: &[Allotment], project_unsettled: bool, n
         .enumerate()
         .filter(|(_, a)| a.expires_at <= now)
         .map(|(i, _)| i)
-        .collect()
-}
-
-/// The allotments that stay after removing `expired`.
-pub fn remaining_allotments(allotments: &[Allotment], expired: &[usize]) -> Vec<Allotment> {
-    allotments
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !expired.contains(i))
-        .map(|(_, a)| a.clone())
         .collect()
 }
 
@@ -235,7 +225,7 @@ mod tests {
             reservations_to_drop(&rs, &counted, now, TTL),
             vec![(0, DropReason::Counted)]
         );
-        assert_eq!(remaining(&rs, &[(0, DropReason::Counted)]).len(), 3);
+        assert_eq!(remaining(&rs, [0]).len(), 3);
     }
 
     #[test]
@@ -302,7 +292,7 @@ mod tests {
         ];
         assert_eq!(allotments_to_expire(&allotments, false, now), vec![0, 2]);
         assert!(allotments_to_expire(&allotments, true, now).is_empty());
-        let kept = remaining_allotments(&allotments, &[0, 2]);
+        let kept = remaining(&allotments, [0, 2]);
         assert_eq!(kept, vec![allotments[1].clone()]);
     }
 
@@ -429,7 +419,7 @@ mod tests {
                 let gone = expired.contains(&i);
                 prop_assert_eq!(gone, !project_unsettled && a.expires_at <= now);
             }
-            prop_assert_eq!(remaining_allotments(&allotments, &expired).len() + expired.len(), allotments.len());
+            prop_assert_eq!(remaining(&allotments, expired.iter().copied()).len() + expired.len(), allotments.len());
         }
 
         /// A reservation is never dropped as counted unless its Machine is counted at its size,
@@ -465,7 +455,7 @@ mod tests {
                     }
                 }
             }
-            prop_assert_eq!(remaining(&rs, &drops).len() + drops.len(), rs.len());
+            prop_assert_eq!(remaining(&rs, drops.iter().map(|(i, _)| *i)).len() + drops.len(), rs.len());
         }
     }
 }

@@ -28,8 +28,8 @@ use serde_json::{Value, json};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::ledger::{
-    DropReason, allotments_to_expire, grace_ends, held_back, remaining, remaining_allotments,
-    reservations_to_drop, unadmitted, usage_without_held,
+    DropReason, allotments_to_expire, grace_ends, held_back, remaining, reservations_to_drop, unadmitted,
+    usage_without_held,
 };
 use crate::state::{CONDITION_TYPE, ProjectPlan};
 use crate::usage::{as_f64, same_usage};
@@ -329,7 +329,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             "status": { "localUsage": decision.local_usage },
         });
         if !decision.drops.is_empty() {
-            let kept = remaining(&status.reservations, &decision.drops);
+            let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
             patch["status"]["reservations"] = if kept.is_empty() {
                 Value::Null
             } else {
@@ -339,7 +339,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
         // Written only when some go, so an unchanged list (the holders' to change) is never
         // rewritten.
         if !decision.expired.is_empty() {
-            let kept = remaining_allotments(&status.allotments, &decision.expired);
+            let kept = remaining(&status.allotments, decision.expired.iter().copied());
             patch["status"]["allotments"] = if kept.is_empty() {
                 Value::Null
             } else {

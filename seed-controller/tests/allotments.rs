@@ -20,10 +20,9 @@ use std::time::Duration;
 use common::*;
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::{Allotment, Reservation};
-use kkp_quota_crds::{Quantity, Resource, ResourceDetails, ResourceQuota, ResourceQuotaStatus};
+use kkp_quota_crds::{Quantity, Resource, ResourceDetails, ResourceQuota};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
-use seed_controller::usage::same_usage;
 use seed_controller::{Config, REASON_UNADMITTED};
 use serde_json::json;
 
@@ -33,15 +32,6 @@ fn allotment(holder: &str, cpu: &str, expires_in: SignedDuration) -> Allotment {
         granted: serde_json::from_value(json!({"cpu": cpu})).unwrap(),
         expires_at: Timestamp::now() + expires_in,
     }
-}
-
-async fn status(seed: &Client) -> ResourceQuotaStatus {
-    Api::<ResourceQuota>::all(seed.clone())
-        .get("project-demo")
-        .await
-        .unwrap()
-        .status
-        .unwrap_or_default()
 }
 
 /// Appends to the ledger as a webhook does: one merge patch conditioned on resourceVersion.
@@ -74,7 +64,7 @@ async fn add_to_ledger(seed: &Client, allotments: &[Allotment], reservations: &[
 }
 
 async fn holders(seed: &Client) -> Vec<String> {
-    status(seed)
+    quota_status(seed)
         .await
         .allotments
         .into_iter()
@@ -98,15 +88,8 @@ async fn wait_holders(seed: &Client, expected: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_removed() {
     init_logs();
-    let (seed_cp, alpha_cp) = tokio::try_join!(
-        e2e::ControlPlane::start("seed"),
-        e2e::ControlPlane::start("alpha")
-    )
-    .unwrap();
+    let (seed_cp, alpha_cp) = seed_with_alpha("1000").await;
     let (seed, alpha) = (seed_cp.client(), alpha_cp.client());
-    ensure_namespace(&seed, "kubermatic").await;
-    register_cluster(&seed, "alpha", "demo", &alpha_cp.kubeconfig_yaml()).await;
-    create_quota_copy(&seed, "demo", "1000").await;
     let live = allotment("webhook-live", "8", SignedDuration::from_hours(1));
     add_to_ledger(&seed, std::slice::from_ref(&live), &[]).await;
 
@@ -122,11 +105,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     config.resync_period = Duration::from_secs(1);
     config.user_cluster_timeout = Duration::from_secs(3);
     let running = start_controller(&seed_cp, config).await;
-    e2e::wait_for(WAIT, "controller ready", || async {
-        running.readiness.is_ready()
-    })
-    .await
-    .unwrap();
+    running.wait_ready().await;
     wait_local_usage(&seed, "demo", &s0).await;
 
     // Record every version of the quota copy from now on.
@@ -145,15 +124,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     wait_local_usage(&seed, "demo", &ResourceDetails::zero()).await;
     wait_cluster_usage(&seed, "alpha", &s1).await;
     assert!(machine_events(&alpha, "m1", REASON_UNADMITTED).await.is_empty());
-    assert!(
-        metric(
-            &running.metrics,
-            "kkp_quota_unadmitted_machines_total",
-            &[("cluster", "alpha")]
-        )
-        .unwrap_or(0.0)
-            < 1.0
-    );
+    assert!(running.unadmitted("alpha").unwrap_or(0.0) < 1.0);
 
     // --- The webhook records it: counted and the reservation dropped, in one write. ---
     let m1_uid = uid(&m1);
@@ -165,18 +136,11 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     .await;
     wait_local_usage(&seed, "demo", &s1).await;
     e2e::wait_for(WAIT, "m1's reservation dropped", || async {
-        status(&seed).await.reservations.is_empty()
+        quota_status(&seed).await.reservations.is_empty()
     })
     .await
     .unwrap();
-    e2e::wait_for(WAIT, "recorder saw the final version", || async {
-        recorder.last().is_some_and(|rq| {
-            let s = rq.status.clone().unwrap_or_default();
-            s.reservations.is_empty() && s.local_usage.is_some_and(|u| same_usage(&u, &s1))
-        })
-    })
-    .await
-    .unwrap();
+    recorder.wait_settled(&s1).await;
     let versions = recorder.all();
     let mut reserved_before = false;
     for rq in &versions {
@@ -211,7 +175,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     )
     .await;
     wait_holders(&seed, &["webhook-live"]).await;
-    assert_eq!(status(&seed).await.allotments, vec![live.clone()]);
+    assert_eq!(quota_status(&seed).await.allotments, vec![live.clone()]);
     assert_eq!(
         metric(&running.metrics, "kkp_quota_allotments_expired_total", &[]),
         Some(1.0)
@@ -235,7 +199,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     )
     .await;
     e2e::wait_for(WAIT, "the ghost reservation expired", || async {
-        status(&seed).await.reservations.is_empty()
+        quota_status(&seed).await.reservations.is_empty()
     })
     .await
     .unwrap();
@@ -254,11 +218,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     let mut config = Config::for_tests("seed");
     config.admission_record_grace = Duration::from_millis(500);
     let running = start_controller(&seed_cp, config).await;
-    e2e::wait_for(WAIT, "controller ready", || async {
-        running.readiness.is_ready()
-    })
-    .await
-    .unwrap();
+    running.wait_ready().await;
     let alpha = alpha_cp.client();
     let m2_spec = aws("t3.medium");
     create_machine(&alpha, "m2", &m2_spec).await;
@@ -272,14 +232,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
         "{note}"
     );
     assert!(note.contains("stopped before recording it"), "{note}");
-    assert_eq!(
-        metric(
-            &running.metrics,
-            "kkp_quota_unadmitted_machines_total",
-            &[("cluster", "alpha")]
-        ),
-        Some(1.0)
-    );
+    assert_eq!(running.unadmitted("alpha"), Some(1.0));
     assert!(machine_events(&alpha, "m1", REASON_UNADMITTED).await.is_empty());
     assert_eq!(holders(&seed).await, vec!["webhook-live"]);
     running.stop().await;

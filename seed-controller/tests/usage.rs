@@ -101,11 +101,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     config.resync_period = std::time::Duration::from_secs(1);
     config.user_cluster_timeout = std::time::Duration::from_secs(3);
     let running = start_controller(&seed_cp, config.clone()).await;
-    e2e::wait_for(WAIT, "controller ready", || async {
-        running.readiness.is_ready()
-    })
-    .await
-    .unwrap();
+    running.wait_ready().await;
     let s0 = size_of(&m0_spec);
     assert_eq!(s0.amount(Resource::Cpu), kkp_quota_crds::Quantity::from_units(2));
     wait_cluster_usage(&seed, "alpha", &s0).await;
@@ -142,15 +138,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     wait_local_usage(&seed, "demo", &sum(&[&s0, &s1, &s2])).await;
     // It appeared while watched, with no reservation: flagged, and still counted.
     wait_machine_event(&alpha, "m1", REASON_UNADMITTED).await;
-    assert!(
-        metric(
-            &running.metrics,
-            "kkp_quota_unadmitted_machines_total",
-            &[("cluster", "alpha")]
-        )
-        .unwrap_or(0.0)
-            >= 1.0
-    );
+    assert!(running.unadmitted("alpha").unwrap_or(0.0) >= 1.0);
     let _ = m1;
 
     // --- Deleted. ---
@@ -374,14 +362,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     })
     .await
     .unwrap();
-    e2e::wait_for(WAIT, "recorder saw the final version", || async {
-        recorder.last().is_some_and(|rq| {
-            let s = rq.status.clone().unwrap_or_default();
-            s.reservations.is_empty() && s.local_usage.is_some_and(|u| same_usage(&u, &expected))
-        })
-    })
-    .await
-    .unwrap();
+    recorder.wait_settled(&expected).await;
     // In every version, m8 is counted exactly once: by its reservation or in localUsage (the
     // count and the drop are one write).
     let versions = recorder.all();

@@ -11,35 +11,21 @@ use std::time::Duration;
 
 use common::*;
 use kkp_quota_crds::machine::Machine;
-use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
+use kkp_quota_crds::{Quantity, Resource};
 use kube::Api;
 use kube::api::PostParams;
 use seed_controller::{Config, REASON_UNADMITTED};
 use serde_json::json;
 
 async fn reservations(seed: &kube::Client) -> usize {
-    Api::<ResourceQuota>::all(seed.clone())
-        .get("project-demo")
-        .await
-        .unwrap()
-        .status
-        .unwrap_or_default()
-        .reservations
-        .len()
+    quota_status(seed).await.reservations.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_reservations_are_counted_and_dropped() {
     init_logs();
-    let (seed_cp, alpha_cp) = tokio::try_join!(
-        e2e::ControlPlane::start("seed"),
-        e2e::ControlPlane::start("alpha")
-    )
-    .unwrap();
+    let (seed_cp, alpha_cp) = seed_with_alpha("10").await;
     let (seed, alpha) = (seed_cp.client(), alpha_cp.client());
-    ensure_namespace(&seed, "kubermatic").await;
-    register_cluster(&seed, "alpha", "demo", &alpha_cp.kubeconfig_yaml()).await;
-    create_quota_copy(&seed, "demo", "10").await;
 
     let certs = e2e::certs::WebhookCerts::generate().unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -138,11 +124,7 @@ async fn webhook_reservations_are_counted_and_dropped() {
             "{name} flagged"
         );
     }
-    let unadmitted = metric(
-        &running.metrics,
-        "kkp_quota_unadmitted_machines_total",
-        &[("cluster", "alpha")],
-    );
+    let unadmitted = running.unadmitted("alpha");
     assert!(unadmitted.unwrap_or(0.0) < 1.0, "unadmitted: {unadmitted:?}");
     assert!(metric(&running.metrics, "kkp_quota_reservations_counted_total", &[]).unwrap_or(0.0) >= 6.0);
     running.stop().await;

@@ -9,12 +9,24 @@ use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 
-use super::{PROJECT, machine, machines};
+use super::{Certs, PROJECT, SEED, certs, fleet, machine, machines, write_quota};
 
 pub const LIMIT: i64 = 16;
 pub const COUNTED: i64 = 6;
 pub const HEADROOM: i64 = LIMIT - COUNTED;
 pub const BURST: usize = 60;
+
+/// A fleet for bursts: seed-a with user clusters alpha and beta of the project, whose quota
+/// allows `LIMIT` cpu with `COUNTED` already counted, and webhook certificates:
+/// `(fleet, seed, alpha, beta, certs)` (keep the fleet alive for the test).
+pub async fn burst_fleet() -> Result<(e2e::Fleet, Client, Client, Client, Certs)> {
+    let fleet = fleet().await?;
+    let seed = fleet.seed(SEED).client();
+    let alpha = fleet.user_cluster("alpha").client();
+    let beta = fleet.user_cluster("beta").client();
+    write_quota(seed.clone(), PROJECT, &LIMIT.to_string(), &COUNTED.to_string()).await?;
+    Ok((fleet, seed, alpha, beta, certs()?))
+}
 
 /// Creates `BURST` one-cpu Machines at once, half in each cluster; returns how many were
 /// admitted, and fails on any answer other than admitted or denied for quota.

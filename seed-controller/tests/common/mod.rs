@@ -298,6 +298,22 @@ pub struct Running {
 }
 
 impl Running {
+    /// Waits until the controller reports ready (caches synced, lease held).
+    pub async fn wait_ready(&self) {
+        e2e::wait_for(WAIT, "controller ready", || async { self.readiness.is_ready() })
+            .await
+            .unwrap();
+    }
+
+    /// `kkp_quota_unadmitted_machines_total` of `cluster` (`None` before the first).
+    pub fn unadmitted(&self, cluster: &str) -> Option<f64> {
+        metric(
+            &self.metrics,
+            "kkp_quota_unadmitted_machines_total",
+            &[("cluster", cluster)],
+        )
+    }
+
     pub async fn stop(mut self) {
         if let Some(mut task) = self.task.take() {
             task.0.abort();
@@ -370,6 +386,41 @@ impl QuotaVersions {
     pub fn all(&self) -> Vec<ResourceQuota> {
         self.versions.lock().unwrap().clone()
     }
+
+    /// Waits until the newest version seen has no reservation left and `localUsage` equal to
+    /// `usage` (the ledger has settled), so that [`Self::all`] holds the whole story.
+    pub async fn wait_settled(&self, usage: &ResourceDetails) {
+        e2e::wait_for(WAIT, "recorder saw the final version", || async {
+            self.last().is_some_and(|rq| {
+                let s = rq.status.clone().unwrap_or_default();
+                s.reservations.is_empty() && s.local_usage.is_some_and(|u| same_usage(&u, usage))
+            })
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// Project `demo`'s quota copy's status on the seed.
+pub async fn quota_status(seed: &Client) -> kkp_quota_crds::ResourceQuotaStatus {
+    Api::<ResourceQuota>::all(seed.clone())
+        .get("project-demo")
+        .await
+        .unwrap()
+        .status
+        .unwrap_or_default()
+}
+
+/// A seed and one user cluster `alpha` of project `demo` registered on it, with the project's
+/// quota copy limiting cpu to `quota_cpu`: `(seed, alpha)` control planes.
+pub async fn seed_with_alpha(quota_cpu: &str) -> (ControlPlane, ControlPlane) {
+    let (seed_cp, alpha_cp) =
+        tokio::try_join!(ControlPlane::start("seed"), ControlPlane::start("alpha")).unwrap();
+    let seed = seed_cp.client();
+    ensure_namespace(&seed, "kubermatic").await;
+    register_cluster(&seed, "alpha", "demo", &alpha_cp.kubeconfig_yaml()).await;
+    create_quota_copy(&seed, "demo", quota_cpu).await;
+    (seed_cp, alpha_cp)
 }
 
 /// A reservation as machine-webhook writes it (reserved = size: a create), made `age` ago.
