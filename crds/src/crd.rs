@@ -3,12 +3,13 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-use crate::kkp::{Cluster, KubermaticSetting, Project, Seed};
+use crate::kkp_shape;
 use crate::machine::Machine;
-use crate::quota::ResourceQuota;
+use crate::project_quota::ProjectQuota;
+use crate::quota_ledger::QuotaLedger;
 
 /// Annotation that marks the minimal stand-in CRDs used by the local fleet and tests.
-pub const PURPOSE_ANNOTATION: &str = "kkp-quota.k8c.io/purpose";
+pub const PURPOSE_ANNOTATION: &str = "kkp-quota.dev/purpose";
 
 /// One CRD and the file it is written to, relative to `deploy/crds/`.
 pub struct CrdFile {
@@ -16,33 +17,45 @@ pub struct CrdFile {
     pub crd: CustomResourceDefinition,
 }
 
-/// The product's CRD: install it on the master and on every seed.
+/// The product's CRDs, all in this project's own group: `ProjectQuota` for the master,
+/// `QuotaLedger` for every seed (installing both everywhere is harmless).
 pub fn product() -> Vec<CrdFile> {
-    vec![CrdFile {
-        path: "resourcequotas.kubermatic.k8c.io.yaml",
-        crd: ResourceQuota::crd(),
-    }]
+    vec![
+        CrdFile {
+            path: "projectquotas.kkp-quota.dev.yaml",
+            crd: ProjectQuota::crd(),
+        },
+        CrdFile {
+            path: "quotaledgers.kkp-quota.dev.yaml",
+            crd: QuotaLedger::crd(),
+        },
+    ]
 }
 
-/// Minimal stand-ins for KKP's and machine-controller's own CRDs, for the local fleet and tests
-/// only: a real KKP installation already has the full ones.
+/// Stand-ins for KKP's and machine-controller's own CRDs, for the local fleet and tests only:
+/// a real KKP installation already has the real ones, and this project never installs those.
+/// KKP's are in KKP's shape ([`kkp_shape`]), so the fleet prunes what KKP would prune.
 pub fn fleet_only() -> Vec<CrdFile> {
     let mut files = vec![
         CrdFile {
+            path: "fleet-only/resourcequotas.kubermatic.k8c.io.yaml",
+            crd: kkp_shape::resource_quota(),
+        },
+        CrdFile {
             path: "fleet-only/projects.kubermatic.k8c.io.yaml",
-            crd: Project::crd(),
+            crd: kkp_shape::project(),
         },
         CrdFile {
             path: "fleet-only/seeds.kubermatic.k8c.io.yaml",
-            crd: Seed::crd(),
+            crd: kkp_shape::seed(),
         },
         CrdFile {
             path: "fleet-only/clusters.kubermatic.k8c.io.yaml",
-            crd: Cluster::crd(),
+            crd: kkp_shape::cluster(),
         },
         CrdFile {
             path: "fleet-only/kubermaticsettings.kubermatic.k8c.io.yaml",
-            crd: KubermaticSetting::crd(),
+            crd: kkp_shape::kubermatic_setting(),
         },
         CrdFile {
             path: "fleet-only/machines.cluster.k8s.io.yaml",
@@ -53,7 +66,8 @@ pub fn fleet_only() -> Vec<CrdFile> {
         let annotations = file.crd.metadata.annotations.get_or_insert_with(Default::default);
         annotations.insert(
             PURPOSE_ANNOTATION.to_owned(),
-            "local fleet and tests only; KKP and machine-controller ship the real CRD".to_owned(),
+            "local fleet and tests only; KKP and machine-controller ship the real CRD (KKP's in KKP's shape)"
+                .to_owned(),
         );
         // `cluster.k8s.io` is a protected group (*.k8s.io): the API server refuses a CRD in it
         // without this annotation.

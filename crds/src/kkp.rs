@@ -1,12 +1,12 @@
 //! The subset of KKP's `Project`, `Seed`, `Cluster` and `KubermaticSetting` this project reads or
 //! writes. Unknown fields are ignored when reading, and every write is a patch of the fields we
-//! own, so nothing we do not model is ever dropped.
+//! own, so nothing we do not model is ever dropped. What is written is only what KKP's own CRDs
+//! declare (their schemas prune everything else): see [`crate::kkp_shape`] for those shapes.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::CustomResource;
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::resources::ResourceDetails;
@@ -21,15 +21,15 @@ pub const KUBECONFIG_KEY: &str = "kubeconfig";
 pub const GLOBAL_SETTINGS_NAME: &str = "globalsettings";
 
 /// A KKP project (cluster-scoped, on the master); its name is the project ID.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kubermatic.k8c.io",
     version = "v1",
     kind = "Project",
-    plural = "projects"
+    plural = "projects",
+    schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct ProjectSpec {
     /// Human-readable name.
     #[serde(default)]
@@ -37,16 +37,16 @@ pub struct ProjectSpec {
 }
 
 /// A KKP seed (namespaced, on the master).
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kubermatic.k8c.io",
     version = "v1",
     kind = "Seed",
     plural = "seeds",
+    schema = "disabled",
     namespaced
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct SeedSpec {
     /// Reference to the Secret (key `kubeconfig`) with the seed's kubeconfig. An empty
     /// namespace means the Seed's own.
@@ -55,29 +55,29 @@ pub struct SeedSpec {
 }
 
 /// A KKP user cluster (cluster-scoped, on its seed).
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kubermatic.k8c.io",
     version = "v1",
     kind = "Cluster",
     plural = "clusters",
+    schema = "disabled",
     status = "ClusterStatus"
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct ClusterSpec {
     #[serde(default)]
     pub human_readable_name: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct ClusterStatus {
     /// `cluster-<id>`: the namespace on the seed with the user cluster's control plane.
     #[serde(default)]
     pub namespace_name: String,
-    /// Sum of the cluster's Machines. Written by seed-controller.
+    /// Sum of the cluster's Machines (KKP's cpu, memory and storage only). Written by
+    /// seed-controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_usage: Option<ResourceDetails>,
     /// KKP keeps cluster conditions as a map keyed by condition type.
@@ -85,11 +85,14 @@ pub struct ClusterStatus {
     pub conditions: BTreeMap<String, ClusterCondition>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterCondition {
     /// `True`, `False` or `Unknown`.
     pub status: String,
+    /// Required by KKP's schema: the version of the component that set the condition.
+    #[serde(default)]
+    pub kubermatic_version: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -119,22 +122,22 @@ impl Cluster {
 }
 
 /// KKP's platform settings (`globalsettings`, cluster-scoped, on the master).
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "kubermatic.k8c.io",
     version = "v1",
     kind = "KubermaticSetting",
-    plural = "kubermaticsettings"
+    plural = "kubermaticsettings",
+    schema = "disabled"
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct KubermaticSettingSpec {
     /// The quota every project without a quota of its own gets.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_quota: Option<DefaultProjectResourceQuota>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct DefaultProjectResourceQuota {
     #[serde(default)]
     pub quota: ResourceDetails,

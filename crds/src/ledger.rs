@@ -1,4 +1,4 @@
-//! The admission ledger in a seed quota copy's status: what the webhook admitted that usage
+//! The admission ledger in a seed's `QuotaLedger` status: what the webhook admitted that usage
 //! does not count yet.
 //!
 //! - [`Reservation`]: one admitted Machine. On the wire, reservations that share cluster, sizes
@@ -194,8 +194,8 @@ mod tests {
                 }
             }
             // Through JSON as the status field carries it.
-            let status = crate::ResourceQuotaStatus { reservations: rs.clone(), ..Default::default() };
-            let parsed: crate::ResourceQuotaStatus = serde_json::from_value(serde_json::to_value(&status).unwrap()).unwrap();
+            let status = crate::QuotaLedgerStatus { reservations: rs.clone(), ..Default::default() };
+            let parsed: crate::QuotaLedgerStatus = serde_json::from_value(serde_json::to_value(&status).unwrap()).unwrap();
             let mut parsed = parsed.reservations;
             parsed.sort_by(|a, b| a.uid.cmp(&b.uid));
             prop_assert_eq!(parsed, expected);

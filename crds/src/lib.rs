@@ -2,22 +2,30 @@
 //!
 //! - [`quantity`]: exact Kubernetes quantities.
 //! - [`resources`]: the resource set (cpu, memory, storage, gpu, machines) and its arithmetic.
-//! - [`quota`]: `ResourceQuota`, the product's CRD.
-//! - [`ledger`]: admission reservations kept in a seed quota copy's status.
+//! - [`quota`]: KKP's `ResourceQuota`, exactly in KKP's shape.
+//! - [`project_quota`], [`quota_ledger`]: this project's own objects (`kkp-quota.dev/v1alpha1`):
+//!   the master's view of a project quota, and each seed's ledger of it.
+//! - [`ledger`]: admission reservations and allotments kept in a `QuotaLedger`'s status.
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
+//! - [`kkp_shape`]: KKP's CRDs in KKP's shape, for the local fleet only.
 //! - [`crd`]: the CRD manifests `crdgen` writes.
 //! - `runtime` (feature `runtime`): clients from kubeconfigs, the ops server, leader election.
 
 pub mod crd;
 pub mod kkp;
+pub mod kkp_shape;
 pub mod ledger;
 pub mod machine;
+pub mod project_quota;
 pub mod quantity;
 pub mod quota;
+pub mod quota_ledger;
 pub mod resources;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 
+pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};
 pub use quantity::{Notation, Quantity, QuantityError};
-pub use quota::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
+pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
+pub use quota_ledger::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus};
 pub use resources::{Exceeded, Resource, ResourceDetails};

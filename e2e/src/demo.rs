@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result};
 use kkp_quota_crds::quota::{SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{KkpQuota, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams};
 
@@ -12,13 +12,14 @@ use crate::Fleet;
 /// The demo project's quota, as written in the log line.
 pub const DEMO_QUOTA: &str = "cpu=16, memory=64Gi, storage=1Ti";
 
-/// A project quota named as KKP names them (`project-<id>`), with the subject labels.
-pub fn project_quota(project: &str, quota: ResourceDetails) -> ResourceQuota {
+/// A project quota named as KKP names them (`project-<id>`), with the subject labels. Only
+/// KKP's resources (cpu, memory, storage) are kept: KKP's object has no others.
+pub fn project_quota(project: &str, quota: &ResourceDetails) -> ResourceQuota {
     let mut object = ResourceQuota::new(
         &format!("project-{project}"),
         ResourceQuotaSpec {
             subject: Subject::project(project),
-            quota,
+            quota: KkpQuota::new(quota),
         },
     );
     object.metadata = ObjectMeta {
@@ -40,7 +41,7 @@ pub async fn write_demo_project(fleet: &Fleet) -> Result<()> {
     let quota: ResourceDetails = serde_json::from_value(serde_json::json!({
         "cpu": "16", "memory": "64Gi", "storage": "1Ti"
     }))?;
-    let object = project_quota("demo", quota);
+    let object = project_quota("demo", &quota);
     Api::<ResourceQuota>::all(fleet.master().client())
         .patch(
             "project-demo",

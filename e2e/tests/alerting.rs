@@ -100,7 +100,7 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
 }
 
 fn quota(cpu: &str) -> ResourceQuota {
-    e2e::demo::project_quota("demo", serde_json::from_value(json!({ "cpu": cpu })).unwrap())
+    e2e::demo::project_quota("demo", &serde_json::from_value(json!({ "cpu": cpu })).unwrap())
 }
 
 /// Project demo: an 8-cpu quota and two t3.medium Machines (2 cpu each) admitted through the
@@ -108,7 +108,7 @@ fn quota(cpu: &str) -> ResourceQuota {
 async fn use_four_cpus_of_eight(fleet: &Fleet, master: &Api<ResourceQuota>) {
     let quota = |cpu: &str| {
         let mut quota =
-            e2e::demo::project_quota("demo", serde_json::from_value(json!({ "cpu": cpu })).unwrap());
+            e2e::demo::project_quota("demo", &serde_json::from_value(json!({ "cpu": cpu })).unwrap());
         quota.metadata.managed_fields = None;
         quota
     };
@@ -120,7 +120,7 @@ async fn use_four_cpus_of_eight(fleet: &Fleet, master: &Api<ResourceQuota>) {
         )
         .await
         .unwrap();
-    let seed_quotas = Api::<ResourceQuota>::all(fleet.seed("seed-a").client());
+    let seed_quotas = Api::<kkp_quota_crds::QuotaLedger>::all(fleet.seed("seed-a").client());
     wait_for_object(&seed_quotas, "project-demo", Duration::from_mins(1))
         .await
         .unwrap();

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use e2e::{ControlPlane, procfs, wait_for};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{KkpQuota, ResourceQuota, ResourceQuotaSpec, Subject};
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 
@@ -25,7 +25,7 @@ fn quota(name: &str, project: &str) -> ResourceQuota {
         name,
         ResourceQuotaSpec {
             subject: Subject::project(project),
-            quota: ResourceDetails::default(),
+            quota: KkpQuota::default(),
         },
     )
 }

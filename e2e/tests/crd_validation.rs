@@ -1,15 +1,18 @@
-//! The `ResourceQuota` CRD's validation, enforced by a real kube-apiserver.
+//! The CRDs' validation, enforced by a real kube-apiserver: this project's `ProjectQuota`
+//! (quantities, immutable subject), and KKP's own CRDs in KKP's shape, which prune every field
+//! they do not declare (the reason the ledger lives in this project's own objects).
 
 use e2e::ControlPlane;
-use kkp_quota_crds::ResourceQuota;
+use kkp_quota_crds::kkp::Cluster;
+use kkp_quota_crds::{ProjectQuota, ResourceQuota};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 fn object(name: &str, quota: &Value) -> DynamicObject {
     serde_json::from_value(json!({
-        "apiVersion": "kubermatic.k8c.io/v1",
-        "kind": "ResourceQuota",
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "ProjectQuota",
         "metadata": {"name": name},
         "spec": {"subject": {"name": name, "kind": "project"}, "quota": quota},
     }))
@@ -17,7 +20,7 @@ fn object(name: &str, quota: &Value) -> DynamicObject {
 }
 
 fn api(cp: &ControlPlane) -> Api<DynamicObject> {
-    Api::all_with(cp.client(), &ApiResource::erase::<ResourceQuota>(&()))
+    Api::all_with(cp.client(), &ApiResource::erase::<ProjectQuota>(&()))
 }
 
 fn assert_invalid(result: Result<DynamicObject, kube::Error>, what: &str) -> String {
@@ -106,4 +109,85 @@ async fn the_subject_is_immutable() {
         .unwrap();
     assert_eq!(patched.data["spec"]["quota"]["cpu"], json!(8));
     assert_eq!(patched.data["spec"]["subject"]["name"], json!("project-a"));
+}
+
+/// KKP's `ResourceQuota` keeps only KKP's fields: everything the first version of this system
+/// kept in it (gpu and machine limits, the ledger, the other seeds' usage, conditions) is pruned
+/// silently by the API server. This is why those live in `QuotaLedger` and `ProjectQuota`; if
+/// this test ever fails, the fleet's stand-in has stopped being KKP-shaped.
+#[tokio::test(flavor = "multi_thread")]
+async fn kkps_resource_quota_prunes_what_kkp_does_not_declare() {
+    let cp = ControlPlane::start("crd-kkp-prune").await.unwrap();
+    let api: Api<DynamicObject> = Api::all_with(cp.client(), &ApiResource::erase::<ResourceQuota>(&()));
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubermatic.k8c.io/v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "project-a"},
+        "spec": {
+            "subject": {"name": "a", "kind": "project"},
+            "quota": {"cpu": "4", "memory": "8Gi", "storage": "100Gi", "gpu": "1", "machines": "3"},
+        },
+    }))
+    .unwrap();
+    let created = api.create(&PostParams::default(), &object).await.unwrap();
+    let quota = created.data["spec"]["quota"].as_object().unwrap();
+    assert_eq!(
+        quota.keys().collect::<Vec<_>>(),
+        ["cpu", "memory", "storage"],
+        "gpu and machines are pruned from spec.quota"
+    );
+    let old_ledger = json!({"status": {
+        "localUsage": {"cpu": "2", "machines": "1"},
+        "globalUsage": {"cpu": "2"},
+        "otherSeedsUsage": {"cpu": "0"},
+        "reservations": [{"cluster": "c", "size": {"cpu": "2"}, "reserved": {"cpu": "2"}, "createdAt": "2026-01-01T00:00:00Z", "uids": ["u"]}],
+        "allotments": [{"holder": "h", "granted": {"cpu": "2"}, "expiresAt": "2026-01-01T00:00:00Z"}],
+        "conditions": [{"type": "Ready", "status": "True", "reason": "R", "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+    }});
+    let written = api
+        .patch_status("project-a", &PatchParams::default(), &Patch::Merge(&old_ledger))
+        .await
+        .unwrap();
+    let status = written.data["status"].as_object().unwrap();
+    assert_eq!(
+        status.keys().collect::<Vec<_>>(),
+        ["globalUsage", "localUsage"],
+        "the old in-status ledger is pruned: {status:?}"
+    );
+    assert_eq!(written.data["status"]["localUsage"], json!({"cpu": "2"}));
+}
+
+/// KKP's `Cluster` requires `kubermaticVersion` on every condition: a status patch without it is
+/// refused whole (so `resourceUsage` would never be written), and `resourceUsage` keeps only
+/// KKP's three resources.
+#[tokio::test(flavor = "multi_thread")]
+async fn kkps_cluster_status_is_strict() {
+    let cp = ControlPlane::start("crd-kkp-cluster").await.unwrap();
+    let api: Api<DynamicObject> = Api::all_with(cp.client(), &ApiResource::erase::<Cluster>(&()));
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubermatic.k8c.io/v1",
+        "kind": "Cluster",
+        "metadata": {"name": "c1"},
+        "spec": {"humanReadableName": "c1"},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &object).await.unwrap();
+    let without = json!({"status": {
+        "resourceUsage": {"cpu": "2"},
+        "conditions": {"ResourceQuotaUsage": {"status": "True", "reason": "R", "message": "m"}},
+    }});
+    assert_invalid(
+        api.patch_status("c1", &PatchParams::default(), &Patch::Merge(&without))
+            .await,
+        "a condition without kubermaticVersion",
+    );
+    let with = json!({"status": {
+        "resourceUsage": {"cpu": "2", "machines": "1"},
+        "conditions": {"ResourceQuotaUsage": {"kubermaticVersion": "v", "status": "True", "reason": "R", "message": "m"}},
+    }});
+    let written = api
+        .patch_status("c1", &PatchParams::default(), &Patch::Merge(&with))
+        .await
+        .unwrap();
+    assert_eq!(written.data["status"]["resourceUsage"], json!({"cpu": "2"}));
 }

@@ -9,11 +9,11 @@ use e2e::fleet::{KUBERMATIC_NAMESPACE, cluster_namespace};
 use e2e::{Fleet, FleetSpec, procfs, wait_for, wait_for_object};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kkp_quota_crds::ResourceQuota;
 use kkp_quota_crds::kkp::{
     ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, PROJECT_ID_LABEL, Project, Seed,
 };
 use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::{QuotaLedger, ResourceQuota};
 use kube::Api;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 
@@ -195,10 +195,15 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
         .unwrap();
     assert_eq!(clusters.items.len(), 2);
 
-    // The demo quota reaches every seed, and the webhook configuration every user cluster.
+    // The demo quota reaches every seed (KKP's copy and the ledger), and the webhook
+    // configuration every user cluster.
     for seed in ["seed-a", "seed-b"] {
         let quotas = Api::<ResourceQuota>::all(client_for(seed).await);
         wait_for_object(&quotas, "project-demo", Duration::from_mins(1))
+            .await
+            .unwrap();
+        let ledgers = Api::<QuotaLedger>::all(client_for(seed).await);
+        wait_for_object(&ledgers, "project-demo", Duration::from_mins(1))
             .await
             .unwrap();
     }

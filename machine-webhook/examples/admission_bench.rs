@@ -33,7 +33,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use machine_webhook::metrics::Metrics;
@@ -98,7 +98,7 @@ async fn register(user: &Client, cluster: &str, base: &str, certs: &WebhookCerts
 /// their reservations, in one compare-and-swap write, re-reading and retrying at once on a
 /// conflict (the webhook writes back to back under load; waiting would starve this writer).
 async fn drain_ledger(seed: Client) {
-    let api: Api<ResourceQuota> = Api::all(seed);
+    let api: Api<QuotaLedger> = Api::all(seed);
     loop {
         tokio::time::sleep(Duration::from_millis(100)).await;
         for _ in 0..20 {
@@ -383,7 +383,7 @@ async fn wait_switched(users: &[Client], mode: Mode, instance: Option<&Instance>
 /// Labels the quota copy as the project's (or parks it under another name, so the project has
 /// no quota as far as the webhook knows).
 async fn label_quota(seed: &Client, project: &str) -> Result<()> {
-    Api::<ResourceQuota>::all(seed.clone())
+    Api::<QuotaLedger>::all(seed.clone())
         .patch(
             "project-demo",
             &PatchParams::default(),
@@ -430,11 +430,11 @@ async fn main() -> Result<()> {
     let only = std::env::var("BENCH_ONLY").ok();
 
     // A quota that is never reached: the webhook still decides and reserves every Machine.
-    let quotas: Api<ResourceQuota> = Api::all(seed.clone());
-    let mut quota = ResourceQuota::new(
+    let quotas: Api<QuotaLedger> = Api::all(seed.clone());
+    let mut quota = QuotaLedger::new(
         "project-demo",
-        ResourceQuotaSpec {
-            subject: Subject::project(PROJECT),
+        QuotaLedgerSpec {
+            subject: LedgerSubject::project(PROJECT),
             quota: serde_json::from_value::<ResourceDetails>(json!({"cpu": "1000000", "memory": "1Ei"}))?,
         },
     );

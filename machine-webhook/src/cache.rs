@@ -1,4 +1,4 @@
-//! What the webhook keeps of the seed in memory, from watches: the `ResourceQuota` copies, the
+//! What the webhook keeps of the seed in memory, from watches: the `QuotaLedger` copies, the
 //! `Cluster` objects and the admin size catalog. Nothing here calls a cloud API or another
 //! cluster; the admission path only reads these maps.
 
@@ -11,7 +11,7 @@ use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus};
+use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
@@ -140,8 +140,8 @@ pub struct SeedCache {
 pub struct QuotaCopy {
     pub name: String,
     pub resource_version: Option<String>,
-    pub spec: ResourceQuotaSpec,
-    pub status: Option<ResourceQuotaStatus>,
+    pub spec: QuotaLedgerSpec,
+    pub status: Option<QuotaLedgerStatus>,
     pub raw_reservations: Vec<serde_json::Value>,
     /// `status.allotments` as JSON, for the same reason.
     pub raw_allotments: Vec<serde_json::Value>,
@@ -173,7 +173,7 @@ fn parse<T: DeserializeOwned + Default>(
 impl QuotaCopy {
     pub fn from_dynamic(object: &DynamicObject) -> Result<QuotaCopy, CopyError> {
         let name = object.name_any();
-        let spec: ResourceQuotaSpec = match object.data.get("spec") {
+        let spec: QuotaLedgerSpec = match object.data.get("spec") {
             Some(v) => serde_json::from_value(v.clone()).map_err(|source| CopyError::Parse {
                 name: name.clone(),
                 source,
@@ -185,7 +185,7 @@ impl QuotaCopy {
                 });
             }
         };
-        let status: Option<ResourceQuotaStatus> = match object.data.get("status") {
+        let status: Option<QuotaLedgerStatus> = match object.data.get("status") {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => Some(parse(&name, Some(v))?),
         };
@@ -236,7 +236,7 @@ impl SeedCache {
             clusters: Mirror::default(),
             catalog: RwLock::new(SizeCatalog::shipped()),
             catalog_synced: AtomicBool::new(false),
-            quota_resource: ApiResource::erase::<ResourceQuota>(&()),
+            quota_resource: ApiResource::erase::<QuotaLedger>(&()),
         }
     }
 
@@ -304,7 +304,7 @@ impl SeedCache {
         .default_backoff();
         let catalog_mirror: Mirror<ConfigMap> = Mirror::default();
         tokio::join!(
-            self.quotas.follow("resourcequotas", quotas, |_| {}),
+            self.quotas.follow("quotaledgers", quotas, |_| {}),
             self.clusters.follow("clusters", clusters, |_| {}),
             catalog_mirror.follow("size catalog", catalog, |m| {
                 if m.is_synced() {

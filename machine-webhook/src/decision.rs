@@ -15,9 +15,7 @@
 use std::fmt;
 
 use kkp_quota_crds::ledger::{allotted_total, reserved_total};
-use kkp_quota_crds::{
-    Exceeded, Resource, ResourceDetails, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus,
-};
+use kkp_quota_crds::{Exceeded, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, Resource, ResourceDetails};
 
 /// What the webhook knows of a project's quota: the limit and everything already in use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -35,23 +33,25 @@ pub struct QuotaState {
     pub allotted: ResourceDetails,
 }
 
-/// The quota copy holds amounts that cannot be added up exactly.
+/// The ledger cannot be read: amounts that cannot be added up exactly, or a format newer than
+/// this build understands (it might hold entries this build would not count).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the quota's usage figures overflow: {0}")]
+#[error("the quota ledger cannot be read: {0}")]
 pub struct StateError(String);
 
 impl QuotaState {
     /// Reads a seed quota copy.
-    pub fn from_copy(quota: &ResourceQuota) -> Result<QuotaState, StateError> {
+    pub fn from_copy(quota: &QuotaLedger) -> Result<QuotaState, StateError> {
         QuotaState::from_parts(&quota.spec, quota.status.as_ref())
     }
 
     /// Reads a seed quota copy's spec and status.
     pub fn from_parts(
-        spec: &ResourceQuotaSpec,
-        status: Option<&ResourceQuotaStatus>,
+        spec: &QuotaLedgerSpec,
+        status: Option<&QuotaLedgerStatus>,
     ) -> Result<QuotaState, StateError> {
         let status = status.cloned().unwrap_or_default();
+        status.format_supported().map_err(|e| StateError(e.to_string()))?;
         let local_usage = status.local_usage.unwrap_or_default();
         let other_seeds_usage = match status.other_seeds_usage {
             Some(other) => other,
@@ -75,8 +75,8 @@ impl QuotaState {
     /// `admitted_from_own`, what it admitted from that allotment and has not recorded yet (counted
     /// as reserved: they are admitted Machines); `allotted` is the other holders' alone.
     pub fn for_holder(
-        spec: &ResourceQuotaSpec,
-        status: Option<&ResourceQuotaStatus>,
+        spec: &QuotaLedgerSpec,
+        status: Option<&QuotaLedgerStatus>,
         holder: &str,
         admitted_from_own: &ResourceDetails,
     ) -> Result<QuotaState, StateError> {
@@ -470,7 +470,7 @@ pub fn decide_batch(project: &str, quota: Option<&QuotaState>, requests: &[Reque
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kkp_quota_crds::{Quantity, Subject};
+    use kkp_quota_crds::{LedgerSubject, Quantity};
     use proptest::prelude::*;
 
     fn details(pairs: &[(Resource, &str)]) -> ResourceDetails {
@@ -561,6 +561,25 @@ mod tests {
     }
 
     #[test]
+    fn a_ledger_of_a_newer_format_is_not_read() {
+        let spec = QuotaLedgerSpec {
+            subject: LedgerSubject::project("p"),
+            quota: cpu("10"),
+        };
+        let status = QuotaLedgerStatus {
+            format_version: Some(kkp_quota_crds::quota_ledger::LEDGER_FORMAT + 1),
+            ..QuotaLedgerStatus::default()
+        };
+        let e = QuotaState::from_parts(&spec, Some(&status)).unwrap_err();
+        assert!(e.to_string().contains("upgrade this component"), "{e}");
+        let current = QuotaLedgerStatus {
+            format_version: Some(kkp_quota_crds::quota_ledger::LEDGER_FORMAT),
+            ..QuotaLedgerStatus::default()
+        };
+        assert!(QuotaState::from_parts(&spec, Some(&current)).is_ok());
+    }
+
+    #[test]
     fn usage_sums_other_seeds_local_reservations_and_allotments() {
         let s = QuotaState {
             limit: cpu("16"),
@@ -587,15 +606,15 @@ mod tests {
             granted: cpu(granted),
             expires_at: jiff::Timestamp::UNIX_EPOCH,
         };
-        let spec = ResourceQuotaSpec {
-            subject: Subject::project("p"),
+        let spec = QuotaLedgerSpec {
+            subject: LedgerSubject::project("p"),
             quota: cpu("16"),
         };
-        let status = ResourceQuotaStatus {
+        let status = QuotaLedgerStatus {
             local_usage: Some(cpu("4")),
             other_seeds_usage: Some(cpu("0")),
             allotments: vec![allotment("me", "5"), allotment("other", "3")],
-            ..ResourceQuotaStatus::default()
+            ..QuotaLedgerStatus::default()
         };
         // Anyone else: both allotments are taken.
         let everyone = QuotaState::from_parts(&spec, Some(&status)).unwrap();
@@ -621,7 +640,7 @@ mod tests {
             )
         );
         // Held headroom is not usage: no over-quota warning for it.
-        let lowered = ResourceQuotaSpec {
+        let lowered = QuotaLedgerSpec {
             quota: cpu("8"),
             ..spec.clone()
         };
@@ -631,17 +650,17 @@ mod tests {
 
     #[test]
     fn from_copy_falls_back_to_global_minus_local() {
-        let mut quota = ResourceQuota::new(
+        let mut quota = QuotaLedger::new(
             "project-p",
-            ResourceQuotaSpec {
-                subject: Subject::project("p"),
+            QuotaLedgerSpec {
+                subject: LedgerSubject::project("p"),
                 quota: cpu("16"),
             },
         );
-        quota.status = Some(ResourceQuotaStatus {
+        quota.status = Some(QuotaLedgerStatus {
             global_usage: Some(cpu("10")),
             local_usage: Some(cpu("4")),
-            ..ResourceQuotaStatus::default()
+            ..QuotaLedgerStatus::default()
         });
         let s = QuotaState::from_copy(&quota).unwrap();
         assert_eq!(s.other_seeds_usage, cpu("6"));
@@ -650,10 +669,10 @@ mod tests {
             cpu("10").checked_add(&ResourceDetails::zero()).unwrap()
         );
         // A local count fresher than the master's global figure: floored at zero.
-        quota.status = Some(ResourceQuotaStatus {
+        quota.status = Some(QuotaLedgerStatus {
             global_usage: Some(cpu("2")),
             local_usage: Some(cpu("4")),
-            ..ResourceQuotaStatus::default()
+            ..QuotaLedgerStatus::default()
         });
         assert_eq!(
             QuotaState::from_copy(&quota)
@@ -663,11 +682,11 @@ mod tests {
             Quantity::ZERO
         );
         // otherSeedsUsage wins when present.
-        quota.status = Some(ResourceQuotaStatus {
+        quota.status = Some(QuotaLedgerStatus {
             global_usage: Some(cpu("100")),
             local_usage: Some(cpu("4")),
             other_seeds_usage: Some(cpu("1")),
-            ..ResourceQuotaStatus::default()
+            ..QuotaLedgerStatus::default()
         });
         assert_eq!(QuotaState::from_copy(&quota).unwrap().other_seeds_usage, cpu("1"));
     }

@@ -1,5 +1,5 @@
 //! machine-webhook: race-free admission of machine-controller `Machine`s against project
-//! `ResourceQuota`s.
+//! quotas (each seed's `QuotaLedger`).
 //!
 //! - [`decision`]: the pure decision (quota + reservations + size -> allow / deny / warn).
 //! - [`review`]: `AdmissionReview` on the wire; what a request asks of the quota.

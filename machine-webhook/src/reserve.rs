@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::ledger::{Allotment, Reservation, group};
+use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
@@ -761,6 +762,7 @@ impl Reserver {
     /// Writes the plan, conditioned on the copy's resourceVersion.
     async fn write(&self, copy: &QuotaCopy, plan: &Plan) -> Result<DynamicObject, kube::Error> {
         let mut status = serde_json::Map::new();
+        status.insert("formatVersion".into(), json!(LEDGER_FORMAT));
         if !plan.new_reservations.is_empty() {
             let mut reservations = copy.raw_reservations.clone();
             for group in group(&plan.new_reservations) {

@@ -137,7 +137,7 @@ async fn does_not_fit_is_denied_with_the_exact_message(
         "a denial reserves nothing"
     );
     // Several resources: limit memory too, and ask for more of both.
-    let quotas: Api<kkp_quota_crds::ResourceQuota> = Api::all(seed.clone());
+    let quotas: Api<kkp_quota_crds::QuotaLedger> = Api::all(seed.clone());
     quotas
         .patch(
             "project-demo",

@@ -13,7 +13,7 @@ use common::bursts::*;
 use common::*;
 use e2e::wait_for;
 use jiff::Timestamp;
-use kkp_quota_crds::ResourceQuota;
+use kkp_quota_crds::QuotaLedger;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
 use machine_webhook::reserve::AllotmentConfig;
@@ -39,7 +39,7 @@ async fn count_as_seed_controller(seed: &Client, users: &[(&str, Client)]) -> Re
             uids.insert(m.metadata.uid.clone().unwrap_or_default());
         }
     }
-    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    let api: Api<QuotaLedger> = Api::all(seed.clone());
     let name = format!("project-{PROJECT}");
     wait_for(Duration::from_secs(30), "the count to be written", || {
         let (api, name, uids) = (api.clone(), name.clone(), uids.clone());

@@ -146,7 +146,7 @@ async fn main() -> Result<()> {
         let start = Instant::now();
         set_quota(&master, "project-bench", &quota).await?;
         let done = until(&mut rx, &["seed-a", "seed-b"], |rq| {
-            rq.spec.quota.amount(Resource::Cpu) == cpu
+            rq.spec.quota.limits.amount(Resource::Cpu) == cpu
         })
         .await?;
         edit.push(done.duration_since(start));

@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, future, stream};
 use jiff::Timestamp;
-use kkp_quota_crds::ResourceQuota;
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
+use kkp_quota_crds::project_quota::{SeedFigures, effective_limits};
 use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_crds::runtime::ops::Readiness;
+use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -88,7 +89,44 @@ struct Ctx {
     master: Client,
     seeds: Seeds,
     projects: Store<Project>,
+    project_quotas: Store<ProjectQuota>,
     metrics: Metrics,
+    kkp_copies: KkpCopies,
+}
+
+/// What this process last wrote onto KKP's `ResourceQuota` copy on each seed, per (seed, quota):
+/// the apply body and `globalUsage`. KKP's copies are not watched (the ledger is the seed side
+/// this controller reads); each is applied once per process and whenever it would change.
+#[derive(Default)]
+struct KkpCopies(std::sync::Mutex<std::collections::HashMap<(String, String), KkpCopy>>);
+
+#[derive(Default, Clone)]
+struct KkpCopy {
+    applied: Option<serde_json::Value>,
+    global: Option<ResourceDetails>,
+}
+
+impl KkpCopies {
+    fn get(&self, seed: &str, name: &str) -> KkpCopy {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(seed.to_owned(), name.to_owned()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    fn update(&self, seed: &str, name: &str, f: impl FnOnce(&mut KkpCopy)) {
+        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(map.entry((seed.to_owned(), name.to_owned())).or_default());
+    }
+
+    fn forget(&self, name: &str) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|(_, n), _| n != name);
+    }
 }
 
 fn channel_stream<T: Send + 'static>(
@@ -152,6 +190,24 @@ async fn run_as_leader(
         })
     };
 
+    let (project_quotas, pq_writer) = reflector::store();
+    let project_quota_events = {
+        let one_tx = one_tx.clone();
+        reflector::reflector(
+            pq_writer,
+            watcher::watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone()),
+        )
+        .default_backoff()
+        .applied_objects()
+        .for_each(move |pq| {
+            // Same name as the KKP quota it belongs to.
+            if let Ok(pq) = pq {
+                let _ = one_tx.send(pq.name_any());
+            }
+            future::ready(())
+        })
+    };
+
     let (settings, settings_writer) = reflector::store();
     let settings_events = {
         let defaults = defaults.clone();
@@ -170,7 +226,9 @@ async fn run_as_leader(
         master: master.clone(),
         seeds: seeds.clone(),
         projects: projects.clone(),
+        project_quotas: project_quotas.clone(),
         metrics: metrics.clone(),
+        kkp_copies: KkpCopies::default(),
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
@@ -198,15 +256,17 @@ async fn run_as_leader(
     };
 
     let ready = {
-        let (quotas, projects, settings, readiness) = (
+        let (quotas, projects, project_quotas, settings, readiness) = (
             quotas.clone(),
             projects.clone(),
+            project_quotas.clone(),
             settings.clone(),
             readiness.clone(),
         );
         async move {
             let _ = quotas.wait_until_ready().await;
             let _ = projects.wait_until_ready().await;
+            let _ = project_quotas.wait_until_ready().await;
             let _ = settings.wait_until_ready().await;
             readiness.set(true);
             info!("master caches synced");
@@ -222,7 +282,14 @@ async fn run_as_leader(
         defaults,
         metrics.clone(),
     );
-    let orphan_loop = orphan_sweep(quotas, seeds.clone(), orphans, metrics.clone());
+    let orphan_loop = orphan_sweep(
+        master.clone(),
+        quotas,
+        project_quotas,
+        seeds.clone(),
+        orphans,
+        metrics.clone(),
+    );
     let seed_manager = seeds::manage(
         master,
         options.seed_namespace.clone(),
@@ -235,6 +302,7 @@ async fn run_as_leader(
     tokio::select! {
         () = controller => Err(Error::Stopped("quota controller")),
         () = project_events => Err(Error::Stopped("project watch")),
+        () = project_quota_events => Err(Error::Stopped("ProjectQuota watch")),
         () = settings_events => Err(Error::Stopped("settings watch")),
         () = resync => Err(Error::Stopped("resync")),
         () = ready => Err(Error::Stopped("readiness")),
@@ -291,33 +359,53 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
         .projects
         .get(&ObjectRef::new(&project_name))
         .filter(|p| p.metadata.deletion_timestamp.is_none());
+    let mut project_quota = ctx.project_quotas.get(&ObjectRef::new(&name));
 
     if master_rq.metadata.deletion_timestamp.is_some() {
-        return finalize(master_rq, &api, &views, project.as_deref(), ctx).await;
+        return finalize(
+            master_rq,
+            &api,
+            &views,
+            project.as_deref(),
+            project_quota.as_deref(),
+            ctx,
+        )
+        .await;
     }
 
     if !fanout::master_metadata_in_sync(master_rq, project.as_deref()) {
-        let body = fanout::master_metadata_apply(master_rq, project.as_deref(), true);
-        if let Err(e) = api
+        let patch = fanout::master_metadata_patch(master_rq, project.as_deref(), true);
+        match api.patch(&name, &ours(), &Patch::Merge(&patch)).await {
+            Ok(_) => {}
+            // Deleted meanwhile, or changed: the watch brings the new state.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Action::await_change()),
+            Err(e) => return Err(e.into()),
+        }
+        ctx.metrics.wrote("master", "apply");
+        debug!("master metadata written");
+    }
+
+    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    if !fanout::project_quota_in_sync(master_rq, project_quota.as_deref()) {
+        let body = fanout::project_quota_apply_body(master_rq);
+        let applied = pq_api
             .patch(
                 &name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&body),
             )
-            .await
-        {
-            // Deleted meanwhile (the apply cannot re-create it: the schema requires a spec).
-            if api.get_opt(&name).await?.is_none() {
-                return Ok(Action::await_change());
-            }
-            return Err(e.into());
-        }
+            .await?;
         ctx.metrics.wrote("master", "apply");
-        debug!("master metadata applied");
+        debug!("ProjectQuota applied");
+        project_quota = Some(Arc::new(applied));
     }
+    let limits = effective_limits(
+        &master_rq.spec.quota.limits,
+        project_quota.as_deref().map(|pq| &pq.spec.quota),
+    );
 
     // Fan out to every fresh seed, all at once; one seed's failure does not stop the others.
-    let applied = future::join_all(views.iter().map(|view| fan_out(master_rq, view, ctx))).await;
+    let applied = future::join_all(views.iter().map(|view| fan_out(master_rq, &limits, view, ctx))).await;
     let mut failed: Vec<String> = Vec::new();
     let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
     for (view, result) in applied {
@@ -340,43 +428,23 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
         .collect();
     let folded = fold::fold(&usages)?;
 
-    let status_now = master_rq.status.clone().unwrap_or_default();
-    let usage_for_limit = folded
-        .global
-        .clone()
-        .or_else(|| status_now.global_usage.clone())
-        .unwrap_or_default();
-    let desired = [
-        status::seeds_stale(&folded.stale),
-        status::quota_exceeded(&master_rq.spec.quota, &usage_for_limit),
-    ];
-    let mut existing = status_now.conditions.clone();
-    existing.retain(|c| c.type_ != status::SEED_CLEANUP_PENDING);
-    let conditions = status::merge_conditions(
-        &existing,
-        &desired,
-        master_rq.metadata.generation,
-        Timestamp::now(),
-    );
-    // A seed just added (or just started watching) is listed within moments; its first sync
-    // triggers every quota again. Writing conditions before that would only flap.
     let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
-    let patch = if settling {
-        None
-    } else {
-        fanout::master_status_patch(master_rq, folded.global.as_ref(), &conditions)
-    };
-    if let Some(patch) = patch {
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        ctx.metrics.wrote("master", "status");
-        debug!(global = ?folded.global.as_ref().map(ToString::to_string), "master status written");
+    if !settling {
+        write_master_status(
+            master_rq,
+            project_quota.as_deref(),
+            &limits,
+            &folded,
+            &usages,
+            ctx,
+        )
+        .await?;
     }
 
     failed.extend(write_seed_statuses(&name, &views, &folded, ctx).await);
 
     ctx.metrics
-        .set_quota(&project_name, &master_rq.spec.quota, folded.global.as_ref());
+        .set_quota(&project_name, &limits, folded.global.as_ref());
     for u in &usages {
         if u.health.is_known() {
             ctx.metrics
@@ -391,8 +459,79 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
     }
 }
 
-/// `globalUsage` and `otherSeedsUsage` back onto every fresh seed's copy, where changed.
-/// Returns the seeds where the write failed.
+/// The master's statuses: the `ProjectQuota`'s limits, usage, per-seed usage and conditions, and
+/// KKP's `globalUsage` (unless another controller writes it). Not called while a seed is
+/// settling: a seed just added (or just started watching) is listed within moments and its first
+/// sync triggers every quota again; writing conditions before that would only flap.
+async fn write_master_status(
+    master_rq: &ResourceQuota,
+    project_quota: Option<&ProjectQuota>,
+    limits: &ResourceDetails,
+    folded: &fold::Folded,
+    usages: &[SeedUsage],
+    ctx: &Ctx,
+) -> Result<(), Error> {
+    let name = master_rq.name_any();
+    let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
+    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    let pq_status = project_quota.and_then(|pq| pq.status.clone()).unwrap_or_default();
+    let usage_for_limit = folded
+        .global
+        .clone()
+        .or_else(|| pq_status.global_usage.clone())
+        .unwrap_or_default();
+    let foreign = status::foreign_usage_writers(master_rq, &[FIELD_MANAGER]);
+    if !foreign.is_empty() {
+        warn!(writers = %foreign.join(", "), "another controller writes the usage of KKP's ResourceQuota (KKP Enterprise's quota feature?); not writing it there");
+    }
+    let desired = [
+        status::seeds_stale(&folded.stale),
+        status::quota_exceeded(limits, &usage_for_limit),
+        status::foreign_quota_controller(&foreign),
+    ];
+    let mut existing = pq_status.conditions.clone();
+    existing.retain(|c| c.type_ != status::SEED_CLEANUP_PENDING);
+    let conditions = status::merge_conditions(
+        &existing,
+        &desired,
+        master_rq.metadata.generation,
+        Timestamp::now(),
+    );
+    let figures = fanout::ProjectFigures {
+        limits: limits.clone(),
+        global: folded.global.clone(),
+        seeds: usages
+            .iter()
+            .filter(|u| u.health.is_known())
+            .map(|u| SeedFigures {
+                name: u.seed.clone(),
+                usage: Some(u.local.clone().unwrap_or_default()),
+                stale: !u.health.is_fresh(),
+            })
+            .collect(),
+        conditions,
+    };
+    if let Some(pq) = project_quota
+        && let Some(patch) = fanout::project_quota_status_patch(pq, &figures)
+    {
+        pq_api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        ctx.metrics.wrote("master", "status");
+    }
+    let current = master_rq.status.as_ref().and_then(|s| s.global_usage.as_ref());
+    if foreign.is_empty()
+        && let Some(patch) = fanout::kkp_status_patch(current, folded.global.as_ref())
+    {
+        api.patch_status(&name, &ours(), &Patch::Merge(&patch)).await?;
+        ctx.metrics.wrote("master", "status");
+        debug!(global = ?folded.global.as_ref().map(ToString::to_string), "master status written");
+    }
+    Ok(())
+}
+
+/// `globalUsage` and `otherSeedsUsage` back onto every fresh seed's ledger, and `globalUsage`
+/// onto its KKP copy, where changed. Returns the seeds where a write failed.
 async fn write_seed_statuses(
     name: &str,
     views: &[SeedView],
@@ -400,25 +539,40 @@ async fn write_seed_statuses(
     ctx: &Ctx,
 ) -> Vec<String> {
     let writes = views.iter().filter(|v| v.health.is_fresh()).filter_map(|v| {
-        let copy = v.copy.as_ref()?;
+        let ledger = v.copy.as_ref()?;
         let client = v.client.clone()?;
         let others = folded.others.get(&v.name).cloned().flatten();
-        let patch = fanout::seed_status_patch(copy, folded.global.as_ref(), others.as_ref())?;
+        let ledger_patch = fanout::ledger_status_patch(ledger, folded.global.as_ref(), others.as_ref());
+        let known = ctx.kkp_copies.get(&v.name, name).global;
+        let kkp_patch = fanout::kkp_status_patch(known.as_ref(), folded.global.as_ref());
+        if ledger_patch.is_none() && kkp_patch.is_none() {
+            return None;
+        }
         let seed = v.name.clone();
+        let global = folded.global.clone();
         Some(async move {
-            let api: Api<ResourceQuota> = Api::all(client);
-            match bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await {
-                Ok(_) => {
+            let written = async {
+                if let Some(patch) = ledger_patch {
+                    let api: Api<QuotaLedger> = Api::all(client.clone());
+                    ignore_missing(
+                        bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await,
+                    )?;
                     ctx.metrics.wrote(&seed, "status");
-                    Ok(())
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-                Err(e) => {
-                    warn!(seed = %seed, error = %e, "writing the seed copy's status failed");
-                    ctx.metrics.sync_error(&seed, "status");
-                    Err(seed)
+                if let Some(patch) = kkp_patch {
+                    let api: Api<ResourceQuota> = Api::all(client);
+                    ignore_missing(bounded(api.patch_status(name, &ours(), &Patch::Merge(&patch))).await)?;
+                    ctx.kkp_copies.update(&seed, name, |c| c.global = global);
+                    ctx.metrics.wrote(&seed, "status");
                 }
+                Ok::<(), kube::Error>(())
             }
+            .await;
+            written.map_err(|e| {
+                warn!(seed = %seed, error = %e, "writing the seed copies' status failed");
+                ctx.metrics.sync_error(&seed, "status");
+                seed
+            })
         })
     });
     future::join_all(writes)
@@ -428,39 +582,80 @@ async fn write_seed_statuses(
         .collect()
 }
 
-/// Applies the copy on one seed if it is fresh and out of date. Returns the view with the copy
-/// as it is now, or the seed's name on failure.
-async fn fan_out(master_rq: &ResourceQuota, view: &SeedView, ctx: &Ctx) -> (SeedView, Result<(), String>) {
+/// Patch parameters naming this controller as the field manager, so that another writer of the
+/// same fields shows in `managedFields` ([`status::foreign_usage_writers`]).
+fn ours() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+/// A 404 is success: the object is gone, so there is nothing to write.
+fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies KKP's copy and the ledger on one seed if it is fresh and they are out of date (KKP's
+/// first, so the seed-controller finds it when the ledger appears). Returns the view with the
+/// ledger as it is now, or the seed's name on failure.
+async fn fan_out(
+    master_rq: &ResourceQuota,
+    limits: &ResourceDetails,
+    view: &SeedView,
+    ctx: &Ctx,
+) -> (SeedView, Result<(), String>) {
     let mut view = view.clone();
     let Some(client) = view.client.clone() else {
         return (view, Ok(()));
     };
-    if !view.health.is_fresh()
-        || view
-            .copy
-            .as_ref()
-            .is_some_and(|c| fanout::copy_in_sync(master_rq, c))
-    {
+    if !view.health.is_fresh() {
         return (view, Ok(()));
     }
-    let api: Api<ResourceQuota> = Api::all(client);
-    let body = fanout::copy_apply_body(master_rq);
-    let result = bounded(api.patch(
-        &master_rq.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&body),
-    ))
+    let name = master_rq.name_any();
+    let kkp_body = fanout::copy_apply_body(master_rq);
+    let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied.as_ref() != Some(&kkp_body);
+    let ledger_due = !view
+        .copy
+        .as_ref()
+        .is_some_and(|c| fanout::ledger_in_sync(master_rq, limits, c));
+    if !kkp_due && !ledger_due {
+        return (view, Ok(()));
+    }
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let result = async {
+        if kkp_due {
+            let api: Api<ResourceQuota> = Api::all(client.clone());
+            bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))).await?;
+            ctx.kkp_copies
+                .update(&view.name, &name, |c| c.applied = Some(kkp_body.clone()));
+            ctx.metrics.wrote(&view.name, "apply");
+        }
+        if ledger_due {
+            let api: Api<QuotaLedger> = Api::all(client);
+            let body = fanout::ledger_apply_body(master_rq, limits);
+            let ledger = bounded(api.patch(&name, &params, &Patch::Apply(&body))).await?;
+            ctx.metrics.wrote(&view.name, "apply");
+            return Ok(Some(ledger));
+        }
+        Ok::<_, kube::Error>(None)
+    }
     .instrument(info_span!("apply", seed = %view.name))
     .await;
     match result {
-        Ok(copy) => {
-            debug!(seed = %view.name, "seed copy applied");
-            ctx.metrics.wrote(&view.name, "apply");
-            view.copy = Some(copy);
+        Ok(ledger) => {
+            debug!(seed = %view.name, "seed copies applied");
+            if let Some(ledger) = ledger {
+                view.copy = Some(ledger);
+            }
             (view, Ok(()))
         }
         Err(e) => {
-            warn!(seed = %view.name, error = %e, "applying the seed copy failed");
+            warn!(seed = %view.name, error = %e, "applying the seed copies failed");
             ctx.metrics.sync_error(&view.name, "apply");
             let seed = view.name.clone();
             (view, Err(seed))
@@ -468,13 +663,28 @@ async fn fan_out(master_rq: &ResourceQuota, view: &SeedView, ctx: &Ctx) -> (Seed
     }
 }
 
-/// Deletion: every seed's copy first, then the finalizer. A seed that cannot delete its copy
-/// holds the finalizer, and the `SeedCleanupPending` condition says which.
+/// Deletes `name` through `api`: `Ok(true)` when it is gone, `Ok(false)` while it is still there
+/// (someone else's finalizer).
+async fn delete_gone<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<bool, kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match bounded(api.delete(name, dp)).await {
+        Ok(either) => Ok(either.is_right()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletion: every seed's copies first (the ledger, then KKP's), then the `ProjectQuota`, then the
+/// finalizer. A seed that cannot delete its copies holds the finalizer, and the
+/// `SeedCleanupPending` condition says which.
 async fn finalize(
     master_rq: &ResourceQuota,
     api: &Api<ResourceQuota>,
     views: &[SeedView],
     project: Option<&Project>,
+    project_quota: Option<&ProjectQuota>,
     ctx: &Ctx,
 ) -> Result<Action, Error> {
     if !fanout::has_finalizer(master_rq) {
@@ -487,20 +697,20 @@ async fn finalize(
             let Some(client) = view.client.clone() else {
                 return Err(view.name.clone());
             };
-            let api: Api<ResourceQuota> = Api::all(client);
-            match bounded(api.delete(&name, &DeleteParams::default())).await {
-                Ok(either) => {
+            let dp = DeleteParams::default();
+            let result = async {
+                let ledger = delete_gone(&Api::<QuotaLedger>::all(client.clone()), &name, &dp).await?;
+                let kkp = delete_gone(&Api::<ResourceQuota>::all(client), &name, &dp).await?;
+                Ok::<bool, kube::Error>(ledger && kkp)
+            }
+            .await;
+            match result {
+                Ok(gone) => {
                     ctx.metrics.wrote(&view.name, "delete");
-                    // Still there (someone else's finalizer): not done yet.
-                    if either.is_left() {
-                        Err(view.name.clone())
-                    } else {
-                        Ok(())
-                    }
+                    if gone { Ok(()) } else { Err(view.name.clone()) }
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
                 Err(e) => {
-                    warn!(seed = %view.name, error = %e, "deleting the seed copy failed");
+                    warn!(seed = %view.name, error = %e, "deleting the seed copies failed");
                     ctx.metrics.sync_error(&view.name, "delete");
                     Err(view.name.clone())
                 }
@@ -512,50 +722,67 @@ async fn finalize(
         .into_iter()
         .filter_map(Result::err)
         .collect();
+    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
     if pending.is_empty() {
-        let body = fanout::master_metadata_apply(master_rq, project, false);
-        match api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-        {
+        // Owned by the master object, so a real cluster's garbage collector would delete it too;
+        // deleting it here does not depend on one.
+        delete_gone(&pq_api, &name, &DeleteParams::default()).await?;
+        let patch = fanout::master_metadata_patch(master_rq, project, false);
+        match api.patch(&name, &ours(), &Patch::Merge(&patch)).await {
             Ok(_) => {}
-            Err(_) if api.get_opt(&name).await?.is_none() => {}
+            // Already gone; or changed meanwhile, and the watch brings it back to us.
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Action::await_change()),
             Err(e) => return Err(e.into()),
         }
         ctx.metrics.wrote("master", "finalize");
         ctx.metrics
             .forget_project(master_rq.project(), &ctx.seeds.names());
+        ctx.kkp_copies.forget(&name);
         info!("seed copies deleted; finalizer released");
         return Ok(Action::await_change());
     }
-    let status_now = master_rq.status.clone().unwrap_or_default();
-    let conditions = status::merge_conditions(
-        &status_now.conditions,
-        &[status::cleanup_pending(&pending)],
-        master_rq.metadata.generation,
-        Timestamp::now(),
-    );
-    if let Some(patch) = fanout::master_status_patch(master_rq, None, &conditions) {
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await?;
-        ctx.metrics.wrote("master", "status");
+    if let Some(pq) = project_quota {
+        let status_now = pq.status.clone().unwrap_or_default();
+        let conditions = status::merge_conditions(
+            &status_now.conditions,
+            &[status::cleanup_pending(&pending)],
+            master_rq.metadata.generation,
+            Timestamp::now(),
+        );
+        if !status::same_conditions(&status_now.conditions, &conditions) {
+            let patch = serde_json::json!({ "status": { "conditions": conditions } });
+            ignore_missing(
+                pq_api
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await,
+            )?;
+            ctx.metrics.wrote("master", "status");
+        }
     }
     warn!(seeds = %pending.join(", "), "seed copies not deleted yet; holding the finalizer");
     Ok(Action::requeue(Duration::from_secs(2)))
 }
 
-/// Deletes seed copies that have no master object. Runs after the master cache is complete.
-async fn orphan_sweep(quotas: Store<ResourceQuota>, seeds: Seeds, wake: Arc<Notify>, metrics: Metrics) {
+/// Deletes seed ledgers (and the KKP copy beside each) that have no master object, and
+/// `ProjectQuota`s whose KKP quota is gone (what a garbage collector would do for their owner
+/// reference). Runs after the master cache is complete.
+async fn orphan_sweep(
+    master: Client,
+    quotas: Store<ResourceQuota>,
+    project_quotas: Store<ProjectQuota>,
+    seeds: Seeds,
+    wake: Arc<Notify>,
+    metrics: Metrics,
+) {
     let _ = quotas.wait_until_ready().await;
+    let _ = project_quotas.wait_until_ready().await;
     loop {
         wake.notified().await;
         let masters: BTreeSet<String> = quotas.state().iter().map(|q| q.name_any()).collect();
         for (seed, client, copies) in seeds.fresh_copies() {
-            let api: Api<ResourceQuota> = Api::all(client);
+            let api: Api<QuotaLedger> = Api::all(client.clone());
+            let kkp_api: Api<ResourceQuota> = Api::all(client);
             for copy in copies {
                 let name = copy.name_any();
                 if masters.contains(&name) || copy.metadata.deletion_timestamp.is_some() {
@@ -573,6 +800,10 @@ async fn orphan_sweep(quotas: Store<ResourceQuota>, seeds: Seeds, wake: Arc<Noti
                     Ok(_) => {
                         info!(seed = %seed, quota = %name, project = %copy.project(), "deleted seed copy without a master object");
                         metrics.wrote(&seed, "delete");
+                        if let Err(e) = delete_gone(&kkp_api, &name, &DeleteParams::default()).await {
+                            warn!(seed = %seed, quota = %name, error = %e, "deleting an orphaned KKP copy failed");
+                            metrics.sync_error(&seed, "delete");
+                        }
                     }
                     Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                     Err(e) => {
@@ -580,6 +811,43 @@ async fn orphan_sweep(quotas: Store<ResourceQuota>, seeds: Seeds, wake: Arc<Noti
                         metrics.sync_error(&seed, "delete");
                     }
                 }
+            }
+        }
+        sweep_project_quotas(&master, &project_quotas, &masters, &metrics).await;
+    }
+}
+
+/// Deletes `ProjectQuota`s owned by a KKP quota that no longer exists (an admin's own
+/// `ProjectQuota`, owned by nothing, is left alone until a KKP quota adopts it).
+async fn sweep_project_quotas(
+    master: &Client,
+    project_quotas: &Store<ProjectQuota>,
+    masters: &BTreeSet<String>,
+    metrics: &Metrics,
+) {
+    let api: Api<ProjectQuota> = Api::all(master.clone());
+    for pq in project_quotas.state() {
+        let name = pq.name_any();
+        let owned = pq.owner_references().iter().any(|o| o.kind == "ResourceQuota");
+        if !owned || masters.contains(&name) || pq.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let dp = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: pq.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &dp).await {
+            Ok(_) => {
+                info!(quota = %name, project = %pq.project(), "deleted ProjectQuota whose ResourceQuota is gone");
+                metrics.wrote("master", "delete");
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => {
+                warn!(quota = %name, error = %e, "deleting an orphaned ProjectQuota failed");
+                metrics.sync_error("master", "delete");
             }
         }
     }

@@ -22,8 +22,10 @@
 use std::collections::BTreeMap;
 
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
-use kkp_quota_crds::quota::{DEFAULT_QUOTA_LABEL, PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{Resource, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::quota::{
+    DEFAULT_QUOTA_LABEL, KKP_RESOURCES, PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL,
+};
+use kkp_quota_crds::{ResourceDetails, ResourceQuota};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
@@ -64,7 +66,7 @@ impl QuotaView {
             name: quota.name_any(),
             project: (quota.spec.subject.kind == PROJECT_KIND).then(|| quota.spec.subject.name.clone()),
             is_default: is_default(quota),
-            quota: quota.spec.quota.clone(),
+            quota: quota.spec.quota.limits.kkp_subset(),
             resource_version: quota.resource_version(),
             deleting: quota.metadata.deletion_timestamp.is_some(),
         }
@@ -142,11 +144,11 @@ pub fn plan(default: Option<&ResourceDetails>, projects: &[String], quotas: &[Qu
     actions
 }
 
-/// `spec.quota` as a merge-patch value: every resource present, absent ones as `null` (so a
-/// resource dropped from the default is dropped from the quota).
+/// `spec.quota` as a merge-patch value: every KKP resource present, absent ones as `null` (so a
+/// resource dropped from the default is dropped from the quota). KKP's object has no others.
 fn quota_patch_value(quota: &ResourceDetails) -> Value {
     let mut map = serde_json::Map::new();
-    for &r in Resource::ALL {
+    for &r in KKP_RESOURCES {
         map.insert(
             r.name().to_owned(),
             quota.get(r).map_or(Value::Null, |q| Value::String(r.amount(q))),
@@ -159,7 +161,7 @@ fn quota_patch_value(quota: &ResourceDetails) -> Value {
 pub fn default_from_settings(settings: Option<&KubermaticSetting>) -> Option<ResourceDetails> {
     settings
         .and_then(|s| s.spec.default_quota.as_ref())
-        .map(|d| d.quota.clone())
+        .map(|d| d.quota.kkp_subset())
 }
 
 /// Plans and applies the default quotas once.
@@ -191,7 +193,7 @@ pub async fn reconcile(
                     name,
                     kkp_quota_crds::ResourceQuotaSpec {
                         subject: kkp_quota_crds::Subject::project(project),
-                        quota: quota.clone(),
+                        quota: kkp_quota_crds::KkpQuota::new(quota),
                     },
                 );
                 rq.metadata.labels = Some(BTreeMap::from([

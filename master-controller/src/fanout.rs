@@ -1,23 +1,30 @@
 //! Fan-out: what the master object and its seed copies should look like, and whether they do.
 //! Pure builders and comparisons; the writes are in [`crate::controller`].
 //!
-//! - **Master object metadata** (server-side apply, field manager [`FIELD_MANAGER`]): the subject
+//! - **Master object metadata** (merge patch conditioned on `resourceVersion`): the subject
 //!   labels, a controller owner reference to its `Project` (when the project exists; deleting
 //!   the project then deletes the quota), and the finalizer [`SEED_CLEANUP_FINALIZER`] (removed
 //!   once every seed's copy is gone).
-//! - **Seed copy** (server-side apply, field manager [`FIELD_MANAGER`]): same name, labels and
-//!   spec as the master object. No owner reference: the `Project` lives on the master, and an
-//!   owner reference to an object the seed does not have would make the seed's garbage
-//!   collector delete the copy. Copies go with their master object through the finalizer.
-//! - **Status**: the master object gets `globalUsage` + conditions, each seed copy
-//!   `globalUsage` + `otherSeedsUsage`, as merge patches on `/status`, only when changed.
+//! - **`ProjectQuota`** beside the master object (server-side apply of metadata and
+//!   `spec.subject` only; `spec.quota` is the admins'): owned by the master object.
+//! - **Seed copies** (server-side apply, field manager [`FIELD_MANAGER`]), same name and labels
+//!   as the master object: KKP's `ResourceQuota` with the master's spec, and this project's
+//!   `QuotaLedger` with the subject and the limits in force. No owner reference: the master
+//!   objects live on the master, and an owner reference to an object the seed does not have
+//!   would make the seed's garbage collector delete the copy. Copies go with their master
+//!   object through the finalizer.
+//! - **Status**: the master object gets `globalUsage` (KKP's resources), its `ProjectQuota`
+//!   limits, every resource's `globalUsage`, per-seed usage and conditions; each seed ledger
+//!   `globalUsage` + `otherSeedsUsage`, each KKP copy `globalUsage`; merge patches on
+//!   `/status`, only when changed.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
 
@@ -79,34 +86,46 @@ pub fn master_metadata_in_sync(master: &ResourceQuota, project: Option<&Project>
     labels_ok && owner_ok && finalizer_ok
 }
 
-/// The server-side apply body for the master object's metadata. `finalizer: false` releases the
-/// finalizer (the last step of a deletion).
-pub fn master_metadata_apply(master: &ResourceQuota, project: Option<&Project>, finalizer: bool) -> Value {
-    let mut metadata = json!({
-        "name": master.name_any(),
-        "labels": subject_labels(master),
-    });
-    if let Some(owner) = desired_owner(master, project) {
-        metadata["ownerReferences"] = json!([owner]);
+/// The merge patch of the master object's metadata: the subject labels, the owner reference and
+/// the finalizer added, or (`finalizer: false`, the last step of a deletion) our finalizer
+/// removed; everyone else's labels, owners and finalizers kept. Conditioned on the
+/// `resourceVersion` read: KKP's CRD does not require a `spec`, so a server-side apply after the
+/// object was deleted would re-create it empty, where a patch gets 404 (or 409 if it changed).
+pub fn master_metadata_patch(master: &ResourceQuota, project: Option<&Project>, finalizer: bool) -> Value {
+    let mut owners: Vec<OwnerReference> = master.owner_references().to_vec();
+    if let Some(owner) = desired_owner(master, project)
+        && !owners.iter().any(|o| o.uid == owner.uid)
+    {
+        owners.push(owner);
     }
+    let mut finalizers: Vec<String> = master
+        .finalizers()
+        .iter()
+        .filter(|f| *f != SEED_CLEANUP_FINALIZER)
+        .cloned()
+        .collect();
     if finalizer {
-        metadata["finalizers"] = json!([SEED_CLEANUP_FINALIZER]);
+        finalizers.push(SEED_CLEANUP_FINALIZER.to_owned());
     }
     json!({
-        "apiVersion": API_VERSION,
-        "kind": "ResourceQuota",
-        "metadata": metadata,
+        "metadata": {
+            "resourceVersion": master.resource_version(),
+            "labels": subject_labels(master),
+            "ownerReferences": owners,
+            "finalizers": finalizers,
+        },
     })
 }
 
-/// The labels a seed copy carries: the master's, plus the subject labels.
+/// The labels a seed copy (KKP's and the ledger) carries: the master's, plus the subject labels.
 fn copy_labels(master: &ResourceQuota) -> BTreeMap<String, String> {
     let mut labels = master.labels().clone();
     labels.extend(subject_labels(master));
     labels
 }
 
-/// The server-side apply body of a seed copy.
+/// The server-side apply body of KKP's `ResourceQuota` copy on a seed: KKP's spec exactly as the
+/// master object has it (fields this project does not model, like accelerators, included).
 pub fn copy_apply_body(master: &ResourceQuota) -> Value {
     json!({
         "apiVersion": API_VERSION,
@@ -119,21 +138,88 @@ pub fn copy_apply_body(master: &ResourceQuota) -> Value {
     })
 }
 
-/// True when the seed copy has the master's spec and labels (and is not being deleted).
-pub fn copy_in_sync(master: &ResourceQuota, copy: &ResourceQuota) -> bool {
-    copy.metadata.deletion_timestamp.is_none()
-        && copy.spec == master.spec
-        && copy.labels() == &copy_labels(master)
+/// The server-side apply body of a seed's `QuotaLedger`: subject and the limits in force.
+pub fn ledger_apply_body(master: &ResourceQuota, limits: &ResourceDetails) -> Value {
+    json!({
+        "apiVersion": QuotaLedger::api_version(&()),
+        "kind": QuotaLedger::kind(&()),
+        "metadata": {
+            "name": master.name_any(),
+            "labels": copy_labels(master),
+        },
+        "spec": {
+            "subject": LedgerSubject::from(&master.spec.subject),
+            "quota": limits,
+        },
+    })
 }
 
-/// The merge patch of a seed copy's `/status`, or `None` when nothing changed.
+/// True when the seed's ledger has the master's subject, labels and the limits in force (and is
+/// not being deleted).
+pub fn ledger_in_sync(master: &ResourceQuota, limits: &ResourceDetails, ledger: &QuotaLedger) -> bool {
+    ledger.metadata.deletion_timestamp.is_none()
+        && ledger.spec.subject == LedgerSubject::from(&master.spec.subject)
+        && &ledger.spec.quota == limits
+        && ledger.labels() == &copy_labels(master)
+}
+
+/// The controller owner reference of a `ProjectQuota` to its KKP `ResourceQuota`, or `None`
+/// when that has no UID (not stored yet).
+fn quota_owner_reference(master: &ResourceQuota) -> Option<OwnerReference> {
+    Some(OwnerReference {
+        api_version: API_VERSION.to_owned(),
+        kind: "ResourceQuota".to_owned(),
+        name: master.name_any(),
+        uid: master.metadata.uid.clone()?,
+        controller: Some(true),
+        block_owner_deletion: None,
+    })
+}
+
+/// True when the `ProjectQuota` beside `master` exists with the subject labels and is owned by
+/// `master` (so it goes with it).
+pub fn project_quota_in_sync(master: &ResourceQuota, pq: Option<&ProjectQuota>) -> bool {
+    let Some(pq) = pq else {
+        return false;
+    };
+    let labels = pq.labels();
+    let labels_ok = subject_labels(master)
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    let owner_ok = master
+        .metadata
+        .uid
+        .as_ref()
+        .is_none_or(|uid| pq.owner_references().iter().any(|o| &o.uid == uid));
+    labels_ok && owner_ok && pq.spec.subject == LedgerSubject::from(&master.spec.subject)
+}
+
+/// The server-side apply body that creates or adopts the `ProjectQuota` beside `master`. Only
+/// metadata and `spec.subject`: `spec.quota` belongs to admins.
+pub fn project_quota_apply_body(master: &ResourceQuota) -> Value {
+    let mut metadata = json!({
+        "name": master.name_any(),
+        "labels": subject_labels(master),
+    });
+    if let Some(owner) = quota_owner_reference(master) {
+        metadata["ownerReferences"] = json!([owner]);
+    }
+    json!({
+        "apiVersion": ProjectQuota::api_version(&()),
+        "kind": ProjectQuota::kind(&()),
+        "metadata": metadata,
+        "spec": {"subject": LedgerSubject::from(&master.spec.subject)},
+    })
+}
+
+/// The merge patch of a seed ledger's `/status`, or `None` when nothing changed.
 /// `global`/`others` of `None` mean "not known": that field is left alone.
-pub fn seed_status_patch(
-    copy: &ResourceQuota,
+pub fn ledger_status_patch(
+    ledger: &QuotaLedger,
     global: Option<&ResourceDetails>,
     others: Option<&ResourceDetails>,
 ) -> Option<Value> {
-    let status = copy.status.clone().unwrap_or_default();
+    let status = ledger.status.clone().unwrap_or_default();
     let mut patch = serde_json::Map::new();
     if let Some(g) = global
         && status.global_usage.as_ref() != Some(g)
@@ -148,21 +234,44 @@ pub fn seed_status_patch(
     (!patch.is_empty()).then(|| json!({ "status": patch }))
 }
 
-/// The merge patch of the master object's `/status`, or `None` when nothing changed.
-pub fn master_status_patch(
-    master: &ResourceQuota,
+/// The merge patch of `status.globalUsage` on a KKP `ResourceQuota` (KKP's resources only), or
+/// `None` when `current` already says so.
+pub fn kkp_status_patch(
+    current: Option<&ResourceDetails>,
     global: Option<&ResourceDetails>,
-    conditions: &[Condition],
 ) -> Option<Value> {
-    let status = master.status.clone().unwrap_or_default();
+    let global = global?.kkp_subset();
+    (current.map(ResourceDetails::kkp_subset).as_ref() != Some(&global))
+        .then(|| json!({ "status": { "globalUsage": global } }))
+}
+
+/// What master-controller writes into a `ProjectQuota`'s status.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ProjectFigures {
+    pub limits: ResourceDetails,
+    /// `None` when a seed's usage is unknown: the field is left as it is.
+    pub global: Option<ResourceDetails>,
+    pub seeds: Vec<SeedFigures>,
+    pub conditions: Vec<Condition>,
+}
+
+/// The merge patch of a `ProjectQuota`'s `/status`, or `None` when nothing changed.
+pub fn project_quota_status_patch(pq: &ProjectQuota, figures: &ProjectFigures) -> Option<Value> {
+    let status = pq.status.clone().unwrap_or_default();
     let mut patch = serde_json::Map::new();
-    if let Some(g) = global
+    if status.limits.as_ref() != Some(&figures.limits) {
+        patch.insert("limits".into(), json!(figures.limits));
+    }
+    if let Some(g) = &figures.global
         && status.global_usage.as_ref() != Some(g)
     {
         patch.insert("globalUsage".into(), json!(g));
     }
-    if !crate::status::same_conditions(&status.conditions, conditions) {
-        patch.insert("conditions".into(), json!(conditions));
+    if status.seeds != figures.seeds {
+        patch.insert("seeds".into(), json!(figures.seeds));
+    }
+    if !crate::status::same_conditions(&status.conditions, &figures.conditions) {
+        patch.insert("conditions".into(), json!(figures.conditions));
     }
     (!patch.is_empty()).then(|| json!({ "status": patch }))
 }
@@ -171,23 +280,28 @@ pub fn master_status_patch(
 mod tests {
     use super::*;
     use kkp_quota_crds::quota::DEFAULT_QUOTA_LABEL;
-    use kkp_quota_crds::{Quantity, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
+    use kkp_quota_crds::{KkpQuota, Quantity, QuotaLedgerStatus, Resource, ResourceQuotaSpec, Subject};
 
     fn master() -> ResourceQuota {
+        let mut quota = KkpQuota::new(&ResourceDetails {
+            cpu: Some(Quantity::from_units(4)),
+            ..ResourceDetails::default()
+        });
+        quota
+            .other
+            .insert("accelerators".into(), json!([{"provider": "kubevirt"}]));
         let mut m = ResourceQuota::new(
             "project-demo",
             ResourceQuotaSpec {
                 subject: Subject::project("demo"),
-                quota: ResourceDetails {
-                    cpu: Some(Quantity::from_units(4)),
-                    ..ResourceDetails::default()
-                },
+                quota,
             },
         );
         m.metadata.labels = Some(BTreeMap::from([(
             DEFAULT_QUOTA_LABEL.to_owned(),
             "true".to_owned(),
         )]));
+        m.metadata.uid = Some("rq-uid".into());
         m
     }
 
@@ -197,25 +311,54 @@ mod tests {
         p
     }
 
+    fn limits(cpu: i64) -> ResourceDetails {
+        let mut d = ResourceDetails::default();
+        d.set(Resource::Cpu, Some(Quantity::from_units(cpu)));
+        d.set(Resource::Machines, Some(Quantity::from_units(3)));
+        d
+    }
+
     #[test]
-    fn copy_carries_spec_and_all_labels() {
+    fn kkp_copy_carries_spec_unknown_fields_and_all_labels() {
         let m = master();
         let body = copy_apply_body(&m);
         assert_eq!(body["spec"]["quota"]["cpu"], "4");
+        assert_eq!(body["spec"]["quota"]["accelerators"][0]["provider"], "kubevirt");
+        assert!(body["spec"]["quota"].get("machines").is_none());
         assert_eq!(body["metadata"]["labels"][DEFAULT_QUOTA_LABEL], "true");
         assert_eq!(body["metadata"]["labels"][SUBJECT_NAME_LABEL], "demo");
         assert!(body["metadata"].get("ownerReferences").is_none());
-        let copy: ResourceQuota = serde_json::from_value(body).unwrap();
-        assert!(copy_in_sync(&m, &copy));
-        let mut edited = m.clone();
-        edited.spec.quota.cpu = Some(Quantity::from_units(5));
-        assert!(!copy_in_sync(&edited, &copy));
+    }
+
+    #[test]
+    fn ledger_carries_the_limits_in_force() {
+        let m = master();
+        let body = ledger_apply_body(&m, &limits(4));
+        assert_eq!(body["apiVersion"], "kkp-quota.dev/v1alpha1");
+        assert_eq!(body["spec"]["quota"]["machines"], "3");
+        let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
+        assert!(ledger_in_sync(&m, &limits(4), &ledger));
+        assert!(
+            !ledger_in_sync(&m, &limits(5), &ledger),
+            "a changed limit is applied again"
+        );
         let mut relabelled = m.clone();
         relabelled.metadata.labels = None;
         assert!(
-            !copy_in_sync(&relabelled, &copy),
+            !ledger_in_sync(&relabelled, &limits(4), &ledger),
             "a label removed on the master is removed on the copy"
         );
+    }
+
+    #[test]
+    fn project_quota_is_owned_by_the_kkp_quota_and_leaves_spec_quota_alone() {
+        let m = master();
+        let body = project_quota_apply_body(&m);
+        assert!(body["spec"].get("quota").is_none(), "spec.quota is the admins'");
+        assert_eq!(body["metadata"]["ownerReferences"][0]["uid"], "rq-uid");
+        let pq: ProjectQuota = serde_json::from_value(body).unwrap();
+        assert!(project_quota_in_sync(&m, Some(&pq)));
+        assert!(!project_quota_in_sync(&m, None));
     }
 
     #[test]
@@ -225,7 +368,7 @@ mod tests {
         assert!(!master_metadata_in_sync(&m, Some(&p)));
         let applied: ResourceQuota = {
             let mut v = serde_json::to_value(&m).unwrap();
-            let body = master_metadata_apply(&m, Some(&p), true);
+            let body = master_metadata_patch(&m, Some(&p), true);
             v["metadata"]["labels"][SUBJECT_NAME_LABEL] =
                 body["metadata"]["labels"][SUBJECT_NAME_LABEL].clone();
             v["metadata"]["labels"][SUBJECT_KIND_LABEL] =
@@ -240,24 +383,28 @@ mod tests {
             master_metadata_in_sync(&applied, None),
             "no project known: no owner needed"
         );
-        let release = master_metadata_apply(&m, Some(&p), false);
-        assert!(release["metadata"].get("finalizers").is_none());
+        let release = master_metadata_patch(&applied, Some(&p), false);
+        assert_eq!(release["metadata"]["finalizers"], json!([]));
+        assert!(release["metadata"].get("resourceVersion").is_some());
     }
 
     #[test]
     fn status_patches_only_when_changed() {
-        let mut copy = master();
+        let mut ledger: QuotaLedger =
+            serde_json::from_value(ledger_apply_body(&master(), &limits(4))).unwrap();
         let g = ResourceDetails::zero();
-        assert!(seed_status_patch(&copy, Some(&g), Some(&g)).is_some());
-        copy.status = Some(ResourceQuotaStatus {
+        assert!(ledger_status_patch(&ledger, Some(&g), Some(&g)).is_some());
+        ledger.status = Some(QuotaLedgerStatus {
             global_usage: Some(g.clone()),
             other_seeds_usage: Some(g.clone()),
-            ..ResourceQuotaStatus::default()
+            ..QuotaLedgerStatus::default()
         });
-        assert_eq!(seed_status_patch(&copy, Some(&g), Some(&g)), None);
-        assert_eq!(seed_status_patch(&copy, None, None), None);
-        let m = master();
-        assert!(master_status_patch(&m, None, &[]).is_none());
-        assert!(master_status_patch(&m, Some(&g), &[]).is_some());
+        assert_eq!(ledger_status_patch(&ledger, Some(&g), Some(&g)), None);
+        assert_eq!(ledger_status_patch(&ledger, None, None), None);
+        // KKP's status: only cpu, memory, storage are written, and compared.
+        let patch = kkp_status_patch(None, Some(&g)).unwrap();
+        assert!(patch["status"]["globalUsage"].get("machines").is_none());
+        assert_eq!(kkp_status_patch(Some(&g.kkp_subset()), Some(&g)), None);
+        assert_eq!(kkp_status_patch(None, None), None);
     }
 }

@@ -1,5 +1,5 @@
 //! The seed set: every `Seed` on the master, a client built from the kubeconfig Secret it
-//! references, and one watch of `ResourceQuota` copies per seed.
+//! references, and one watch of `QuotaLedger`s (the seed side of every quota) per seed.
 //!
 //! - Seeds added, removed, or whose kubeconfig Secret changes are picked up without a restart
 //!   (the `Seed`s and the `Secret`s of the seed namespace are watched, and the set is
@@ -19,7 +19,7 @@ use std::time::Duration;
 use futures::{FutureExt, StreamExt, stream};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
-use kkp_quota_crds::ResourceQuota;
+use kkp_quota_crds::QuotaLedger;
 use kkp_quota_crds::kkp::{KUBECONFIG_KEY, Seed};
 use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
 use kube::core::PartialObjectMeta;
@@ -39,7 +39,7 @@ pub struct SeedState {
     pub client: Option<Client>,
     pub health: Health,
     /// The quota copies on the seed, as last seen.
-    pub copies: BTreeMap<String, ResourceQuota>,
+    pub copies: BTreeMap<String, QuotaLedger>,
 }
 
 /// One seed's part of one quota, copied out of the shared state for a reconcile.
@@ -48,7 +48,7 @@ pub struct SeedView {
     pub name: String,
     pub client: Option<Client>,
     pub health: Health,
-    pub copy: Option<ResourceQuota>,
+    pub copy: Option<QuotaLedger>,
 }
 
 /// The shared seed state.
@@ -92,7 +92,7 @@ impl Seeds {
     }
 
     /// Fresh seeds with their client and the names of their copies.
-    pub fn fresh_copies(&self) -> Vec<(String, Client, Vec<ResourceQuota>)> {
+    pub fn fresh_copies(&self) -> Vec<(String, Client, Vec<QuotaLedger>)> {
         self.read(|seeds| {
             seeds
                 .iter()
@@ -334,11 +334,11 @@ async fn watch_seed(
     metrics: Metrics,
     max_backoff: Duration,
 ) {
-    let api: Api<ResourceQuota> = Api::all(client);
+    let api: Api<QuotaLedger> = Api::all(client);
     let mut backoff = SeedBackoff::new(max_backoff);
     loop {
         let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
-        let mut buffer: BTreeMap<String, ResourceQuota> = BTreeMap::new();
+        let mut buffer: BTreeMap<String, QuotaLedger> = BTreeMap::new();
         while let Some(event) = events.next().await {
             let now = Timestamp::now();
             match event {

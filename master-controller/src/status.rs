@@ -5,6 +5,9 @@
 //! - `QuotaExceeded`: `True` while `globalUsage` is above the limit for some resource. Lowering a
 //!   quota below current usage is allowed (as in KKP): nothing is deleted, new Machines that need
 //!   that resource are denied until usage drops below the limit.
+//! - `ForeignQuotaController`: `True` while another writer (KKP Enterprise's own resource-quota
+//!   controllers) also writes the usage of KKP's `ResourceQuota`; this system then stops writing
+//!   it there (it keeps enforcing), and the message says what to turn off.
 //! - `SeedCleanupPending`: only while the master object is being deleted and some seed could not
 //!   delete its copy yet; the finalizer stays until the seed is back or removed from the fleet.
 
@@ -17,6 +20,7 @@ use crate::fold::StaleSeed;
 pub const SEEDS_STALE: &str = "SeedsStale";
 pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 pub const SEED_CLEANUP_PENDING: &str = "SeedCleanupPending";
+pub const FOREIGN_QUOTA_CONTROLLER: &str = "ForeignQuotaController";
 
 /// A condition without its transition time (filled in by [`merge_conditions`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +64,54 @@ pub fn seeds_stale(stale: &[StaleSeed]) -> Desired {
         status: true,
         reason: "SeedsUnreachable".into(),
         message: parts.join("; "),
+    }
+}
+
+/// The field managers, other than `ours`, that wrote `status.globalUsage` or `status.localUsage`
+/// of KKP's `ResourceQuota` (from its `managedFields`): KKP Enterprise's quota controllers
+/// write the same fields, and two writers would overwrite each other's figures.
+pub fn foreign_usage_writers(rq: &kkp_quota_crds::ResourceQuota, ours: &[&str]) -> Vec<String> {
+    let mut writers: Vec<String> = rq
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter(|m| m.manager.as_deref().is_none_or(|name| !ours.contains(&name)))
+        .filter(|m| {
+            m.fields_v1.as_ref().is_some_and(|f| {
+                let status = &f.0["f:status"];
+                status.get("f:globalUsage").is_some() || status.get("f:localUsage").is_some()
+            })
+        })
+        .map(|m| {
+            m.manager
+                .clone()
+                .unwrap_or_else(|| "an unnamed writer".to_owned())
+        })
+        .collect();
+    writers.sort();
+    writers.dedup();
+    writers
+}
+
+/// `ForeignQuotaController` for the writers [`foreign_usage_writers`] found.
+pub fn foreign_quota_controller(writers: &[String]) -> Desired {
+    if writers.is_empty() {
+        return Desired {
+            type_: FOREIGN_QUOTA_CONTROLLER,
+            status: false,
+            reason: "NoOtherWriter".into(),
+            message: "only this system writes the usage of KKP's ResourceQuota".into(),
+        };
+    }
+    Desired {
+        type_: FOREIGN_QUOTA_CONTROLLER,
+        status: true,
+        reason: "OtherUsageWriter".into(),
+        message: format!(
+            "the usage of KKP's ResourceQuota is also written by {}, most likely KKP Enterprise's resource-quota controllers; this system has stopped writing it there (it keeps enforcing and reports usage in the ProjectQuota). Run only one: turn off KKP's quota feature, or do not install this system",
+            writers.join(", ")
+        ),
     }
 }
 
@@ -151,6 +203,32 @@ pub fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
 mod tests {
     use super::*;
     use kkp_quota_crds::Quantity;
+
+    #[test]
+    fn other_writers_of_kkps_usage_are_found() {
+        let rq: kkp_quota_crds::ResourceQuota = serde_json::from_value(serde_json::json!({
+            "apiVersion": "kubermatic.k8c.io/v1", "kind": "ResourceQuota",
+            "metadata": {"name": "project-a", "managedFields": [
+                {"manager": "kkp-quota-master", "operation": "Update", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:globalUsage": {"f:cpu": {}}}}},
+                {"manager": "kubermatic-master-controller-manager", "operation": "Update", "subresource": "status",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:status": {"f:globalUsage": {"f:cpu": {}}}}},
+                {"manager": "kubectl", "operation": "Update",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:quota": {"f:cpu": {}}}}},
+            ]},
+            "spec": {"subject": {"name": "a", "kind": "project"}, "quota": {}},
+        }))
+        .unwrap();
+        let writers = foreign_usage_writers(&rq, &["kkp-quota-master"]);
+        assert_eq!(writers, ["kubermatic-master-controller-manager"]);
+        let c = foreign_quota_controller(&writers);
+        assert!(c.status && c.message.contains("kubermatic-master-controller-manager"));
+        assert!(!foreign_quota_controller(&[]).status);
+        assert!(
+            foreign_usage_writers(&rq, &["kkp-quota-master", "kubermatic-master-controller-manager"])
+                .is_empty()
+        );
+    }
 
     #[test]
     fn exceeded_names_each_resource_over_its_limit() {

@@ -20,10 +20,12 @@ use kkp_quota_crds::kkp::{
 use kkp_quota_crds::quota::{
     DEFAULT_QUOTA_LABEL, SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL,
 };
-use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
+use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use master_controller::status::{QUOTA_EXCEEDED, SEED_CLEANUP_PENDING, SEEDS_STALE};
+use master_controller::status::{
+    FOREIGN_QUOTA_CONTROLLER, QUOTA_EXCEEDED, SEED_CLEANUP_PENDING, SEEDS_STALE,
+};
 use serde_json::json;
 
 const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
@@ -32,6 +34,7 @@ const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
 struct World {
     controller: Running,
     master: Api<ResourceQuota>,
+    pq: Api<ProjectQuota>,
     fleet: Fleet,
 }
 
@@ -40,23 +43,48 @@ impl World {
         self.fleet.seed(name).client()
     }
 
-    fn seed_api(&self, name: &str) -> Api<ResourceQuota> {
+    /// The seed's ledgers (the seed side of every quota).
+    fn seed_api(&self, name: &str) -> Api<QuotaLedger> {
         Api::all(self.seed(name))
     }
 
-    /// Waits until every seed has a copy of `name` with the master's spec and labels.
+    /// KKP's own quota copies on the seed.
+    fn kkp_seed_api(&self, name: &str) -> Api<ResourceQuota> {
+        Api::all(self.seed(name))
+    }
+
+    async fn pq_of(&self, master: &ResourceQuota) -> Result<ProjectQuota> {
+        Ok(self.pq.get(&master.name_any()).await?)
+    }
+
+    /// Waits until every seed has a ledger of `name` with the master's subject, limits and
+    /// labels, and KKP's copy with the master's spec and labels.
     async fn converged(&self, name: &str, what: &str) -> Result<()> {
         wait_for(DEADLINE, what, || async {
             let master = self.master.get(name).await?;
             for seed in SEEDS {
-                let copy = self
+                let ledger = self
                     .seed_api(seed)
                     .get_opt(name)
                     .await?
-                    .context(format!("no copy on {seed}"))?;
-                ensure!(copy.spec == master.spec, "{seed}: spec differs");
+                    .context(format!("no ledger on {seed}"))?;
+                ensure!(
+                    ledger.spec.subject.name == master.spec.subject.name,
+                    "{seed}: subject differs"
+                );
+                ensure!(
+                    ledger.spec.quota == master.spec.quota.limits.kkp_subset(),
+                    "{seed}: limits differ"
+                );
+                let copy = self
+                    .kkp_seed_api(seed)
+                    .get_opt(name)
+                    .await?
+                    .context(format!("no KKP copy on {seed}"))?;
+                ensure!(copy.spec == master.spec, "{seed}: KKP spec differs");
                 for (k, v) in master.labels() {
-                    ensure!(copy.labels().get(k) == Some(v), "{seed}: label {k} differs");
+                    ensure!(ledger.labels().get(k) == Some(v), "{seed}: label {k} differs");
+                    ensure!(copy.labels().get(k) == Some(v), "{seed}: KKP label {k} differs");
                 }
             }
             Ok(())
@@ -67,10 +95,15 @@ impl World {
     async fn gone_everywhere(&self, name: &str, what: &str) -> Result<()> {
         wait_for(DEADLINE, what, || async {
             ensure!(self.master.get_opt(name).await?.is_none(), "still on the master");
+            ensure!(self.pq.get_opt(name).await?.is_none(), "ProjectQuota still there");
             for seed in SEEDS {
                 ensure!(
                     self.seed_api(seed).get_opt(name).await?.is_none(),
                     "still on {seed}"
+                );
+                ensure!(
+                    self.kkp_seed_api(seed).get_opt(name).await?.is_none(),
+                    "KKP copy still on {seed}"
                 );
             }
             Ok(())
@@ -90,7 +123,7 @@ impl World {
             ensure!(same_usage(&g, &global), "master globalUsage {g}, want {global}");
             for seed in SEEDS {
                 let copy = self.seed_api(seed).get(name).await?;
-                let s = status_of(&copy);
+                let s = ledger_status_of(&copy);
                 let g = s.global_usage.context(format!("{seed}: no globalUsage"))?;
                 ensure!(same_usage(&g, &global), "{seed}: globalUsage {g}, want {global}");
                 let others =
@@ -127,6 +160,7 @@ async fn master_controller_on_a_real_fleet() -> Result<()> {
     let world = World {
         controller,
         master,
+        pq: Api::all(fleet.master().client()),
         fleet,
     };
     fan_out_create_and_edit(&world).await.context("fan-out")?;
@@ -138,6 +172,9 @@ async fn master_controller_on_a_real_fleet() -> Result<()> {
     default_quota(&world).await.context("default quota")?;
     seed_down_and_back(&world).await.context("stale seed")?;
     seed_set_changes(&world).await.context("seed set changes")?;
+    foreign_usage_writer_reported(&world)
+        .await
+        .context("another writer of KKP's usage")?;
     delete_converges(&world).await.context("deletion")?;
     ensure!(!world.controller.is_finished(), "the controller stopped");
     Ok(())
@@ -284,7 +321,7 @@ async fn lowered_below_usage(w: &World) -> Result<()> {
     set_quota(&w.master, "project-demo", &cpu_mem(2, 8)).await?;
     wait_for(DEADLINE, "QuotaExceeded=True", || async {
         let m = w.master.get("project-demo").await?;
-        let c = condition(&m, QUOTA_EXCEEDED).context("no QuotaExceeded condition")?;
+        let c = condition(&w.pq_of(&m).await?, QUOTA_EXCEEDED).context("no QuotaExceeded condition")?;
         ensure!(c.status == "True", "QuotaExceeded is {}", c.status);
         ensure!(
             c.message.contains("3500m cpu used of 2 cpu"),
@@ -304,7 +341,7 @@ async fn lowered_below_usage(w: &World) -> Result<()> {
     wait_for(DEADLINE, "QuotaExceeded=False", || async {
         let m = w.master.get("project-demo").await?;
         ensure!(
-            condition(&m, QUOTA_EXCEEDED).is_some_and(|c| c.status == "False"),
+            condition(&w.pq_of(&m).await?, QUOTA_EXCEEDED).is_some_and(|c| c.status == "False"),
             "still True"
         );
         Ok(())
@@ -315,11 +352,27 @@ async fn lowered_below_usage(w: &World) -> Result<()> {
 
 async fn orphan_copies_removed(w: &World) -> Result<()> {
     let stray = w.seed_api("seed-a");
-    create_quota(&stray, "stray", "other", cpu_mem(1, 1)).await?;
-    wait_for(DEADLINE, "orphan copy deleted from seed-a", || async {
-        ensure!(stray.get_opt("stray").await?.is_none(), "still there");
-        Ok(())
-    })
+    let stray_kkp = w.kkp_seed_api("seed-a");
+    create_quota(&stray_kkp, "stray", "other", cpu_mem(1, 1)).await?;
+    let ledger: QuotaLedger = serde_json::from_value(json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaLedger",
+        "metadata": {"name": "stray"},
+        "spec": {"subject": {"name": "other", "kind": "project"}, "quota": {"cpu": "1"}},
+    }))?;
+    stray.create(&PostParams::default(), &ledger).await?;
+    wait_for(
+        DEADLINE,
+        "orphan ledger and KKP copy deleted from seed-a",
+        || async {
+            ensure!(stray.get_opt("stray").await?.is_none(), "ledger still there");
+            ensure!(
+                stray_kkp.get_opt("stray").await?.is_none(),
+                "KKP copy still there"
+            );
+            Ok(())
+        },
+    )
     .await?;
     Ok(())
 }
@@ -348,7 +401,7 @@ async fn default_quota(w: &World) -> Result<()> {
             );
             ensure!(q.spec.subject.name == project, "wrong subject");
             ensure!(
-                q.spec.quota.amount(Resource::Cpu) == Quantity::from_units(10),
+                q.spec.quota.limits.amount(Resource::Cpu) == Quantity::from_units(10),
                 "wrong cpu"
             );
             Ok(())
@@ -369,7 +422,7 @@ async fn default_quota(w: &World) -> Result<()> {
         wait_for(DEADLINE, &format!("{name} updated"), || async {
             let q = w.master.get(name).await?;
             ensure!(
-                q.spec.quota.amount(Resource::Cpu) == Quantity::from_units(12),
+                q.spec.quota.limits.amount(Resource::Cpu) == Quantity::from_units(12),
                 "not updated"
             );
             Ok(())
@@ -396,7 +449,7 @@ async fn default_quota(w: &World) -> Result<()> {
     wait_for(DEADLINE, "project-other follows the default (14 cpu)", || async {
         let q = w.master.get("project-other").await?;
         ensure!(
-            q.spec.quota.amount(Resource::Cpu) == Quantity::from_units(14),
+            q.spec.quota.limits.amount(Resource::Cpu) == Quantity::from_units(14),
             "not updated"
         );
         Ok(())
@@ -404,7 +457,7 @@ async fn default_quota(w: &World) -> Result<()> {
     .await?;
     let third = w.master.get("project-third").await?;
     ensure!(
-        third.spec.quota.amount(Resource::Cpu) == Quantity::from_units(3),
+        third.spec.quota.limits.amount(Resource::Cpu) == Quantity::from_units(3),
         "the now-custom quota was overwritten: {third:?}"
     );
     ensure!(
@@ -424,7 +477,7 @@ async fn default_quota(w: &World) -> Result<()> {
         .await?;
     let third = w.master.get("project-third").await?;
     ensure!(
-        third.spec.quota.amount(Resource::Cpu) == Quantity::from_units(3),
+        third.spec.quota.limits.amount(Resource::Cpu) == Quantity::from_units(3),
         "custom quota untouched"
     );
     let demo = w.master.get("project-demo").await?;
@@ -456,7 +509,7 @@ async fn seed_down_and_back(w: &World) -> Result<()> {
         "SeedsStale=True naming seed-b, and the stale metric",
         || async {
             let m = w.master.get("project-demo").await?;
-            let c = condition(&m, SEEDS_STALE).context("no SeedsStale condition")?;
+            let c = condition(&w.pq_of(&m).await?, SEEDS_STALE).context("no SeedsStale condition")?;
             ensure!(c.status == "True", "SeedsStale is {}", c.status);
             ensure!(
                 c.message.contains("seed-b unreachable since"),
@@ -499,7 +552,7 @@ async fn seed_down_and_back(w: &World) -> Result<()> {
         "restarted controller: seed-b's usage reported unknown",
         || async {
             let m = w.master.get("project-demo").await?;
-            let c = condition(&m, SEEDS_STALE).context("no SeedsStale condition")?;
+            let c = condition(&w.pq_of(&m).await?, SEEDS_STALE).context("no SeedsStale condition")?;
             ensure!(
                 c.status == "True" && c.message.contains("usage is not known yet"),
                 "message: {}",
@@ -528,7 +581,7 @@ async fn seed_down_and_back(w: &World) -> Result<()> {
                 .get_opt("project-third")
                 .await?
                 .context("master object gone while seed-b is down")?;
-            let c = condition(&m, SEED_CLEANUP_PENDING).context("no SeedCleanupPending")?;
+            let c = condition(&w.pq_of(&m).await?, SEED_CLEANUP_PENDING).context("no SeedCleanupPending")?;
             ensure!(c.message.contains("seed-b"), "message: {}", c.message);
             ensure!(
                 w.seed_api("seed-a").get_opt("project-third").await?.is_none(),
@@ -545,7 +598,7 @@ async fn seed_down_and_back(w: &World) -> Result<()> {
         "SeedsStale=False and metric 0 after the restart",
         || async {
             let m = w.master.get("project-demo").await?;
-            let c = condition(&m, SEEDS_STALE).context("no SeedsStale condition")?;
+            let c = condition(&w.pq_of(&m).await?, SEEDS_STALE).context("no SeedsStale condition")?;
             ensure!(c.status == "False", "SeedsStale is {}: {}", c.status, c.message);
             let text = w.controller.scrape().await?;
             ensure!(
@@ -637,6 +690,38 @@ async fn seed_set_changes(w: &World) -> Result<()> {
     .await?;
     rotate(w.fleet.seed("seed-b").kubeconfig_yaml()).await?;
     global_is(a.checked_add(&b)?, "globalUsage after rotating back").await?;
+    Ok(())
+}
+
+/// KKP Enterprise's own quota controllers write KKP's `status.globalUsage` too. When another
+/// field manager has written it, the master says so in the `ProjectQuota` and stops writing
+/// there rather than fight over the field.
+async fn foreign_usage_writer_reported(w: &World) -> Result<()> {
+    let foreign = PatchParams {
+        field_manager: Some("kubermatic-master-controller-manager".to_owned()),
+        ..PatchParams::default()
+    };
+    let patch = json!({"status": {"globalUsage": {"cpu": "999"}}});
+    w.master
+        .patch_status("project-demo", &foreign, &Patch::Merge(&patch))
+        .await?;
+    wait_for(DEADLINE, "ForeignQuotaController reported", || async {
+        let m = w.master.get("project-demo").await?;
+        let c = condition(&w.pq_of(&m).await?, FOREIGN_QUOTA_CONTROLLER).context("no condition")?;
+        ensure!(c.status == "True", "ForeignQuotaController is {}", c.status);
+        ensure!(
+            c.message.contains("kubermatic-master-controller-manager"),
+            "message: {}",
+            c.message
+        );
+        Ok(())
+    })
+    .await?;
+    let m = w.master.get("project-demo").await?;
+    ensure!(
+        status_of(&m).global_usage.and_then(|g| g.cpu) == Some(Quantity::from_units(999)),
+        "the other writer's figure is left alone"
+    );
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kkp_quota_crds::quota::SEED_CLEANUP_FINALIZER;
 use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
-use kkp_quota_crds::{Quantity, Resource, ResourceQuota};
+use kkp_quota_crds::{Quantity, QuotaLedger, Resource, ResourceQuota};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use master_controller::Options;
@@ -34,7 +34,7 @@ async fn holder(leases: &Api<Lease>) -> Result<Option<String>> {
     holder_of(leases, LEASE).await
 }
 
-async fn copy_cpu(seed: &Api<ResourceQuota>) -> Result<Option<Quantity>> {
+async fn copy_cpu(seed: &Api<QuotaLedger>) -> Result<Option<Quantity>> {
     Ok(seed
         .get_opt("project-demo")
         .await?
@@ -47,7 +47,7 @@ async fn only_the_lease_holder_writes() -> Result<()> {
     let fleet = Fleet::start(FleetSpec::empty().with_seed("seed-a").with_project("demo")).await?;
     let master = fleet.master().client();
     let quotas: Api<ResourceQuota> = Api::all(master.clone());
-    let seed: Api<ResourceQuota> = Api::all(fleet.seed("seed-a").client());
+    let seed: Api<QuotaLedger> = Api::all(fleet.seed("seed-a").client());
     let leases: Api<Lease> = Api::namespaced(master.clone(), "kubermatic");
 
     // Someone else holds the lease and keeps renewing it.

@@ -1,5 +1,6 @@
 //! Latency of the counting chain on a real fleet: Machine created in a user cluster -> the seed
-//! quota copy's `localUsage` (seed-controller) -> the master's `globalUsage` (master-controller).
+//! `QuotaLedger`'s `localUsage` (seed-controller) -> the master's `globalUsage` in the `ProjectQuota`
+//! (master-controller).
 //! Both controllers run in this process; Machines are created one after another.
 //!
 //! ```sh
@@ -23,7 +24,9 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{
+    KkpQuota, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject,
+};
 use kube::api::PostParams;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -49,19 +52,28 @@ fn machine(name: &str, spec: &Value) -> Machine {
     .unwrap()
 }
 
-fn quota_events(client: Client) -> BoxStream<'static, Result<Event<ResourceQuota>, watcher::Error>> {
+/// `project-demo` as it changes: the seed's `QuotaLedger` or the master's `ProjectQuota`.
+fn quota_events<K>(client: Client) -> BoxStream<'static, Result<Event<K>, watcher::Error>>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::ClusterResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
     watcher::watcher(
-        Api::<ResourceQuota>::all(client),
+        Api::<K>::all(client),
         watcher::Config::default().fields("metadata.name=project-demo"),
     )
     .boxed()
 }
 
 /// Waits for a version of the quota whose usage (picked by `field`) is `want`.
-async fn wait_usage(
-    events: &mut BoxStream<'static, Result<Event<ResourceQuota>, watcher::Error>>,
+async fn wait_usage<K>(
+    events: &mut BoxStream<'static, Result<Event<K>, watcher::Error>>,
     want: &ResourceDetails,
-    field: fn(&kkp_quota_crds::ResourceQuotaStatus) -> Option<&ResourceDetails>,
+    field: fn(&K) -> Option<&ResourceDetails>,
 ) -> Result<()> {
     loop {
         let event = tokio::time::timeout(Duration::from_mins(1), events.next())
@@ -69,15 +81,19 @@ async fn wait_usage(
             .context("no update within a minute")?
             .context("watch ended")?;
         if let Ok(Event::Apply(rq) | Event::InitApply(rq)) = event
-            && rq
-                .status
-                .as_ref()
-                .and_then(field)
-                .is_some_and(|u| same_usage(u, want))
+            && field(&rq).is_some_and(|u| same_usage(u, want))
         {
             return Ok(());
         }
     }
+}
+
+fn local_usage(ledger: &QuotaLedger) -> Option<&ResourceDetails> {
+    ledger.status.as_ref()?.local_usage.as_ref()
+}
+
+fn global_usage(pq: &ProjectQuota) -> Option<&ResourceDetails> {
+    pq.status.as_ref()?.global_usage.as_ref()
 }
 
 fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
@@ -106,7 +122,7 @@ async fn main() -> Result<()> {
         "project-demo",
         ResourceQuotaSpec {
             subject: Subject::project("demo"),
-            quota: serde_json::from_value(json!({"cpu": "100000"}))?,
+            quota: KkpQuota::new(&serde_json::from_value(json!({"cpu": "100000"}))?),
         },
     );
     rq.metadata.labels = Some(BTreeMap::from([
@@ -131,10 +147,10 @@ async fn main() -> Result<()> {
     .await?;
     // The seed copy exists and carries localUsage (zero) before measuring.
     let zero = ResourceDetails::zero();
-    let mut seed_events = quota_events(seed.clone());
-    wait_usage(&mut seed_events, &zero, |s| s.local_usage.as_ref()).await?;
-    let mut master_events = quota_events(master.clone());
-    wait_usage(&mut master_events, &zero, |s| s.global_usage.as_ref()).await?;
+    let mut seed_events = quota_events::<QuotaLedger>(seed.clone());
+    wait_usage(&mut seed_events, &zero, local_usage).await?;
+    let mut master_events = quota_events::<ProjectQuota>(master.clone());
+    wait_usage(&mut master_events, &zero, global_usage).await?;
 
     let machines: Api<Machine> = Api::namespaced(fleet.user_cluster("alpha").client(), "kube-system");
     let spec = json!({"cloudProvider": "hetzner", "cloudProviderSpec": {"serverType": "cx22"}});
@@ -147,9 +163,9 @@ async fn main() -> Result<()> {
         machines
             .create(&PostParams::default(), &machine(&format!("lat-{k}"), &spec))
             .await?;
-        wait_usage(&mut seed_events, &want, |s| s.local_usage.as_ref()).await?;
+        wait_usage(&mut seed_events, &want, local_usage).await?;
         to_seed.push(t0.elapsed());
-        wait_usage(&mut master_events, &want, |s| s.global_usage.as_ref()).await?;
+        wait_usage(&mut master_events, &want, global_usage).await?;
         to_master.push(t0.elapsed());
     }
     let n = to_seed.len();

@@ -36,7 +36,7 @@ use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, ClusterSpec, KUBECONFIG_KEY, PROJECT_ID_LABEL};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -161,10 +161,10 @@ async fn main() -> Result<()> {
         )
     };
     for project in &projects {
-        let mut rq = ResourceQuota::new(
+        let mut rq = QuotaLedger::new(
             &format!("project-{project}"),
-            ResourceQuotaSpec {
-                subject: Subject::project(project),
+            QuotaLedgerSpec {
+                subject: LedgerSubject::project(project),
                 quota: ResourceDetails::default(),
             },
         );
@@ -172,7 +172,7 @@ async fn main() -> Result<()> {
             (SUBJECT_NAME_LABEL.to_owned(), project.clone()),
             (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
         ]));
-        Api::<ResourceQuota>::all(seed.clone())
+        Api::<QuotaLedger>::all(seed.clone())
             .create(&PostParams::default(), &rq)
             .await?;
     }
@@ -278,7 +278,7 @@ async fn main() -> Result<()> {
     let start = Instant::now();
     let controller = e2e::components::spawn(&spec, dir.path())?;
     let pid = controller.pid();
-    let quotas: Api<ResourceQuota> = Api::all(seed.clone());
+    let quotas: Api<QuotaLedger> = Api::all(seed.clone());
     let converged = loop {
         let list = quotas.list(&ListParams::default()).await?;
         let exact = list.items.iter().all(|rq| {
@@ -309,7 +309,7 @@ async fn main() -> Result<()> {
     let client = cp.client();
     let machines: Api<Machine> = Api::namespaced(client, &name);
     let mut events = watcher::watcher(
-        Api::<ResourceQuota>::all(seed.clone()),
+        Api::<QuotaLedger>::all(seed.clone()),
         watcher::Config::default().fields(&format!("metadata.name=project-{project}")),
     )
     .boxed();

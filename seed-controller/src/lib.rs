@@ -69,7 +69,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[command(
     name = "seed-controller",
     version,
-    about = "Counts user clusters' Machines into KKP ResourceQuota usage on one seed"
+    about = "Counts user clusters' Machines into the seed's quota usage (QuotaLedger and KKP's ResourceQuota) on one seed"
 )]
 pub struct Config {
     /// Kubeconfig of the seed (default: KUBECONFIG, ~/.kube/config, in-cluster).

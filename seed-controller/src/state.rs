@@ -22,6 +22,9 @@ use crate::usage::{ClusterUsage, Drift, project_usage, same_usage};
 
 /// The key of our condition in `Cluster.status.conditions` (KKP keeps conditions as a map).
 pub const CONDITION_TYPE: &str = "ResourceQuotaUsage";
+/// `kubermaticVersion` of our condition: KKP's schema requires the field (a patch without it is
+/// refused whole), and KKP fills it with the version of whatever set the condition.
+pub const CONDITION_WRITER: &str = concat!("kkp-quota-seed-controller-v", env!("CARGO_PKG_VERSION"));
 
 /// Event reasons on Machines in user clusters.
 pub const REASON_UNSIZEABLE: &str = "QuotaUnsizeableMachine";
@@ -153,6 +156,8 @@ pub struct State {
     pub catalog_loaded: bool,
     /// Project -> when the grace of its earliest held-back Machine ends (a write is due then).
     pub grace_wakeups: BTreeMap<String, Instant>,
+    /// Project -> the usage last written onto KKP's `ResourceQuota` copy (KKP's resources only).
+    pub kkp_usage_written: BTreeMap<String, ResourceDetails>,
 }
 
 impl State {
@@ -165,6 +170,7 @@ impl State {
             clusters_listed: false,
             catalog_loaded: false,
             grace_wakeups: BTreeMap::new(),
+            kkp_usage_written: BTreeMap::new(),
         }
     }
 
@@ -560,7 +566,8 @@ impl State {
         let same = |u: &Option<ResourceDetails>, c: &ClusterCondition| {
             let usage_same = match (&usage, u) {
                 (None, _) => true,
-                (Some(a), Some(b)) => same_usage(a, b),
+                // KKP's Cluster keeps only cpu, memory and storage.
+                (Some(a), Some(b)) => same_usage(&a.kkp_subset(), &b.kkp_subset()),
                 (Some(_), None) => false,
             };
             usage_same
@@ -666,6 +673,7 @@ fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
     };
     ClusterCondition {
         status: status.to_owned(),
+        kubermatic_version: CONDITION_WRITER.to_owned(),
         last_heartbeat_time: None,
         last_transition_time: None,
         reason: reason.to_owned(),

@@ -1,6 +1,7 @@
-//! The writes: `Cluster.status.resourceUsage` and its `ResourceQuotaUsage` condition, and the
-//! seed quota copy's `status.localUsage` together with the reservations and expired allotments it
-//! makes obsolete.
+//! The writes: `Cluster.status.resourceUsage` and its `ResourceQuotaUsage` condition (in KKP's
+//! shape), the seed's `QuotaLedger` `status.localUsage` together with the reservations and
+//! expired allotments it makes obsolete, and the same usage in KKP's shape on KKP's own
+//! `ResourceQuota` copy.
 //!
 //! The quota copy write is one JSON merge patch on `/status` carrying the `resourceVersion` it
 //! was computed from (compare-and-swap): `localUsage` grows by a Machine in the same write that
@@ -19,7 +20,10 @@ use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{QuantityError, Resource, ResourceDetails, ResourceQuota, ResourceQuotaStatus};
+use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
+use kkp_quota_crds::{
+    QuantityError, QuotaLedger, QuotaLedgerStatus, Resource, ResourceDetails, ResourceQuota,
+};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -204,7 +208,8 @@ async fn write_cluster_inner(shared: &Shared, name: &str) -> Result<(), Error> {
     condition.last_heartbeat_time = condition.last_transition_time.clone();
     let mut status = json!({ "conditions": { CONDITION_TYPE: condition } });
     if let Some(usage) = &plan.usage {
-        status["resourceUsage"] = serde_json::to_value(usage).unwrap_or(Value::Null);
+        // Only what KKP's Cluster declares; gpu and machine count are in the metrics.
+        status["resourceUsage"] = serde_json::to_value(usage.kkp_subset()).unwrap_or(Value::Null);
     }
     let api: Api<Cluster> = Api::all(shared.seed.clone());
     match api
@@ -253,7 +258,7 @@ struct Decision {
 
 fn decide(
     plan: &ProjectPlan,
-    status: &ResourceQuotaStatus,
+    status: &QuotaLedgerStatus,
     config: &Config,
 ) -> Result<Decision, QuantityError> {
     let ttl = SignedDuration::try_from(config.reservation_ttl).unwrap_or(SignedDuration::MAX);
@@ -297,7 +302,7 @@ fn decide(
 }
 
 async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error> {
-    let api: Api<ResourceQuota> = Api::all(shared.seed.clone());
+    let api: Api<QuotaLedger> = Api::all(shared.seed.clone());
     let selector = format!("{SUBJECT_NAME_LABEL}={project},{SUBJECT_KIND_LABEL}={PROJECT_KIND}");
     for _ in 0..MAX_ATTEMPTS {
         let quotas = api.list(&ListParams::default().labels(&selector)).await?;
@@ -322,11 +327,12 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             .is_some_and(|u| same_usage(u, &decision.local_usage));
         if usage_same && decision.drops.is_empty() && decision.expired.is_empty() {
             judged(shared, project, &decision);
+            mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
             return Ok(());
         }
         let mut patch = json!({
             "metadata": { "resourceVersion": quota.resource_version() },
-            "status": { "localUsage": decision.local_usage },
+            "status": { "formatVersion": LEDGER_FORMAT, "localUsage": decision.local_usage },
         });
         if !decision.drops.is_empty() {
             let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
@@ -372,6 +378,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
                 }
                 debug!(local_usage = %decision.local_usage, counted, expired, allotments_expired = decision.expired.len(), held = decision.held.len(), "localUsage written");
                 judged(shared, project, &decision);
+                mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
                 return Ok(());
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -384,6 +391,36 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
     Err(Error::Config(format!(
         "quota copy of project {project} kept changing during {MAX_ATTEMPTS} attempts"
     )))
+}
+
+/// KKP's own `ResourceQuota` copy on this seed (same name as the ledger) gets the seed's usage in
+/// KKP's shape, so KKP's views show it. Only cpu, memory and storage; written when it changed
+/// since the last write of this process. A copy not there (yet) is skipped: master-controller
+/// creates it before the ledger, and the next change writes it.
+async fn mirror_to_kkp(
+    shared: &Shared,
+    name: &str,
+    project: &str,
+    usage: &ResourceDetails,
+) -> Result<(), Error> {
+    let usage = usage.kkp_subset();
+    if shared.state().kkp_usage_written.get(project) == Some(&usage) {
+        return Ok(());
+    }
+    let api: Api<ResourceQuota> = Api::all(shared.seed.clone());
+    let patch = json!({ "status": { "localUsage": usage } });
+    let params = PatchParams {
+        field_manager: Some(crate::webhook_config::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    match api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            shared.state().kkp_usage_written.insert(project.to_owned(), usage);
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// After a write (or none needed): the judged Machines are flagged if unadmitted and forgotten,
@@ -418,7 +455,7 @@ fn judged(shared: &Shared, project: &str, decision: &Decision) {
 
 /// When a quota copy's ledger next needs a write although nothing changes: its oldest
 /// reservation's TTL ends, or its earliest allotment expires.
-fn ledger_due(status: &ResourceQuotaStatus, ttl: SignedDuration) -> Option<Timestamp> {
+fn ledger_due(status: &QuotaLedgerStatus, ttl: SignedDuration) -> Option<Timestamp> {
     let reservation = status
         .reservations
         .iter()
@@ -433,7 +470,7 @@ fn ledger_due(status: &ResourceQuotaStatus, ttl: SignedDuration) -> Option<Times
 /// earliest allotment expires (and again every little while as long as that stays due, e.g. while
 /// a cluster is unsettled).
 pub async fn watch_quotas(shared: Arc<Shared>) {
-    let api: Api<ResourceQuota> = Api::all(shared.seed.clone());
+    let api: Api<QuotaLedger> = Api::all(shared.seed.clone());
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -478,7 +515,7 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                 }
                 Some(Ok(Event::Delete(quota))) => { due.remove(quota.project()); }
                 Some(Ok(Event::Init | Event::InitDone)) => {}
-                Some(Err(e)) => warn!(error = %e, "ResourceQuota watch on the seed failed; retrying"),
+                Some(Err(e)) => warn!(error = %e, "QuotaLedger watch on the seed failed; retrying"),
                 None => return,
             },
             () = tokio::time::sleep(wait) => {

@@ -20,7 +20,7 @@ use std::time::Duration;
 use common::*;
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::{Allotment, Reservation};
-use kkp_quota_crds::{Quantity, Resource, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{Quantity, QuotaLedger, Resource, ResourceDetails};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use seed_controller::{Config, REASON_UNADMITTED};
@@ -36,7 +36,7 @@ fn allotment(holder: &str, cpu: &str, expires_in: SignedDuration) -> Allotment {
 
 /// Appends to the ledger as a webhook does: one merge patch conditioned on resourceVersion.
 async fn add_to_ledger(seed: &Client, allotments: &[Allotment], reservations: &[Reservation]) {
-    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    let api: Api<QuotaLedger> = Api::all(seed.clone());
     loop {
         let rq = api.get("project-demo").await.unwrap();
         let status = rq.status.clone().unwrap_or_default();

@@ -1,6 +1,8 @@
 //! The whole counting chain on a real fleet: master-controller (quota fan-out and fold) and one
 //! seed-controller per seed. A Machine created in a user cluster reaches the master's
-//! `globalUsage`, across two seeds; deleting it takes it out again.
+//! `globalUsage`, across two seeds; deleting it takes it out again. KKP's own objects get the
+//! figures in KKP's shape: the seed's `ResourceQuota` copy its `localUsage`, the master's its
+//! `globalUsage` (cpu, memory and storage); every resource is in the `ProjectQuota`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,7 @@ use std::collections::BTreeMap;
 
 use common::*;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{KkpQuota, ProjectQuota, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
 use kube::Api;
 use kube::api::PostParams;
 use seed_controller::Config;
@@ -18,7 +20,7 @@ use seed_controller::usage::same_usage;
 use serde_json::json;
 
 async fn wait_global(master: &kube::Client, expected: &ResourceDetails) {
-    let api: Api<ResourceQuota> = Api::all(master.clone());
+    let api: Api<ProjectQuota> = Api::all(master.clone());
     e2e::wait_for(WAIT, &format!("master globalUsage = {expected}"), || async {
         let global = api
             .get("project-demo")
@@ -52,7 +54,7 @@ async fn machines_reach_the_master_global_usage() {
         "project-demo",
         ResourceQuotaSpec {
             subject: Subject::project("demo"),
-            quota: serde_json::from_value(json!({"cpu": "100"})).unwrap(),
+            quota: KkpQuota::new(&serde_json::from_value(json!({"cpu": "100"})).unwrap()),
         },
     );
     rq.metadata.labels = Some(BTreeMap::from([
@@ -85,6 +87,38 @@ async fn machines_reach_the_master_global_usage() {
     let both = sum(&[&size_of(&a_spec), &size_of(&g_spec)]);
     wait_global(&master, &both).await;
     wait_local_usage(&fleet.seed("seed-b").client(), "demo", &size_of(&g_spec)).await;
+    wait_kkp_usage(
+        &fleet.seed("seed-b").client(),
+        |s| s.local_usage,
+        &size_of(&g_spec),
+    )
+    .await;
+    wait_kkp_usage(&master, |s| s.global_usage, &both).await;
     delete_machine(&alpha, "a1").await;
     wait_global(&master, &size_of(&g_spec)).await;
+}
+
+/// KKP's `ResourceQuota` named `project-demo` shows `expected` in KKP's shape (cpu, memory,
+/// storage; nothing else, as KKP's schema would keep nothing else).
+async fn wait_kkp_usage(
+    client: &kube::Client,
+    field: impl Fn(kkp_quota_crds::ResourceQuotaStatus) -> Option<ResourceDetails>,
+    expected: &ResourceDetails,
+) {
+    let api: Api<ResourceQuota> = Api::all(client.clone());
+    let want = expected.kkp_subset();
+    e2e::wait_for(WAIT, &format!("KKP's quota shows {want}"), || async {
+        let got = api
+            .get("project-demo")
+            .await
+            .ok()
+            .and_then(|q| q.status)
+            .and_then(&field);
+        match got {
+            Some(g) if g == want => Ok(()),
+            other => Err(format!("is {other:?}")),
+        }
+    })
+    .await
+    .unwrap();
 }

@@ -17,7 +17,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use kkp_quota_crds::ledger::{Allotment, Reservation};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use machine_webhook::reserve::AllotmentConfig;
@@ -175,12 +175,12 @@ pub fn details(cpu: &str) -> ResourceDetails {
 /// Writes the project's quota copy on the seed as master-controller and seed-controller would:
 /// `spec.quota` (cpu limit), `status.localUsage`, `status.otherSeedsUsage`, no reservations.
 pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu: &str) -> Result<()> {
-    let api: Api<ResourceQuota> = Api::all(seed);
+    let api: Api<QuotaLedger> = Api::all(seed);
     let name = format!("project-{project}");
-    let mut quota = ResourceQuota::new(
+    let mut quota = QuotaLedger::new(
         &name,
-        ResourceQuotaSpec {
-            subject: Subject::project(project),
+        QuotaLedgerSpec {
+            subject: LedgerSubject::project(project),
             quota: details(limit_cpu),
         },
     );
@@ -198,7 +198,7 @@ pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu
     set_usage(&api, &name, local_cpu).await
 }
 
-async fn set_usage(api: &Api<ResourceQuota>, name: &str, local_cpu: &str) -> Result<()> {
+async fn set_usage(api: &Api<QuotaLedger>, name: &str, local_cpu: &str) -> Result<()> {
     api.patch_status(
         name,
         &PatchParams::default(),
@@ -227,7 +227,7 @@ pub async fn reservations(seed: Client, project: &str) -> Result<Vec<Reservation
 
 /// The project's reservations and allotments.
 pub async fn ledger(seed: Client, project: &str) -> Result<(Vec<Reservation>, Vec<Allotment>)> {
-    let api: Api<ResourceQuota> = Api::all(seed);
+    let api: Api<QuotaLedger> = Api::all(seed);
     let quota = api.get(&format!("project-{project}")).await?;
     let status = quota.status.unwrap_or_default();
     Ok((status.reservations, status.allotments))

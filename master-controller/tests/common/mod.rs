@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use kkp_quota_crds::runtime::ops::{Readiness, bind};
-use kkp_quota_crds::{Quantity, Resource, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{
+    KkpQuota, ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
+    ResourceQuotaSpec, Subject,
+};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use master_controller::{Metrics, Options};
@@ -143,7 +146,7 @@ pub async fn create_quota(
         name,
         ResourceQuotaSpec {
             subject: Subject::project(project),
-            quota,
+            quota: KkpQuota::new(&quota),
         },
     );
     api.create(&PostParams::default(), &rq)
@@ -158,9 +161,9 @@ pub async fn set_quota(api: &Api<ResourceQuota>, name: &str, quota: &ResourceDet
     Ok(())
 }
 
-/// What a seed-controller does: write the copy's localUsage.
+/// What a seed-controller does: write the ledger's localUsage.
 pub async fn set_local_usage(seed: &Client, name: &str, usage: &ResourceDetails) -> Result<()> {
-    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    let api: Api<QuotaLedger> = Api::all(seed.clone());
     // Every resource named: absent ones as null, so the merge patch replaces the whole usage.
     let mut full = serde_json::Map::new();
     for &r in Resource::ALL {
@@ -182,11 +185,22 @@ pub fn status_of(rq: &ResourceQuota) -> kkp_quota_crds::ResourceQuotaStatus {
     rq.status.clone().unwrap_or_default()
 }
 
-pub fn condition<'a>(
-    rq: &'a ResourceQuota,
+pub fn ledger_status_of(ledger: &QuotaLedger) -> kkp_quota_crds::QuotaLedgerStatus {
+    ledger.status.clone().unwrap_or_default()
+}
+
+/// A condition of the `ProjectQuota` beside a KKP quota (conditions live there: KKP's object
+/// has none).
+pub fn condition(
+    rq: &ProjectQuota,
     type_: &str,
-) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    rq.status.as_ref()?.conditions.iter().find(|c| c.type_ == type_)
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    rq.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
 }
 
 /// The value of one sample line (`name{labels}`) in a Prometheus text exposition.

@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, ClusterSpec, KUBECONFIG_KEY, PROJECT_ID_LABEL};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use provider_sizes::{SizeCatalog, size_machine};
@@ -96,12 +96,12 @@ pub async fn write_kubeconfig_secret(seed: &Client, namespace: &str, kubeconfig:
 
 /// The seed's copy of a project's quota (normally the master-controller's job).
 pub async fn create_quota_copy(seed: &Client, project: &str, cpu_limit: &str) {
-    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    let api: Api<QuotaLedger> = Api::all(seed.clone());
     let quota: ResourceDetails = serde_json::from_value(json!({"cpu": cpu_limit})).unwrap();
-    let mut rq = ResourceQuota::new(
+    let mut rq = QuotaLedger::new(
         &format!("project-{project}"),
-        ResourceQuotaSpec {
-            subject: Subject::project(project),
+        QuotaLedgerSpec {
+            subject: LedgerSubject::project(project),
             quota,
         },
     );
@@ -173,7 +173,7 @@ pub async fn cluster_usage(seed: &Client, name: &str) -> Option<ResourceDetails>
 }
 
 pub async fn local_usage(seed: &Client, project: &str) -> Option<ResourceDetails> {
-    let api: Api<ResourceQuota> = Api::all(seed.clone());
+    let api: Api<QuotaLedger> = Api::all(seed.clone());
     api.get(&format!("project-{project}"))
         .await
         .ok()?
@@ -181,14 +181,16 @@ pub async fn local_usage(seed: &Client, project: &str) -> Option<ResourceDetails
         .local_usage
 }
 
-/// Waits until the Cluster's `status.resourceUsage` equals `expected` exactly.
+/// Waits until the Cluster's `status.resourceUsage` equals `expected` exactly, in KKP's shape:
+/// cpu, memory and storage (KKP's Cluster keeps nothing else; the rest is in the metrics).
 pub async fn wait_cluster_usage(seed: &Client, name: &str, expected: &ResourceDetails) {
+    let expected = &expected.kkp_subset();
     e2e::wait_for(
         WAIT,
         &format!("Cluster {name} resourceUsage = {expected}"),
         || async {
             match cluster_usage(seed, name).await {
-                Some(u) if same_usage(&u, expected) => Ok(()),
+                Some(u) if u == *expected => Ok(()),
                 other => Err(format!("is {}", other.map(|u| u.to_string()).unwrap_or_default())),
             }
         },
@@ -341,7 +343,7 @@ pub fn uid(m: &Machine) -> String {
 /// Records every version of project `demo`'s quota copy on the seed from the moment it starts,
 /// so a test can check a property of each version a reader could have seen.
 pub struct QuotaVersions {
-    versions: std::sync::Arc<std::sync::Mutex<Vec<ResourceQuota>>>,
+    versions: std::sync::Arc<std::sync::Mutex<Vec<QuotaLedger>>>,
     _watch: AbortOnDrop<()>,
 }
 
@@ -350,9 +352,9 @@ impl QuotaVersions {
     pub async fn start(seed: &Client) -> QuotaVersions {
         use futures::StreamExt as _;
         use kube::runtime::watcher::{self, Event};
-        let versions: std::sync::Arc<std::sync::Mutex<Vec<ResourceQuota>>> = std::sync::Arc::default();
+        let versions: std::sync::Arc<std::sync::Mutex<Vec<QuotaLedger>>> = std::sync::Arc::default();
         let sink = std::sync::Arc::clone(&versions);
-        let api: Api<ResourceQuota> = Api::all(seed.clone());
+        let api: Api<QuotaLedger> = Api::all(seed.clone());
         let watch = AbortOnDrop(tokio::spawn(async move {
             let mut stream = watcher::watcher(
                 api,
@@ -379,11 +381,11 @@ impl QuotaVersions {
         recorder
     }
 
-    pub fn last(&self) -> Option<ResourceQuota> {
+    pub fn last(&self) -> Option<QuotaLedger> {
         self.versions.lock().unwrap().last().cloned()
     }
 
-    pub fn all(&self) -> Vec<ResourceQuota> {
+    pub fn all(&self) -> Vec<QuotaLedger> {
         self.versions.lock().unwrap().clone()
     }
 
@@ -402,8 +404,8 @@ impl QuotaVersions {
 }
 
 /// Project `demo`'s quota copy's status on the seed.
-pub async fn quota_status(seed: &Client) -> kkp_quota_crds::ResourceQuotaStatus {
-    Api::<ResourceQuota>::all(seed.clone())
+pub async fn quota_status(seed: &Client) -> kkp_quota_crds::QuotaLedgerStatus {
+    Api::<QuotaLedger>::all(seed.clone())
         .get("project-demo")
         .await
         .unwrap()

@@ -1,0 +1,145 @@
+//! `ProjectQuota` (`kkp-quota.dev/v1alpha1`, cluster-scoped, on the master): this system's side
+//! of one project's quota, beside KKP's `ResourceQuota` of the same name.
+//!
+//! - `spec.quota`: limits KKP's quota cannot express (`gpu`, `machines`), or stricter ones for
+//!   KKP's resources. Admins edit it; per resource the lower of KKP's and this one applies.
+//! - `status`: the effective limits, the usage of every resource summed over all seeds, each
+//!   seed's usage, and the conditions (`SeedsStale`, `QuotaExceeded`, `SeedCleanupPending`).
+//!   Written by master-controller.
+//!
+//! master-controller creates it for every KKP `ResourceQuota` (owned by it, so it goes with
+//! it); one made by an admin beforehand is adopted. One without a KKP `ResourceQuota` limits
+//! nothing.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::quota_ledger::LedgerSubject;
+use crate::resources::ResourceDetails;
+
+/// The project's quota as this system sees it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kkp-quota.dev",
+    version = "v1alpha1",
+    kind = "ProjectQuota",
+    plural = "projectquotas",
+    // `kubectl get resourcequotas` means Kubernetes' own core ResourceQuota; this is unambiguous.
+    shortname = "pquota",
+    status = "ProjectQuotaStatus",
+    printcolumn = r#"{"name":"Subject","type":"string","jsonPath":".spec.subject.name"}"#,
+    printcolumn = r#"{"name":"CPU used","type":"string","jsonPath":".status.globalUsage.cpu"}"#,
+    printcolumn = r#"{"name":"CPU limit","type":"string","jsonPath":".status.limits.cpu"}"#,
+    printcolumn = r#"{"name":"Memory used","type":"string","jsonPath":".status.globalUsage.memory"}"#,
+    printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".status.limits.memory"}"#,
+    printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.globalUsage.storage","priority":1}"#,
+    printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".status.limits.storage","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectQuotaSpec {
+    /// The project. Immutable.
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "self == oldSelf", "message": "subject is immutable"}]))]
+    pub subject: LedgerSubject,
+    /// Limits beside KKP's quota (gpu, machines, or stricter cpu/memory/storage); absent means
+    /// no further limit.
+    #[serde(default)]
+    pub quota: ResourceDetails,
+}
+
+/// Written by master-controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectQuotaStatus {
+    /// The limits in force: per resource the lower of KKP's quota and `spec.quota`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<ResourceDetails>,
+    /// Usage of every resource summed over every seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_usage: Option<ResourceDetails>,
+    /// Each seed's usage as last seen (`stale` when the seed cannot be reached).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub seeds: Vec<SeedFigures>,
+    /// `SeedsStale`, `QuotaExceeded`, `SeedCleanupPending` (see README).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// One seed's figures for one project.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedFigures {
+    pub name: String,
+    /// The seed's usage; absent when never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ResourceDetails>,
+    /// True when the seed cannot be reached and `usage` is the last one seen.
+    #[serde(default)]
+    pub stale: bool,
+}
+
+impl ProjectQuota {
+    /// The project this quota applies to.
+    pub fn project(&self) -> &str {
+        &self.spec.subject.name
+    }
+}
+
+/// The limits in force: per resource, the lower of the two where both limit it, else the one
+/// that does.
+pub fn effective_limits(kkp: &ResourceDetails, ours: Option<&ResourceDetails>) -> ResourceDetails {
+    let mut out = kkp.kkp_subset();
+    let Some(ours) = ours else {
+        return out;
+    };
+    for (resource, amount) in ours.iter() {
+        let lower = match out.get(resource) {
+            Some(kkp_amount) if kkp_amount <= amount => kkp_amount,
+            _ => amount,
+        };
+        out.set(resource, Some(lower));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Quantity, Resource};
+
+    fn details(pairs: &[(Resource, i64)]) -> ResourceDetails {
+        let mut d = ResourceDetails::default();
+        for (r, n) in pairs {
+            d.set(*r, Some(Quantity::from_units(*n)));
+        }
+        d
+    }
+
+    #[test]
+    fn the_lower_limit_wins_and_ours_adds_gpu_and_machines() {
+        let kkp = details(&[(Resource::Cpu, 16), (Resource::Memory, 64), (Resource::Gpu, 9)]);
+        let ours = details(&[
+            (Resource::Cpu, 8),
+            (Resource::Memory, 100),
+            (Resource::Machines, 3),
+        ]);
+        let e = effective_limits(&kkp, Some(&ours));
+        assert_eq!(
+            e,
+            details(&[
+                (Resource::Cpu, 8),
+                (Resource::Memory, 64),
+                (Resource::Machines, 3)
+            ])
+        );
+        assert_eq!(
+            effective_limits(&kkp, None),
+            details(&[(Resource::Cpu, 16), (Resource::Memory, 64)]),
+            "gpu on KKP's object is not KKP's: it would be pruned, so it does not count"
+        );
+    }
+}

@@ -1,0 +1,164 @@
+//! `QuotaLedger` (`kkp-quota.dev/v1alpha1`, cluster-scoped, on every seed): one per project
+//! quota and seed, with the same name and subject labels as KKP's `ResourceQuota`. It holds what
+//! KKP's object cannot: the full limits (with gpu and machine count), this seed's usage of every
+//! resource, the other seeds' usage, and the admission ledger (reservations and allotments).
+//!
+//! Owners: master-controller applies `spec` and writes `status.globalUsage` and
+//! `status.otherSeedsUsage`; seed-controller writes `status.localUsage` and removes counted
+//! reservations and expired allotments; machine-webhook adds reservations and keeps its own
+//! allotment. The last two write by compare-and-swap on `resourceVersion` (docs/architecture.md).
+//! master-controller creates it with the quota and deletes it with the quota.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::ledger::{Allotment, Reservation, ReservationGroup};
+use crate::quota::Subject;
+use crate::resources::ResourceDetails;
+
+/// This project's API group.
+pub const GROUP: &str = "kkp-quota.dev";
+/// The version of every object in [`GROUP`].
+pub const VERSION: &str = "v1alpha1";
+
+/// The ledger format this build reads and writes (`status.formatVersion`). A reader refuses a
+/// ledger with a newer format (it may hold entries it would not count); see docs/architecture.md,
+/// "Ledger format", for how a format change is rolled out.
+pub const LEDGER_FORMAT: u32 = 1;
+
+/// One project quota as one seed enforces it.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kkp-quota.dev",
+    version = "v1alpha1",
+    kind = "QuotaLedger",
+    plural = "quotaledgers",
+    shortname = "qledger",
+    status = "QuotaLedgerStatus",
+    printcolumn = r#"{"name":"Subject","type":"string","jsonPath":".spec.subject.name"}"#,
+    printcolumn = r#"{"name":"CPU here","type":"string","jsonPath":".status.localUsage.cpu"}"#,
+    printcolumn = r#"{"name":"CPU limit","type":"string","jsonPath":".spec.quota.cpu"}"#,
+    printcolumn = r#"{"name":"Memory here","type":"string","jsonPath":".status.localUsage.memory"}"#,
+    printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".spec.quota.memory"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaLedgerSpec {
+    /// The project. Immutable.
+    #[schemars(extend("x-kubernetes-validations" = [{"rule": "self == oldSelf", "message": "subject is immutable"}]))]
+    pub subject: LedgerSubject,
+    /// The effective limits (KKP's quota and the project's `ProjectQuota`, the lower of the two
+    /// per resource); an absent resource is unlimited. Written by master-controller.
+    #[serde(default)]
+    pub quota: ResourceDetails,
+}
+
+/// The subject, as KKP's `ResourceQuota` names it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct LedgerSubject {
+    /// The project ID.
+    #[schemars(length(min = 1))]
+    pub name: String,
+    /// Only `project` exists.
+    #[serde(default = "project_kind")]
+    #[schemars(extend("enum" = ["project"]))]
+    pub kind: String,
+}
+
+fn project_kind() -> String {
+    crate::quota::PROJECT_KIND.to_owned()
+}
+
+impl From<&Subject> for LedgerSubject {
+    fn from(s: &Subject) -> LedgerSubject {
+        LedgerSubject {
+            name: s.name.clone(),
+            kind: s.kind.clone(),
+        }
+    }
+}
+
+impl LedgerSubject {
+    pub fn project(name: impl Into<String>) -> LedgerSubject {
+        LedgerSubject {
+            name: name.into(),
+            kind: project_kind(),
+        }
+    }
+}
+
+/// Each field has exactly one writer (docs/architecture.md, "Objects and who writes what").
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaLedgerStatus {
+    /// The format of this status ([`LEDGER_FORMAT`]); absent means 1. Written with every
+    /// ledger write.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format_version: Option<u32>,
+    /// Usage summed over every seed. Written by master-controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_usage: Option<ResourceDetails>,
+    /// Usage on this seed. Written by seed-controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_usage: Option<ResourceDetails>,
+    /// The usage of every other seed as the master last folded it, so that the webhook can add
+    /// this seed's own, fresher `localUsage`. Written by master-controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub other_seeds_usage: Option<ResourceDetails>,
+    /// Machines admitted by the webhook and not yet counted in `localUsage`. Added by
+    /// machine-webhook, removed by seed-controller when it counts the Machine, both with writes
+    /// conditioned on `resourceVersion`. Written as groups: one entry per cluster, size and
+    /// time, listing the UIDs of the Machines admitted so.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::ledger::grouped"
+    )]
+    #[schemars(with = "Vec<ReservationGroup>")]
+    pub reservations: Vec<Reservation>,
+    /// Headroom held by webhook processes, each admitting from its own without a write per
+    /// Machine. Written by machine-webhook (its holder); expired ones are removed by
+    /// seed-controller.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allotments: Vec<Allotment>,
+}
+
+impl QuotaLedger {
+    /// The project this ledger belongs to.
+    pub fn project(&self) -> &str {
+        &self.spec.subject.name
+    }
+}
+
+impl QuotaLedgerStatus {
+    /// Whether this build can read the status: its format is not newer than [`LEDGER_FORMAT`].
+    pub fn format_supported(&self) -> Result<(), UnsupportedFormat> {
+        match self.format_version {
+            Some(v) if v > LEDGER_FORMAT => Err(UnsupportedFormat(v)),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A ledger written by a newer version of this system.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the quota ledger has format {0}, newer than the {LEDGER_FORMAT} this version understands; upgrade this component"
+)]
+pub struct UnsupportedFormat(pub u32);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_newer_format_is_refused_and_an_absent_one_is_the_first() {
+        let mut s = QuotaLedgerStatus::default();
+        assert!(s.format_supported().is_ok());
+        s.format_version = Some(LEDGER_FORMAT);
+        assert!(s.format_supported().is_ok());
+        s.format_version = Some(LEDGER_FORMAT + 1);
+        assert_eq!(s.format_supported(), Err(UnsupportedFormat(LEDGER_FORMAT + 1)));
+    }
+}

@@ -1,0 +1,168 @@
+//! Two machine-webhook processes on one seed, against KKP-shaped CRDs (the fleet installs KKP's
+//! CRDs in KKP's shape, and the ledger lives in this project's `QuotaLedger`): bursts of
+//! concurrent creates over two user clusters, each cluster sent to a different process, admit
+//! exactly the headroom every round, and seed-controller flags none of the admitted Machines as
+//! having bypassed the webhook.
+
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
+mod common;
+
+use common::*;
+use futures::future::join_all;
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::{Quantity, Resource};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use seed_controller::{Config, REASON_UNADMITTED, webhook_config};
+
+const ROUNDS: usize = 3;
+const BURST: usize = 40;
+/// The quota's cpu; one-cpu Machines, so this is also how many fit.
+const HEADROOM: usize = 10;
+
+async fn start_webhook(
+    seed: &kube::Client,
+    paths: &e2e::certs::WebhookCertPaths,
+) -> (
+    std::net::SocketAddr,
+    machine_webhook::metrics::Metrics,
+    seed_controller::AbortOnDrop<()>,
+) {
+    let webhook = machine_webhook::Webhook::start(
+        machine_webhook::Config::new(
+            "127.0.0.1:0".parse().unwrap(),
+            paths.cert.clone(),
+            paths.key.clone(),
+        ),
+        seed.clone(),
+    )
+    .await
+    .unwrap();
+    let (address, metrics, ready) = (
+        webhook.address,
+        webhook.metrics.clone(),
+        webhook.readiness.clone(),
+    );
+    let task = seed_controller::AbortOnDrop(tokio::spawn(async move {
+        let _ = webhook.run().await;
+    }));
+    e2e::wait_for(WAIT, "webhook ready", || async { ready.is_ready() })
+        .await
+        .unwrap();
+    (address, metrics, task)
+}
+
+/// Points `user`'s API server at the webhook process at `address`.
+async fn register(user: &kube::Client, cluster: &str, address: std::net::SocketAddr, ca: &[u8]) {
+    let body = webhook_config::desired(cluster, &format!("https://{address}"), Some(ca));
+    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(user.clone())
+        .patch(
+            webhook_config::NAME,
+            &PatchParams::apply("two-webhooks-test").force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
+    init_logs();
+    let fleet = e2e::Fleet::start(
+        e2e::FleetSpec::empty()
+            .with_seed("seed-a")
+            .with_project("demo")
+            .with_user_cluster("alpha", "seed-a", "demo")
+            .with_user_cluster("beta", "seed-a", "demo"),
+    )
+    .await
+    .unwrap();
+    let seed = fleet.seed("seed-a").client();
+    let (alpha, beta) = (
+        fleet.user_cluster("alpha").client(),
+        fleet.user_cluster("beta").client(),
+    );
+    create_quota_copy(&seed, "demo", &HEADROOM.to_string()).await;
+
+    let certs = e2e::certs::WebhookCerts::generate().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let paths = certs.write_to(dir.path()).unwrap();
+    let (first, first_metrics, _first) = start_webhook(&seed, &paths).await;
+    let (second, second_metrics, _second) = start_webhook(&seed, &paths).await;
+    let ca = std::fs::read(&paths.ca).unwrap();
+    register(&alpha, "alpha", first, &ca).await;
+    register(&beta, "beta", second, &ca).await;
+    // No --webhook-url: the registrations above stay as they are.
+    let running = start_controller(fleet.seed("seed-a"), Config::for_tests("seed-a")).await;
+    running.wait_ready().await;
+
+    let one_cpu = vsphere(1, 1024, 10);
+    let apis = [
+        Api::<Machine>::namespaced(alpha.clone(), "kube-system"),
+        Api::<Machine>::namespaced(beta.clone(), "kube-system"),
+    ];
+    for round in 0..ROUNDS {
+        let creates = (0..BURST).map(|i| {
+            let api = apis[i % 2].clone();
+            let m = machine(&format!("r{round}-{i}"), &one_cpu);
+            async move { api.create(&PostParams::default(), &m).await }
+        });
+        // (name, the user cluster it is in)
+        let mut admitted: Vec<(String, &kube::Client)> = Vec::new();
+        for (i, result) in join_all(creates).await.into_iter().enumerate() {
+            match result {
+                Ok(_) => admitted.push((format!("r{round}-{i}"), if i % 2 == 0 { &alpha } else { &beta })),
+                Err(kube::Error::Api(e)) if e.message.contains("needs 1 cpu") => {}
+                Err(e) => panic!("round {round}: create {i}: {e}"),
+            }
+        }
+        let names: Vec<&String> = admitted.iter().map(|(n, _)| n).collect();
+        assert_eq!(admitted.len(), HEADROOM, "round {round}: admitted {names:?}");
+        // Counted exactly, every reservation dropped, nothing flagged.
+        let full = sum(&[&size_of(&one_cpu); HEADROOM]);
+        assert_eq!(full.amount(Resource::Cpu), Quantity::from_units(10));
+        wait_local_usage(&seed, "demo", &full).await;
+        e2e::wait_for(WAIT, "reservations dropped", || async {
+            quota_status(&seed).await.reservations.is_empty()
+        })
+        .await
+        .unwrap();
+        for cluster in ["alpha", "beta"] {
+            let flagged = running.unadmitted(cluster).unwrap_or(0.0);
+            assert!(flagged < 1.0, "round {round}: {cluster} flagged {flagged}");
+        }
+        for (name, user) in &admitted {
+            assert!(
+                machine_events(user, name, REASON_UNADMITTED).await.is_empty(),
+                "round {round}: {name} flagged as unadmitted"
+            );
+        }
+        for (name, user) in &admitted {
+            delete_machine(user, name).await;
+        }
+        wait_local_usage(&seed, "demo", &kkp_quota_crds::ResourceDetails::zero()).await;
+    }
+    // Both processes admitted some of them.
+    for (which, metrics) in [("first", &first_metrics), ("second", &second_metrics)] {
+        assert!(allowed(metrics) >= 1.0, "the {which} webhook admitted nothing");
+    }
+    running.stop().await;
+}
+
+/// Admissions a webhook process answered with "allowed", over every reason.
+fn allowed(metrics: &machine_webhook::metrics::Metrics) -> f64 {
+    metrics
+        .registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == "kkp_quota_admissions_total")
+        .flat_map(|f| f.get_metric().iter())
+        .filter(|m| {
+            m.get_label()
+                .iter()
+                .any(|l| l.name() == "result" && l.value() == "allowed")
+        })
+        .map(|m| m.get_counter().get_value())
+        .sum()
+}
