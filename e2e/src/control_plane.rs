@@ -653,7 +653,7 @@ fn kubeconfig_yaml(name: &str, port: u16, ca_pem: &str, client: &CertPem, user: 
         "contexts": [{"name": name, "context": {"cluster": name, "user": user_name}}],
         "current-context": name,
     });
-    Ok(serde_yaml::to_string(&doc)?)
+    Ok(serde_saphyr::to_string(&doc)?)
 }
 
 /// A `kube::Config` from kubeconfig text.

@@ -217,7 +217,7 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     let machines = Api::<Machine>::namespaced(alpha, "kube-system");
     let example = |file: &str| -> Machine {
         let path = format!("{}/../deploy/examples/{file}", env!("CARGO_MANIFEST_DIR"));
-        serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
     };
     machines
         .create(&PostParams::default(), &example("machine-small.yaml"))

@@ -85,15 +85,15 @@ fn size(spec: &Value) -> ResourceDetails {
 
 /// The kubeconfig of `cp` with its context's default namespace set to `namespace`.
 fn kubeconfig_with_namespace(cp: &ControlPlane, namespace: &str) -> Result<String> {
-    let mut doc: serde_yaml::Value = serde_yaml::from_str(&cp.kubeconfig_yaml())?;
-    if let Some(contexts) = doc.get_mut("contexts").and_then(|c| c.as_sequence_mut()) {
+    let mut doc: serde_json::Value = serde_saphyr::from_str(&cp.kubeconfig_yaml())?;
+    if let Some(contexts) = doc.get_mut("contexts").and_then(|c| c.as_array_mut()) {
         for context in contexts {
-            if let Some(ctx) = context.get_mut("context").and_then(|c| c.as_mapping_mut()) {
+            if let Some(ctx) = context.get_mut("context").and_then(|c| c.as_object_mut()) {
                 ctx.insert("namespace".into(), namespace.into());
             }
         }
     }
-    Ok(serde_yaml::to_string(&doc)?)
+    Ok(serde_saphyr::to_string(&doc)?)
 }
 
 async fn create_namespace(client: &Client, name: &str) -> Result<()> {
