@@ -16,6 +16,10 @@ use tracing::{info, warn};
 pub const NAME: &str = "kkp-quota-machines";
 pub const FIELD_MANAGER: &str = "kkp-quota-seed-controller";
 
+/// The webhook's CEL match condition: every CREATE, and an UPDATE only when the spec changed
+/// (a Machine's size comes from its spec alone).
+pub const SPEC_CHANGES_ONLY: &str = "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || object.spec != oldObject.spec";
+
 /// The configuration for one user cluster.
 pub fn desired(cluster: &str, base_url: &str, ca_bundle: Option<&[u8]>) -> Value {
     let mut client_config = json!({
@@ -39,6 +43,13 @@ pub fn desired(cluster: &str, base_url: &str, ca_bundle: Option<&[u8]>) -> Value
                 "apiVersions": ["v1alpha1"],
                 "resources": ["machines"],
                 "operations": ["CREATE", "UPDATE"],
+            }],
+            // An UPDATE that leaves the spec alone (finalizers, annotations, labels, status:
+            // machine-controller makes many in a Machine's life) cannot change its size, so the
+            // API server does not call the webhook for it at all.
+            "matchConditions": [{
+                "name": "spec-changes-only",
+                "expression": SPEC_CHANGES_ONLY,
             }],
             "failurePolicy": "Fail",
             "matchPolicy": "Equivalent",

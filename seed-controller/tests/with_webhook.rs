@@ -13,7 +13,7 @@ use common::*;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::{Quantity, Resource};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{Patch, PatchParams, PostParams};
 use seed_controller::{Config, REASON_UNADMITTED};
 use serde_json::json;
 
@@ -110,6 +110,43 @@ async fn webhook_reservations_are_counted_and_dropped() {
     })
     .await
     .unwrap();
+
+    // Updates that leave the spec alone never reach the webhook (matchConditions); one that
+    // changes the spec does.
+    let calls = || {
+        webhook_metrics
+            .registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "kkp_quota_admissions_total")
+            .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value()))
+            .sum::<f64>()
+    };
+    let before = calls();
+    for i in 0..5 {
+        let label =
+            json!({"metadata": {"labels": {"touched": i.to_string()}, "finalizers": ["example.com/x"]}});
+        machines
+            .patch("m1", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .unwrap();
+    }
+    assert!(
+        (calls() - before).abs() < f64::EPSILON,
+        "metadata-only updates reached the webhook"
+    );
+    let shrink =
+        json!({"spec": {"providerSpec": {"value": {"cloudProviderSpec": {"instanceType": "t3.small"}}}}});
+    machines
+        .patch("m1", &PatchParams::default(), &Patch::Merge(&shrink))
+        .await
+        .unwrap();
+    assert!(calls() > before, "a spec change did not reach the webhook");
+    let release = json!({"metadata": {"finalizers": null}});
+    machines
+        .patch("m1", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .unwrap();
 
     // Some went in from the webhook's allotment (no write of their own, recorded later), and were
     // held back rather than counted twice or flagged.
