@@ -157,11 +157,12 @@ async fn start() -> Running {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_admission_calls_are_refused_and_reserve_nothing() {
+    // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
     let Running {
         fleet,
         system,
         http,
-        ..
+        _dir: _keep,
     } = start().await;
     let alpha = fleet.user_cluster("alpha").client();
     let beta = fleet.user_cluster("beta").client();
@@ -180,17 +181,36 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
         // curl from a shell on the machine, no credentials (the URL of before this change).
         (format!("{base}/validate/machines/alpha"), 401, "missing_token"),
         // beta's admin copies beta's valid token and puts alpha's name in the path.
-        (format!("{base}/validate/machines/alpha/{beta_token}"), 403, "invalid_token"),
+        (
+            format!("{base}/validate/machines/alpha/{beta_token}"),
+            403,
+            "invalid_token",
+        ),
         // a made-up token, and an empty-looking one.
-        (format!("{base}/validate/machines/alpha/{}", "A".repeat(43)), 403, "invalid_token"),
-        (format!("{base}/validate/machines/alpha/%20"), 403, "invalid_token"),
+        (
+            format!("{base}/validate/machines/alpha/{}", "A".repeat(43)),
+            403,
+            "invalid_token",
+        ),
+        (
+            format!("{base}/validate/machines/alpha/%20"),
+            403,
+            "invalid_token",
+        ),
         // alpha's own token for a cluster that does not exist.
-        (format!("{base}/validate/machines/ghost/{alpha_token}"), 403, "unknown_cluster"),
+        (
+            format!("{base}/validate/machines/ghost/{alpha_token}"),
+            403,
+            "unknown_cluster",
+        ),
     ];
     for (round, (url, status, _)) in forged.iter().chain(forged.iter()).enumerate() {
         let (got, body) = forge(&http, url, &format!("forged-{round}")).await;
         assert_eq!(got, *status, "{url}: {body}");
-        assert!(!body.contains("allowed"), "no decision in the answer to {url}: {body}");
+        assert!(
+            !body.contains("allowed"),
+            "no decision in the answer to {url}: {body}"
+        );
         assert!(!body.contains("demo"), "nothing about the project in {body}");
     }
     for reason in ["missing_token", "invalid_token", "unknown_cluster"] {
@@ -250,11 +270,12 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
 /// admitted, and after the overlap the old token is refused.
 #[tokio::test(flavor = "multi_thread")]
 async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token() {
+    // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
     let Running {
         fleet,
         system,
         http,
-        ..
+        _dir: _keep,
     } = start().await;
     let users: Vec<(String, Client)> = ["alpha", "beta", "gamma"]
         .iter()
@@ -355,7 +376,12 @@ async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token()
 
     // The old token is refused now, the new one works.
     let (base, _, old_token) = split(&old_urls[0]);
-    let (status, body) = forge(&http, &format!("{base}/validate/machines/alpha/{old_token}"), "old").await;
+    let (status, body) = forge(
+        &http,
+        &format!("{base}/validate/machines/alpha/{old_token}"),
+        "old",
+    )
+    .await;
     assert_eq!(status, 403, "{body}");
     let (status, body) = forge(&http, &new_urls[0], "new-dry").await;
     assert_eq!(status, 200, "{body}");

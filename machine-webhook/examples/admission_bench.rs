@@ -62,7 +62,13 @@ fn machine(name: &str) -> Result<Machine> {
 }
 
 /// Points `cluster` at the webhook at `base`, with the URL token seed-controller would write.
-async fn register(seed: &Client, user: &Client, cluster: &str, instance: &Instance, certs: &WebhookCerts) -> Result<()> {
+async fn register(
+    seed: &Client,
+    user: &Client,
+    cluster: &str,
+    instance: &Instance,
+    certs: &WebhookCerts,
+) -> Result<()> {
     let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
         .get(cluster)
         .await?

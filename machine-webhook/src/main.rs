@@ -62,11 +62,19 @@ struct Args {
     /// every one verifies; re-read when it changes. The same file is given to seed-controller,
     /// which writes each user cluster's token into its webhook URL. Required unless
     /// --insecure-no-auth.
-    #[arg(long, env = "MACHINE_WEBHOOK_URL_SIGNING_KEYS", required_unless_present = "insecure_no_auth")]
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_URL_SIGNING_KEYS",
+        required_unless_present = "insecure_no_auth"
+    )]
     url_signing_keys: Option<PathBuf>,
     /// Serve admission calls without authentication: anyone who can reach the port can spend or
     /// block any project's quota. For experiments only.
-    #[arg(long, env = "MACHINE_WEBHOOK_INSECURE_NO_AUTH", conflicts_with = "url_signing_keys")]
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_INSECURE_NO_AUTH",
+        conflicts_with = "url_signing_keys"
+    )]
     insecure_no_auth: bool,
     /// Largest admission request body accepted, in bytes (413 above).
     #[arg(long, env = "MACHINE_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]

@@ -111,7 +111,9 @@ impl AdmissionResponse {
 pub enum BadReview {
     #[error("not an AdmissionReview: {0}")]
     Json(#[from] serde_json::Error),
-    #[error("expected apiVersion {API_VERSION:?} and kind {KIND:?}, got apiVersion {api_version:?} and kind {kind:?}")]
+    #[error(
+        "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got apiVersion {api_version:?} and kind {kind:?}"
+    )]
     WrongType { api_version: String, kind: String },
     #[error("the AdmissionReview has no request")]
     NoRequest,
@@ -133,7 +135,10 @@ pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest, BadReview> {
 /// What a Machine admission request asks, ready for [`crate::decision::decide`]: the Machine's
 /// name and what it asks of the quota. `Err` is the answer itself (not a Machine request: allowed
 /// unchanged; an unreadable Machine: denied as a bad request). Pure: no cache, no I/O.
-pub fn decision_request(request: &AdmissionRequest, catalog: &SizeCatalog) -> Result<(Option<Machine>, Request), Verdict> {
+pub fn decision_request(
+    request: &AdmissionRequest,
+    catalog: &SizeCatalog,
+) -> Result<(Option<Machine>, Request), Verdict> {
     if request.resource.resource != "machines" || request.sub_resource.is_some() {
         return Err(Verdict::allow(Reason::Unchanged));
     }

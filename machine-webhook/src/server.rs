@@ -131,7 +131,12 @@ async fn validate(
 }
 
 fn plain(status: StatusCode, text: impl Into<String>) -> Response {
-    (status, [(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text.into()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text.into(),
+    )
+        .into_response()
 }
 
 /// Reads a body of at most `limit` bytes within `timeout`.
@@ -161,10 +166,7 @@ async fn read_body(body: Body, limits: Limits) -> Result<Bytes, (StatusCode, &'s
         Err(_) => Err((
             StatusCode::REQUEST_TIMEOUT,
             "read_timeout",
-            format!(
-                "the body was not received within {:?}",
-                limits.body_read_timeout
-            ),
+            format!("the body was not received within {:?}", limits.body_read_timeout),
         )),
     }
 }
@@ -173,10 +175,7 @@ fn too_large(limits: Limits) -> (StatusCode, &'static str, String) {
     (
         StatusCode::PAYLOAD_TOO_LARGE,
         "too_large",
-        format!(
-            "the body is larger than {} bytes",
-            limits.max_body_bytes
-        ),
+        format!("the body is larger than {} bytes", limits.max_body_bytes),
     )
 }
 
@@ -220,10 +219,7 @@ impl App {
     }
 
     fn invalid(&self, status: StatusCode, reason: &'static str, text: String) -> Response {
-        self.metrics
-            .invalid_requests
-            .with_label_values(&[reason])
-            .inc();
+        self.metrics.invalid_requests.with_label_values(&[reason]).inc();
         plain(status, text)
     }
 

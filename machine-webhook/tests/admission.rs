@@ -318,18 +318,22 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
     let mut unlabelled = Cluster::new("nolabel", ClusterSpec::default());
     unlabelled.metadata.labels = None;
     clusters.create(&PostParams::default(), &unlabelled).await?;
-    let response = wait_for(Duration::from_secs(20), "the webhook to see Cluster nolabel", || async {
-        review(
-            seed,
-            address,
-            certs,
-            &certs.webhook.ca_pem,
-            "nolabel",
-            "CREATE",
-            machine_json("lost-1", 1),
-        )
-        .await
-    })
+    let response = wait_for(
+        Duration::from_secs(20),
+        "the webhook to see Cluster nolabel",
+        || async {
+            review(
+                seed,
+                address,
+                certs,
+                &certs.webhook.ca_pem,
+                "nolabel",
+                "CREATE",
+                machine_json("lost-1", 1),
+            )
+            .await
+        },
+    )
     .await?;
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().unwrap_or_default();

@@ -57,7 +57,10 @@ async fn post(http: &reqwest::Client, url: &str, body: Vec<u8>) -> Result<(u16, 
 }
 
 /// A TLS connection to the webhook, trusting the test CA.
-async fn tls(address: SocketAddr, ca_pem: &str) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+async fn tls(
+    address: SocketAddr,
+    ca_pem: &str,
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in rustls_pemfile::certs(&mut ca_pem.as_bytes()) {
         roots.add(cert?)?;
@@ -80,11 +83,19 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
     let seed = fleet.seed(SEED).client();
     let certs = certs()?;
     write_quota(seed.clone(), PROJECT, "16", "0").await?;
-    let mut config = Config::new("127.0.0.1:0".parse()?, certs.paths.cert.clone(), certs.paths.key.clone());
+    let mut config = Config::new(
+        "127.0.0.1:0".parse()?,
+        certs.paths.cert.clone(),
+        certs.paths.key.clone(),
+    );
     config.auth = Some(AuthConfig::UrlSigningKeys(certs.keys.clone()));
     config.limits = LIMITS;
     let webhook = Webhook::start(config, seed.clone()).await?;
-    let (address, readiness, metrics) = (webhook.address, webhook.readiness.clone(), webhook.metrics.clone());
+    let (address, readiness, metrics) = (
+        webhook.address,
+        webhook.readiness.clone(),
+        webhook.metrics.clone(),
+    );
     let _task = AbortOnDrop(tokio::spawn(webhook.run()));
     wait_for(Duration::from_secs(30), "the webhook to be ready", || {
         let ready = readiness.is_ready();
@@ -95,7 +106,10 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(certs.webhook.ca_pem.as_bytes())?)
         .build()?;
-    let fits = serde_json::to_vec(&review(&vsphere("ok", &json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": 10}))))?;
+    let fits = serde_json::to_vec(&review(&vsphere(
+        "ok",
+        &json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": 10}),
+    )))?;
 
     // Not JSON, the wrong kind or version, no request, nesting deeper than 128: 400.
     let deep = format!(
@@ -104,11 +118,17 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
         "]".repeat(100_000)
     );
     for (what, body, expect) in [
-        ("not JSON", b"GET / HTTP/1.1 \x00\xff".to_vec(), "not an AdmissionReview"),
+        (
+            "not JSON",
+            b"GET / HTTP/1.1 \x00\xff".to_vec(),
+            "not an AdmissionReview",
+        ),
         ("empty", Vec::new(), "not an AdmissionReview"),
         (
             "wrong version",
-            serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE"}}))?,
+            serde_json::to_vec(
+                &json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "u", "operation": "CREATE"}}),
+            )?,
             "expected apiVersion",
         ),
         (
@@ -132,12 +152,24 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
     let (status, _) = post(&http, &url, vec![b' '; LIMITS.max_body_bytes + 1]).await?;
     assert_eq!(status, 413);
     let path = url.trim_start_matches(&format!("https://{address}")).to_owned();
-    let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    );
     let chunk = format!("10000\r\n{}\r\n", " ".repeat(0x10000));
-    let (answer, _) = raw(address, &certs.webhook.ca_pem, &head, &vec![chunk; 64], Duration::ZERO).await?;
+    let (answer, _) = raw(
+        address,
+        &certs.webhook.ca_pem,
+        &head,
+        &vec![chunk; 64],
+        Duration::ZERO,
+    )
+    .await?;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     // Huge but within the limit (unknown fields ignored): decided normally.
-    let mut huge = review(&vsphere("huge", &json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": 10})));
+    let mut huge = review(&vsphere(
+        "huge",
+        &json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": 10}),
+    ));
     huge["request"]["object"]["metadata"]["annotations"] = json!({"padding": "x".repeat(2 * 1024 * 1024)});
     huge["request"]["unknownField"] = json!((0..50_000).collect::<Vec<u32>>());
     let (status, text) = post(&http, &url, serde_json::to_vec(&huge)?).await?;
@@ -148,27 +180,55 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
     // Absurd quantities: a denial that says which field.
     for (spec, field) in [
         (json!({"cpus": 1e30, "memoryMB": 2048, "diskSizeGB": 10}), "cpus"),
-        (json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": -10}), "diskSizeGB"),
-        (json!({"cpus": 2, "memoryMB": 1e300, "diskSizeGB": 10}), "memoryMB"),
+        (
+            json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": -10}),
+            "diskSizeGB",
+        ),
+        (
+            json!({"cpus": 2, "memoryMB": 1e300, "diskSizeGB": 10}),
+            "memoryMB",
+        ),
     ] {
-        let (status, text) = post(&http, &url, serde_json::to_vec(&review(&vsphere("absurd", &spec)))?).await?;
+        let (status, text) = post(
+            &http,
+            &url,
+            serde_json::to_vec(&review(&vsphere("absurd", &spec)))?,
+        )
+        .await?;
         assert_eq!(status, 200, "{text}");
         let answer: Value = serde_json::from_str(&text)?;
         assert_eq!(answer["response"]["allowed"], false, "{answer}");
-        let message = answer["response"]["status"]["message"].as_str().unwrap_or_default();
+        let message = answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default();
         assert!(message.contains(field), "{message}");
     }
 
     // A body that trickles in: 408 once the body read timeout passes.
-    let head = format!("POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n");
-    let (answer, took) = raw(address, &certs.webhook.ca_pem, &head, &vec![" ".to_owned(); 100], Duration::from_millis(300)).await?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    );
+    let (answer, took) = raw(
+        address,
+        &certs.webhook.ca_pem,
+        &head,
+        &vec![" ".to_owned(); 100],
+        Duration::from_millis(300),
+    )
+    .await?;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(took < Duration::from_secs(10), "{took:?}");
 
     // Headers that never end (slowloris): the connection is closed after the header timeout.
     let mut stream = tls(address, &certs.webhook.ca_pem).await?;
     stream
-        .write_all(format!("POST {} HTTP/1.1\r\nHost: x\r\nX-Slow: ", url.trim_start_matches(&format!("https://{address}"))).as_bytes())
+        .write_all(
+            format!(
+                "POST {} HTTP/1.1\r\nHost: x\r\nX-Slow: ",
+                url.trim_start_matches(&format!("https://{address}"))
+            )
+            .as_bytes(),
+        )
         .await?;
     stream.flush().await?;
     let started = Instant::now();
@@ -182,8 +242,15 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
         }
     })
     .await;
-    assert!(read.is_ok(), "the server kept a connection with unfinished headers open for 10 s");
-    assert!(started.elapsed() >= Duration::from_millis(500), "{:?}", started.elapsed());
+    assert!(
+        read.is_ok(),
+        "the server kept a connection with unfinished headers open for 10 s"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
 
     // A Machine of a cluster whose Cluster object is gone: 403, nothing decided.
     let clusters: Api<Cluster> = Api::all(seed.clone());
@@ -191,14 +258,28 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
     temporary.metadata.labels = Some([(PROJECT_ID_LABEL.to_owned(), PROJECT.to_owned())].into());
     clusters.create(&PostParams::default(), &temporary).await?;
     let temporary_url = admission_url(&seed, address, "temporary", &certs).await?;
-    wait_for(Duration::from_secs(20), "the webhook to know Cluster temporary", || async {
-        post(&http, &temporary_url, fits.clone()).await.ok().filter(|(s, _)| *s == 200)
-    })
+    wait_for(
+        Duration::from_secs(20),
+        "the webhook to know Cluster temporary",
+        || async {
+            post(&http, &temporary_url, fits.clone())
+                .await
+                .ok()
+                .filter(|(s, _)| *s == 200)
+        },
+    )
     .await?;
     clusters.delete("temporary", &DeleteParams::default()).await?;
-    let (status, text) = wait_for(Duration::from_secs(20), "the deleted Cluster to be refused", || async {
-        post(&http, &temporary_url, fits.clone()).await.ok().filter(|(s, _)| *s == 403)
-    })
+    let (status, text) = wait_for(
+        Duration::from_secs(20),
+        "the deleted Cluster to be refused",
+        || async {
+            post(&http, &temporary_url, fits.clone())
+                .await
+                .ok()
+                .filter(|(s, _)| *s == 403)
+        },
+    )
     .await?;
     assert!(text.contains("not valid for this user cluster"), "{text}");
 
@@ -210,8 +291,17 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
     assert_eq!(invalid("malformed"), 6);
     assert!(invalid("too_large") >= 1);
     assert_eq!(invalid("read_timeout"), 1);
-    assert!(metrics.auth_failures.with_label_values(&["unknown_cluster"]).get() >= 1);
-    assert!(reservations(seed.clone(), PROJECT).await?.is_empty(), "dry runs reserve nothing");
+    assert!(
+        metrics
+            .auth_failures
+            .with_label_values(&["unknown_cluster"])
+            .get()
+            >= 1
+    );
+    assert!(
+        reservations(seed.clone(), PROJECT).await?.is_empty(),
+        "dry runs reserve nothing"
+    );
     Ok(())
 }
 

@@ -102,7 +102,10 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
             .send()
             .await?;
         assert_eq!(response.status().as_u16(), status, "{path}");
-        assert!(!response.text().await?.contains("allowed"), "no decision for {path}");
+        assert!(
+            !response.text().await?.contains("allowed"),
+            "no decision for {path}"
+        );
     }
     let metrics = http
         .get(format!("http://127.0.0.1:{ops}/metrics"))
@@ -136,7 +139,10 @@ fn the_binary_refuses_to_start_without_keys() -> Result<()> {
             .env_remove("MACHINE_WEBHOOK_URL_SIGNING_KEYS")
             .env_remove("MACHINE_WEBHOOK_INSECURE_NO_AUTH")
             .output()?;
-        Ok((output.status.success(), String::from_utf8_lossy(&output.stderr).into_owned()))
+        Ok((
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
     };
     let (ok, stderr) = run(&[])?;
     assert!(!ok);

@@ -40,9 +40,29 @@ fn leaf() -> impl Strategy<Value = Value> {
         Just(json!(-1e30)),
         "[a-zA-Z0-9.\\-/*]{0,12}".prop_map(Value::String),
         prop::sample::select(vec![
-            "t3.medium", "m5.24xlarge", "10Gi", "-1", "-10Gi", "1e30", "1e308", "99999999999999999999",
-            "500m", "", "aws", "vsphere", "hetzner", "cx32", "kubevirt", "anexia", "openstack", "CREATE",
-            "UPDATE", "DELETE", "machines", "cluster.k8s.io/v1alpha1", "Machine",
+            "t3.medium",
+            "m5.24xlarge",
+            "10Gi",
+            "-1",
+            "-10Gi",
+            "1e30",
+            "1e308",
+            "99999999999999999999",
+            "500m",
+            "",
+            "aws",
+            "vsphere",
+            "hetzner",
+            "cx32",
+            "kubevirt",
+            "anexia",
+            "openstack",
+            "CREATE",
+            "UPDATE",
+            "DELETE",
+            "machines",
+            "cluster.k8s.io/v1alpha1",
+            "Machine",
         ])
         .prop_map(|s| Value::String(s.to_owned())),
     ]
@@ -50,10 +70,33 @@ fn leaf() -> impl Strategy<Value = Value> {
 
 fn keys() -> impl Strategy<Value = &'static str> {
     prop::sample::select(vec![
-        "cloudProvider", "cloudProviderSpec", "instanceType", "diskSize", "cpus", "memoryMB",
-        "diskSizeGB", "memory", "virtualMachine", "template", "primaryDisk", "secondaryDisks",
-        "size", "disks", "value", "secretKeyRef", "serverType", "vmSize", "machineType", "flavor",
-        "providerSpec", "spec", "metadata", "name", "uid", "ownerReferences", "deletionTimestamp",
+        "cloudProvider",
+        "cloudProviderSpec",
+        "instanceType",
+        "diskSize",
+        "cpus",
+        "memoryMB",
+        "diskSizeGB",
+        "memory",
+        "virtualMachine",
+        "template",
+        "primaryDisk",
+        "secondaryDisks",
+        "size",
+        "disks",
+        "value",
+        "secretKeyRef",
+        "serverType",
+        "vmSize",
+        "machineType",
+        "flavor",
+        "providerSpec",
+        "spec",
+        "metadata",
+        "name",
+        "uid",
+        "ownerReferences",
+        "deletionTimestamp",
         "x-unknown-field",
     ])
 }
@@ -76,8 +119,19 @@ fn json_value() -> impl Strategy<Value = Value> {
 /// provider with arbitrary field values).
 fn machine_json() -> impl Strategy<Value = Value> {
     let provider = prop::sample::select(vec![
-        "aws", "vsphere", "hetzner", "kubevirt", "anexia", "nutanix", "openstack", "azure", "gce",
-        "digitalocean", "vmware-cloud-director", "opennebula", "nope",
+        "aws",
+        "vsphere",
+        "hetzner",
+        "kubevirt",
+        "anexia",
+        "nutanix",
+        "openstack",
+        "azure",
+        "gce",
+        "digitalocean",
+        "vmware-cloud-director",
+        "opennebula",
+        "nope",
     ]);
     let spec = prop_oneof![
         json_value(),
@@ -301,7 +355,8 @@ fn wrong_kind_or_version_is_refused() {
         ("admission.k8s.io/v1", "ConversionReview"),
         ("", ""),
     ] {
-        let body = json!({"apiVersion": api_version, "kind": kind, "request": {"uid": "u", "operation": "CREATE"}});
+        let body =
+            json!({"apiVersion": api_version, "kind": kind, "request": {"uid": "u", "operation": "CREATE"}});
         let error = parse_review(&serde_json::to_vec(&body).unwrap()).unwrap_err();
         assert!(matches!(error, BadReview::WrongType { .. }), "{error}");
     }
@@ -314,13 +369,20 @@ fn wrong_kind_or_version_is_refused() {
 
 #[test]
 fn absurd_quantities_are_denied_with_a_clear_message() {
-    let huge_cpu = deny_message(&vsphere(&json!({"cpus": 1e30, "memoryMB": 2048, "diskSizeGB": 10})));
-    assert!(huge_cpu.contains("cannot be sized") || huge_cpu.contains("needs"), "{huge_cpu}");
+    let huge_cpu = deny_message(&vsphere(
+        &json!({"cpus": 1e30, "memoryMB": 2048, "diskSizeGB": 10}),
+    ));
+    assert!(
+        huge_cpu.contains("cannot be sized") || huge_cpu.contains("needs"),
+        "{huge_cpu}"
+    );
     assert!(huge_cpu.contains("cpus"), "{huge_cpu}");
     let negative_disk = deny_message(&vsphere(&json!({"cpus": 2, "memoryMB": 2048, "diskSizeGB": -10})));
     assert!(negative_disk.contains("diskSizeGB"), "{negative_disk}");
     assert!(negative_disk.contains("non-negative"), "{negative_disk}");
-    let string_cpu = deny_message(&vsphere(&json!({"cpus": "1e30", "memoryMB": 2048, "diskSizeGB": 10})));
+    let string_cpu = deny_message(&vsphere(
+        &json!({"cpus": "1e30", "memoryMB": 2048, "diskSizeGB": 10}),
+    ));
     assert!(string_cpu.contains("cpus"), "{string_cpu}");
 }
 

@@ -130,7 +130,11 @@ pub struct Config {
     #[arg(long, env = "SEED_CONTROLLER_URL_SIGNING_KEYS")]
     pub url_signing_keys: Option<PathBuf>,
     /// Write webhook URLs without a token (for a machine-webhook run with --insecure-no-auth).
-    #[arg(long, env = "SEED_CONTROLLER_INSECURE_NO_AUTH", conflicts_with = "url_signing_keys")]
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_INSECURE_NO_AUTH",
+        conflicts_with = "url_signing_keys"
+    )]
     pub insecure_no_auth: bool,
     /// Run only while holding the leader Lease (several replicas may run).
     #[arg(long, env = "SEED_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
@@ -244,8 +248,7 @@ impl Controller {
             Some(path) => Some(Arc::new(machine_webhook::auth::ReloadingKeys::new(path)?)),
             None => None,
         };
-        let (url_keys, _) =
-            tokio::sync::watch::channel(url_key_file.as_ref().map(|keys| keys.current()));
+        let (url_keys, _) = tokio::sync::watch::channel(url_key_file.as_ref().map(|keys| keys.current()));
         Ok(Controller {
             shared: Arc::new(Shared {
                 url_keys,

@@ -96,7 +96,12 @@ pub async fn token(seed: &Client, cluster: &str, certs: &Certs) -> Result<String
 }
 
 /// The authenticated admission URL of `cluster` on the webhook at `address`.
-pub async fn admission_url(seed: &Client, address: SocketAddr, cluster: &str, certs: &Certs) -> Result<String> {
+pub async fn admission_url(
+    seed: &Client,
+    address: SocketAddr,
+    cluster: &str,
+    certs: &Certs,
+) -> Result<String> {
     Ok(machine_webhook::auth::webhook_url(
         &format!("https://{address}"),
         cluster,
