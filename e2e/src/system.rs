@@ -64,8 +64,7 @@ pub fn generate_url_signing_key() -> Result<String> {
 /// Writes a key file atomically (a reader never sees it half written).
 pub fn write_url_signing_keys(path: &Path, keys: &[&str]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, keys.iter().map(|k| format!("{k}\n")).collect::<String>())
-        .with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::write(&tmp, keys.join("\n") + "\n").with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
 }

@@ -269,6 +269,7 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
 /// while the key rotates: added second, moved first, old one dropped. Every create must be
 /// admitted, and after the overlap the old token is refused.
 #[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::too_many_lines)] // one scenario: burst, three rotation steps, checks
 async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token() {
     // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
     let Running {

@@ -66,7 +66,11 @@ impl std::fmt::Debug for SigningKeys {
 
 fn fingerprint(raw: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, raw);
-    digest.as_ref()[..6].iter().map(|b| format!("{b:02x}")).collect()
+    digest.as_ref()[..6].iter().fold(String::new(), |mut text, b| {
+        use std::fmt::Write as _;
+        let _ = write!(text, "{b:02x}");
+        text
+    })
 }
 
 fn message(cluster: &str, uid: &str) -> Vec<u8> {

@@ -120,6 +120,22 @@ pub enum Error {
     Keys(#[from] auth::KeyError),
 }
 
+/// How calls are authenticated; no configuration at all is an error.
+fn authenticator(auth: Option<&AuthConfig>) -> Result<Authenticator, Error> {
+    match auth {
+        None => Err(Error::NoAuth),
+        Some(AuthConfig::UrlSigningKeys(path)) => Ok(Authenticator::UrlTokens(Arc::new(
+            auth::ReloadingKeys::new(path)?,
+        ))),
+        Some(AuthConfig::InsecureNoAuth) => {
+            tracing::warn!(
+                "--insecure-no-auth: admission calls are not authenticated; anyone who can reach the port can spend or block any project's quota"
+            );
+            Ok(Authenticator::Disabled)
+        }
+    }
+}
+
 type Serving = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
 
 /// A bound, not yet serving webhook.
@@ -148,18 +164,7 @@ impl Webhook {
     /// Loads the certificate, binds the listeners and prepares the watches; `seed` is a client
     /// for the seed cluster this webhook serves.
     pub async fn start(config: Config, seed: Client) -> Result<Webhook, Error> {
-        let authenticator = match &config.auth {
-            None => return Err(Error::NoAuth),
-            Some(AuthConfig::UrlSigningKeys(path)) => {
-                Authenticator::UrlTokens(Arc::new(auth::ReloadingKeys::new(path)?))
-            }
-            Some(AuthConfig::InsecureNoAuth) => {
-                tracing::warn!(
-                    "--insecure-no-auth: admission calls are not authenticated; anyone who can reach the port can spend or block any project's quota"
-                );
-                Authenticator::Disabled
-            }
-        };
+        let authenticator = authenticator(config.auth.as_ref())?;
         let metrics = Metrics::new()?;
         let readiness = Readiness::default();
         let cache = Arc::new(SeedCache::new());

@@ -119,7 +119,7 @@ pub enum BadReview {
     NoRequest,
 }
 
-/// Parses a request body. serde_json refuses nesting deeper than 128 levels (an error, not a
+/// Parses a request body. `serde_json` refuses nesting deeper than 128 levels (an error, not a
 /// stack overflow) and unknown fields are ignored.
 pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest, BadReview> {
     let review: AdmissionReview = serde_json::from_slice(body)?;
@@ -138,18 +138,18 @@ pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest, BadReview> {
 pub fn decision_request(
     request: &AdmissionRequest,
     catalog: &SizeCatalog,
-) -> Result<(Option<Machine>, Request), Verdict> {
+) -> Result<(Option<Machine>, Request), Box<Verdict>> {
     if request.resource.resource != "machines" || request.sub_resource.is_some() {
-        return Err(Verdict::allow(Reason::Unchanged));
+        return Err(Box::new(Verdict::allow(Reason::Unchanged)));
     }
     let object = match machine_of(request.object.as_ref()) {
         Ok(m) => m,
         Err(e) => {
-            return Err(Verdict::deny(
+            return Err(Box::new(Verdict::deny(
                 Reason::BadRequest,
                 &request.name,
                 &format!("is not a readable Machine: {e}"),
-            ));
+            )));
         }
     };
     // A failed read of the old object only loses the "was it this big already" answer.

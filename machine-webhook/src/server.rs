@@ -247,7 +247,7 @@ impl App {
     pub async fn admit(&self, cluster: &str, request: &AdmissionRequest) -> Verdict {
         let (object, decision_request) = match decision_request(request, &self.cache.catalog()) {
             Ok(parts) => parts,
-            Err(answer) => return answer,
+            Err(answer) => return *answer,
         };
         let name = decision_request.machine.clone();
         let grows =

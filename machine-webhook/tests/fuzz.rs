@@ -225,7 +225,7 @@ fn admit(body: &[u8], state: Option<&QuotaState>) -> Result<(), TestCaseError> {
             prop_assert_eq!(batch.len(), 1);
             decide(PROJECT, state, &decision)
         }
-        Err(answer) => answer,
+        Err(answer) => *answer,
     };
     if !verdict.allowed {
         let message = verdict.message.as_deref().unwrap_or_default();
@@ -324,7 +324,7 @@ fn deny_message(object: &Value) -> String {
     };
     let verdict = match decision_request(&request, &SizeCatalog::shipped()) {
         Ok((_, decision)) => decide(PROJECT, Some(&state), &decision),
-        Err(answer) => answer,
+        Err(answer) => *answer,
     };
     assert!(!verdict.allowed, "{verdict:?}");
     verdict.message.unwrap()

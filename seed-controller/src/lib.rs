@@ -67,6 +67,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// The flags (each with an environment variable fallback).
+// Flags: each bool is an independent switch on the command line.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
     name = "seed-controller",
