@@ -45,6 +45,28 @@ pub struct System {
     pub components: Vec<Component>,
     /// The CA that signs the webhooks' serving certificate.
     pub webhook_ca: PathBuf,
+    /// The URL-signing key file every seed-controller and machine-webhook is given (one base64
+    /// key per line, the first signs). Rewrite it to rotate: both re-read it on change.
+    pub url_signing_keys: PathBuf,
+}
+
+/// A fresh URL-signing key: 32 random bytes, base64 (one line of a key file).
+pub fn generate_url_signing_key() -> Result<String> {
+    use base64::Engine as _;
+    use std::io::Read as _;
+    let mut raw = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut raw))
+        .context("reading /dev/urandom")?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(raw))
+}
+
+/// Writes a key file atomically (a reader never sees it half written).
+pub fn write_url_signing_keys(path: &Path, keys: &[&str]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, keys.join("\n") + "\n").with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
 }
 
 /// A free loopback port (bound and released; good enough for local processes).
@@ -81,6 +103,8 @@ impl System {
     pub async fn start(fleet: &Fleet, dir: &Path) -> Result<System> {
         let logs = dir.join("logs");
         let certs = WebhookCerts::generate()?.write_to(&dir.join("webhook"))?;
+        let url_signing_keys = dir.join("webhook").join("url-signing-keys");
+        write_url_signing_keys(&url_signing_keys, &[&generate_url_signing_key()?])?;
         let mut specs = Vec::new();
         let kubeconfig = |name: &str| dir.join(format!("{name}.kubeconfig")).display().to_string();
 
@@ -110,6 +134,7 @@ impl System {
                     format!("--tls-cert-file={}", certs.cert.display()),
                     format!("--tls-key-file={}", certs.key.display()),
                     format!("--metrics-address={webhook_metrics}"),
+                    format!("--url-signing-keys={}", url_signing_keys.display()),
                 ],
             )?;
             webhook.name = format!("machine-webhook-{seed}");
@@ -124,6 +149,7 @@ impl System {
                     format!("--metrics-address={seed_metrics}"),
                     format!("--webhook-url=https://127.0.0.1:{webhook_port}"),
                     format!("--webhook-ca-file={}", certs.ca.display()),
+                    format!("--url-signing-keys={}", url_signing_keys.display()),
                     "--resync-period=1m".to_owned(),
                 ],
             )?;
@@ -152,6 +178,7 @@ impl System {
         let system = System {
             components,
             webhook_ca: certs.ca,
+            url_signing_keys,
         };
         system.wait_ready(Duration::from_mins(2)).await?;
         Ok(system)

@@ -61,7 +61,21 @@ fn machine(name: &str) -> Result<Machine> {
     }))?)
 }
 
-async fn register(user: &Client, cluster: &str, base: &str, certs: &WebhookCerts) -> Result<()> {
+/// Points `cluster` at the webhook at `base`, with the URL token seed-controller would write.
+async fn register(
+    seed: &Client,
+    user: &Client,
+    cluster: &str,
+    instance: &Instance,
+    certs: &WebhookCerts,
+) -> Result<()> {
+    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
+        .get(cluster)
+        .await?
+        .metadata
+        .uid
+        .context("Cluster without UID")?;
+    let url = machine_webhook::auth::webhook_url(&instance.base, cluster, &instance.keys.sign(cluster, &uid));
     let config = ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(VWC.into()),
@@ -71,7 +85,7 @@ async fn register(user: &Client, cluster: &str, base: &str, certs: &WebhookCerts
             name: "machines.kkp-quota.k8c.io".into(),
             admission_review_versions: vec!["v1".into()],
             client_config: WebhookClientConfig {
-                url: Some(format!("{base}/validate/machines/{cluster}")),
+                url: Some(url),
                 ca_bundle: Some(certs.ca_bundle()),
                 service: None,
             },
@@ -310,6 +324,7 @@ fn histogram_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> f6
 struct Instance {
     base: String,
     metrics: Metrics,
+    keys: machine_webhook::auth::SigningKeys,
 }
 
 async fn start_instance(
@@ -321,6 +336,10 @@ async fn start_instance(
     let paths = certs.write_to(dir)?;
     let mut config = Config::new("127.0.0.1:0".parse()?, paths.cert, paths.key);
     config.allotments = allotments;
+    let key_file = dir.join("url-signing-keys");
+    std::fs::write(&key_file, machine_webhook::auth::generate_key())?;
+    let keys = machine_webhook::auth::SigningKeys::load(&key_file)?;
+    config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(key_file));
     let webhook = Webhook::start(config, seed.clone()).await?;
     let base = format!("https://{}", webhook.address);
     let metrics = webhook.metrics.clone();
@@ -331,7 +350,7 @@ async fn start_instance(
         async move { ready }
     })
     .await?;
-    Ok(Instance { base, metrics })
+    Ok(Instance { base, metrics, keys })
 }
 
 fn admissions(metrics: &Metrics, result: &str, reason: &str) -> u64 {
@@ -484,7 +503,7 @@ async fn main() -> Result<()> {
             label_quota(&seed, if mode == Mode::NoQuota { "parked" } else { PROJECT }).await?;
             for (user, name) in users.iter().zip(USERS) {
                 match instance {
-                    Some(i) => register(user, name, &i.base, &certs).await?,
+                    Some(i) => register(&seed, user, name, i, &certs).await?,
                     None => {
                         let _ = Api::<ValidatingWebhookConfiguration>::all(user.clone())
                             .delete(VWC, &DeleteParams::default())

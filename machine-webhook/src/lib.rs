@@ -8,12 +8,14 @@
 //! - [`escrow`]: how big an allotment is and what fits in it (pure).
 //! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
 //! - [`events`]: denial Events on the `MachineDeployment` / `MachineSet` / `Cluster`.
-//! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk.
+//! - [`auth`]: the per-cluster token in the URL that authenticates each call.
+//! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk, limits on bodies and time.
 //! - [`metrics`]: Prometheus metrics.
 //!
 //! [`Webhook::start`] binds everything and returns the future that serves it; dropping that
 //! future (or aborting its task) stops every part of it.
 
+pub mod auth;
 pub mod cache;
 pub mod decision;
 pub mod escrow;
@@ -40,7 +42,7 @@ use tracing::info;
 use crate::cache::SeedCache;
 use crate::metrics::Metrics;
 use crate::reserve::{AllotmentConfig, Reserver, ReserverConfig};
-use crate::server::App;
+use crate::server::{App, Authenticator, Limits};
 
 /// Everything the webhook is configured with.
 #[derive(Debug, Clone)]
@@ -61,6 +63,21 @@ pub struct Config {
     pub event_window: Duration,
     /// Allotments (escrow); `None`: every admission waits for its own ledger write.
     pub allotments: Option<AllotmentConfig>,
+    /// How calls are authenticated; `None` refuses to start (a webhook anyone can call lets
+    /// anyone lock any project out).
+    pub auth: Option<AuthConfig>,
+    /// Body size and read timeouts.
+    pub limits: Limits,
+}
+
+/// How admission calls are authenticated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthConfig {
+    /// The URL-signing key file (one base64 key per line; the first signs, all verify),
+    /// reloaded when it changes. The same file is given to seed-controller.
+    UrlSigningKeys(PathBuf),
+    /// No authentication (`--insecure-no-auth`): for experiments only.
+    InsecureNoAuth,
 }
 
 impl Config {
@@ -75,6 +92,8 @@ impl Config {
             max_attempts: 10,
             event_window: Duration::from_mins(10),
             allotments: Some(AllotmentConfig::default()),
+            auth: None,
+            limits: Limits::default(),
         }
     }
 }
@@ -93,6 +112,28 @@ pub enum Error {
     Metrics(#[from] prometheus::Error),
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
+    #[error(
+        "no URL-signing keys: give --url-signing-keys <file> (the same file seed-controller signs with), or --insecure-no-auth to let anyone who can reach the port spend any project's quota"
+    )]
+    NoAuth,
+    #[error("URL-signing keys: {0}")]
+    Keys(#[from] auth::KeyError),
+}
+
+/// How calls are authenticated; no configuration at all is an error.
+fn authenticator(auth: Option<&AuthConfig>) -> Result<Authenticator, Error> {
+    match auth {
+        None => Err(Error::NoAuth),
+        Some(AuthConfig::UrlSigningKeys(path)) => Ok(Authenticator::UrlTokens(Arc::new(
+            auth::ReloadingKeys::new(path)?,
+        ))),
+        Some(AuthConfig::InsecureNoAuth) => {
+            tracing::warn!(
+                "--insecure-no-auth: admission calls are not authenticated; anyone who can reach the port can spend or block any project's quota"
+            );
+            Ok(Authenticator::Disabled)
+        }
+    }
 }
 
 type Serving = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
@@ -123,6 +164,7 @@ impl Webhook {
     /// Loads the certificate, binds the listeners and prepares the watches; `seed` is a client
     /// for the seed cluster this webhook serves.
     pub async fn start(config: Config, seed: Client) -> Result<Webhook, Error> {
+        let authenticator = authenticator(config.auth.as_ref())?;
         let metrics = Metrics::new()?;
         let readiness = Readiness::default();
         let cache = Arc::new(SeedCache::new());
@@ -174,11 +216,15 @@ impl Webhook {
             events,
             metrics: metrics.clone(),
             readiness: readiness.clone(),
+            auth: authenticator,
+            auth_log: Arc::new(auth::RateLimitedLog::new(Duration::from_secs(10))),
+            limits: config.limits,
         };
         let router = server::router(app);
         let ready = readiness.clone();
         let server_metrics = metrics.clone();
         let namespace = config.kubermatic_namespace.clone();
+        let limits = config.limits;
         let serving = Box::pin(async move {
             // Dropping this future cancels every task it started.
             let _guard = token.clone().drop_guard();
@@ -198,7 +244,7 @@ impl Webhook {
             tokio::select! {
                 () = Arc::clone(&cache).run(seed, namespace) => Ok(()),
                 () = events_future => Ok(()),
-                () = server::serve_https(listener, acceptor, router, server_metrics, token.clone()) => Ok(()),
+                () = server::serve_https(listener, acceptor, router, server_metrics, limits, token.clone()) => Ok(()),
                 () = watch_ready => Ok(()),
                 r = ops_future => r,
             }

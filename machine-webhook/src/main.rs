@@ -9,7 +9,8 @@ use clap::Parser;
 use kkp_quota_crds::runtime::kubeconfig::own_client;
 use kkp_quota_crds::runtime::telemetry::init_tracing;
 use machine_webhook::reserve::AllotmentConfig;
-use machine_webhook::{Config, Webhook};
+use machine_webhook::server::Limits;
+use machine_webhook::{AuthConfig, Config, Webhook};
 
 /// Validating admission webhook that keeps every project within its resource quota.
 #[derive(Debug, Parser)]
@@ -57,6 +58,30 @@ struct Args {
     /// in usage (seed-controller holds them back until then).
     #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_RECORD_MS", default_value_t = 500)]
     allotment_record_ms: u64,
+    /// File of URL-signing keys (base64, one per line, at least 32 bytes each): the first signs,
+    /// every one verifies; re-read when it changes. The same file is given to seed-controller,
+    /// which writes each user cluster's token into its webhook URL. Required unless
+    /// --insecure-no-auth.
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_URL_SIGNING_KEYS",
+        required_unless_present = "insecure_no_auth"
+    )]
+    url_signing_keys: Option<PathBuf>,
+    /// Serve admission calls without authentication: anyone who can reach the port can spend or
+    /// block any project's quota. For experiments only.
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_INSECURE_NO_AUTH",
+        conflicts_with = "url_signing_keys"
+    )]
+    insecure_no_auth: bool,
+    /// Largest admission request body accepted, in bytes (413 above).
+    #[arg(long, env = "MACHINE_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
+    max_body_bytes: usize,
+    /// Seconds allowed for a request's headers, and for its body.
+    #[arg(long, env = "MACHINE_WEBHOOK_READ_TIMEOUT_SECONDS", default_value_t = 10)]
+    read_timeout_seconds: u64,
     /// Log JSON lines instead of text.
     #[arg(long, env = "MACHINE_WEBHOOK_LOG_JSON")]
     log_json: bool,
@@ -66,6 +91,10 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing(args.log_json);
+    // A key file that does not load stops the process before anything else is done.
+    if let Some(path) = &args.url_signing_keys {
+        machine_webhook::auth::SigningKeys::load(path)?;
+    }
     let client = own_client(args.kubeconfig.as_deref())
         .await
         .context("connecting to the seed")?;
@@ -80,6 +109,16 @@ async fn main() -> anyhow::Result<()> {
         record_after: Duration::from_millis(args.allotment_record_ms),
         ..AllotmentConfig::default()
     });
+    config.auth = match args.url_signing_keys {
+        Some(path) => Some(AuthConfig::UrlSigningKeys(path)),
+        None if args.insecure_no_auth => Some(AuthConfig::InsecureNoAuth),
+        None => None,
+    };
+    config.limits = Limits {
+        max_body_bytes: args.max_body_bytes,
+        header_read_timeout: Duration::from_secs(args.read_timeout_seconds),
+        body_read_timeout: Duration::from_secs(args.read_timeout_seconds),
+    };
     let webhook = Webhook::start(config, client).await?;
     let reserver = webhook.reserver.clone();
     let serving = webhook.run();

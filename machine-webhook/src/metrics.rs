@@ -32,9 +32,21 @@ pub struct Metrics {
     /// `kkp_quota_allotment_admissions_total`: admitted from this process's allotment, without
     /// waiting for a ledger write.
     pub allotment_admissions: IntCounter,
+    /// `kkp_quota_webhook_auth_failures_total{reason}`: calls refused before any decision
+    /// (`missing_token`, `unknown_cluster`, `invalid_token`, `not_ready`).
+    pub auth_failures: IntCounterVec,
+    /// `kkp_quota_webhook_authenticated_total{key}`: calls whose token verified, by key
+    /// (`signing`: the first key; `older`: any other). During a rotation, `older` stops growing
+    /// once every user cluster's API server uses its new URL: then the old key can go.
+    pub authenticated: IntCounterVec,
+    /// `kkp_quota_webhook_invalid_requests_total{reason}`: authenticated calls answered 4xx
+    /// without a decision (`too_large`, `read_timeout`, `malformed`).
+    pub invalid_requests: IntCounterVec,
 }
 
 impl Metrics {
+    // A flat list of metric definitions; splitting it further would only scatter them.
+    #[allow(clippy::too_many_lines)]
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new();
         let admissions = IntCounterVec::new(
@@ -105,6 +117,7 @@ impl Metrics {
             ),
             &["result"],
         )?;
+        let (auth_failures, authenticated, invalid_requests) = auth_metrics(&registry)?;
         registry.register(Box::new(admissions.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(conflicts.clone()))?;
@@ -135,6 +148,9 @@ impl Metrics {
             connections,
             events,
             allotment_admissions,
+            auth_failures,
+            authenticated,
+            invalid_requests,
         })
     }
 
@@ -144,4 +160,44 @@ impl Metrics {
             .with_label_values(&[result, verdict.reason.as_str()])
             .inc();
     }
+}
+
+/// The metrics of refused and authenticated calls, registered and with every label value.
+fn auth_metrics(
+    registry: &Registry,
+) -> Result<(IntCounterVec, IntCounterVec, IntCounterVec), prometheus::Error> {
+    let auth_failures = IntCounterVec::new(
+        Opts::new(
+            "kkp_quota_webhook_auth_failures_total",
+            "Admission calls refused without a decision because their credentials are missing or invalid, by reason",
+        ),
+        &["reason"],
+    )?;
+    let authenticated = IntCounterVec::new(
+        Opts::new(
+            "kkp_quota_webhook_authenticated_total",
+            "Admission calls whose URL token verified, by key (signing: the first key; older: another one)",
+        ),
+        &["key"],
+    )?;
+    let invalid_requests = IntCounterVec::new(
+        Opts::new(
+            "kkp_quota_webhook_invalid_requests_total",
+            "Authenticated admission calls answered with a 4xx status and no decision, by reason",
+        ),
+        &["reason"],
+    )?;
+    registry.register(Box::new(auth_failures.clone()))?;
+    registry.register(Box::new(authenticated.clone()))?;
+    registry.register(Box::new(invalid_requests.clone()))?;
+    for reason in crate::auth::AuthFailure::ALL {
+        auth_failures.with_label_values(&[reason.as_str()]);
+    }
+    for key in ["signing", "older"] {
+        authenticated.with_label_values(&[key]);
+    }
+    for reason in ["too_large", "read_timeout", "malformed"] {
+        invalid_requests.with_label_values(&[reason]);
+    }
+    Ok((auth_failures, authenticated, invalid_requests))
 }

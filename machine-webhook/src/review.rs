@@ -6,7 +6,7 @@ use provider_sizes::{SizeCatalog, size_machine};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::decision::{Ask, Verdict};
+use crate::decision::{Ask, Reason, Request, Verdict};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -104,6 +104,68 @@ impl AdmissionResponse {
             response: Some(self),
         }
     }
+}
+
+/// A body that is not an `admission.k8s.io/v1` `AdmissionReview` with a request: answered 400.
+#[derive(Debug, thiserror::Error)]
+pub enum BadReview {
+    #[error("not an AdmissionReview: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error(
+        "expected apiVersion {API_VERSION:?} and kind {KIND:?}, got apiVersion {api_version:?} and kind {kind:?}"
+    )]
+    WrongType { api_version: String, kind: String },
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+}
+
+/// Parses a request body. `serde_json` refuses nesting deeper than 128 levels (an error, not a
+/// stack overflow) and unknown fields are ignored.
+pub fn parse_review(body: &[u8]) -> Result<AdmissionRequest, BadReview> {
+    let review: AdmissionReview = serde_json::from_slice(body)?;
+    if review.api_version != API_VERSION || review.kind != KIND {
+        return Err(BadReview::WrongType {
+            api_version: review.api_version,
+            kind: review.kind,
+        });
+    }
+    review.request.ok_or(BadReview::NoRequest)
+}
+
+/// What a Machine admission request asks, ready for [`crate::decision::decide`]: the Machine's
+/// name and what it asks of the quota. `Err` is the answer itself (not a Machine request: allowed
+/// unchanged; an unreadable Machine: denied as a bad request). Pure: no cache, no I/O.
+pub fn decision_request(
+    request: &AdmissionRequest,
+    catalog: &SizeCatalog,
+) -> Result<(Option<Machine>, Request), Box<Verdict>> {
+    if request.resource.resource != "machines" || request.sub_resource.is_some() {
+        return Err(Box::new(Verdict::allow(Reason::Unchanged)));
+    }
+    let object = match machine_of(request.object.as_ref()) {
+        Ok(m) => m,
+        Err(e) => {
+            return Err(Box::new(Verdict::deny(
+                Reason::BadRequest,
+                &request.name,
+                &format!("is not a readable Machine: {e}"),
+            )));
+        }
+    };
+    // A failed read of the old object only loses the "was it this big already" answer.
+    let old = machine_of(request.old_object.as_ref()).ok().flatten();
+    let name = object
+        .as_ref()
+        .and_then(|m| m.metadata.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| request.name.clone());
+    let ask = ask_for(&request.operation, object.as_ref(), old.as_ref(), catalog);
+    let decision_request = Request {
+        machine: name,
+        ask,
+        dry_run: request.dry_run.unwrap_or(false),
+    };
+    Ok((object, decision_request))
 }
 
 /// The request's Machine (the new object; the old one for a delete).

@@ -1,16 +1,28 @@
-//! The HTTPS server: `POST /validate/machines/{cluster}` answers `AdmissionReview`s, plus
-//! `/healthz` and `/readyz`.
+//! The HTTPS server: `POST /validate/machines/{cluster}/{token}` answers `AdmissionReview`s,
+//! plus `/healthz` and `/readyz`.
+//!
+//! Order of checks on an admission call, each answered without going further:
+//! 1. the token in the path ([`crate::auth`]): 401 without one, 403 when it is not valid for that
+//!    cluster (or the cluster is unknown), 503 before the `Cluster`s are listed. Nothing is read
+//!    of the body, no quota is looked at, nothing is reserved;
+//! 2. the body: at most [`Limits::max_body_bytes`] (413), read within
+//!    [`Limits::body_read_timeout`] (408); headers within [`Limits::header_read_timeout`] (the
+//!    connection is closed);
+//! 3. an `admission.k8s.io/v1` `AdmissionReview` with a request (400 otherwise);
+//! 4. the decision.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use http_body_util::BodyExt as _;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use kkp_quota_crds::runtime::ops::Readiness;
 use tokio::net::TcpListener;
@@ -19,12 +31,47 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info_span, warn};
 
+use crate::auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Ask, Reason, Request, Verdict, decide};
+use crate::decision::{Ask, Reason, Request as DecisionRequest, Verdict, decide};
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::reserve::{MachineRef, Reserver};
-use crate::review::{AdmissionRequest, AdmissionResponse, AdmissionReview, ask_for, machine_of};
+use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse_review};
+
+/// Bounds on what one call may cost the server.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Largest body accepted (413 above). Kubernetes' own limit for a request is 3 MiB.
+    pub max_body_bytes: usize,
+    /// Time allowed for a request's headers on HTTP/1.1 (slowloris): the connection is closed.
+    pub header_read_timeout: Duration,
+    /// Time allowed for a whole body, from the end of the headers (408 after).
+    pub body_read_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_body_bytes: 3 * 1024 * 1024,
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// How admission calls are authenticated.
+#[derive(Debug, Clone)]
+pub enum Authenticator {
+    /// A token per user cluster in the URL, signed with these keys ([`crate::auth`]).
+    UrlTokens(Arc<ReloadingKeys>),
+    /// None (`--insecure-no-auth`): anyone who reaches the port can spend any project's quota.
+    Disabled,
+}
+
+/// The client's address, put into every request of a connection.
+#[derive(Debug, Clone, Copy)]
+struct Peer(SocketAddr);
 
 /// Everything a request handler needs.
 #[derive(Clone)]
@@ -34,11 +81,15 @@ pub struct App {
     pub events: Events,
     pub metrics: Metrics,
     pub readiness: Readiness,
+    pub auth: Authenticator,
+    pub auth_log: Arc<RateLimitedLog>,
+    pub limits: Limits,
 }
 
 pub fn router(app: App) -> Router {
     Router::new()
-        .route("/validate/machines/{cluster}", post(validate))
+        .route("/validate/machines/{cluster}", post(validate_without_token))
+        .route("/validate/machines/{cluster}/{token}", post(validate))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(app)
@@ -52,58 +103,153 @@ async fn readyz(State(app): State<App>) -> impl IntoResponse {
     }
 }
 
-async fn validate(State(app): State<App>, Path(cluster): Path<String>, body: Bytes) -> Response {
-    let started = Instant::now();
-    let review: AdmissionReview = match serde_json::from_slice(&body) {
-        Ok(review) => review,
-        Err(e) => {
-            return (StatusCode::BAD_REQUEST, format!("not an AdmissionReview: {e}")).into_response();
+fn peer_of(request: &Request) -> Option<SocketAddr> {
+    request.extensions().get::<Peer>().map(|p| p.0)
+}
+
+/// The path-less URL of before: no credentials. Served only with authentication off.
+async fn validate_without_token(
+    State(app): State<App>,
+    Path(cluster): Path<String>,
+    request: Request,
+) -> Response {
+    if matches!(app.auth, Authenticator::Disabled) {
+        return app.validate_body(cluster, request.into_body()).await;
+    }
+    app.refuse(AuthFailure::MissingToken, &cluster, peer_of(&request))
+}
+
+async fn validate(
+    State(app): State<App>,
+    Path((cluster, token)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(failure) = app.authenticate(&cluster, &token) {
+        return app.refuse(failure, &cluster, peer_of(&request));
+    }
+    app.validate_body(cluster, request.into_body()).await
+}
+
+fn plain(status: StatusCode, text: impl Into<String>) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        text.into(),
+    )
+        .into_response()
+}
+
+/// Reads a body of at most `limit` bytes within `timeout`.
+async fn read_body(body: Body, limits: Limits) -> Result<Bytes, (StatusCode, &'static str, String)> {
+    let collect = async move {
+        let mut body = body;
+        let mut buffer: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                (
+                    StatusCode::BAD_REQUEST,
+                    "malformed",
+                    format!("reading the body: {e}"),
+                )
+            })?;
+            if let Ok(data) = frame.into_data() {
+                if buffer.len().saturating_add(data.len()) > limits.max_body_bytes {
+                    return Err(too_large(limits));
+                }
+                buffer.extend_from_slice(&data);
+            }
         }
+        Ok(Bytes::from(buffer))
     };
-    let Some(request) = review.request else {
-        return (StatusCode::BAD_REQUEST, "the AdmissionReview has no request").into_response();
-    };
-    let span = info_span!("admission", cluster = %cluster, project = tracing::field::Empty, operation = %request.operation);
-    let verdict = app.admit(&cluster, &request).instrument(span).await;
-    app.metrics.record(&verdict);
-    app.metrics.duration.observe(started.elapsed().as_secs_f64());
-    axum::Json(AdmissionResponse::from_verdict(&request.uid, &verdict).into_review()).into_response()
+    match tokio::time::timeout(limits.body_read_timeout, collect).await {
+        Ok(result) => result,
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            "read_timeout",
+            format!("the body was not received within {:?}", limits.body_read_timeout),
+        )),
+    }
+}
+
+fn too_large(limits: Limits) -> (StatusCode, &'static str, String) {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("the body is larger than {} bytes", limits.max_body_bytes),
+    )
+}
+
+impl App {
+    /// Checks the URL token of a call for `cluster` against the `Cluster` object in the cache.
+    pub fn authenticate(&self, cluster: &str, token: &str) -> Result<(), AuthFailure> {
+        let Authenticator::UrlTokens(keys) = &self.auth else {
+            return Ok(());
+        };
+        if token.is_empty() {
+            return Err(AuthFailure::MissingToken);
+        }
+        if !self.cache.is_synced() {
+            return Err(AuthFailure::NotReady);
+        }
+        let uid = self
+            .cache
+            .cluster(cluster)
+            .and_then(|c| c.metadata.uid.clone())
+            .ok_or(AuthFailure::UnknownCluster)?;
+        match keys.current().verify(cluster, &uid, token) {
+            Some(index) => {
+                let key = if index == 0 { "signing" } else { "older" };
+                self.metrics.authenticated.with_label_values(&[key]).inc();
+                Ok(())
+            }
+            None => Err(AuthFailure::InvalidToken),
+        }
+    }
+
+    fn refuse(&self, failure: AuthFailure, cluster: &str, peer: Option<SocketAddr>) -> Response {
+        self.metrics
+            .auth_failures
+            .with_label_values(&[failure.as_str()])
+            .inc();
+        if failure != AuthFailure::NotReady {
+            self.auth_log.refused(failure, cluster, peer);
+        }
+        let status = StatusCode::from_u16(failure.status()).unwrap_or(StatusCode::FORBIDDEN);
+        plain(status, failure.body())
+    }
+
+    fn invalid(&self, status: StatusCode, reason: &'static str, text: String) -> Response {
+        self.metrics.invalid_requests.with_label_values(&[reason]).inc();
+        plain(status, text)
+    }
+
+    /// An authenticated call: read and parse the body, then decide.
+    async fn validate_body(&self, cluster: String, body: Body) -> Response {
+        let started = Instant::now();
+        let body = match read_body(body, self.limits).await {
+            Ok(body) => body,
+            Err((status, reason, text)) => return self.invalid(status, reason, text),
+        };
+        let request = match parse_review(&body) {
+            Ok(request) => request,
+            Err(e) => return self.invalid(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
+        };
+        let span = info_span!("admission", cluster = %cluster, project = tracing::field::Empty, operation = %request.operation);
+        let verdict = self.admit(&cluster, &request).instrument(span).await;
+        self.metrics.record(&verdict);
+        self.metrics.duration.observe(started.elapsed().as_secs_f64());
+        axum::Json(AdmissionResponse::from_verdict(&request.uid, &verdict).into_review()).into_response()
+    }
 }
 
 impl App {
     /// Decides one admission request (the whole path: sizing, lookup, decision, reservation).
     pub async fn admit(&self, cluster: &str, request: &AdmissionRequest) -> Verdict {
-        if request.resource.resource != "machines" || request.sub_resource.is_some() {
-            return Verdict::allow(Reason::Unchanged);
-        }
-        let object = match machine_of(request.object.as_ref()) {
-            Ok(m) => m,
-            Err(e) => {
-                return Verdict::deny(
-                    Reason::BadRequest,
-                    &request.name,
-                    &format!("is not a readable Machine: {e}"),
-                );
-            }
+        let (object, decision_request) = match decision_request(request, &self.cache.catalog()) {
+            Ok(parts) => parts,
+            Err(answer) => return *answer,
         };
-        // A failed read of the old object only loses the "was it this big already" answer.
-        let old = machine_of(request.old_object.as_ref()).ok().flatten();
-        let name = object
-            .as_ref()
-            .and_then(|m| m.metadata.name.clone())
-            .filter(|n| !n.is_empty())
-            .unwrap_or_else(|| request.name.clone());
-        let ask = ask_for(
-            &request.operation,
-            object.as_ref(),
-            old.as_ref(),
-            &self.cache.catalog(),
-        );
-        let decision_request = Request {
-            machine: name.clone(),
-            ask,
-            dry_run: request.dry_run.unwrap_or(false),
-        };
+        let name = decision_request.machine.clone();
         let grows =
             decision_request.ask.growth().is_some() || matches!(decision_request.ask, Ask::Unsizeable(_));
         if !grows {
@@ -158,7 +304,7 @@ impl App {
 
     /// A request that would grow the project's usage (or cannot be sized): needs the project,
     /// its quota and, when it fits, a reservation.
-    async fn admit_growing(&self, machine: MachineRef, request: &Request) -> Verdict {
+    async fn admit_growing(&self, machine: MachineRef, request: &DecisionRequest) -> Verdict {
         let name = &request.machine;
         let cluster = machine.cluster.clone();
         if !self.readiness.is_ready() {
@@ -205,6 +351,7 @@ pub async fn serve_https(
     acceptor: TlsAcceptor,
     router: Router,
     metrics: Metrics,
+    limits: Limits,
     token: CancellationToken,
 ) {
     let mut connections = JoinSet::new();
@@ -221,7 +368,8 @@ pub async fn serve_https(
                 };
                 metrics.connections.inc();
                 let acceptor = acceptor.clone();
-                let router = router.clone();
+                // Every request of the connection carries the peer's address (for refusal logs).
+                let router = router.clone().layer(axum::Extension(Peer(peer)));
                 connections.spawn(async move {
                     let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
@@ -232,7 +380,20 @@ pub async fn serve_https(
                         Err(_) => return,
                     };
                     let service = TowerToHyperService::new(router);
-                    if let Err(e) = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    builder
+                        .http1()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(limits.header_read_timeout)
+                        .max_buf_size(64 * 1024);
+                    builder
+                        .http2()
+                        .timer(TokioTimer::new())
+                        .max_header_list_size(64 * 1024)
+                        .max_concurrent_streams(256)
+                        .keep_alive_interval(Some(Duration::from_secs(30)))
+                        .keep_alive_timeout(Duration::from_secs(20));
+                    if let Err(e) = builder
                         .serve_connection(TokioIo::new(tls), service)
                         .await
                     {

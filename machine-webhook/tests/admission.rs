@@ -16,9 +16,12 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
-/// Posts an `AdmissionReview` straight to the webhook, trusting `ca_pem`.
+/// Posts an `AdmissionReview` straight to the webhook, trusting `ca_pem`, at `cluster`'s URL
+/// with the token seed-controller would write (from the key file in `certs`).
 async fn review(
+    seed: &Client,
     address: SocketAddr,
+    certs: &Certs,
     ca_pem: &str,
     cluster: &str,
     operation: &str,
@@ -43,7 +46,7 @@ async fn review(
         }
     });
     let response = http
-        .post(format!("https://{address}/validate/machines/{cluster}"))
+        .post(admission_url(seed, address, cluster, certs).await?)
         .json(&body)
         .send()
         .await?
@@ -69,7 +72,7 @@ async fn single_admissions_on_a_real_fleet() -> Result<()> {
     // 16 cpu, 12 in use: room for 4.
     write_quota(seed.clone(), PROJECT, "16", "12").await?;
     let webhook = start_webhook(seed.clone(), &certs, "127.0.0.1:0".parse()?).await?;
-    register(alpha.clone(), "alpha", webhook.address, &certs).await?;
+    register(&seed, alpha.clone(), "alpha", webhook.address, &certs).await?;
     let api = machines(alpha.clone());
 
     fits_is_admitted_and_reserved(&seed, &api).await?;
@@ -79,7 +82,7 @@ async fn single_admissions_on_a_real_fleet() -> Result<()> {
     quota_below_usage_denies_with_a_warning(&seed, &api, webhook.address, &certs).await?;
     no_quota_and_unknown_cluster(&seed, webhook.address, &certs).await?;
     admin_size_catalog_is_watched(&seed, &api).await?;
-    certificate_is_reloaded_when_the_files_change(webhook.address, &certs).await?;
+    certificate_is_reloaded_when_the_files_change(&seed, webhook.address, &certs).await?;
 
     let metrics = &webhook.metrics;
     assert!(metrics.admissions.with_label_values(&["allowed", "fits"]).get() >= 1);
@@ -244,7 +247,9 @@ async fn quota_below_usage_denies_with_a_warning(
     // The warning is in the webhook's answer (the API server passes it on as a Warning header).
     wait_for(Duration::from_secs(20), "the webhook to see usage 20", || async {
         let response = review(
+            seed,
             address,
+            certs,
             &certs.webhook.ca_pem,
             "alpha",
             "CREATE",
@@ -281,7 +286,9 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
         "a project without quota to be allowed",
         || async {
             let response = review(
+                seed,
                 address,
+                certs,
                 &certs.webhook.ca_pem,
                 "nq",
                 "CREATE",
@@ -295,7 +302,9 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
     .await?;
     // Even a Machine that cannot be sized: without a quota there is nothing to check.
     let response = review(
+        seed,
         address,
+        certs,
         &certs.webhook.ca_pem,
         "nq",
         "CREATE",
@@ -305,25 +314,40 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
     assert_eq!(response["allowed"], true, "{response}");
     assert!(reservations(seed.clone(), PROJECT).await?.is_empty());
 
-    let response = review(
-        address,
-        &certs.webhook.ca_pem,
-        "nope",
-        "CREATE",
-        machine_json("lost-1", 1),
+    // A Cluster without a project label: authenticated, but its project is unknown.
+    let mut unlabelled = Cluster::new("nolabel", ClusterSpec::default());
+    unlabelled.metadata.labels = None;
+    clusters.create(&PostParams::default(), &unlabelled).await?;
+    let response = wait_for(
+        Duration::from_secs(20),
+        "the webhook to see Cluster nolabel",
+        || async {
+            review(
+                seed,
+                address,
+                certs,
+                &certs.webhook.ca_pem,
+                "nolabel",
+                "CREATE",
+                machine_json("lost-1", 1),
+            )
+            .await
+        },
     )
     .await?;
     assert_eq!(response["allowed"], false);
     let message = response["status"]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains(r#"machine "lost-1" cannot be checked against a quota: user cluster "nope" is not known on this seed"#),
-        "{message}"
+    assert_eq!(
+        message,
+        r#"machine "lost-1" cannot be checked against a quota: the Cluster "nolabel" has no project-id label, so its project is unknown"#
     );
     // Deletes pass even there.
     let response = review(
+        seed,
         address,
+        certs,
         &certs.webhook.ca_pem,
-        "nope",
+        "nolabel",
         "DELETE",
         machine_json("lost-1", 1),
     )
@@ -332,7 +356,11 @@ async fn no_quota_and_unknown_cluster(seed: &Client, address: SocketAddr, certs:
     Ok(())
 }
 
-async fn certificate_is_reloaded_when_the_files_change(address: SocketAddr, certs: &Certs) -> Result<()> {
+async fn certificate_is_reloaded_when_the_files_change(
+    seed: &Client,
+    address: SocketAddr,
+    certs: &Certs,
+) -> Result<()> {
     let rotated = e2e::certs::WebhookCerts::generate()?;
     // Key first, then certificate: a half-rotated pair is ignored until it matches.
     std::fs::write(&certs.paths.key, &rotated.key_pem)?;
@@ -342,7 +370,9 @@ async fn certificate_is_reloaded_when_the_files_change(address: SocketAddr, cert
         "the rotated certificate to be served",
         || async {
             review(
+                seed,
                 address,
+                certs,
                 &rotated.ca_pem,
                 "nq",
                 "CREATE",
@@ -354,7 +384,9 @@ async fn certificate_is_reloaded_when_the_files_change(address: SocketAddr, cert
     .await?;
     assert!(
         review(
+            seed,
             address,
+            certs,
             &certs.webhook.ca_pem,
             "nq",
             "CREATE",

@@ -35,6 +35,8 @@ fn spawn_webhook(kubeconfig: &std::path::Path, certs: &Certs, https: u16, ops: u
             .arg("--tls-key-file")
             .arg(&certs.paths.key)
             .args(["--metrics-address", &format!("127.0.0.1:{ops}")])
+            .arg("--url-signing-keys")
+            .arg(&certs.keys)
             .env("MACHINE_WEBHOOK_LOG_JSON", "true")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -73,7 +75,7 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
     ] {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }
-    // An admission request over HTTPS, for a cluster the seed does not know.
+    // Admission requests over HTTPS without valid credentials: refused before any decision.
     let https_client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(certs.webhook.ca_pem.as_bytes())?)
         .build()?;
@@ -89,16 +91,69 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
             "object": serde_json::to_value(machine("m", 1))?
         }
     });
-    let review: serde_json::Value = https_client
-        .post(format!("https://127.0.0.1:{https}/validate/machines/ghost"))
-        .json(&body)
+    let keys = machine_webhook::auth::SigningKeys::load(&certs.keys)?;
+    for (path, status) in [
+        ("ghost".to_owned(), 401),
+        (format!("ghost/{}", keys.sign("ghost", "any-uid")), 403),
+    ] {
+        let response = https_client
+            .post(format!("https://127.0.0.1:{https}/validate/machines/{path}"))
+            .json(&body)
+            .send()
+            .await?;
+        assert_eq!(response.status().as_u16(), status, "{path}");
+        assert!(
+            !response.text().await?.contains("allowed"),
+            "no decision for {path}"
+        );
+    }
+    let metrics = http
+        .get(format!("http://127.0.0.1:{ops}/metrics"))
         .send()
         .await?
-        .json()
+        .text()
         .await?;
-    assert_eq!(review["response"]["uid"], "u-1");
-    assert_eq!(review["response"]["allowed"], false);
-    assert_eq!(review["response"]["status"]["reason"], "UnknownCluster");
+    for line in [
+        r#"kkp_quota_webhook_auth_failures_total{reason="missing_token"} 1"#,
+        r#"kkp_quota_webhook_auth_failures_total{reason="unknown_cluster"} 1"#,
+        r#"kkp_quota_admissions_total{reason="unknown_cluster",result="denied"} 0"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in /metrics:\n{metrics}");
+    }
+    Ok(())
+}
+
+/// Without URL-signing keys the binary does not start, unless told to run without
+/// authentication; a key file that does not load stops it too.
+#[test]
+fn the_binary_refuses_to_start_without_keys() -> Result<()> {
+    let certs = certs()?;
+    let run = |extra: &[&str]| -> Result<(bool, String)> {
+        let output = Command::new(env!("CARGO_BIN_EXE_machine-webhook"))
+            .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+            .arg("--tls-cert-file")
+            .arg(&certs.paths.cert)
+            .arg("--tls-key-file")
+            .arg(&certs.paths.key)
+            .args(extra)
+            .env_remove("MACHINE_WEBHOOK_URL_SIGNING_KEYS")
+            .env_remove("MACHINE_WEBHOOK_INSECURE_NO_AUTH")
+            .output()?;
+        Ok((
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        ))
+    };
+    let (ok, stderr) = run(&[])?;
+    assert!(!ok);
+    assert!(stderr.contains("--url-signing-keys"), "{stderr}");
+    let short = certs.dir.path().join("short-key");
+    std::fs::write(&short, "c2hvcnQ=\n")?;
+    let (ok, stderr) = run(&["--url-signing-keys", short.to_str().unwrap_or_default()])?;
+    assert!(!ok);
+    assert!(stderr.contains("line 1: key is 5 bytes, at least 32"), "{stderr}");
+    let (_, stderr) = run(&["--insecure-no-auth", "--url-signing-keys", "x"])?;
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
     Ok(())
 }
 
@@ -115,6 +170,7 @@ async fn sigterm_records_admissions_and_gives_the_allotment_back() -> Result<()>
     let (https, ops) = (free_port()?, free_port()?);
     let mut child = spawn_webhook(&seed.kubeconfig_path(), &certs, https, ops)?;
     register(
+        &seed.client(),
         alpha.clone(),
         "alpha",
         format!("127.0.0.1:{https}").parse()?,

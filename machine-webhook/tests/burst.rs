@@ -11,8 +11,8 @@ use common::*;
 async fn sixty_concurrent_creates_admit_exactly_the_headroom_in_twenty_rounds() -> Result<()> {
     let (_running, seed, alpha, beta, certs) = burst_fleet().await?;
     let webhook = start_webhook(seed.clone(), &certs, "127.0.0.1:0".parse()?).await?;
-    register(alpha.clone(), "alpha", webhook.address, &certs).await?;
-    register(beta.clone(), "beta", webhook.address, &certs).await?;
+    register(&seed, alpha.clone(), "alpha", webhook.address, &certs).await?;
+    register(&seed, beta.clone(), "beta", webhook.address, &certs).await?;
     let (alpha_api, beta_api) = (machines(alpha.clone()), machines(beta.clone()));
     let users = [("alpha", alpha.clone()), ("beta", beta.clone())];
 

@@ -98,7 +98,7 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
     // Full: 16 of 16 cpu.
     write_quota(seed.clone(), PROJECT, "16", "16").await?;
     let webhook = start_webhook(seed.clone(), &certs, "127.0.0.1:0".parse()?).await?;
-    register(alpha.clone(), "alpha", webhook.address, &certs).await?;
+    register(&seed, alpha.clone(), "alpha", webhook.address, &certs).await?;
     install_owner_crds(&alpha).await?;
 
     let deployments: Api<DynamicObject> =

@@ -79,8 +79,8 @@ async fn webhook_killed_mid_burst_never_overruns() -> Result<()> {
     let mut current =
         start_webhook_with(seed.clone(), &certs, "127.0.0.1:0".parse()?, Some(allotments())).await?;
     let address = current.address;
-    register(alpha.clone(), "alpha", address, &certs).await?;
-    register(beta.clone(), "beta", address, &certs).await?;
+    register(&seed, alpha.clone(), "alpha", address, &certs).await?;
+    register(&seed, beta.clone(), "beta", address, &certs).await?;
     let (alpha_api, beta_api) = (machines(alpha.clone()), machines(beta.clone()));
     let users = [("alpha", alpha.clone()), ("beta", beta.clone())];
 
@@ -166,8 +166,8 @@ async fn unrecorded_admissions_of_a_dead_process_stay_covered() -> Result<()> {
         }),
     )
     .await?;
-    register(alpha.clone(), "alpha", first.address, &certs).await?;
-    register(beta.clone(), "beta", first.address, &certs).await?;
+    register(&seed, alpha.clone(), "alpha", first.address, &certs).await?;
+    register(&seed, beta.clone(), "beta", first.address, &certs).await?;
     let api = machines(alpha.clone());
     let users = [("alpha", alpha.clone()), ("beta", beta.clone())];
     // The first create waits for a write that reserves it and takes half of the 9 cpu left.

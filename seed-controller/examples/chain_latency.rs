@@ -179,8 +179,8 @@ async fn main() -> Result<()> {
          process. {n} Machines (hetzner cx22) created one after another; each is timed from just before its create \
          call to the watch event that shows it counted.\n\n\
          | Machine created -> | median | p99 | max |\n| --- | --- | --- | --- |\n\
-         | seed copy `localUsage` (seed-controller) | {s50:.1} ms | {s99:.1} ms | {smax:.1} ms |\n\
-         | master `globalUsage` (then master-controller) | {m50:.1} ms | {m99:.1} ms | {mmax:.1} ms |\n"
+         | seed `QuotaLedger` `localUsage` (seed-controller) | {s50:.1} ms | {s99:.1} ms | {smax:.1} ms |\n\
+         | master `ProjectQuota` `globalUsage` (then master-controller) | {m50:.1} ms | {m99:.1} ms | {mmax:.1} ms |\n"
     );
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;

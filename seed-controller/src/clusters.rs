@@ -280,10 +280,9 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     let _events = AbortOnDrop(tokio::spawn(
         publish_events(client.clone(), receiver, shared.config.user_cluster_timeout).in_current_span(),
     ));
-    let _webhook = shared.config.webhook_url.as_ref().map(|url| {
-        let desired = webhook_config::desired(&name, url, shared.webhook_ca.as_deref());
+    let _webhook = shared.config.webhook_url.as_ref().map(|_| {
         AbortOnDrop(tokio::spawn(
-            webhook_config::keep(client.clone(), desired).in_current_span(),
+            webhook_config::keep(client.clone(), Arc::clone(&shared), name.clone()).in_current_span(),
         ))
     });
     // Machines queued before the sender existed (initial listing) are re-sent by `account` on

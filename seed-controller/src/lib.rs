@@ -53,6 +53,8 @@ pub enum Error {
     ReadFile { path: PathBuf, source: std::io::Error },
     #[error("{0}")]
     Config(String),
+    #[error("URL-signing keys: {0}")]
+    Keys(#[from] machine_webhook::auth::KeyError),
     #[error("{0}")]
     Stopped(String),
 }
@@ -65,6 +67,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// The flags (each with an environment variable fallback).
+// Flags: each bool is an independent switch on the command line.
+#[allow(clippy::struct_excessive_bools)]
 #[derive(clap::Parser, Debug, Clone)]
 #[command(
     name = "seed-controller",
@@ -121,6 +125,19 @@ pub struct Config {
     /// PEM CA bundle the user clusters' apiservers use to verify the webhook.
     #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CA_FILE", requires = "webhook_url")]
     pub webhook_ca_file: Option<PathBuf>,
+    /// File of URL-signing keys shared with machine-webhook (base64, one per line; the first
+    /// signs). Each user cluster's webhook URL carries `<cluster>/<token>`, the token an HMAC of
+    /// the cluster's name and UID; when the first key changes, every configuration is rewritten.
+    /// Required with --webhook-url unless --insecure-no-auth.
+    #[arg(long, env = "SEED_CONTROLLER_URL_SIGNING_KEYS")]
+    pub url_signing_keys: Option<PathBuf>,
+    /// Write webhook URLs without a token (for a machine-webhook run with --insecure-no-auth).
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_INSECURE_NO_AUTH",
+        conflicts_with = "url_signing_keys"
+    )]
+    pub insecure_no_auth: bool,
     /// Run only while holding the leader Lease (several replicas may run).
     #[arg(long, env = "SEED_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -170,6 +187,10 @@ pub struct Shared {
     pub notify: Notify,
     /// The webhook CA bundle (PEM), when --webhook-url is set.
     pub webhook_ca: Option<Vec<u8>>,
+    /// The URL-signing keys as last read (`None`: no keys, URLs without a token); changes when
+    /// the first key does.
+    pub url_keys: tokio::sync::watch::Sender<Option<Arc<machine_webhook::auth::SigningKeys>>>,
+    url_key_file: Option<Arc<machine_webhook::auth::ReloadingKeys>>,
 }
 
 impl Shared {
@@ -219,8 +240,21 @@ impl Controller {
                 "--webhook-url {url:?} must be an https:// URL"
             )));
         }
+        if config.webhook_url.is_some() && config.url_signing_keys.is_none() && !config.insecure_no_auth {
+            return Err(Error::Config(
+                "--webhook-url needs --url-signing-keys (the file machine-webhook verifies with), or --insecure-no-auth"
+                    .to_owned(),
+            ));
+        }
+        let url_key_file = match &config.url_signing_keys {
+            Some(path) => Some(Arc::new(machine_webhook::auth::ReloadingKeys::new(path)?)),
+            None => None,
+        };
+        let (url_keys, _) = tokio::sync::watch::channel(url_key_file.as_ref().map(|keys| keys.current()));
         Ok(Controller {
             shared: Arc::new(Shared {
+                url_keys,
+                url_key_file,
                 metrics: Metrics::new()?,
                 readiness: Readiness::default(),
                 state: Mutex::new(state::State::new(SizeCatalog::shipped())),
@@ -253,6 +287,12 @@ impl Controller {
         let mut quotas = AbortOnDrop(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
         let mut writer = AbortOnDrop(tokio::spawn(writer::run(Arc::clone(&shared))));
         let mut resync = AbortOnDrop(tokio::spawn(resync(Arc::clone(&shared))));
+        let _keys = shared.url_key_file.as_ref().map(|keys| {
+            AbortOnDrop(tokio::spawn(webhook_config::follow_keys(
+                Arc::clone(keys),
+                Arc::clone(&shared),
+            )))
+        });
         // None of these loops ends on its own: if one does (a panic), stop everything so the
         // process is restarted rather than silently not counting.
         let stopped = |what: &str, r: Result<(), tokio::task::JoinError>| {

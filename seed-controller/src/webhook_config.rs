@@ -3,15 +3,23 @@
 //! server-side apply (field manager `kkp-quota-seed-controller`), watched, and applied again when
 //! it is deleted or edited.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kkp_quota_crds::kkp::Cluster;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
+use machine_webhook::auth::{PATH_PREFIX, ReloadingKeys, SigningKeys};
 use serde_json::{Value, json};
+use tokio::sync::watch;
 use tracing::{info, warn};
+
+use crate::Shared;
 
 pub const NAME: &str = "kkp-quota-machines";
 pub const FIELD_MANAGER: &str = "kkp-quota-seed-controller";
@@ -20,11 +28,22 @@ pub const FIELD_MANAGER: &str = "kkp-quota-seed-controller";
 /// (a Machine's size comes from its spec alone).
 pub const SPEC_CHANGES_ONLY: &str = "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || object.spec != oldObject.spec";
 
-/// The configuration for one user cluster.
-pub fn desired(cluster: &str, base_url: &str, ca_bundle: Option<&[u8]>) -> Value {
-    let mut client_config = json!({
-        "url": format!("{}/validate/machines/{cluster}", base_url.trim_end_matches('/')),
-    });
+/// How often the URL-signing key file is checked for a change.
+pub const KEY_POLL: Duration = Duration::from_secs(1);
+
+/// The URL for one user cluster: `<base>/validate/machines/<cluster>/<token>`, the token signed
+/// with the first URL-signing key over the cluster's name and UID (see
+/// `machine_webhook::auth`); without keys (`--insecure-no-auth`), `<base>/validate/machines/<cluster>`.
+pub fn url(cluster: &str, uid: &str, base_url: &str, keys: Option<&SigningKeys>) -> String {
+    match keys {
+        Some(keys) => machine_webhook::auth::webhook_url(base_url, cluster, &keys.sign(cluster, uid)),
+        None => format!("{}{PATH_PREFIX}/{cluster}", base_url.trim_end_matches('/')),
+    }
+}
+
+/// The configuration for one user cluster, whose webhook URL is `url`.
+pub fn desired(url: &str, ca_bundle: Option<&[u8]>) -> Value {
+    let mut client_config = json!({ "url": url });
     if let Some(ca) = ca_bundle {
         client_config["caBundle"] = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or(Value::Null);
     }
@@ -74,35 +93,117 @@ pub fn contains(actual: &Value, wanted: &Value) -> bool {
     }
 }
 
-/// Keeps the configuration in one user cluster until the task is aborted.
-pub async fn keep(client: Client, desired: Value) {
+/// The keys the webhook URLs are signed with, as a channel that changes when the first
+/// (signing) key does: checks the file every [`KEY_POLL`] until the sender is dropped.
+pub async fn follow_keys(keys: Arc<ReloadingKeys>, shared: Arc<Shared>) {
+    let sender: &watch::Sender<Option<Arc<SigningKeys>>> = &shared.url_keys;
+    let mut ticker = tokio::time::interval(KEY_POLL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        let current = keys.current();
+        sender.send_if_modified(|held| {
+            let changed = held
+                .as_ref()
+                .is_none_or(|h| h.signing_fingerprint() != current.signing_fingerprint());
+            if changed {
+                info!(
+                    key = current.signing_fingerprint(),
+                    "URL-signing key changed: rewriting every user cluster's webhook URL"
+                );
+                *held = Some(Arc::clone(&current));
+            }
+            changed
+        });
+    }
+}
+
+/// The user cluster's `Cluster` UID on the seed (retried until it is read).
+async fn cluster_uid(seed: &Client, cluster: &str) -> String {
+    let api: Api<Cluster> = Api::all(seed.clone());
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match api.get(cluster).await {
+            Ok(object) => return object.metadata.uid.unwrap_or_default(),
+            Err(e) => {
+                warn!(error = %e, cluster, "cannot read the Cluster for its webhook URL; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+}
+
+/// Keeps the configuration in one user cluster until the task is aborted: applied when it is
+/// missing or differs, and again whenever the signing key changes (new token in the URL) or the
+/// `Cluster`'s UID does (re-read every `--resync-period`).
+pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
+    let Some(base) = shared.config.webhook_url.clone() else {
+        return;
+    };
+    let mut keys = shared.url_keys.subscribe();
+    let mut uid = cluster_uid(&shared.seed, &cluster).await;
+    let build = |uid: &str, keys: Option<&SigningKeys>| {
+        desired(&url(&cluster, uid, &base, keys), shared.webhook_ca.as_deref())
+    };
+    let mut wanted = build(&uid, keys.borrow_and_update().as_deref());
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
     let mut stream = watcher::watcher(api.clone(), config).default_backoff().boxed();
     let mut seen = false;
-    while let Some(event) = stream.next().await {
-        let needs_apply = match event {
-            Ok(Event::Init) => {
-                seen = false;
-                false
+    let mut actual: Option<Value> = None;
+    let mut recheck = tokio::time::interval(shared.config.resync_period);
+    recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    recheck.tick().await;
+    let mut keys_open = true;
+    loop {
+        let needs_apply = tokio::select! {
+            event = stream.next() => match event {
+                None => return,
+                Some(Ok(Event::Init)) => {
+                    seen = false;
+                    false
+                }
+                Some(Ok(Event::InitApply(object) | Event::Apply(object))) => {
+                    seen = true;
+                    actual = serde_json::to_value(&object).ok();
+                    !actual.as_ref().is_some_and(|a| contains(a, &wanted))
+                }
+                Some(Ok(Event::InitDone)) => !seen,
+                Some(Ok(Event::Delete(_))) => {
+                    seen = false;
+                    actual = None;
+                    true
+                }
+                Some(Err(e)) => {
+                    warn!(error = %e, "watch of the webhook configuration failed; retrying");
+                    false
+                }
+            },
+            changed = keys.changed(), if keys_open => {
+                if changed.is_err() {
+                    keys_open = false;
+                    false
+                } else {
+                    wanted = build(&uid, keys.borrow_and_update().as_deref());
+                    seen && !actual.as_ref().is_some_and(|a| contains(a, &wanted))
+                }
             }
-            Ok(Event::InitApply(object) | Event::Apply(object)) => {
-                seen = true;
-                !serde_json::to_value(&object).is_ok_and(|actual| contains(&actual, &desired))
-            }
-            Ok(Event::InitDone) => !seen,
-            Ok(Event::Delete(_)) => {
-                seen = false;
-                true
-            }
-            Err(e) => {
-                warn!(error = %e, "watch of the webhook configuration failed; retrying");
-                false
+            _ = recheck.tick() => {
+                let now = cluster_uid(&shared.seed, &cluster).await;
+                if now == uid {
+                    false
+                } else {
+                    info!(cluster, "the Cluster was recreated (new UID): new webhook URL");
+                    uid = now;
+                    wanted = build(&uid, keys.borrow().as_deref());
+                    true
+                }
             }
         };
         if needs_apply {
             let params = PatchParams::apply(FIELD_MANAGER).force();
-            match api.patch(NAME, &params, &Patch::Apply(&desired)).await {
+            match api.patch(NAME, &params, &Patch::Apply(&wanted)).await {
                 Ok(_) => info!(name = NAME, "webhook configuration applied"),
                 Err(e) => {
                     warn!(error = %e, "could not apply the webhook configuration; retrying on the next event");
@@ -117,11 +218,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn desired_points_at_the_cluster_path() {
-        let d = desired("alpha", "https://127.0.0.1:9443/", Some(b"PEM"));
+    fn desired_points_at_the_cluster_path_with_its_token() {
+        let keys = SigningKeys::parse(&machine_webhook::auth::generate_key()).expect("keys");
+        let token = keys.sign("alpha", "uid-1");
+        let d = desired(
+            &url("alpha", "uid-1", "https://127.0.0.1:9443/", Some(&keys)),
+            Some(b"PEM"),
+        );
         assert_eq!(
             d["webhooks"][0]["clientConfig"]["url"],
-            "https://127.0.0.1:9443/validate/machines/alpha"
+            format!("https://127.0.0.1:9443/validate/machines/alpha/{token}")
+        );
+        assert_eq!(keys.verify("alpha", "uid-1", &token), Some(0));
+        assert_eq!(
+            url("alpha", "uid-1", "https://h/", None),
+            "https://h/validate/machines/alpha"
         );
         assert_eq!(d["webhooks"][0]["clientConfig"]["caBundle"], "UEVN");
         assert_eq!(d["webhooks"][0]["failurePolicy"], "Fail");
@@ -129,7 +240,7 @@ mod tests {
 
     #[test]
     fn contains_ignores_defaults_but_not_edits() {
-        let wanted = desired("alpha", "https://x", None);
+        let wanted = desired("https://x/validate/machines/alpha/t", None);
         let mut actual = wanted.clone();
         actual["webhooks"][0]["namespaceSelector"] = json!({});
         actual["webhooks"][0]["rules"][0]["scope"] = json!("*");

@@ -24,21 +24,21 @@ const HEADROOM: usize = 10;
 async fn start_webhook(
     seed: &kube::Client,
     paths: &e2e::certs::WebhookCertPaths,
+    keys: &std::path::Path,
 ) -> (
     std::net::SocketAddr,
     machine_webhook::metrics::Metrics,
     seed_controller::AbortOnDrop<()>,
 ) {
-    let webhook = machine_webhook::Webhook::start(
-        machine_webhook::Config::new(
-            "127.0.0.1:0".parse().unwrap(),
-            paths.cert.clone(),
-            paths.key.clone(),
-        ),
-        seed.clone(),
-    )
-    .await
-    .unwrap();
+    let mut config = machine_webhook::Config::new(
+        "127.0.0.1:0".parse().unwrap(),
+        paths.cert.clone(),
+        paths.key.clone(),
+    );
+    config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(keys.to_path_buf()));
+    let webhook = machine_webhook::Webhook::start(config, seed.clone())
+        .await
+        .unwrap();
     let (address, metrics, ready) = (
         webhook.address,
         webhook.metrics.clone(),
@@ -53,9 +53,25 @@ async fn start_webhook(
     (address, metrics, task)
 }
 
-/// Points `user`'s API server at the webhook process at `address`.
-async fn register(user: &kube::Client, cluster: &str, address: std::net::SocketAddr, ca: &[u8]) {
-    let body = webhook_config::desired(cluster, &format!("https://{address}"), Some(ca));
+/// Points `user`'s API server at the webhook process at `address`, with the cluster's signed URL.
+async fn register(
+    seed: &kube::Client,
+    user: &kube::Client,
+    cluster: &str,
+    address: std::net::SocketAddr,
+    ca: &[u8],
+    keys: &std::path::Path,
+) {
+    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
+        .get(cluster)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
+    let url = webhook_config::url(cluster, &uid, &format!("https://{address}"), Some(&keys));
+    let body = webhook_config::desired(&url, Some(ca));
     Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(user.clone())
         .patch(
             webhook_config::NAME,
@@ -88,11 +104,13 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
     let certs = e2e::certs::WebhookCerts::generate().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let paths = certs.write_to(dir.path()).unwrap();
-    let (first, first_metrics, _first) = start_webhook(&seed, &paths).await;
-    let (second, second_metrics, _second) = start_webhook(&seed, &paths).await;
+    let keys = dir.path().join("url-signing-keys");
+    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+    let (first, first_metrics, _first) = start_webhook(&seed, &paths, &keys).await;
+    let (second, second_metrics, _second) = start_webhook(&seed, &paths, &keys).await;
     let ca = std::fs::read(&paths.ca).unwrap();
-    register(&alpha, "alpha", first, &ca).await;
-    register(&beta, "beta", second, &ca).await;
+    register(&seed, &alpha, "alpha", first, &ca, &keys).await;
+    register(&seed, &beta, "beta", second, &ca, &keys).await;
     // No --webhook-url: the registrations above stay as they are.
     let running = start_controller(fleet.seed("seed-a"), Config::for_tests("seed-a")).await;
     running.wait_ready().await;

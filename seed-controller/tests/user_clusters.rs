@@ -18,16 +18,31 @@ async fn webhook_configuration(user: &Client) -> Option<ValidatingWebhookConfigu
     api.get_opt("kkp-quota-machines").await.ok().flatten()
 }
 
+/// The URL seed-controller must write for `cluster`: its token signed with the first key in
+/// `keys` over the Cluster's name and UID on `seed`.
+async fn expected_url(seed: &Client, cluster: &str, keys: &std::path::Path) -> String {
+    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
+        .get(cluster)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
+    let token = keys.sign(cluster, &uid);
+    assert_eq!(keys.verify(cluster, &uid, &token), Some(0));
+    format!("https://127.0.0.1:9443/validate/machines/{cluster}/{token}")
+}
+
 async fn wait_webhook_configuration(
     user: &Client,
-    cluster: &str,
+    url: &str,
     not_uid: Option<&str>,
 ) -> ValidatingWebhookConfiguration {
-    let url = format!("https://127.0.0.1:9443/validate/machines/{cluster}");
-    e2e::wait_for(WAIT, &format!("webhook configuration for {cluster}"), || async {
+    e2e::wait_for(WAIT, &format!("webhook configuration with URL {url}"), || async {
         let vwc = webhook_configuration(user).await?;
         let hook = vwc.webhooks.as_ref()?.first()?.clone();
-        let ok = hook.client_config.url.as_deref() == Some(url.as_str())
+        let ok = hook.client_config.url.as_deref() == Some(url)
             && hook.failure_policy.as_deref() == Some("Fail")
             && not_uid.is_none_or(|u| vwc.uid().as_deref() != Some(u));
         ok.then_some(vwc)
@@ -58,9 +73,16 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
     let certs = e2e::certs::WebhookCerts::generate().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let paths = certs.write_to(dir.path()).unwrap();
+    let keys = dir.path().join("url-signing-keys");
+    let (old_key, new_key) = (
+        machine_webhook::auth::generate_key(),
+        machine_webhook::auth::generate_key(),
+    );
+    e2e::system::write_url_signing_keys(&keys, &[&old_key]).unwrap();
     let mut config = Config::for_tests("seed");
     config.webhook_url = Some("https://127.0.0.1:9443".into());
     config.webhook_ca_file = Some(paths.ca.clone());
+    config.url_signing_keys = Some(keys.clone());
     let running = start_controller(&seed_cp, config).await;
 
     // Registered while the controller runs: followed.
@@ -69,7 +91,8 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
     wait_local_usage(&seed, "demo", &size_of(&a_spec)).await;
 
     // The webhook configuration, as the contract says.
-    let vwc = wait_webhook_configuration(&one, "delta", None).await;
+    let url = expected_url(&seed, "delta", &keys).await;
+    let vwc = wait_webhook_configuration(&one, &url, None).await;
     let hook = vwc.webhooks.clone().unwrap().remove(0);
     assert_eq!(
         hook.client_config.ca_bundle.as_ref().map(|b| b.0.clone()),
@@ -93,7 +116,7 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
     api.delete("kkp-quota-machines", &kube::api::DeleteParams::default())
         .await
         .unwrap();
-    let restored = wait_webhook_configuration(&one, "delta", vwc.uid().as_deref()).await;
+    let restored = wait_webhook_configuration(&one, &url, vwc.uid().as_deref()).await;
     // Edited: restored.
     let mut edited = restored.clone();
     edited.metadata.managed_fields = None;
@@ -122,6 +145,13 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
     write_kubeconfig_secret(&seed, "cluster-delta", &two_cp.kubeconfig_yaml()).await;
     wait_cluster_usage(&seed, "delta", &size_of(&b_spec)).await;
     wait_local_usage(&seed, "demo", &size_of(&b_spec)).await;
-    wait_webhook_configuration(&two, "delta", None).await;
+    wait_webhook_configuration(&two, &url, None).await;
+
+    // Key rotation: the new key added second (both verify at the webhook), then moved first:
+    // the URL is rewritten with a token under the new key.
+    e2e::system::write_url_signing_keys(&keys, &[&new_key, &old_key]).unwrap();
+    let rotated = expected_url(&seed, "delta", &keys).await;
+    assert_ne!(rotated, url);
+    wait_webhook_configuration(&two, &rotated, None).await;
     running.stop().await;
 }

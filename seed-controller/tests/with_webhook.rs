@@ -30,16 +30,18 @@ async fn webhook_reservations_are_counted_and_dropped() {
     let certs = e2e::certs::WebhookCerts::generate().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let paths = certs.write_to(dir.path()).unwrap();
-    let webhook = machine_webhook::Webhook::start(
-        machine_webhook::Config::new(
-            "127.0.0.1:0".parse().unwrap(),
-            paths.cert.clone(),
-            paths.key.clone(),
-        ),
-        seed.clone(),
-    )
-    .await
-    .unwrap();
+    // One key file for both: seed-controller signs the URLs with it, the webhook verifies them.
+    let keys = dir.path().join("url-signing-keys");
+    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+    let mut webhook_config = machine_webhook::Config::new(
+        "127.0.0.1:0".parse().unwrap(),
+        paths.cert.clone(),
+        paths.key.clone(),
+    );
+    webhook_config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(keys.clone()));
+    let webhook = machine_webhook::Webhook::start(webhook_config, seed.clone())
+        .await
+        .unwrap();
     let address = webhook.address;
     let webhook_metrics = webhook.metrics.clone();
     let webhook_ready = webhook.readiness.clone();
@@ -51,6 +53,7 @@ async fn webhook_reservations_are_counted_and_dropped() {
     let mut config = Config::for_tests("seed");
     config.webhook_url = Some(format!("https://{address}"));
     config.webhook_ca_file = Some(paths.ca.clone());
+    config.url_signing_keys = Some(keys.clone());
     let running = start_controller(&seed_cp, config).await;
 
     // The configuration the controller wrote is in effect: an unsizeable Machine is refused.

@@ -59,9 +59,12 @@ impl RunningWebhook {
     }
 }
 
+/// The webhook's serving certificate and its URL-signing key file (one fresh key).
 pub struct Certs {
     pub webhook: WebhookCerts,
     pub paths: WebhookCertPaths,
+    /// The URL-signing key file the webhook verifies with.
+    pub keys: std::path::PathBuf,
     pub dir: tempfile::TempDir,
 }
 
@@ -69,11 +72,41 @@ pub fn certs() -> Result<Certs> {
     let dir = tempfile::tempdir()?;
     let certs = WebhookCerts::generate()?;
     let paths = certs.write_to(dir.path())?;
+    let keys = dir.path().join("url-signing-keys");
+    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()])?;
     Ok(Certs {
         webhook: certs,
         paths,
+        keys,
         dir,
     })
+}
+
+/// The token seed-controller would put into `cluster`'s webhook URL (signed with the first key
+/// of the file, over the Cluster's name and UID on the seed).
+pub async fn token(seed: &Client, cluster: &str, certs: &Certs) -> Result<String> {
+    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
+        .get(cluster)
+        .await?
+        .metadata
+        .uid
+        .context("Cluster without UID")?;
+    let keys = machine_webhook::auth::SigningKeys::load(&certs.keys)?;
+    Ok(keys.sign(cluster, &uid))
+}
+
+/// The authenticated admission URL of `cluster` on the webhook at `address`.
+pub async fn admission_url(
+    seed: &Client,
+    address: SocketAddr,
+    cluster: &str,
+    certs: &Certs,
+) -> Result<String> {
+    Ok(machine_webhook::auth::webhook_url(
+        &format!("https://{address}"),
+        cluster,
+        &token(seed, cluster, certs).await?,
+    ))
 }
 
 /// Starts the webhook against `seed` on `address` (port 0: any) and waits until it is ready.
@@ -90,6 +123,7 @@ pub async fn start_webhook_with(
 ) -> Result<RunningWebhook> {
     let mut config = Config::new(address, certs.paths.cert.clone(), certs.paths.key.clone());
     config.allotments = allotments;
+    config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(certs.keys.clone()));
     let webhook = Webhook::start(config, seed).await?;
     let address = webhook.address;
     let readiness = webhook.readiness.clone();
@@ -112,8 +146,15 @@ pub async fn start_webhook_with(
 }
 
 /// What seed-controller keeps in every user cluster (written here so the tests do not depend on
-/// it): `<base>/validate/machines/<cluster>`, failurePolicy Fail, 5 s.
-pub async fn register(user: Client, cluster: &str, address: SocketAddr, certs: &Certs) -> Result<()> {
+/// it): `<base>/validate/machines/<cluster>/<token>`, failurePolicy Fail, 5 s.
+pub async fn register(
+    seed: &Client,
+    user: Client,
+    cluster: &str,
+    address: SocketAddr,
+    certs: &Certs,
+) -> Result<()> {
+    let url = admission_url(seed, address, cluster, certs).await?;
     let config = ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(WEBHOOK_CONFIG.into()),
@@ -123,7 +164,7 @@ pub async fn register(user: Client, cluster: &str, address: SocketAddr, certs: &
             name: "machines.kkp-quota.k8c.io".into(),
             admission_review_versions: vec!["v1".into()],
             client_config: WebhookClientConfig {
-                url: Some(format!("https://{address}/validate/machines/{cluster}")),
+                url: Some(url),
                 ca_bundle: Some(certs.webhook.ca_bundle()),
                 service: None,
             },

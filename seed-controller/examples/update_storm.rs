@@ -1,0 +1,264 @@
+//! The cost of the webhook on Machine updates that cannot change a size: machine-controller
+//! updates every Machine many times in its life (finalizers, annotations). With the webhook
+//! configuration seed-controller writes (CEL `matchConditions`: only UPDATEs that change the
+//! spec are sent), such updates should cost what they cost without any webhook.
+//!
+//! Three modes, interleaved round by round in one run on one fleet (seed-a + user cluster alpha,
+//! a webhook process in this process): no webhook; the webhook as configured (match conditions);
+//! the same webhook without match conditions (every UPDATE sent). Each round, `--clients`
+//! concurrent clients each patch their own Machine `--updates` times, alternately adding and
+//! removing a finalizer and changing an annotation.
+//!
+//! ```sh
+//! cargo run --release -p seed-controller --example update_storm -- --clients 16 --updates 100 --rounds 3
+//! ```
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::too_many_lines // one benchmark, top to bottom
+)]
+
+use std::fmt::Write as _;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Parser;
+use futures::future::try_join_all;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use seed_controller::{AbortOnDrop, webhook_config};
+use serde_json::{Value, json};
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    #[arg(long, default_value_t = 100)]
+    updates: usize,
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[arg(long, default_value = "seed-controller/results/update-storm.md")]
+    out: PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Mode {
+    NoWebhook,
+    MatchConditions,
+    EveryUpdate,
+}
+
+impl Mode {
+    fn describe(self) -> &'static str {
+        match self {
+            Mode::NoWebhook => "no webhook",
+            Mode::MatchConditions => "webhook as configured (matchConditions)",
+            Mode::EveryUpdate => "webhook without matchConditions",
+        }
+    }
+}
+
+async fn configure(alpha: &Client, mode: Mode, url: &str, ca: &[u8]) -> Result<()> {
+    let api: Api<ValidatingWebhookConfiguration> = Api::all(alpha.clone());
+    let mut body = webhook_config::desired(url, Some(ca));
+    match mode {
+        Mode::NoWebhook => {
+            let _ = api.delete(webhook_config::NAME, &DeleteParams::default()).await;
+            return Ok(());
+        }
+        Mode::MatchConditions => {}
+        Mode::EveryUpdate => {
+            if let Some(w) = body["webhooks"][0].as_object_mut() {
+                w.remove("matchConditions");
+            }
+        }
+    }
+    // Replaced whole (delete, then create), so no field of an earlier mode lingers.
+    let _ = api.delete(webhook_config::NAME, &DeleteParams::default()).await;
+    let object: ValidatingWebhookConfiguration = serde_json::from_value(body)?;
+    api.create(&PostParams::default(), &object).await?;
+    Ok(())
+}
+
+/// One client's storm on its own Machine; returns the number of updates made.
+async fn storm(api: Api<Machine>, name: String, updates: usize, round: usize) -> Result<usize> {
+    for i in 0..updates {
+        let finalizers: Value = if i % 2 == 0 {
+            json!(["example.com/storm"])
+        } else {
+            Value::Null
+        };
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "annotations": {"storm": format!("{round}-{i}")},
+        }});
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+    }
+    // No finalizer left behind.
+    let clear = json!({"metadata": {"finalizers": null}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&clear))
+        .await?;
+    Ok(updates)
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    kkp_quota_crds::runtime::telemetry::init_tracing(false);
+    let fleet = e2e::Fleet::start(
+        e2e::FleetSpec::empty()
+            .with_seed("seed-a")
+            .with_project("demo")
+            .with_user_cluster("alpha", "seed-a", "demo"),
+    )
+    .await?;
+    let seed = fleet.seed("seed-a").client();
+    let alpha = fleet.user_cluster("alpha").client();
+
+    let mut ledger = QuotaLedger::new(
+        "project-demo",
+        QuotaLedgerSpec {
+            subject: LedgerSubject::project("demo"),
+            quota: serde_json::from_value(json!({"cpu": "100000"}))?,
+        },
+    );
+    ledger.metadata.labels = Some(BTreeMap::from([
+        (SUBJECT_NAME_LABEL.to_owned(), "demo".to_owned()),
+        (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
+    ]));
+    Api::<QuotaLedger>::all(seed.clone())
+        .create(&PostParams::default(), &ledger)
+        .await?;
+
+    let certs = e2e::certs::WebhookCerts::generate()?;
+    let dir = tempfile::tempdir()?;
+    let paths = certs.write_to(dir.path())?;
+    let ca = std::fs::read(&paths.ca)?;
+    let keys_path = dir.path().join("url-signing-keys");
+    e2e::system::write_url_signing_keys(&keys_path, &[&machine_webhook::auth::generate_key()])?;
+    let mut config =
+        machine_webhook::Config::new("127.0.0.1:0".parse()?, paths.cert.clone(), paths.key.clone());
+    config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(keys_path.clone()));
+    let webhook = machine_webhook::Webhook::start(config, seed.clone()).await?;
+    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
+        .get("alpha")
+        .await?
+        .metadata
+        .uid
+        .unwrap_or_default();
+    let keys = machine_webhook::auth::SigningKeys::load(&keys_path)?;
+    let base_url = webhook_config::url(
+        "alpha",
+        &uid,
+        &format!("https://{}", webhook.address),
+        Some(&keys),
+    );
+    let metrics = webhook.metrics.clone();
+    let ready = webhook.readiness.clone();
+    let _webhook = AbortOnDrop(tokio::spawn(async move {
+        let _ = webhook.run().await;
+    }));
+    e2e::wait_for(std::time::Duration::from_secs(30), "webhook ready", || async {
+        ready.is_ready()
+    })
+    .await?;
+    let calls = || {
+        metrics
+            .registry
+            .gather()
+            .iter()
+            .filter(|f| f.name() == "kkp_quota_admissions_total")
+            .flat_map(|f| f.get_metric().iter().map(|m| m.get_counter().get_value()))
+            .sum::<f64>()
+    };
+
+    let machines: Api<Machine> = Api::namespaced(alpha.clone(), "kube-system");
+    for c in 0..args.clients {
+        let m: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": format!("storm-{c}"), "namespace": "kube-system"},
+            "spec": {"providerSpec": {"value": {"cloudProvider": "hetzner", "cloudProviderSpec": {"serverType": "cx22"}}}},
+        }))?;
+        machines.create(&PostParams::default(), &m).await?;
+    }
+
+    let modes = [Mode::NoWebhook, Mode::MatchConditions, Mode::EveryUpdate];
+    let mut rates: BTreeMap<Mode, Vec<f64>> = BTreeMap::new();
+    let mut webhook_calls: BTreeMap<Mode, f64> = BTreeMap::new();
+    for round in 0..args.rounds {
+        for &mode in &modes {
+            configure(&alpha, mode, &base_url, &ca).await?;
+            // The API server picks up webhook configuration changes asynchronously: a probe
+            // update shows when the mode is in effect.
+            let probe_wanted = mode == Mode::EveryUpdate;
+            e2e::wait_for(std::time::Duration::from_secs(30), "webhook mode in effect", || async {
+                let before = calls();
+                let patch = json!({"metadata": {"annotations": {"probe": Instant::now().elapsed().as_nanos().to_string()}}});
+                let _ = machines.patch("storm-0", &PatchParams::default(), &Patch::Merge(&patch)).await;
+                (calls() > before) == probe_wanted
+            })
+            .await?;
+            let before = calls();
+            let started = Instant::now();
+            let done: usize = try_join_all(
+                (0..args.clients).map(|c| storm(machines.clone(), format!("storm-{c}"), args.updates, round)),
+            )
+            .await?
+            .into_iter()
+            .sum();
+            let elapsed = started.elapsed().as_secs_f64();
+            rates.entry(mode).or_default().push(done as f64 / elapsed);
+            *webhook_calls.entry(mode).or_default() += calls() - before;
+            eprintln!(
+                "round {round}: {}: {:.0} updates/s",
+                mode.describe(),
+                done as f64 / elapsed
+            );
+        }
+    }
+
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let base = median(&rates[&Mode::NoWebhook]);
+    let mut rows = String::new();
+    for mode in modes {
+        let r = median(&rates[&mode]);
+        let _ = writeln!(
+            rows,
+            "| {} | {r:.0} | {:.2} | {:.0} |",
+            mode.describe(),
+            r / base,
+            webhook_calls[&mode]
+        );
+    }
+    let report = format!(
+        "# Update storm: metadata-only Machine updates with and without the webhook\n\n\
+         Measured by `cargo run --release -p seed-controller --example update_storm -- --clients {} --updates {} --rounds {}` \
+         on the shared 2-core machine: a real fleet (seed-a + user cluster alpha), the webhook in the benchmark's process. \
+         Each round runs every mode in turn; each client patches its own Machine {} times (finalizer added/removed, \
+         annotation changed), as machine-controller does over a Machine's life. Rates are medians over the rounds; the \
+         ratio is to no webhook in the same run; webhook calls are summed over all rounds.\n\n\
+         | mode | updates/s | ratio | webhook calls |\n| --- | ---: | ---: | ---: |\n{rows}",
+        args.clients, args.updates, args.rounds, args.updates
+    );
+    if let Some(parent) = args.out.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&args.out, &report)?;
+    eprintln!("{report}");
+    Ok(())
+}
