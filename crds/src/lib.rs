@@ -15,6 +15,7 @@ pub mod machine;
 pub mod quantity;
 pub mod quota;
 pub mod resources;
+pub mod shares;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 
