@@ -15,9 +15,9 @@ pub mod machine;
 pub mod quantity;
 pub mod quota;
 pub mod resources;
-pub mod shares;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+pub mod shares;
 
 pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};

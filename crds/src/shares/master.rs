@@ -40,7 +40,11 @@ impl SeedRecord {
 
     /// Keeps `report` if it is newer than the one held (reports may arrive out of order).
     pub fn observe(&mut self, report: SeedReport) {
-        if self.report.as_ref().is_none_or(|old| report.version > old.version) {
+        if self
+            .report
+            .as_ref()
+            .is_none_or(|old| report.version > old.version)
+        {
             self.report = Some(report);
         }
     }
@@ -168,7 +172,9 @@ fn plan_resource(
     slack: Quantity,
 ) -> Result<Vec<(Quantity, Quantity)>, QuantityError> {
     let shares: Vec<Quantity> = records.iter().map(|r| r.share_seen().amount(resource)).collect();
-    let held = shares.iter().try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
+    let held = shares
+        .iter()
+        .try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
     let mut free = limit.saturating_sub_to_zero(held);
     let over = held.saturating_sub_to_zero(limit);
 
@@ -176,7 +182,9 @@ fn plan_resource(
     let mut unmet = Quantity::ZERO;
     let mut grants = vec![Quantity::ZERO; records.len()];
     for (i, record) in records.iter().enumerate() {
-        let Some(want) = record.demand(resource) else { continue };
+        let Some(want) = record.demand(resource) else {
+            continue;
+        };
         if !record.reachable || record.retiring {
             continue;
         }
@@ -210,7 +218,9 @@ fn plan_resource(
     let mut reclaim = unmet.checked_add(over)?;
     for above_slack in [true, false] {
         for (i, record) in records.iter().enumerate() {
-            let Some(committed) = record.committed_seen(resource) else { continue };
+            let Some(committed) = record.committed_seen(resource) else {
+                continue;
+            };
             if !record.reachable || record.retiring || record.demand(resource).is_some() {
                 continue;
             }
@@ -227,7 +237,9 @@ fn plan_resource(
 
     // A limit lowered below use: squeeze targets below committed until they sum to the limit.
     // Seeds then admit nothing more, and release whatever their use frees.
-    let total = targets.iter().try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
+    let total = targets
+        .iter()
+        .try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
     let mut squeeze = total.saturating_sub_to_zero(limit);
     for target in &mut targets {
         let take = (*target).min(squeeze);
@@ -265,7 +277,10 @@ mod tests {
 
     #[test]
     fn grants_from_free_headroom_only() {
-        let v = view(10, vec![("a", seed(4, 1, 3, Some(6))), ("b", seed(5, 0, 5, None))]);
+        let v = view(
+            10,
+            vec![("a", seed(4, 1, 3, Some(6))), ("b", seed(5, 0, 5, None))],
+        );
         assert_eq!(v.free().unwrap(), cpu(2));
         let plan = v.plan(&cpu(0)).unwrap();
         assert_eq!(plan.grants["a"], cpu(2));
@@ -276,12 +291,18 @@ mod tests {
     #[test]
     fn asks_idle_seeds_above_slack_first() {
         // a wants 8, holds 2; nothing is free; b holds 8 and uses 2 (slack 1); c holds 0.
-        let v = view(10, vec![("a", seed(2, 0, 2, Some(8))), ("b", seed(8, 0, 2, None))]);
+        let v = view(
+            10,
+            vec![("a", seed(2, 0, 2, Some(8))), ("b", seed(8, 0, 2, None))],
+        );
         let plan = v.plan(&cpu(1)).unwrap();
         assert!(plan.grants.is_empty());
         assert_eq!(plan.targets["b"], cpu(2));
         // Once b's release is seen, a gets it and b's target is what it holds.
-        let v = view(10, vec![("a", seed(2, 0, 2, Some(8))), ("b", seed(8, 6, 2, None))]);
+        let v = view(
+            10,
+            vec![("a", seed(2, 0, 2, Some(8))), ("b", seed(8, 6, 2, None))],
+        );
         let plan = v.plan(&cpu(1)).unwrap();
         assert_eq!(plan.grants["a"], cpu(6));
         assert_eq!(plan.targets["b"], cpu(2));

@@ -94,9 +94,7 @@ impl SeedShare {
             let committed = committed.amount(resource);
             let mut keep = self.target.get(resource).map_or(share, |t| t.max(committed));
             if quiet {
-                let idle_keep = committed
-                    .checked_add(slack.amount(resource))
-                    .unwrap_or(share);
+                let idle_keep = committed.checked_add(slack.amount(resource)).unwrap_or(share);
                 keep = keep.min(idle_keep.max(committed));
             }
             share.saturating_sub_to_zero(keep)
@@ -187,13 +185,28 @@ mod tests {
     #[test]
     fn release_never_touches_what_is_committed() {
         // Target 3 but 6 committed: keep 6.
-        assert_eq!(share(10, 0, Some(3)).release_due(&cpu(16), &cpu(6), &cpu(1), false), cpu(4));
-        assert_eq!(share(10, 0, Some(3)).release_due(&cpu(16), &cpu(2), &cpu(1), false), cpu(7));
+        assert_eq!(
+            share(10, 0, Some(3)).release_due(&cpu(16), &cpu(6), &cpu(1), false),
+            cpu(4)
+        );
+        assert_eq!(
+            share(10, 0, Some(3)).release_due(&cpu(16), &cpu(2), &cpu(1), false),
+            cpu(7)
+        );
         // No target, not quiet: keep everything; quiet: keep committed + slack.
-        assert_eq!(share(10, 0, None).release_due(&cpu(16), &cpu(2), &cpu(1), false), cpu(0));
-        assert_eq!(share(10, 0, None).release_due(&cpu(16), &cpu(2), &cpu(1), true), cpu(7));
+        assert_eq!(
+            share(10, 0, None).release_due(&cpu(16), &cpu(2), &cpu(1), false),
+            cpu(0)
+        );
+        assert_eq!(
+            share(10, 0, None).release_due(&cpu(16), &cpu(2), &cpu(1), true),
+            cpu(7)
+        );
         // Committed above the share (never happens, but): release nothing.
-        assert_eq!(share(4, 0, Some(0)).release_due(&cpu(16), &cpu(6), &cpu(0), true), cpu(0));
+        assert_eq!(
+            share(4, 0, Some(0)).release_due(&cpu(16), &cpu(6), &cpu(0), true),
+            cpu(0)
+        );
     }
 
     #[test]
