@@ -224,8 +224,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => seed.clone().prop_map(|seed| Step::ExpireAllotment { seed }),
         1 => seed.clone().prop_map(|seed| Step::Withdraw { seed }),
         1 => seed.clone().prop_map(|seed| Step::Report { seed }),
-        2 => (seed.clone(), any::<bool>()).prop_map(|(seed, quiet)| Step::DecideRelease { seed, quiet }),
-        2 => seed.clone().prop_map(|seed| Step::WriteRelease { seed }),
+        4 => (seed.clone(), prop::bool::weighted(0.7)).prop_map(|(seed, quiet)| Step::DecideRelease { seed, quiet }),
+        4 => seed.clone().prop_map(|seed| Step::WriteRelease { seed }),
         1 => seed.clone().prop_map(|seed| Step::CrashSeedController { seed }),
         2 => Just(Step::MasterRefresh),
         3 => Just(Step::MasterPlan),
@@ -811,34 +811,14 @@ impl World {
             s.bump();
         }
         for _ in 0..LIVENESS_ROUNDS {
-            for i in 0..self.seeds.len() {
-                self.step(&Step::Report { seed: i }, cov)?;
-            }
-            self.deliver_all();
-            self.step(&Step::MasterRefresh, cov)?;
-            self.step(&Step::MasterPlan, cov)?;
-            self.settle_limbo(cov);
-            self.step(&Step::MasterRefresh, cov)?;
-            self.step(&Step::MasterSend, cov)?;
-            self.deliver_all();
-            for i in 0..self.seeds.len() {
-                self.step(
-                    &Step::DecideRelease {
-                        seed: i,
-                        quiet: false,
-                    },
-                    cov,
-                )?;
-                self.step(&Step::WriteRelease { seed: i }, cov)?;
-            }
-            self.check(&self.record_exposure())?;
+            self.fair_round(cov)?;
             let s = &self.seeds[lone];
             if s.copy
                 .share
                 .fits(&s.copy.limit, &s.copy.committed(), &request)
                 .is_ok()
             {
-                return Ok(());
+                return self.greed(lone, cov);
             }
         }
         let s = &self.seeds[lone];
@@ -850,6 +830,65 @@ impl World {
             s.copy.share.target,
             self.persisted.record
         ))
+    }
+
+    /// Then the lone seed asks for the whole limit: within [`LIVENESS_ROUNDS`] its capacity must
+    /// reach `limit - sum of the other seeds' committed`, and taking all of it must keep every
+    /// invariant (headroom counted twice anywhere shows up here as an overrun).
+    fn greed(&mut self, lone: usize, cov: &mut Coverage) -> Result<(), String> {
+        let limit = self.limit().clone();
+        let others: Vec<Rd> = (0..self.seeds.len())
+            .filter(|&i| i != lone)
+            .map(|i| self.seeds[i].copy.committed())
+            .collect();
+        let others = ResourceDetails::checked_sum(others.iter()).unwrap();
+        let expected = bounded_by(&limit, &limit.saturating_sub(&others));
+        {
+            let s = &mut self.seeds[lone];
+            s.copy.demand = Some(SeedShare::demand_for(&limit, &ResourceDetails::default(), &limit));
+            s.bump();
+        }
+        for _ in 0..LIVENESS_ROUNDS {
+            self.fair_round(cov)?;
+        }
+        let s = &mut self.seeds[lone];
+        let capacity = s.copy.share.capacity(&s.copy.limit);
+        if !capacity.covers(&expected) {
+            return Err(format!("{} reached capacity {capacity}, not {expected}", s.name));
+        }
+        let before = self.record_exposure();
+        let s = &mut self.seeds[lone];
+        let take = capacity.saturating_sub(&s.copy.committed());
+        s.copy.reserved = add(&s.copy.reserved, &take);
+        s.copy.demand = None;
+        s.bump();
+        self.check(&before)
+    }
+
+    /// One fair round: every seed reports, everything is delivered, the master plans, persists
+    /// and sends, everything is delivered, every seed releases what is due.
+    fn fair_round(&mut self, cov: &mut Coverage) -> Result<(), String> {
+        for i in 0..self.seeds.len() {
+            self.step(&Step::Report { seed: i }, cov)?;
+        }
+        self.deliver_all();
+        self.step(&Step::MasterRefresh, cov)?;
+        self.step(&Step::MasterPlan, cov)?;
+        self.settle_limbo(cov);
+        self.step(&Step::MasterRefresh, cov)?;
+        self.step(&Step::MasterSend, cov)?;
+        self.deliver_all();
+        for i in 0..self.seeds.len() {
+            self.step(
+                &Step::DecideRelease {
+                    seed: i,
+                    quiet: false,
+                },
+                cov,
+            )?;
+            self.step(&Step::WriteRelease { seed: i }, cov)?;
+        }
+        self.check(&self.record_exposure())
     }
 
     fn settle_limbo(&mut self, cov: &mut Coverage) {
