@@ -907,7 +907,13 @@ impl World {
 
 /// An admission that grew `committed` must leave it within the seed's capacity as it sees it.
 fn check_within_capacity(s: &Seed, before: &Rd) -> Result<(), String> {
-    let capacity = s.copy.share.capacity(&s.copy.limit);
+    // Computed here, not by `SeedShare::capacity`: min(share, target, limit) as the seed sees it.
+    let (share, target) = (s.copy.share.share(), &s.copy.share.target);
+    let mut capacity = Rd::default();
+    for (r, limit) in s.copy.limit.iter() {
+        let held = share.amount(r).min(limit);
+        capacity.set(r, Some(target.get(r).map_or(held, |t| held.min(t))));
+    }
     let after = s.copy.committed();
     for (r, cap) in capacity.iter() {
         if after.amount(r) > before.amount(r) && after.amount(r) > cap {
