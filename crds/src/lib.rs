@@ -23,6 +23,7 @@ pub mod quota_ledger;
 pub mod resources;
 #[cfg(feature = "runtime")]
 pub mod runtime;
+pub mod shares;
 
 pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};
 pub use quantity::{Notation, Quantity, QuantityError};

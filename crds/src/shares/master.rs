@@ -1,0 +1,336 @@
+//! The master's side: free headroom, and the plan of grants and targets that moves shares to
+//! where they are wanted.
+//!
+//! The master's view mixes two sources. `granted` and `target` come from its own record (the
+//! master object, written with compare-and-swap before anything is sent to a seed).
+//! `report` is what it last read from the seed and may be stale; every use of it is safe when
+//! stale: `released` only grows, so an old one over-counts what the seed holds and under-counts
+//! free headroom.
+
+use std::collections::BTreeMap;
+
+use super::seed::SeedReport;
+use crate::quantity::{Quantity, QuantityError};
+use crate::resources::{Resource, ResourceDetails};
+
+/// The master's record of one seed, plus what it last read from it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SeedRecord {
+    /// Cumulative grants, as persisted in the master's record; only grows.
+    pub granted: ResourceDetails,
+    /// The target last persisted (absent: no ceiling).
+    pub target: ResourceDetails,
+    /// The newest report read since this master started; `None` until one is read.
+    pub report: Option<SeedReport>,
+    /// Whether the seed answers; an unreachable seed's share stays its own.
+    pub reachable: bool,
+    /// The seed is being removed: it gets no grants and is asked to release everything it does
+    /// not use.
+    pub retiring: bool,
+}
+
+impl SeedRecord {
+    /// A seed the master has just learnt of: no share.
+    pub fn new() -> SeedRecord {
+        SeedRecord {
+            reachable: true,
+            ..SeedRecord::default()
+        }
+    }
+
+    /// Keeps `report` if it is newer than the one held (reports may arrive out of order).
+    pub fn observe(&mut self, report: SeedReport) {
+        if self
+            .report
+            .as_ref()
+            .is_none_or(|old| report.version > old.version)
+        {
+            self.report = Some(report);
+        }
+    }
+
+    /// `granted - released` as the master sees it: at least what the seed holds.
+    pub fn share_seen(&self) -> ResourceDetails {
+        match &self.report {
+            Some(report) => self.granted.saturating_sub(&report.released),
+            None => self.granted.clone(),
+        }
+    }
+
+    fn committed_seen(&self, resource: Resource) -> Option<Quantity> {
+        self.report.as_ref().map(|r| r.committed.amount(resource))
+    }
+
+    fn demand(&self, resource: Resource) -> Option<Quantity> {
+        let demand = self.report.as_ref()?.demand.as_ref()?;
+        Some(demand.amount(resource))
+    }
+}
+
+/// The master's view of one project quota.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MasterView {
+    /// The quota (an absent resource is unlimited and needs no share).
+    pub limit: ResourceDetails,
+    pub seeds: BTreeMap<String, SeedRecord>,
+}
+
+/// What the master should do next. Grants and targets must be persisted in the master's record
+/// ([`MasterView::apply`], then a compare-and-swap write) before any of them is sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// Amounts to add to seeds' `granted` (only seeds that get something).
+    pub grants: BTreeMap<String, ResourceDetails>,
+    /// The new target of every seed.
+    pub targets: BTreeMap<String, ResourceDetails>,
+    /// Share held by unreachable seeds (for status and metrics).
+    pub stuck: BTreeMap<String, ResourceDetails>,
+    /// Retiring seeds that hold nothing and use nothing: their record can go.
+    pub forget: Vec<String>,
+}
+
+impl MasterView {
+    /// `sum(granted - released_seen)`, per limited resource: at least what seeds hold.
+    pub fn held(&self) -> Result<ResourceDetails, QuantityError> {
+        let shares: Vec<ResourceDetails> = self.seeds.values().map(SeedRecord::share_seen).collect();
+        let sum = ResourceDetails::checked_sum(&shares)?;
+        Ok(super::bounded_by(&self.limit, &sum))
+    }
+
+    /// `limit - held`, never below zero: headroom no seed holds, so it may be granted.
+    pub fn free(&self) -> Result<ResourceDetails, QuantityError> {
+        Ok(self.limit.saturating_sub(&self.held()?))
+    }
+
+    /// Grants from free headroom to seeds with a demand; lower targets of seeds with idle share
+    /// (idle above `slack` first) when free headroom does not cover the demand or the limit was
+    /// lowered below what seeds hold. Targets are recomputed from the view every time, so a
+    /// target lowered to move share rises again once the move is done.
+    pub fn plan(&self, slack: &ResourceDetails) -> Result<Plan, QuantityError> {
+        let names: Vec<&String> = self.seeds.keys().collect();
+        let records: Vec<&SeedRecord> = self.seeds.values().collect();
+        let mut grants = vec![ResourceDetails::default(); records.len()];
+        let mut targets = vec![ResourceDetails::default(); records.len()];
+        for (resource, limit) in self.limit.iter() {
+            let planned = plan_resource(&records, resource, limit, slack.amount(resource))?;
+            for (i, (grant, target)) in planned.into_iter().enumerate() {
+                if grant > Quantity::ZERO {
+                    grants[i].set(resource, Some(grant));
+                }
+                targets[i].set(resource, Some(target));
+            }
+        }
+        let mut plan = Plan::default();
+        for (i, name) in names.into_iter().enumerate() {
+            let record = records[i];
+            if !grants[i].is_empty() {
+                plan.grants.insert(name.clone(), grants[i].clone());
+            }
+            plan.targets.insert(name.clone(), targets[i].clone());
+            let share = super::bounded_by(&self.limit, &record.share_seen());
+            if !record.reachable && !share.is_empty() {
+                plan.stuck.insert(name.clone(), share.clone());
+            }
+            let unused = record.report.as_ref().is_some_and(|r| r.committed.is_empty());
+            if record.retiring && share.is_empty() && unused {
+                plan.forget.push(name.clone());
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Puts `plan` into the record: grants added, targets replaced, forgotten seeds dropped.
+    /// Returns whether anything changed (nothing to persist or send otherwise).
+    pub fn apply(&mut self, plan: &Plan) -> Result<bool, QuantityError> {
+        let mut changed = false;
+        for (name, grant) in &plan.grants {
+            if let Some(record) = self.seeds.get_mut(name) {
+                record.granted = record.granted.checked_add(grant)?;
+                changed = true;
+            }
+        }
+        for (name, target) in &plan.targets {
+            if let Some(record) = self.seeds.get_mut(name)
+                && record.target != *target
+            {
+                record.target = target.clone();
+                changed = true;
+            }
+        }
+        for name in &plan.forget {
+            changed |= self.seeds.remove(name).is_some();
+        }
+        Ok(changed)
+    }
+}
+
+/// One resource: `(grant, target)` per seed, in the order of `records`.
+fn plan_resource(
+    records: &[&SeedRecord],
+    resource: Resource,
+    limit: Quantity,
+    slack: Quantity,
+) -> Result<Vec<(Quantity, Quantity)>, QuantityError> {
+    let shares: Vec<Quantity> = records.iter().map(|r| r.share_seen().amount(resource)).collect();
+    let held = shares
+        .iter()
+        .try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
+    let mut free = limit.saturating_sub_to_zero(held);
+    let over = held.saturating_sub_to_zero(limit);
+
+    // Grants, from free headroom only, to reachable seeds that want more than they hold.
+    let mut unmet = Quantity::ZERO;
+    let mut grants = vec![Quantity::ZERO; records.len()];
+    for (i, record) in records.iter().enumerate() {
+        let Some(want) = record.demand(resource) else {
+            continue;
+        };
+        if !record.reachable || record.retiring {
+            continue;
+        }
+        let need = want.saturating_sub_to_zero(shares[i]);
+        grants[i] = need.min(free);
+        free = free.saturating_sub_to_zero(grants[i]);
+        unmet = unmet.checked_add(need.saturating_sub_to_zero(grants[i]))?;
+    }
+
+    // Targets: what each seed holds plus its grant; nothing for retiring seeds. A seed not
+    // heard from since this master started keeps the lower of its persisted target and what
+    // it may hold, so a restart does not undo a move in progress.
+    let mut targets: Vec<Quantity> = records
+        .iter()
+        .enumerate()
+        .map(|(i, record)| {
+            let planned = shares[i].checked_add(grants[i])?;
+            Ok(if record.retiring {
+                Quantity::ZERO
+            } else if record.report.is_none() {
+                record.target.get(resource).map_or(planned, |t| t.min(planned))
+            } else {
+                planned
+            })
+        })
+        .collect::<Result<_, QuantityError>>()?;
+
+    // Ask seeds with idle share and no demand of their own to release it: first what they hold
+    // above committed + slack, then the slack. Only reachable seeds that reported, since idle
+    // share is only known from a report.
+    let mut reclaim = unmet.checked_add(over)?;
+    for above_slack in [true, false] {
+        for (i, record) in records.iter().enumerate() {
+            let Some(committed) = record.committed_seen(resource) else {
+                continue;
+            };
+            if !record.reachable || record.retiring || record.demand(resource).is_some() {
+                continue;
+            }
+            let floor = if above_slack {
+                committed.checked_add(slack).unwrap_or(committed)
+            } else {
+                committed
+            };
+            let take = targets[i].saturating_sub_to_zero(floor).min(reclaim);
+            targets[i] = targets[i].saturating_sub_to_zero(take);
+            reclaim = reclaim.saturating_sub_to_zero(take);
+        }
+    }
+
+    // A limit lowered below use: squeeze targets below committed until they sum to the limit.
+    // Seeds then admit nothing more, and release whatever their use frees.
+    let total = targets
+        .iter()
+        .try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
+    let mut squeeze = total.saturating_sub_to_zero(limit);
+    for target in &mut targets {
+        let take = (*target).min(squeeze);
+        *target = target.saturating_sub_to_zero(take);
+        squeeze = squeeze.saturating_sub_to_zero(take);
+    }
+
+    Ok(grants.into_iter().zip(targets).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shares::tests::cpu;
+
+    fn seed(granted: i64, released: i64, committed: i64, demand: Option<i64>) -> SeedRecord {
+        SeedRecord {
+            granted: cpu(granted),
+            report: Some(SeedReport {
+                version: 1,
+                released: cpu(released),
+                committed: cpu(committed),
+                demand: demand.map(cpu),
+            }),
+            ..SeedRecord::new()
+        }
+    }
+
+    fn view(limit: i64, seeds: Vec<(&str, SeedRecord)>) -> MasterView {
+        MasterView {
+            limit: cpu(limit),
+            seeds: seeds.into_iter().map(|(n, s)| (n.to_owned(), s)).collect(),
+        }
+    }
+
+    #[test]
+    fn grants_from_free_headroom_only() {
+        let v = view(
+            10,
+            vec![("a", seed(4, 1, 3, Some(6))), ("b", seed(5, 0, 5, None))],
+        );
+        assert_eq!(v.free().unwrap(), cpu(2));
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.grants["a"], cpu(2));
+        assert_eq!(plan.targets["a"], cpu(5));
+        assert_eq!(plan.targets["b"], cpu(5));
+    }
+
+    #[test]
+    fn asks_idle_seeds_above_slack_first() {
+        // a wants 8, holds 2; nothing is free; b holds 8 and uses 2 (slack 1); c holds 0.
+        let v = view(
+            10,
+            vec![("a", seed(2, 0, 2, Some(8))), ("b", seed(8, 0, 2, None))],
+        );
+        let plan = v.plan(&cpu(1)).unwrap();
+        assert!(plan.grants.is_empty());
+        assert_eq!(plan.targets["b"], cpu(2));
+        // Once b's release is seen, a gets it and b's target is what it holds.
+        let v = view(
+            10,
+            vec![("a", seed(2, 0, 2, Some(8))), ("b", seed(8, 6, 2, None))],
+        );
+        let plan = v.plan(&cpu(1)).unwrap();
+        assert_eq!(plan.grants["a"], cpu(6));
+        assert_eq!(plan.targets["b"], cpu(2));
+    }
+
+    #[test]
+    fn lowered_limit_squeezes_targets_and_unreachable_share_is_stuck() {
+        let mut b = seed(6, 0, 5, None);
+        b.reachable = false;
+        let v = view(4, vec![("a", seed(4, 0, 1, None)), ("b", b)]);
+        let plan = v.plan(&cpu(0)).unwrap();
+        let targets: i64 = ["a", "b"]
+            .iter()
+            .map(|n| i64::try_from(plan.targets[*n].amount(Resource::Cpu).ceil_units()).unwrap())
+            .sum();
+        assert!(targets <= 4, "{plan:?}");
+        assert_eq!(plan.stuck["b"], cpu(6));
+        assert!(plan.grants.is_empty());
+    }
+
+    #[test]
+    fn retiring_seed_is_forgotten_once_empty() {
+        let mut r = seed(5, 5, 0, None);
+        r.retiring = true;
+        let mut v = view(10, vec![("a", seed(2, 0, 0, None)), ("r", r)]);
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.forget, vec!["r".to_owned()]);
+        assert!(v.apply(&plan).unwrap());
+        assert!(!v.seeds.contains_key("r"));
+    }
+}

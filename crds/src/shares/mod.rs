@@ -1,0 +1,146 @@
+//! Per-seed shares of a project quota (escrow, the demarcation protocol), pure: no I/O.
+//!
+//! The master divides every limited resource of a quota into shares, one per seed, and keeps
+//! `sum(shares) <= limit`; a seed admits only within its own share, so seeds never spend the same
+//! headroom. A share grows only from headroom no seed holds (a master grant) and shrinks only by
+//! the seed's own release, written in the same compare-and-swap as its admissions. The webhook
+//! allotments of `machine-webhook` are the same idea one level down: sub-shares of the seed's
+//! share. [`fits_within`] is the one admission test for both levels.
+//!
+//! - [`seed`]: what a seed holds ([`SeedShare`]) and reports ([`SeedReport`]).
+//! - [`master`]: the master's view ([`MasterView`]) and its [`Plan`] of grants and targets.
+//!
+//! `docs/shares.md` gives the protocol and why `sum(shares) <= limit` holds.
+
+pub mod master;
+pub mod seed;
+
+use std::fmt;
+
+pub use master::{MasterView, Plan, SeedRecord};
+pub use seed::{MasterWord, SeedReport, SeedShare};
+
+use crate::quantity::Quantity;
+use crate::resources::{Exceeded, ResourceDetails};
+
+/// A request that does not fit: every limited resource it would take over the capacity.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct Shortfall {
+    /// One entry per resource; `limit` is the capacity, `used` what was committed.
+    pub exceeded: Vec<Exceeded>,
+}
+
+impl fmt::Display for Shortfall {
+    /// `cpu: 3 committed + 2 requested > 4 available; memory: ...`
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.exceeded.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            let r = e.resource;
+            write!(
+                f,
+                "{r}: {} committed + {} requested > {} available",
+                r.amount(e.used),
+                r.amount(e.requested),
+                r.amount(e.limit)
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// One level of escrow: whether `request` fits within `capacity` on top of `committed`.
+///
+/// `capacity` reads like a quota limit: a resource absent from it is unlimited. A resource the
+/// request does not ask for never fails, even when `committed` is already above the capacity
+/// (deletes and shrinks always pass). A sum that overflows does not fit.
+///
+/// Used at both levels: a seed's capacity ([`SeedShare::capacity`]) against its committed
+/// usage, and a webhook process's allotment (made a capacity with [`bounded_by`]) against what
+/// it admitted from it.
+pub fn fits_within(
+    capacity: &ResourceDetails,
+    committed: &ResourceDetails,
+    request: &ResourceDetails,
+) -> Result<(), Shortfall> {
+    let mut exceeded = Vec::new();
+    for (resource, limit) in capacity.iter() {
+        let requested = request.amount(resource);
+        if requested <= Quantity::ZERO {
+            continue;
+        }
+        let used = committed.amount(resource);
+        if !used.checked_add(requested).is_ok_and(|total| total <= limit) {
+            exceeded.push(Exceeded {
+                resource,
+                requested,
+                used,
+                limit,
+            });
+        }
+    }
+    if exceeded.is_empty() {
+        Ok(())
+    } else {
+        Err(Shortfall { exceeded })
+    }
+}
+
+/// `amounts` as a capacity for the resources `limit` limits: those present (absent amounts as
+/// zero), every other resource absent, that is unlimited.
+pub fn bounded_by(limit: &ResourceDetails, amounts: &ResourceDetails) -> ResourceDetails {
+    per_limited(limit, |resource, _| amounts.amount(resource))
+}
+
+/// A value for every resource `limit` limits, nothing for the others.
+fn per_limited(
+    limit: &ResourceDetails,
+    mut value: impl FnMut(crate::Resource, Quantity) -> Quantity,
+) -> ResourceDetails {
+    let mut out = ResourceDetails::default();
+    for (resource, limit) in limit.iter() {
+        out.set(resource, Some(value(resource, limit)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Resource;
+
+    pub(crate) fn cpu(n: i64) -> ResourceDetails {
+        let mut d = ResourceDetails::default();
+        d.set(Resource::Cpu, Some(Quantity::from_units(n)));
+        d
+    }
+
+    #[test]
+    fn fits_only_within_the_limited_capacity() {
+        assert!(fits_within(&cpu(4), &cpu(2), &cpu(2)).is_ok());
+        let short = fits_within(&cpu(4), &cpu(3), &cpu(2)).unwrap_err();
+        assert_eq!(short.to_string(), "cpu: 3 committed + 2 requested > 4 available");
+        // Unlimited resources never stop a request; a request of nothing always fits.
+        let mut mem = ResourceDetails::default();
+        mem.set(Resource::Memory, Some(Quantity::from_units(100)));
+        assert!(fits_within(&cpu(0), &cpu(5), &mem).is_ok());
+        // Overflow does not fit.
+        let huge = ResourceDetails {
+            cpu: Some(Quantity::from_nanos(i128::MAX)),
+            ..ResourceDetails::default()
+        };
+        assert!(fits_within(&huge, &huge, &cpu(1)).is_err());
+    }
+
+    #[test]
+    fn bounded_by_keeps_limited_resources_only() {
+        let mut limit = cpu(16);
+        limit.set(Resource::Gpu, Some(Quantity::from_units(1)));
+        let mut expected = cpu(3);
+        expected.set(Resource::Gpu, Some(Quantity::ZERO));
+        let mut amounts = cpu(3);
+        amounts.set(Resource::Memory, Some(Quantity::from_units(9)));
+        assert_eq!(bounded_by(&limit, &amounts), expected);
+    }
+}

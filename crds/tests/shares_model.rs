@@ -1,0 +1,973 @@
+//! State-machine property test of the per-seed share protocol (`kkp_quota_crds::shares`), with
+//! no servers: a master and 2-3 seeds, each with a seed-controller and one webhook process, over
+//! random interleavings of admissions, counting, deletions, demand, master plans and writes,
+//! message delay, reordering, duplication and loss, releases, quota edits, crashes, partitions
+//! and seed removal. Every reachable state is checked (see `World::check`); after each run, a
+//! liveness phase heals everything and checks that a lone seed with demand gets all the free
+//! headroom within a bounded number of fair rounds.
+//!
+//! `PROPTEST_CASES` sets the number of runs (default 600, a few seconds).
+#![allow(clippy::unwrap_used, clippy::too_many_lines, clippy::cast_possible_truncation)]
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use kkp_quota_crds::shares::{
+    MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, bounded_by, fits_within,
+};
+use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+const RESOURCES: [Resource; 2] = [Resource::Cpu, Resource::Memory];
+/// Messages in flight beyond this are dropped, oldest first (senders resend).
+const BAG_LIMIT: usize = 40;
+/// Fair rounds the liveness phase allows (one round: report, plan, persist, send, release).
+const LIVENESS_ROUNDS: usize = 4;
+
+type Rd = ResourceDetails;
+
+fn units(n: u8) -> Quantity {
+    Quantity::from_units(i64::from(n))
+}
+
+/// Amounts for the first `n` resources of [`RESOURCES`].
+fn rd(n: usize, values: [u8; 2]) -> Rd {
+    let mut d = Rd::default();
+    for (r, v) in RESOURCES.iter().zip(values).take(n) {
+        d.set(*r, Some(units(v)));
+    }
+    d
+}
+
+fn add(a: &Rd, b: &Rd) -> Rd {
+    a.checked_add(b).unwrap()
+}
+
+/// The seed's copy of the quota: everything in it is written together (compare-and-swap on
+/// `version`), except `limit` and the master's fields of `share`, which the master writes.
+#[derive(Debug, Clone)]
+struct Copy {
+    version: u64,
+    limit: Rd,
+    share: SeedShare,
+    counted: Rd,
+    reserved: Rd,
+    allotment: Rd,
+    demand: Option<Rd>,
+}
+
+impl Copy {
+    fn committed(&self) -> Rd {
+        add(&add(&self.counted, &self.reserved), &self.allotment)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Seed {
+    name: String,
+    copy: Copy,
+    /// The webhook process's admissions from its allotment, in memory, not yet recorded.
+    admitted_from_allotment: Rd,
+    /// Admitted from the allotment by a webhook process that died before recording them: the
+    /// Machines exist, uncounted, covered by the dead holder's allotment until it expires.
+    orphaned: Rd,
+    allotment_dead: bool,
+    /// A release the seed-controller computed from the copy at a version, not yet written.
+    pending_release: Option<(u64, Rd)>,
+    partitioned: bool,
+}
+
+impl Seed {
+    /// What really exists or is admitted: never more than `committed`.
+    fn real_usage(&self) -> Rd {
+        let c = &self.copy;
+        add(
+            &add(&c.counted, &c.reserved),
+            &add(&self.admitted_from_allotment, &self.orphaned),
+        )
+    }
+
+    fn bump(&mut self) {
+        self.copy.version += 1;
+    }
+}
+
+/// The master's own object: limit (spec) and record (granted, target, retiring per seed).
+#[derive(Debug, Clone)]
+struct Persisted {
+    version: u64,
+    record: MasterView,
+}
+
+#[derive(Debug, Clone)]
+struct Master {
+    /// The master's last read of its own object (maybe stale).
+    cache: Persisted,
+    reports: BTreeMap<String, SeedReport>,
+}
+
+#[derive(Debug, Clone)]
+enum Msg {
+    Word {
+        seed: usize,
+        limit: Rd,
+        word: MasterWord,
+    },
+    Report {
+        seed: usize,
+        report: SeedReport,
+    },
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Admit {
+        seed: usize,
+        amount: [u8; 2],
+        ask: bool,
+    },
+    AdmitFromAllotment {
+        seed: usize,
+        amount: [u8; 2],
+    },
+    TakeAllotment {
+        seed: usize,
+    },
+    RecordAllotment {
+        seed: usize,
+    },
+    Count {
+        seed: usize,
+    },
+    Delete {
+        seed: usize,
+        amount: [u8; 2],
+    },
+    CrashWebhook {
+        seed: usize,
+    },
+    ExpireAllotment {
+        seed: usize,
+    },
+    Withdraw {
+        seed: usize,
+    },
+    Report {
+        seed: usize,
+    },
+    DecideRelease {
+        seed: usize,
+        quiet: bool,
+    },
+    WriteRelease {
+        seed: usize,
+    },
+    CrashSeedController {
+        seed: usize,
+    },
+    MasterRefresh,
+    MasterPlan,
+    ServerApply {
+        pick: usize,
+        land: bool,
+    },
+    MasterSend,
+    CrashMaster,
+    RestartMaster,
+    QuotaEdit {
+        resource: usize,
+        by: u8,
+        lower: bool,
+    },
+    Deliver {
+        pick: usize,
+        dup: bool,
+    },
+    Drop {
+        pick: usize,
+    },
+    Partition {
+        seed: usize,
+    },
+    Heal {
+        seed: usize,
+    },
+    Retire {
+        seed: usize,
+    },
+    /// Composite steps, so that random runs reach deep states: a whole master round (refresh,
+    /// plan, the write lands, refresh, send), several deliveries, a release decided and written.
+    MasterRound,
+    DeliverMany {
+        picks: Vec<usize>,
+    },
+    ReleaseNow {
+        seed: usize,
+        quiet: bool,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let seed = 0..3_usize;
+    let amount = [0..4_u8, 0..4_u8];
+    prop_oneof![
+        6 => (seed.clone(), amount.clone(), prop::bool::weighted(0.8))
+            .prop_map(|(seed, amount, ask)| Step::Admit { seed, amount, ask }),
+        2 => (seed.clone(), amount.clone())
+            .prop_map(|(seed, amount)| Step::AdmitFromAllotment { seed, amount }),
+        1 => seed.clone().prop_map(|seed| Step::TakeAllotment { seed }),
+        1 => seed.clone().prop_map(|seed| Step::RecordAllotment { seed }),
+        2 => seed.clone().prop_map(|seed| Step::Count { seed }),
+        2 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Delete { seed, amount }),
+        1 => seed.clone().prop_map(|seed| Step::CrashWebhook { seed }),
+        1 => seed.clone().prop_map(|seed| Step::ExpireAllotment { seed }),
+        1 => seed.clone().prop_map(|seed| Step::Withdraw { seed }),
+        1 => seed.clone().prop_map(|seed| Step::Report { seed }),
+        4 => (seed.clone(), prop::bool::weighted(0.7)).prop_map(|(seed, quiet)| Step::DecideRelease { seed, quiet }),
+        4 => seed.clone().prop_map(|seed| Step::WriteRelease { seed }),
+        1 => seed.clone().prop_map(|seed| Step::CrashSeedController { seed }),
+        2 => Just(Step::MasterRefresh),
+        3 => Just(Step::MasterPlan),
+        3 => (any::<usize>(), prop::bool::weighted(0.8))
+            .prop_map(|(pick, land)| Step::ServerApply { pick, land }),
+        2 => Just(Step::MasterSend),
+        1 => Just(Step::CrashMaster),
+        1 => Just(Step::RestartMaster),
+        1 => (0..2_usize, 0..4_u8, prop::bool::weighted(0.1))
+            .prop_map(|(resource, by, lower)| Step::QuotaEdit { resource, by, lower }),
+        8 => (any::<usize>(), prop::bool::weighted(0.15)).prop_map(|(pick, dup)| Step::Deliver { pick, dup }),
+        1 => any::<usize>().prop_map(|pick| Step::Drop { pick }),
+        1 => seed.clone().prop_map(|seed| Step::Partition { seed }),
+        1 => (seed.clone(), prop::bool::weighted(0.1)).prop_map(|(seed, retire)| if retire {
+            Step::Retire { seed }
+        } else {
+            Step::Heal { seed }
+        }),
+        4 => Just(Step::MasterRound),
+        4 => prop::collection::vec(any::<usize>(), 1..8).prop_map(|picks| Step::DeliverMany { picks }),
+        2 => (seed, any::<bool>()).prop_map(|(seed, quiet)| Step::ReleaseNow { seed, quiet }),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Setup {
+    seeds: usize,
+    resources: usize,
+    limit: [u8; 2],
+    slack: [u8; 2],
+    steps: Vec<Step>,
+    lone: usize,
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        2..=3_usize,
+        1..=2_usize,
+        [4..13_u8, 4..13_u8],
+        [0..3_u8, 0..3_u8],
+        prop::collection::vec(step(), 0..200),
+        0..3_usize,
+    )
+        .prop_map(|(seeds, resources, limit, slack, steps, lone)| Setup {
+            seeds,
+            resources,
+            limit,
+            slack,
+            steps,
+            lone,
+        })
+}
+
+/// What the runs exercised, so that a model that never reaches the interesting states fails.
+#[derive(Debug, Default)]
+struct Coverage {
+    landed_grants: usize,
+    failed_writes: usize,
+    releases: usize,
+    admitted_after_grant: usize,
+    lowered_runs: usize,
+    liveness_checked: usize,
+    /// Liveness runs in which the lone seed needed share that other seeds first had to release.
+    liveness_moved_share: usize,
+    forgotten: usize,
+}
+
+struct World {
+    n: usize,
+    slack: Rd,
+    seeds: Vec<Seed>,
+    persisted: Persisted,
+    master: Option<Master>,
+    limbo: Vec<(u64, MasterView)>,
+    bag: Vec<Msg>,
+    lowered: bool,
+}
+
+impl World {
+    fn new(s: &Setup) -> World {
+        let limit = rd(s.resources, s.limit);
+        let zero = rd(s.resources, [0, 0]);
+        let seeds: Vec<Seed> = (0..s.seeds)
+            .map(|i| Seed {
+                name: format!("seed-{i}"),
+                copy: Copy {
+                    version: 0,
+                    limit: limit.clone(),
+                    share: SeedShare::default(),
+                    counted: zero.clone(),
+                    reserved: zero.clone(),
+                    allotment: zero.clone(),
+                    demand: None,
+                },
+                admitted_from_allotment: zero.clone(),
+                orphaned: zero.clone(),
+                allotment_dead: false,
+                pending_release: None,
+                partitioned: false,
+            })
+            .collect();
+        let record = MasterView {
+            limit,
+            seeds: seeds
+                .iter()
+                .map(|s| (s.name.clone(), SeedRecord::new()))
+                .collect(),
+        };
+        let persisted = Persisted { version: 1, record };
+        World {
+            n: s.resources,
+            slack: rd(s.resources, s.slack),
+            seeds,
+            master: Some(Master {
+                cache: persisted.clone(),
+                reports: BTreeMap::new(),
+            }),
+            persisted,
+            limbo: Vec::new(),
+            bag: Vec::new(),
+            lowered: false,
+        }
+    }
+
+    fn limit(&self) -> &Rd {
+        &self.persisted.record.limit
+    }
+
+    fn send(&mut self, msg: Msg) {
+        if self.bag.len() >= BAG_LIMIT {
+            self.bag.remove(0);
+        }
+        self.bag.push(msg);
+    }
+
+    /// The master's view for planning: its cached record, its reports, reachability.
+    fn master_view(&self, master: &Master) -> MasterView {
+        let mut view = master.cache.record.clone();
+        for (name, record) in &mut view.seeds {
+            record.report = master.reports.get(name).cloned();
+            record.reachable = self.seeds.iter().any(|s| &s.name == name && !s.partitioned);
+        }
+        view
+    }
+
+    /// `sum over seeds in the record of (granted in the record - released)`: what the master's
+    /// record says seeds may hold at most.
+    fn record_exposure(&self) -> Rd {
+        let mut total = rd(self.n, [0, 0]);
+        for seed in &self.seeds {
+            if let Some(r) = self.persisted.record.seeds.get(&seed.name) {
+                total = add(&total, &r.granted.saturating_sub(&seed.copy.share.released));
+            }
+        }
+        total
+    }
+
+    fn deliverable(&self, msg: &Msg) -> bool {
+        match msg {
+            Msg::Word { seed, .. } => !self.seeds[*seed].partitioned,
+            Msg::Report { seed, .. } => !self.seeds[*seed].partitioned && self.master.is_some(),
+        }
+    }
+
+    fn deliver(&mut self, msg: Msg) {
+        match msg {
+            Msg::Word { seed, limit, word } => {
+                let s = &mut self.seeds[seed];
+                if s.copy.share.receive(&word) {
+                    s.copy.limit = limit;
+                    s.bump();
+                }
+            }
+            Msg::Report { seed, report } => {
+                let name = self.seeds[seed].name.clone();
+                if let Some(m) = &mut self.master {
+                    let mut record = SeedRecord::new();
+                    if let Some(old) = m.reports.remove(&name) {
+                        record.observe(old);
+                    }
+                    record.observe(report);
+                    m.reports.insert(name, record.report.unwrap());
+                }
+            }
+        }
+    }
+
+    /// One step; every write of a seed's copy also puts its new state in flight to the master
+    /// (the master watches the copies). Returns an error when an admission broke its own rule.
+    fn step(&mut self, step: &Step, cov: &mut Coverage) -> Result<(), String> {
+        let versions: Vec<u64> = self.seeds.iter().map(|s| s.copy.version).collect();
+        self.step_inner(step, cov)?;
+        for (i, before) in versions.into_iter().enumerate() {
+            if self.seeds[i].copy.version != before {
+                self.step_inner(&Step::Report { seed: i }, cov)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn step_inner(&mut self, step: &Step, cov: &mut Coverage) -> Result<(), String> {
+        let n = self.n;
+        let len = self.seeds.len();
+        match step {
+            Step::MasterRound => {
+                for s in [Step::MasterRefresh, Step::MasterPlan] {
+                    self.step(&s, cov)?;
+                }
+                if !self.limbo.is_empty() {
+                    let pick = self.limbo.len() - 1;
+                    self.step(&Step::ServerApply { pick, land: true }, cov)?;
+                }
+                for s in [Step::MasterRefresh, Step::MasterSend] {
+                    self.step(&s, cov)?;
+                }
+                return Ok(());
+            }
+            Step::DeliverMany { picks } => {
+                for &pick in picks {
+                    self.step(&Step::Deliver { pick, dup: false }, cov)?;
+                }
+                return Ok(());
+            }
+            &Step::ReleaseNow { seed, quiet } => {
+                self.step(&Step::DecideRelease { seed, quiet }, cov)?;
+                return self.step(&Step::WriteRelease { seed }, cov);
+            }
+            _ => {}
+        }
+        match *step {
+            Step::Admit { seed, amount, ask } => {
+                let s = &mut self.seeds[seed % len];
+                let request = rd(n, amount);
+                let committed = s.copy.committed();
+                if request.is_empty() {
+                    return Ok(());
+                }
+                if s.copy.share.fits(&s.copy.limit, &committed, &request).is_ok() {
+                    s.copy.reserved = add(&s.copy.reserved, &request);
+                    s.copy.demand = None;
+                    s.bump();
+                    check_within_capacity(s, &committed)?;
+                    if !s.copy.share.granted.is_empty() && !request.is_empty() {
+                        cov.admitted_after_grant += 1;
+                    }
+                } else if ask {
+                    s.copy.demand = Some(SeedShare::demand_for(&s.copy.limit, &committed, &request));
+                    s.bump();
+                }
+            }
+            Step::AdmitFromAllotment { seed, amount } => {
+                let s = &mut self.seeds[seed % len];
+                let request = rd(n, amount);
+                let cap = bounded_by(&s.copy.limit, &s.copy.allotment);
+                if !s.allotment_dead && fits_within(&cap, &s.admitted_from_allotment, &request).is_ok() {
+                    s.admitted_from_allotment = add(&s.admitted_from_allotment, &request);
+                }
+            }
+            Step::TakeAllotment { seed } => {
+                let s = &mut self.seeds[seed % len];
+                if !s.allotment_dead && s.admitted_from_allotment.is_empty() {
+                    let before = s.copy.committed();
+                    let base = add(&s.copy.counted, &s.copy.reserved);
+                    let free = s.copy.share.capacity(&s.copy.limit).saturating_sub(&base);
+                    let mut half = Rd::default();
+                    for (r, q) in free.iter() {
+                        half.set(r, Some(Quantity::from_nanos(q.as_nanos() / 2)));
+                    }
+                    s.copy.allotment = bounded_by(&s.copy.limit, &half);
+                    s.bump();
+                    check_within_capacity(s, &before)?;
+                }
+            }
+            Step::RecordAllotment { seed } => {
+                let s = &mut self.seeds[seed % len];
+                if !s.admitted_from_allotment.is_empty() {
+                    s.copy.reserved = add(&s.copy.reserved, &s.admitted_from_allotment);
+                    s.copy.allotment = s.copy.allotment.saturating_sub(&s.admitted_from_allotment);
+                    s.admitted_from_allotment = rd(n, [0, 0]);
+                    s.bump();
+                }
+            }
+            Step::Count { seed } => {
+                let s = &mut self.seeds[seed % len];
+                s.copy.counted = add(&s.copy.counted, &s.copy.reserved);
+                s.copy.reserved = rd(n, [0, 0]);
+                s.bump();
+            }
+            Step::Delete { seed, amount } => {
+                let s = &mut self.seeds[seed % len];
+                s.copy.counted = s.copy.counted.saturating_sub(&rd(n, amount));
+                s.bump();
+            }
+            Step::CrashWebhook { seed } => {
+                let s = &mut self.seeds[seed % len];
+                s.orphaned = add(&s.orphaned, &s.admitted_from_allotment);
+                s.admitted_from_allotment = rd(n, [0, 0]);
+                s.allotment_dead |= !s.copy.allotment.is_empty();
+            }
+            Step::ExpireAllotment { seed } => {
+                let s = &mut self.seeds[seed % len];
+                if s.allotment_dead {
+                    s.copy.counted = add(&s.copy.counted, &s.orphaned);
+                    s.orphaned = rd(n, [0, 0]);
+                    s.copy.allotment = rd(n, [0, 0]);
+                    s.allotment_dead = false;
+                    s.bump();
+                }
+            }
+            Step::Withdraw { seed } => {
+                let s = &mut self.seeds[seed % len];
+                s.copy.demand = None;
+                s.bump();
+            }
+            Step::Report { seed } => {
+                let s = &self.seeds[seed % len];
+                let report = s
+                    .copy
+                    .share
+                    .report(s.copy.version, &s.copy.committed(), s.copy.demand.as_ref());
+                self.send(Msg::Report {
+                    seed: seed % len,
+                    report,
+                });
+            }
+            Step::DecideRelease { seed, quiet } => {
+                let s = &mut self.seeds[seed % len];
+                let quiet = quiet && s.copy.demand.is_none();
+                let due = s
+                    .copy
+                    .share
+                    .release_due(&s.copy.limit, &s.copy.committed(), &self.slack, quiet);
+                s.pending_release = Some((s.copy.version, due));
+            }
+            Step::WriteRelease { seed } => {
+                let s = &mut self.seeds[seed % len];
+                if let Some((version, due)) = s.pending_release.take()
+                    && version == s.copy.version
+                    && !due.is_empty()
+                {
+                    s.copy.share.release(&due).unwrap();
+                    s.bump();
+                    cov.releases += 1;
+                }
+            }
+            Step::CrashSeedController { seed } => self.seeds[seed % len].pending_release = None,
+            Step::MasterRefresh => {
+                if let Some(m) = &mut self.master {
+                    m.cache = self.persisted.clone();
+                }
+            }
+            Step::MasterPlan => {
+                if let Some(m) = &self.master {
+                    let mut view = self.master_view(m);
+                    let plan = view.plan(&self.slack).unwrap();
+                    if view.apply(&plan).unwrap() {
+                        // Only the record is persisted: reports and reachability are not.
+                        for record in view.seeds.values_mut() {
+                            record.report = None;
+                            record.reachable = true;
+                        }
+                        self.limbo.push((m.cache.version, view));
+                    }
+                }
+            }
+            Step::ServerApply { pick, land } => {
+                if !self.limbo.is_empty() {
+                    let (base, record) = self.limbo.remove(pick % self.limbo.len());
+                    if land && base == self.persisted.version {
+                        let grew = record.seeds.iter().any(|(name, r)| {
+                            self.persisted
+                                .record
+                                .seeds
+                                .get(name)
+                                .is_some_and(|old| old.granted != r.granted)
+                        });
+                        cov.landed_grants += usize::from(grew);
+                        cov.forgotten += self.persisted.record.seeds.len() - record.seeds.len();
+                        self.persisted = Persisted {
+                            version: self.persisted.version + 1,
+                            record,
+                        };
+                    } else {
+                        cov.failed_writes += 1;
+                    }
+                }
+            }
+            Step::MasterSend => {
+                if let Some(m) = &self.master {
+                    let words: Vec<Msg> = self
+                        .seeds
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(i, s)| {
+                            let r = m.cache.record.seeds.get(&s.name)?;
+                            Some(Msg::Word {
+                                seed: i,
+                                limit: m.cache.record.limit.clone(),
+                                word: MasterWord {
+                                    version: m.cache.version,
+                                    granted: r.granted.clone(),
+                                    target: r.target.clone(),
+                                },
+                            })
+                        })
+                        .collect();
+                    for w in words {
+                        self.send(w);
+                    }
+                }
+            }
+            Step::CrashMaster => self.master = None,
+            Step::RestartMaster => {
+                if self.master.is_none() {
+                    self.master = Some(Master {
+                        cache: self.persisted.clone(),
+                        reports: BTreeMap::new(),
+                    });
+                }
+            }
+            Step::QuotaEdit { resource, by, lower } => {
+                if resource < n {
+                    let r = RESOURCES[resource];
+                    let old = self.limit().amount(r);
+                    let new = if lower {
+                        old.saturating_sub_to_zero(units(by))
+                    } else {
+                        old.checked_add(units(by)).unwrap()
+                    };
+                    self.lowered |= new < old;
+                    self.persisted.record.limit.set(r, Some(new));
+                    self.persisted.version += 1;
+                }
+            }
+            Step::Deliver { pick, dup } => {
+                if !self.bag.is_empty() {
+                    let i = pick % self.bag.len();
+                    if self.deliverable(&self.bag[i]) {
+                        let msg = if dup {
+                            self.bag[i].clone()
+                        } else {
+                            self.bag.remove(i)
+                        };
+                        self.deliver(msg);
+                    }
+                }
+            }
+            Step::Drop { pick } => {
+                if !self.bag.is_empty() {
+                    self.bag.remove(pick % self.bag.len());
+                }
+            }
+            Step::Partition { seed } => self.seeds[seed % len].partitioned = true,
+            Step::Heal { seed } => self.seeds[seed % len].partitioned = false,
+            Step::MasterRound | Step::DeliverMany { .. } | Step::ReleaseNow { .. } => {}
+            Step::Retire { seed } => {
+                // Never all seeds: the liveness phase needs one.
+                let name = self.seeds[seed % len].name.clone();
+                let retiring = self
+                    .persisted
+                    .record
+                    .seeds
+                    .values()
+                    .filter(|r| r.retiring)
+                    .count();
+                if retiring + 1 < len
+                    && let Some(r) = self.persisted.record.seeds.get_mut(&name)
+                {
+                    r.retiring = true;
+                    self.persisted.version += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The invariants, checked in every reachable state. `exposure_before` is the record
+    /// exposure before the step.
+    fn check(&self, exposure_before: &Rd) -> Result<(), String> {
+        let limit = self.limit();
+        let exposure = self.record_exposure();
+        for (r, limit) in limit.iter() {
+            let mut sum_exposure = Quantity::ZERO;
+            for s in &self.seeds {
+                let share = s.copy.share.share().amount(r);
+                let committed = s.copy.committed().amount(r);
+                if s.real_usage().amount(r) > committed {
+                    return Err(format!("{}: {r} used beyond committed", s.name));
+                }
+                if committed > share {
+                    return Err(format!(
+                        "{}: {r} committed {committed:?} above share {share:?}",
+                        s.name
+                    ));
+                }
+                if let Some(rec) = self.persisted.record.seeds.get(&s.name)
+                    && s.copy.share.granted.amount(r) > rec.granted.amount(r)
+                {
+                    return Err(format!(
+                        "{}: {r} granted on the seed above the master's record",
+                        s.name
+                    ));
+                }
+                sum_exposure = sum_exposure.checked_add(share.max(committed)).unwrap();
+            }
+            if !self.lowered && sum_exposure > limit {
+                return Err(format!(
+                    "{r}: sum of max(share, committed) {sum_exposure:?} > limit {limit:?}"
+                ));
+            }
+            let (now, before) = (exposure.amount(r), exposure_before.amount(r));
+            if (!self.lowered || now > before) && now > limit {
+                return Err(format!("{r}: record exposure {now:?} > limit {limit:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Liveness: heal, settle, then a lone seed asks for all the headroom left; within
+    /// [`LIVENESS_ROUNDS`] fair rounds it must fit.
+    fn liveness(&mut self, lone: usize, cov: &mut Coverage) -> Result<(), String> {
+        for s in &mut self.seeds {
+            s.partitioned = false;
+        }
+        if self.master.is_none() {
+            self.master = Some(Master {
+                cache: self.persisted.clone(),
+                reports: BTreeMap::new(),
+            });
+        }
+        self.settle_limbo(cov);
+        for i in 0..self.seeds.len() {
+            self.step(&Step::RecordAllotment { seed: i }, cov)?;
+            self.step(&Step::ExpireAllotment { seed: i }, cov)?;
+            self.step(&Step::Withdraw { seed: i }, cov)?;
+            self.seeds[i].pending_release = None;
+        }
+        // The lone seed: one that is in the record and not retiring.
+        let candidates: Vec<usize> = (0..self.seeds.len())
+            .filter(|&i| {
+                let name = &self.seeds[i].name;
+                self.persisted.record.seeds.get(name).is_some_and(|r| !r.retiring)
+            })
+            .collect();
+        let Some(&lone) = candidates.get(lone % candidates.len().max(1)) else {
+            return Ok(());
+        };
+        let total = ResourceDetails::checked_sum(
+            self.seeds
+                .iter()
+                .map(|s| s.copy.committed())
+                .collect::<Vec<_>>()
+                .iter(),
+        )
+        .unwrap();
+        let request = bounded_by(self.limit(), &self.limit().saturating_sub(&total));
+        if request.is_empty() {
+            return Ok(());
+        }
+        cov.liveness_checked += 1;
+        let mut view = self.persisted.record.clone();
+        for (name, r) in &mut view.seeds {
+            let seed = self.seeds.iter().find(|s| &s.name == name).unwrap();
+            r.report = Some(seed.copy.share.report(0, &seed.copy.committed(), None));
+        }
+        let lone_free = add(&view.free().unwrap(), &self.seeds[lone].copy.share.share());
+        if fits_within(
+            &bounded_by(self.limit(), &lone_free),
+            &self.seeds[lone].copy.committed(),
+            &request,
+        )
+        .is_err()
+        {
+            cov.liveness_moved_share += 1;
+        }
+        {
+            let s = &mut self.seeds[lone];
+            s.copy.demand = Some(SeedShare::demand_for(
+                &s.copy.limit,
+                &s.copy.committed(),
+                &request,
+            ));
+            s.bump();
+        }
+        for _ in 0..LIVENESS_ROUNDS {
+            self.fair_round(cov)?;
+            let s = &self.seeds[lone];
+            if s.copy
+                .share
+                .fits(&s.copy.limit, &s.copy.committed(), &request)
+                .is_ok()
+            {
+                return self.greed(lone, cov);
+            }
+        }
+        let s = &self.seeds[lone];
+        Err(format!(
+            "{} never got {request} (committed {}, share {}, target {}); master record {:?}",
+            s.name,
+            s.copy.committed(),
+            s.copy.share.share(),
+            s.copy.share.target,
+            self.persisted.record
+        ))
+    }
+
+    /// Then the lone seed asks for the whole limit: within [`LIVENESS_ROUNDS`] its capacity must
+    /// reach `limit - sum of the other seeds' committed`, and taking all of it must keep every
+    /// invariant (headroom counted twice anywhere shows up here as an overrun).
+    fn greed(&mut self, lone: usize, cov: &mut Coverage) -> Result<(), String> {
+        let limit = self.limit().clone();
+        let others: Vec<Rd> = (0..self.seeds.len())
+            .filter(|&i| i != lone)
+            .map(|i| self.seeds[i].copy.committed())
+            .collect();
+        let others = ResourceDetails::checked_sum(others.iter()).unwrap();
+        let expected = bounded_by(&limit, &limit.saturating_sub(&others));
+        {
+            let s = &mut self.seeds[lone];
+            s.copy.demand = Some(SeedShare::demand_for(&limit, &ResourceDetails::default(), &limit));
+            s.bump();
+        }
+        for _ in 0..LIVENESS_ROUNDS {
+            self.fair_round(cov)?;
+        }
+        let s = &mut self.seeds[lone];
+        let capacity = s.copy.share.capacity(&s.copy.limit);
+        if !capacity.covers(&expected) {
+            return Err(format!("{} reached capacity {capacity}, not {expected}", s.name));
+        }
+        let before = self.record_exposure();
+        let s = &mut self.seeds[lone];
+        let take = capacity.saturating_sub(&s.copy.committed());
+        s.copy.reserved = add(&s.copy.reserved, &take);
+        s.copy.demand = None;
+        s.bump();
+        self.check(&before)
+    }
+
+    /// One fair round: every seed reports, everything is delivered, the master plans, persists
+    /// and sends, everything is delivered, every seed releases what is due.
+    fn fair_round(&mut self, cov: &mut Coverage) -> Result<(), String> {
+        for i in 0..self.seeds.len() {
+            self.step(&Step::Report { seed: i }, cov)?;
+        }
+        self.deliver_all();
+        self.step(&Step::MasterRefresh, cov)?;
+        self.step(&Step::MasterPlan, cov)?;
+        self.settle_limbo(cov);
+        self.step(&Step::MasterRefresh, cov)?;
+        self.step(&Step::MasterSend, cov)?;
+        self.deliver_all();
+        for i in 0..self.seeds.len() {
+            self.step(
+                &Step::DecideRelease {
+                    seed: i,
+                    quiet: false,
+                },
+                cov,
+            )?;
+            self.step(&Step::WriteRelease { seed: i }, cov)?;
+        }
+        self.check(&self.record_exposure())
+    }
+
+    fn settle_limbo(&mut self, cov: &mut Coverage) {
+        while !self.limbo.is_empty() {
+            self.step(&Step::ServerApply { pick: 0, land: true }, cov)
+                .unwrap();
+        }
+    }
+
+    fn deliver_all(&mut self) {
+        for msg in std::mem::take(&mut self.bag) {
+            self.deliver(msg);
+        }
+    }
+}
+
+/// An admission that grew `committed` must leave it within the seed's capacity as it sees it.
+fn check_within_capacity(s: &Seed, before: &Rd) -> Result<(), String> {
+    // Computed here, not by `SeedShare::capacity`: min(share, target, limit) as the seed sees it.
+    let (share, target) = (s.copy.share.share(), &s.copy.share.target);
+    let mut capacity = Rd::default();
+    for (r, limit) in s.copy.limit.iter() {
+        let held = share.amount(r).min(limit);
+        capacity.set(r, Some(target.get(r).map_or(held, |t| held.min(t))));
+    }
+    let after = s.copy.committed();
+    for (r, cap) in capacity.iter() {
+        if after.amount(r) > before.amount(r) && after.amount(r) > cap {
+            return Err(format!(
+                "{}: admission took {r} committed to {after} above capacity {capacity}",
+                s.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn run(setup: &Setup, cov: &mut Coverage) -> Result<(), String> {
+    let mut world = World::new(setup);
+    for (i, step) in setup.steps.iter().enumerate() {
+        let before = world.record_exposure();
+        world
+            .step(step, cov)
+            .and_then(|()| world.check(&before))
+            .map_err(|e| format!("after step {i} {step:?}: {e}"))?;
+    }
+    cov.lowered_runs += usize::from(world.lowered);
+    world
+        .liveness(setup.lone, cov)
+        .map_err(|e| format!("liveness: {e}"))
+}
+
+#[test]
+fn shares_hold_the_limit_and_follow_demand() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(600);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let coverage = RefCell::new(Coverage::default());
+    let result = runner.run(&setup(), |setup| {
+        let mut cov = coverage.borrow_mut();
+        run(&setup, &mut cov).map_err(TestCaseError::fail)
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let cov = coverage.into_inner();
+    eprintln!("{cases} runs: {cov:?}");
+    assert!(
+        cov.landed_grants > 0 && cov.failed_writes > 0 && cov.releases > 0,
+        "{cov:?}"
+    );
+    assert!(
+        cov.admitted_after_grant > 0 && cov.lowered_runs > 0 && cov.liveness_moved_share > 0,
+        "{cov:?}"
+    );
+}
