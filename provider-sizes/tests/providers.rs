@@ -41,7 +41,7 @@ spec:
     kubelet: 1.33.0
 "
     );
-    serde_yaml::from_str(&manifest)
+    serde_saphyr::from_str(&manifest)
         .unwrap_or_else(|e| panic!("test manifest does not parse: {e}\n{manifest}"))
 }
 
