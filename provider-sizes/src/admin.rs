@@ -15,7 +15,7 @@
 use std::fmt;
 
 use kkp_quota_crds::Quantity;
-use serde_yaml::Value;
+use serde_json::Value;
 
 use crate::catalog::{Flavour, SizeCatalog};
 use crate::provider::Provider;
@@ -80,7 +80,7 @@ pub struct AdminCatalog {
     root_disk_defaults: Vec<(Provider, Quantity)>,
 }
 
-/// A YAML key or scalar as text.
+/// A YAML scalar as text.
 fn scalar_text(value: &Value) -> Option<String> {
     match value {
         Value::String(s) => Some(s.clone()),
@@ -96,9 +96,8 @@ fn describe(value: &Value) -> &'static str {
         Value::Bool(_) => "a boolean",
         Value::Number(_) => "a number",
         Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "a mapping",
     }
 }
 
@@ -179,8 +178,8 @@ impl Parser<'_> {
         Ok(quantity)
     }
 
-    fn provider(&self, section: &str, key: &Value) -> Result<(Provider, String), CatalogError> {
-        let name = scalar_text(key).unwrap_or_default();
+    fn provider(&self, section: &str, key: &str) -> Result<(Provider, String), CatalogError> {
+        let name = key.to_owned();
         let provider = Provider::from_name(&name).ok_or_else(|| {
             self.error(
                 format!("{section}.{name}"),
@@ -195,7 +194,7 @@ impl Parser<'_> {
     }
 
     fn size(&self, entry: &str, path: &[&str], value: &Value) -> Result<AdminSize, CatalogError> {
-        let Value::Mapping(fields) = value else {
+        let Value::Object(fields) = value else {
             return Err(self.error(
                 entry.to_owned(),
                 path,
@@ -207,7 +206,7 @@ impl Parser<'_> {
         };
         let mut size = AdminSize::default();
         for (key, value) in fields {
-            let field = scalar_text(key).unwrap_or_default();
+            let field = key.clone();
             let slot = match field.as_str() {
                 "cpu" => &mut size.cpu,
                 "memory" => &mut size.memory,
@@ -234,15 +233,20 @@ impl AdminCatalog {
     /// is may give only the fields it changes.
     pub fn parse(text: &str) -> Result<AdminCatalog, CatalogError> {
         let parser = Parser { text };
-        let root: Value = serde_yaml::from_str(text).map_err(|e| CatalogError {
+        // YAML is read into a JSON value (every key a string): the catalog needs no YAML-only
+        // feature, and a duplicate key is an error that names its line.
+        let root: Value = serde_saphyr::from_str(text).map_err(|e| CatalogError {
             entry: String::new(),
-            line: e.location().map(|l| l.line()),
+            line: e
+                .location()
+                .and_then(|l| usize::try_from(l.line()).ok())
+                .filter(|l| *l > 0),
             message: e.to_string(),
         })?;
         let mut catalog = AdminCatalog::default();
         let top = match root {
             Value::Null => return Ok(catalog),
-            Value::Mapping(top) => top,
+            Value::Object(top) => top,
             other => {
                 return Err(CatalogError {
                     entry: String::new(),
@@ -256,11 +260,11 @@ impl AdminCatalog {
         };
         let shipped = SizeCatalog::shipped();
         for (key, value) in &top {
-            let section = scalar_text(key).unwrap_or_default();
+            let section = key.clone();
             match section.as_str() {
                 "providers" => catalog.parse_providers(&parser, &shipped, value)?,
                 "rootDiskDefaults" => {
-                    let Value::Mapping(defaults) = value else {
+                    let Value::Object(defaults) = value else {
                         if value.is_null() {
                             continue;
                         }
@@ -299,7 +303,7 @@ impl AdminCatalog {
     ) -> Result<(), CatalogError> {
         let providers = match value {
             Value::Null => return Ok(()),
-            Value::Mapping(providers) => providers,
+            Value::Object(providers) => providers,
             other => {
                 return Err(parser.error(
                     "providers".into(),
@@ -312,7 +316,7 @@ impl AdminCatalog {
             let (provider, name) = parser.provider("providers", key)?;
             let flavours = match flavours {
                 Value::Null => continue,
-                Value::Mapping(flavours) => flavours,
+                Value::Object(flavours) => flavours,
                 other => {
                     return Err(parser.error(
                         format!("providers.{name}"),
@@ -322,7 +326,7 @@ impl AdminCatalog {
                 }
             };
             for (key, size) in flavours {
-                let Some(flavour) = scalar_text(key).filter(|f| !f.is_empty()) else {
+                let Some(flavour) = Some(key.clone()).filter(|f| !f.is_empty()) else {
                     return Err(parser.error(
                         format!("providers.{name}"),
                         &["providers", &name],

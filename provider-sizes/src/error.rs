@@ -135,7 +135,10 @@ impl fmt::Display for SizingError {
             SizingErrorKind::NoProviderSpec => write!(
                 f,
                 "the Machine has no spec.providerSpec.value object, so its size cannot be known; \
-                 set spec.providerSpec.value with cloudProvider and cloudProviderSpec"
+                 set spec.providerSpec.value with cloudProvider and cloudProviderSpec. A legacy \
+                 spec.providerConfig is not read: machine-controller moves it to spec.providerSpec \
+                 only in a one-time migration when it starts and builds no node from a Machine that \
+                 still has it, so move its value to spec.providerSpec.value"
             ),
             SizingErrorKind::NoCloudProvider => write!(
                 f,

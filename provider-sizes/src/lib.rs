@@ -9,6 +9,7 @@
 mod admin;
 mod catalog;
 mod error;
+mod field;
 mod gce;
 mod provider;
 mod sizing;

@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::catalog::{Flavour, SizeCatalog};
 use crate::error::{SizingError, SizingErrorKind};
+use crate::field::{self, Found, Null};
 use crate::gce;
 use crate::provider::Provider;
 use crate::spec::{Spec, ValueResolver};
@@ -68,17 +69,18 @@ pub fn size_provider_spec(
     let Value::Object(top) = provider_spec_value else {
         return Err(SizingError::new("", SizingErrorKind::NoProviderSpec));
     };
-    let name = match top.get("cloudProvider") {
-        Some(Value::String(name)) if !name.is_empty() => name.as_str(),
+    // The top level is machine-controller's providerconfig.Config, read by the same rule.
+    let name = match field::get(top, "cloudProvider", Null::Keep) {
+        Found::Value(Value::String(name)) if !name.is_empty() => name.as_str(),
         _ => return Err(SizingError::new("", SizingErrorKind::NoCloudProvider)),
     };
     let provider =
         Provider::from_name(name).ok_or_else(|| SizingError::new(name, SizingErrorKind::UnknownProvider))?;
     let empty = serde_json::Map::new();
-    let object = match top.get("cloudProviderSpec") {
-        Some(Value::Object(object)) => object,
-        None | Some(Value::Null) => &empty,
-        Some(other) => {
+    let object = match field::get(top, "cloudProviderSpec", Null::Reset) {
+        Found::Value(Value::Object(object)) => object,
+        Found::Absent | Found::Null => &empty,
+        Found::Value(other) => {
             return Err(SizingError::new(
                 name,
                 SizingErrorKind::InvalidField {
@@ -89,11 +91,17 @@ pub fn size_provider_spec(
             ));
         }
     };
+    let operating_system = match field::get(top, "operatingSystem", Null::Keep) {
+        Found::Value(Value::String(os)) => Some(os.as_str()),
+        _ => None,
+    };
     let spec = Spec {
         provider,
         name,
         object,
         resolver,
+        operating_system,
+        prefix: String::new(),
     };
     let sizer = Sizer { spec: &spec, catalog };
     sizer.size().map(Size::details)
@@ -172,20 +180,44 @@ impl Sizer<'_, '_> {
         Ok(Size::of_flavour(&flavour, self.gib("diskSize", disk)?))
     }
 
+    /// The OS disk of an Azure VM whose spec leaves `osDiskSize` unset: the image's own size.
+    /// Known for machine-controller's default marketplace image of each operating system;
+    /// unknown for a custom image (`imageID`, `imageReference`, `imagePlan`).
+    fn azure_os_disk_default(&self) -> Result<Quantity, SizingError> {
+        let s = self.spec;
+        if let Some(admin) = self.catalog.root_disk_default(s.provider) {
+            return Ok(admin);
+        }
+        let custom =
+            s.text("imageID")?.is_some() || s.is_set("imageReference?")? || s.is_set("imagePlan?")?;
+        let why = if custom {
+            "osDiskSize is unset and the Machine names its own image, whose OS disk size is not known here"
+        } else {
+            match s.operating_system {
+                Some("ubuntu" | "flatcar") => return Ok(Quantity::from_units(30 * GIB)),
+                Some("rhel") => return Ok(Quantity::from_units(64 * GIB)),
+                _ => {
+                    "osDiskSize is unset and the OS disk of this operating system's default image is \
+                     not known here"
+                }
+            }
+        };
+        Err(s.error(SizingErrorKind::UnknownRootDisk {
+            field: "osDiskSize",
+            why,
+        }))
+    }
+
     fn azure(&self) -> Result<Size, SizingError> {
         let s = self.spec;
         let (name, flavour) = self.flavour("vmSize", "set it to an Azure VM size such as Standard_D4s_v5")?;
         let with = |e: SizingError| e.with_flavour(&name);
-        let os_disk = match s.int("osDiskSize").map_err(with)? {
+        // machine-controller sends an OS disk size only when osDiskSize is not 0.
+        let os_disk = match s.int("osDiskSize", Null::Keep).map_err(with)? {
             Some(gib) if gib > 0 => self.gib("osDiskSize", gib)?,
-            // Unset: the image's own OS disk size, 30 GiB for the Linux marketplace images
-            // machine-controller uses, unless the admin says otherwise.
-            _ => self
-                .catalog
-                .root_disk_default(s.provider)
-                .unwrap_or(Quantity::from_units(30 * GIB)),
+            _ => self.azure_os_disk_default().map_err(with)?,
         };
-        let data_disk = match s.int("dataDiskSize").map_err(with)? {
+        let data_disk = match s.int("dataDiskSize", Null::Keep).map_err(with)? {
             Some(gib) => self.gib("dataDiskSize", gib)?,
             None => Quantity::ZERO,
         };
@@ -228,7 +260,7 @@ impl Sizer<'_, '_> {
                 .with_flavour(name));
         };
         // machine-controller uses 25 GB (GCE's GB are GiB) when diskSize is 0 or unset.
-        let disk = match s.int("diskSize").map_err(|e| e.with_flavour(name))? {
+        let disk = match s.int("diskSize", Null::Keep).map_err(|e| e.with_flavour(name))? {
             Some(gib) if gib > 0 => gib,
             _ => 25,
         };
@@ -239,7 +271,8 @@ impl Sizer<'_, '_> {
         let s = self.spec;
         let (name, flavour) = self.flavour("flavor", "set it to the name of an OpenStack flavor")?;
         let with = |e: SizingError| e.with_flavour(&name);
-        let storage = match s.int("rootDiskSizeGB").map_err(with)? {
+        // Set: machine-controller boots from a volume of that size; unset: the flavor's disk.
+        let storage = match s.int("rootDiskSizeGB?", Null::Reset).map_err(with)? {
             Some(gib) if gib > 0 => self.gib("rootDiskSizeGB", gib)?,
             _ => self
                 .default_root_disk(
@@ -258,12 +291,18 @@ impl Sizer<'_, '_> {
             "instanceType",
             "set it to an ECS instance type such as ecs.g6.large",
         )?;
-        let disk = s
-            .required_positive(
-                "diskSize",
-                "machine-controller requires the system disk size in GiB",
-            )
-            .map_err(|e| e.with_flavour(&name))?;
+        // A provider value (a string such as "40" in machine-controller's examples).
+        let disk = match s.int_text("diskSize").map_err(|e| e.with_flavour(&name))? {
+            Some(gib) if gib > 0 => gib,
+            _ => {
+                return Err(s
+                    .missing(
+                        "diskSize",
+                        "machine-controller requires the system disk size in GiB",
+                    )
+                    .with_flavour(&name));
+            }
+        };
         Ok(Size::of_flavour(&flavour, self.gib("diskSize", disk)?))
     }
 
@@ -282,6 +321,7 @@ impl Sizer<'_, '_> {
     }
 
     fn kubevirt(&self) -> Result<Size, SizingError> {
+        const TEMPLATE: &str = "virtualMachine.template";
         let s = self.spec;
         let Some(mut storage) = s.quantity("virtualMachine.template.primaryDisk.size")? else {
             return Err(s.missing(
@@ -289,63 +329,55 @@ impl Sizer<'_, '_> {
                 "machine-controller needs the primary disk size (e.g. 10Gi)",
             ));
         };
-        if let Some(disks) = s.lookup("virtualMachine.template.secondaryDisks")? {
-            let Value::Array(disks) = disks else {
-                return Err(s.invalid("virtualMachine.template.secondaryDisks", "a list", disks));
-            };
+        if let Some(disks) = s.list("virtualMachine.template.secondaryDisks")? {
             for (i, disk) in disks.iter().enumerate() {
-                let field = format!("virtualMachine.template.secondaryDisks[{i}].size");
-                let size = match disk {
-                    Value::Object(d) => match d.get("size") {
-                        Some(v) => s.quantity_of(&field, v)?,
-                        None => None,
-                    },
-                    other => {
-                        return Err(s.invalid(
-                            &format!("virtualMachine.template.secondaryDisks[{i}]"),
-                            "an object",
-                            other,
-                        ));
-                    }
+                let prefix = format!("{TEMPLATE}.secondaryDisks[{i}].");
+                let Value::Object(disk) = disk else {
+                    return Err(s.invalid(&format!("{TEMPLATE}.secondaryDisks[{i}]"), "an object", disk));
                 };
-                let size = size.ok_or_else(|| s.missing(&field, "every secondary disk needs a size"))?;
-                storage = s.add(&field, storage, size)?;
+                let item = s.item(disk, prefix);
+                let size = item
+                    .quantity("size")?
+                    .ok_or_else(|| item.missing("size", "every secondary disk needs a size"))?;
+                storage = s.add(&format!("{TEMPLATE}.secondaryDisks[{i}].size"), storage, size)?;
             }
         }
-        // A named instancetype (or the older flavor) fixes cpu and memory.
-        for (path, field) in [
-            (
-                "virtualMachine.instancetype.name",
-                "virtualMachine.instancetype.name",
-            ),
-            ("virtualMachine.flavor.name", "virtualMachine.flavor.name"),
-        ] {
-            if let Some(name) = s.text(path)? {
-                let flavour = self.catalog.flavour(s.provider, &name).ok_or_else(|| {
-                    s.error(SizingErrorKind::UnknownFlavour { field })
-                        .with_flavour(&name)
-                })?;
-                return Ok(Size::of_flavour(flavour, storage));
-            }
+        // An instancetype (a pointer: set at all, even without a name) fixes cpu and memory.
+        if s.is_set("virtualMachine.instancetype?")? {
+            let field = "virtualMachine.instancetype.name";
+            let name = s.required_text(
+                "virtualMachine.instancetype?.name",
+                "machine-controller looks the instancetype up by name",
+            )?;
+            let flavour = self.catalog.flavour(s.provider, &name).ok_or_else(|| {
+                s.error(SizingErrorKind::UnknownFlavour { field })
+                    .with_flavour(&name)
+            })?;
+            return Ok(Size::of_flavour(flavour, storage));
         }
-        let cpu = match s.quantity("virtualMachine.template.cpus")? {
-            Some(cpu) if !cpu.is_zero() => cpu,
-            _ => match s.int("virtualMachine.template.vcpus.cores")? {
-                Some(cores) if cores > 0 => Quantity::from_units(cores),
-                _ => {
-                    return Err(s.missing(
-                        "virtualMachine.template.cpus",
-                        "set template.cpus or template.vcpus.cores, or name an instancetype",
-                    ));
-                }
-            },
-        };
         let memory = s.quantity("virtualMachine.template.memory")?.ok_or_else(|| {
             s.missing(
                 "virtualMachine.template.memory",
                 "set template.memory (e.g. 8Gi) or name an instancetype",
             )
         })?;
+        // machine-controller: vcpus.cores, when not 0, wins and cpus is not read at all.
+        let cpu = match s.int("virtualMachine.template.vcpus.cores", Null::Keep)? {
+            Some(cores) if cores > 0 => Quantity::from_units(cores),
+            _ => match s.quantity("virtualMachine.template.cpus")? {
+                Some(cpu) if !cpu.is_zero() => cpu,
+                _ => {
+                    let hint = if s.text("virtualMachine.flavor.name")?.is_some() {
+                        "virtualMachine.flavor is no longer read by machine-controller: name an \
+                         instancetype (virtualMachine.instancetype.name) or set template.cpus or \
+                         template.vcpus.cores"
+                    } else {
+                        "set template.cpus or template.vcpus.cores, or name an instancetype"
+                    };
+                    return Err(s.missing("virtualMachine.template.cpus", hint));
+                }
+            },
+        };
         Ok(Size {
             cpu,
             memory,
@@ -371,8 +403,9 @@ impl Sizer<'_, '_> {
         })
     }
 
+    /// A `*int64` disk field: set and positive, its GiB; else the admin default or a refusal.
     fn optional_disk(&self, field: &'static str, why: &'static str) -> Result<Quantity, SizingError> {
-        match self.spec.int(field)? {
+        match self.spec.int(&format!("{field}?"), Null::Reset)? {
             Some(gib) if gib > 0 => self.gib(field, gib),
             _ => self.default_root_disk(None, field, why),
         }
@@ -392,7 +425,8 @@ impl Sizer<'_, '_> {
     fn nutanix(&self) -> Result<Size, SizingError> {
         let s = self.spec;
         let sockets = s.required_positive("cpus", "set the number of CPU sockets")?;
-        let cores = match s.int("cpuCores")? {
+        // cpuCores is vCPUs per socket; unset, Nutanix uses 1.
+        let cores = match s.int("cpuCores?", Null::Reset)? {
             Some(c) if c > 0 => c,
             _ => 1,
         };
@@ -404,6 +438,7 @@ impl Sizer<'_, '_> {
 
     fn vcd(&self) -> Result<Size, SizingError> {
         let s = self.spec;
+        // cpus is the VM's total vCPU count (cpuCores only arranges them per socket).
         let cpus = s.required_positive("cpus", "set the number of vCPUs")?;
         let memory = s.required_positive("memoryMB", "set the memory in MiB")?;
         let disk = self.optional_disk(
@@ -417,44 +452,56 @@ impl Sizer<'_, '_> {
         let s = self.spec;
         let cpus = s.required_positive("cpus", "set the number of vCPUs")?;
         let memory = s.required_positive("memory", "set the memory in MiB")?;
-        let mut storage = Quantity::ZERO;
-        let mut any_disk = false;
-        if let Some(disks) = s.lookup("disks")? {
-            let Value::Array(disks) = disks else {
-                return Err(s.invalid("disks", "a list of {size, performanceType}", disks));
-            };
-            for (i, disk) in disks.iter().enumerate() {
-                let field = format!("disks[{i}].size");
-                let size = match disk {
-                    Value::Object(d) => match d.get("size") {
-                        Some(v) => s.int_of(&field, v)?,
-                        None => None,
-                    },
-                    other => return Err(s.invalid(&format!("disks[{i}]"), "an object", other)),
-                };
-                let size = size
-                    .filter(|g| *g > 0)
-                    .ok_or_else(|| s.missing(&field, "every disk needs a size in GiB"))?;
-                storage = s.add(&field, storage, self.gib(&field, size)?)?;
-                any_disk = true;
+        let disks = s.list("disks")?.filter(|d| !d.is_empty());
+        let legacy = s.int("diskSize", Null::Keep)?.filter(|g| *g > 0);
+        let storage = match (disks, legacy) {
+            (Some(_), Some(_)) => {
+                return Err(s.missing(
+                    "disks",
+                    "machine-controller refuses diskSize together with disks: move the size into disks[].size and remove diskSize",
+                ));
             }
-        }
-        if !any_disk {
-            // The deprecated single-disk field, still honoured by machine-controller.
-            let size = s.required_positive(
-                "diskSize",
-                "machine-controller needs at least one disk: set disks[].size (GiB)",
-            )?;
-            storage = self.gib("diskSize", size)?;
-        }
+            (None, Some(gib)) => self.gib("diskSize", gib)?,
+            (None, None) => {
+                return Err(s.missing(
+                    "disks",
+                    "machine-controller needs at least one disk: set disks[].size (GiB)",
+                ));
+            }
+            (Some(disks), None) => {
+                let mut storage = Quantity::ZERO;
+                for (i, disk) in disks.iter().enumerate() {
+                    let Value::Object(disk) = disk else {
+                        return Err(s.invalid(&format!("disks[{i}]"), "an object", disk));
+                    };
+                    let item = s.item(disk, format!("disks[{i}]."));
+                    let size = item
+                        .int("size", Null::Keep)?
+                        .filter(|g| *g > 0)
+                        .ok_or_else(|| item.missing("size", "every disk needs a size in GiB"))?;
+                    let field = format!("disks[{i}].size");
+                    storage = s.add(&field, storage, self.gib(&field, size)?)?;
+                }
+                storage
+            }
+        };
         self.vm("cpus", cpus, "memory", memory, storage)
     }
 
     fn opennebula(&self) -> Result<Size, SizingError> {
         let s = self.spec;
-        let vcpus = s.required_positive("vcpu", "machine-controller requires vcpu")?;
-        let memory = s.required_positive("memory", "machine-controller requires memory in MiB")?;
-        let disk_mib = s.required_positive("diskSize", "machine-controller requires diskSize in MiB")?;
+        // All three are Go pointers (*int) that machine-controller dereferences: required.
+        let required = |path: &str, field: &str, hint: &'static str| match s.int(path, Null::Reset)? {
+            Some(n) if n > 0 => Ok(n),
+            _ => Err(s.missing(field, hint)),
+        };
+        let vcpus = required("vcpu?", "vcpu", "machine-controller requires vcpu")?;
+        let memory = required("memory?", "memory", "machine-controller requires memory in MiB")?;
+        let disk_mib = required(
+            "diskSize?",
+            "diskSize",
+            "machine-controller requires diskSize in MiB",
+        )?;
         let disk = s.scaled("diskSize", disk_mib, MIB)?;
         self.vm("vcpu", vcpus, "memory", memory, disk)
     }

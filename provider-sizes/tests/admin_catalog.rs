@@ -94,7 +94,7 @@ fn errors_name_the_entry_and_line() {
     let e = parse_error("provider:\n  aws: {}\n");
     assert!(e.message.contains("unknown section"), "{e}");
 
-    // YAML syntax errors carry serde_yaml's line.
+    // YAML syntax errors carry the YAML parser's line.
     let e = parse_error("providers:\n  aws:\n    t3.medium: {cpu: 4\n");
     assert!(e.line.is_some(), "{e}");
 

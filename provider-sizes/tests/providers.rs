@@ -41,7 +41,7 @@ spec:
     kubelet: 1.33.0
 "
     );
-    serde_yaml::from_str(&manifest)
+    serde_saphyr::from_str(&manifest)
         .unwrap_or_else(|e| panic!("test manifest does not parse: {e}\n{manifest}"))
 }
 
@@ -134,9 +134,10 @@ fn aws() {
         sized("aws", "instanceType: r3.large\ndiskSize: 8").get(Resource::Memory),
         Some(q("15Gi"))
     );
-    // Numbers as strings, and the flavour as {value: ...}.
+    // The flavour as {value: ...} (a provider value). diskSize is a Go int32: machine-controller
+    // refuses "50" as a string, so does provider-sizes (see tests/conformance/aws.json).
     assert_size(
-        &sized("aws", "instanceType: {value: m5.xlarge}\ndiskSize: \"50\""),
+        &sized("aws", "instanceType: {value: m5.xlarge}\ndiskSize: 50"),
         "4",
         "16Gi",
         "50Gi",
@@ -166,7 +167,7 @@ fn aws_refusals() {
     assert_eq!(e.reason(), "InvalidField");
     assert!(
         e.to_string()
-            .contains("diskSize must be a non-negative whole number, found a list"),
+            .contains("diskSize must be a JSON number such as 50"),
         "{e}"
     );
     assert_eq!(
@@ -185,13 +186,14 @@ fn aws_refusals() {
         refused("aws", "instanceType: 42\ndiskSize: 5").reason(),
         "UnknownFlavour"
     );
+    // A string is refused before its digits are read (machine-controller wants a number).
     assert_eq!(
         refused(
             "aws",
             "instanceType: t3.medium\ndiskSize: \"99999999999999999999\""
         )
         .reason(),
-        "Overflow"
+        "InvalidField"
     );
     assert_eq!(
         refused("aws", "instanceType: t3.medium\ndiskSize: 18446744073709551615").reason(),
@@ -760,10 +762,16 @@ fn sizes_by_reference() {
     let e = size_machine(&m, &c, Some(&cache)).unwrap_err();
     assert_eq!(e.reason(), "ResolveFailed");
     assert!(e.to_string().contains("cfg has no key other"), "{e}");
-    // An inline value wins over the reference, without asking the resolver.
+    // As in machine-controller, a complete secretKeyRef wins over an inline value...
     let m = machine(
         "hetzner",
         "serverType:\n  value: cx32\n  secretKeyRef: {namespace: a, name: b, key: c}",
+    );
+    assert_eq!(size_machine(&m, &c, None).unwrap_err().reason(), "NoResolver");
+    // ...and an incomplete one is ignored: the inline value is used, the resolver not asked.
+    let m = machine(
+        "hetzner",
+        "serverType:\n  value: cx32\n  secretKeyRef: {name: b, key: c}",
     );
     assert_size(&size_machine(&m, &c, None).unwrap(), "4", "8Gi", "80Gi", 0);
     let _ = GlobalKeyRef::default();
@@ -831,5 +839,29 @@ fn messages_say_how_to_fix() {
         refused("azure", "vmSize: true").to_string(),
         "azure Machine: cloudProviderSpec.vmSize must be a string, a number or \
          {value|secretKeyRef|configMapKeyRef}, found the boolean true; correct the Machine's provider spec"
+    );
+}
+
+// ---------------------------------------------------------------- issue 18: legacy providerConfig
+
+#[test]
+fn legacy_provider_config_is_named_in_the_refusal() {
+    let manifest = "apiVersion: cluster.k8s.io/v1alpha1
+kind: Machine
+metadata: {name: old, namespace: kube-system}
+spec:
+  providerConfig:
+    value:
+      cloudProvider: aws
+      cloudProviderSpec: {instanceType: t3.medium, diskSize: 50}
+";
+    let m: Machine = serde_saphyr::from_str(manifest).unwrap();
+    let e = size_machine(&m, &shipped(), None).unwrap_err();
+    assert_eq!(e.reason(), "NoProviderSpec");
+    let text = e.to_string();
+    assert!(text.contains("spec.providerConfig"), "{text}");
+    assert!(
+        text.contains("move its value to spec.providerSpec.value"),
+        "{text}"
     );
 }
