@@ -146,7 +146,7 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
             let i = next % BURST;
             next += 1;
             let name = format!("r{round}-retry-{i}");
-            let user = if i % 2 == 0 { &alpha } else { &beta };
+            let user = if i.is_multiple_of(2) { &alpha } else { &beta };
             let api = &apis[i % 2];
             e2e::wait_for(WAIT, "a retried create admitted", || async {
                 api.create(&PostParams::default(), &machine(&name, &one_cpu))
