@@ -160,6 +160,20 @@ impl Metrics {
             .with_label_values(&[result, verdict.reason.as_str()])
             .inc();
     }
+
+    /// Admission requests answered so far, over every reason; only those with `result`
+    /// (`allowed`, `denied`) when given.
+    pub fn answered(&self, result: Option<&str>) -> u64 {
+        Reason::ALL
+            .iter()
+            .flat_map(|reason| {
+                ["allowed", "denied"]
+                    .into_iter()
+                    .filter(move |r| result.is_none_or(|want| want == *r))
+                    .map(move |r| self.admissions.with_label_values(&[r, reason.as_str()]).get())
+            })
+            .sum()
+    }
 }
 
 /// The metrics of refused and authenticated calls, registered and with every label value.

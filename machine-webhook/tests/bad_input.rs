@@ -319,17 +319,19 @@ async fn raw(
     let started = Instant::now();
     let stream = tls(address, ca_pem).await?;
     let (mut reader, mut writer) = tokio::io::split(stream);
-    let read = tokio::spawn(async move {
+    let mut read = tokio::spawn(async move {
         let mut answer = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(20), reader.read_to_end(&mut answer)).await;
         String::from_utf8_lossy(&answer).into_owned()
     });
     writer.write_all(head.as_bytes()).await?;
+    // The pause between chunks is the slow client being simulated, not a wait for a condition;
+    // the server answering (and closing) ends it at once.
     for chunk in chunks {
-        if read.is_finished() {
-            break;
+        tokio::select! {
+            answer = &mut read => return Ok((answer?, started.elapsed())),
+            () = tokio::time::sleep(delay) => {}
         }
-        tokio::time::sleep(delay).await;
         if writer.write_all(chunk.as_bytes()).await.is_err() {
             break;
         }
