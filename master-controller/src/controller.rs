@@ -2,7 +2,6 @@
 //! watch of quota copies per seed (see [`crate::seeds`]) whose events are merged into that
 //! controller, the default-quota loop, the orphan sweep and a periodic resync.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,6 +22,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fanout::{self, FIELD_MANAGER};
 use crate::fold::{self, Health, SeedUsage};
+use crate::kkp_copies::KkpCopies;
 use crate::metrics::Metrics;
 use crate::seeds::{self, SeedView, Seeds, Triggers};
 use crate::status;
@@ -85,48 +85,13 @@ pub async fn run(
     result?
 }
 
-struct Ctx {
-    master: Client,
-    seeds: Seeds,
-    projects: Store<Project>,
-    project_quotas: Store<ProjectQuota>,
-    metrics: Metrics,
-    kkp_copies: KkpCopies,
-}
-
-/// What this process last wrote onto KKP's `ResourceQuota` copy on each seed, per (seed, quota):
-/// the apply body and `globalUsage`. KKP's copies are not watched (the ledger is the seed side
-/// this controller reads); each is applied once per process and whenever it would change.
-#[derive(Default)]
-struct KkpCopies(std::sync::Mutex<std::collections::HashMap<(String, String), KkpCopy>>);
-
-#[derive(Default, Clone)]
-struct KkpCopy {
-    applied: Option<serde_json::Value>,
-    global: Option<ResourceDetails>,
-}
-
-impl KkpCopies {
-    fn get(&self, seed: &str, name: &str) -> KkpCopy {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(&(seed.to_owned(), name.to_owned()))
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    fn update(&self, seed: &str, name: &str, f: impl FnOnce(&mut KkpCopy)) {
-        let mut map = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(map.entry((seed.to_owned(), name.to_owned())).or_default());
-    }
-
-    fn forget(&self, name: &str) {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|(_, n), _| n != name);
-    }
+pub(crate) struct Ctx {
+    pub master: Client,
+    pub seeds: Seeds,
+    pub projects: Store<Project>,
+    pub project_quotas: Store<ProjectQuota>,
+    pub metrics: Metrics,
+    pub kkp_copies: KkpCopies,
 }
 
 fn channel_stream<T: Send + 'static>(
@@ -282,7 +247,7 @@ async fn run_as_leader(
         defaults,
         metrics.clone(),
     );
-    let orphan_loop = orphan_sweep(
+    let orphan_loop = crate::sweep::orphan_sweep(
         master.clone(),
         quotas,
         project_quotas,
@@ -316,7 +281,7 @@ async fn run_as_leader(
 /// the other seeds' view of that quota) for the client's much longer default timeouts.
 const SEED_CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn bounded<T>(
+pub(crate) async fn bounded<T>(
     call: impl std::future::Future<Output = Result<T, kube::Error>>,
 ) -> Result<T, kube::Error> {
     match tokio::time::timeout(SEED_CALL_TIMEOUT, call).await {
@@ -362,7 +327,7 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
     let mut project_quota = ctx.project_quotas.get(&ObjectRef::new(&name));
 
     if master_rq.metadata.deletion_timestamp.is_some() {
-        return finalize(
+        return crate::finalize::finalize(
             master_rq,
             &api,
             &views,
@@ -584,7 +549,7 @@ async fn write_seed_statuses(
 
 /// Patch parameters naming this controller as the field manager, so that another writer of the
 /// same fields shows in `managedFields` ([`status::foreign_usage_writers`]).
-fn ours() -> PatchParams {
+pub(crate) fn ours() -> PatchParams {
     PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
@@ -592,7 +557,7 @@ fn ours() -> PatchParams {
 }
 
 /// A 404 is success: the object is gone, so there is nothing to write.
-fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+pub(crate) fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
     match result {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
@@ -665,7 +630,7 @@ async fn fan_out(
 
 /// Deletes `name` through `api`: `Ok(true)` when it is gone, `Ok(false)` while it is still there
 /// (someone else's finalizer).
-async fn delete_gone<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<bool, kube::Error>
+pub(crate) async fn delete_gone<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<bool, kube::Error>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -673,183 +638,6 @@ where
         Ok(either) => Ok(either.is_right()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
         Err(e) => Err(e),
-    }
-}
-
-/// Deletion: every seed's copies first (the ledger, then KKP's), then the `ProjectQuota`, then the
-/// finalizer. A seed that cannot delete its copies holds the finalizer, and the
-/// `SeedCleanupPending` condition says which.
-async fn finalize(
-    master_rq: &ResourceQuota,
-    api: &Api<ResourceQuota>,
-    views: &[SeedView],
-    project: Option<&Project>,
-    project_quota: Option<&ProjectQuota>,
-    ctx: &Ctx,
-) -> Result<Action, Error> {
-    if !fanout::has_finalizer(master_rq) {
-        return Ok(Action::await_change());
-    }
-    let name = master_rq.name_any();
-    let deletes = views.iter().map(|view| {
-        let name = name.clone();
-        async move {
-            let Some(client) = view.client.clone() else {
-                return Err(view.name.clone());
-            };
-            let dp = DeleteParams::default();
-            let result = async {
-                let ledger = delete_gone(&Api::<QuotaLedger>::all(client.clone()), &name, &dp).await?;
-                let kkp = delete_gone(&Api::<ResourceQuota>::all(client), &name, &dp).await?;
-                Ok::<bool, kube::Error>(ledger && kkp)
-            }
-            .await;
-            match result {
-                Ok(gone) => {
-                    ctx.metrics.wrote(&view.name, "delete");
-                    if gone { Ok(()) } else { Err(view.name.clone()) }
-                }
-                Err(e) => {
-                    warn!(seed = %view.name, error = %e, "deleting the seed copies failed");
-                    ctx.metrics.sync_error(&view.name, "delete");
-                    Err(view.name.clone())
-                }
-            }
-        }
-    });
-    let pending: Vec<String> = future::join_all(deletes)
-        .await
-        .into_iter()
-        .filter_map(Result::err)
-        .collect();
-    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
-    if pending.is_empty() {
-        // Owned by the master object, so a real cluster's garbage collector would delete it too;
-        // deleting it here does not depend on one.
-        delete_gone(&pq_api, &name, &DeleteParams::default()).await?;
-        let patch = fanout::master_metadata_patch(master_rq, project, false);
-        match api.patch(&name, &ours(), &Patch::Merge(&patch)).await {
-            Ok(_) => {}
-            // Already gone; or changed meanwhile, and the watch brings it back to us.
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Action::await_change()),
-            Err(e) => return Err(e.into()),
-        }
-        ctx.metrics.wrote("master", "finalize");
-        ctx.metrics
-            .forget_project(master_rq.project(), &ctx.seeds.names());
-        ctx.kkp_copies.forget(&name);
-        info!("seed copies deleted; finalizer released");
-        return Ok(Action::await_change());
-    }
-    if let Some(pq) = project_quota {
-        let status_now = pq.status.clone().unwrap_or_default();
-        let conditions = status::merge_conditions(
-            &status_now.conditions,
-            &[status::cleanup_pending(&pending)],
-            master_rq.metadata.generation,
-            Timestamp::now(),
-        );
-        if !status::same_conditions(&status_now.conditions, &conditions) {
-            let patch = serde_json::json!({ "status": { "conditions": conditions } });
-            ignore_missing(
-                pq_api
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await,
-            )?;
-            ctx.metrics.wrote("master", "status");
-        }
-    }
-    warn!(seeds = %pending.join(", "), "seed copies not deleted yet; holding the finalizer");
-    Ok(Action::requeue(Duration::from_secs(2)))
-}
-
-/// Deletes seed ledgers (and the KKP copy beside each) that have no master object, and
-/// `ProjectQuota`s whose KKP quota is gone (what a garbage collector would do for their owner
-/// reference). Runs after the master cache is complete.
-async fn orphan_sweep(
-    master: Client,
-    quotas: Store<ResourceQuota>,
-    project_quotas: Store<ProjectQuota>,
-    seeds: Seeds,
-    wake: Arc<Notify>,
-    metrics: Metrics,
-) {
-    let _ = quotas.wait_until_ready().await;
-    let _ = project_quotas.wait_until_ready().await;
-    loop {
-        wake.notified().await;
-        let masters: BTreeSet<String> = quotas.state().iter().map(|q| q.name_any()).collect();
-        for (seed, client, copies) in seeds.fresh_copies() {
-            let api: Api<QuotaLedger> = Api::all(client.clone());
-            let kkp_api: Api<ResourceQuota> = Api::all(client);
-            for copy in copies {
-                let name = copy.name_any();
-                if masters.contains(&name) || copy.metadata.deletion_timestamp.is_some() {
-                    continue;
-                }
-                // Conditioned on the copy's UID: a copy re-created meanwhile is not touched.
-                let dp = DeleteParams {
-                    preconditions: Some(kube::api::Preconditions {
-                        uid: copy.uid(),
-                        resource_version: None,
-                    }),
-                    ..DeleteParams::default()
-                };
-                match bounded(api.delete(&name, &dp)).await {
-                    Ok(_) => {
-                        info!(seed = %seed, quota = %name, project = %copy.project(), "deleted seed copy without a master object");
-                        metrics.wrote(&seed, "delete");
-                        if let Err(e) = delete_gone(&kkp_api, &name, &DeleteParams::default()).await {
-                            warn!(seed = %seed, quota = %name, error = %e, "deleting an orphaned KKP copy failed");
-                            metrics.sync_error(&seed, "delete");
-                        }
-                    }
-                    Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                    Err(e) => {
-                        warn!(seed = %seed, quota = %name, error = %e, "deleting an orphaned copy failed");
-                        metrics.sync_error(&seed, "delete");
-                    }
-                }
-            }
-        }
-        sweep_project_quotas(&master, &project_quotas, &masters, &metrics).await;
-    }
-}
-
-/// Deletes `ProjectQuota`s owned by a KKP quota that no longer exists (an admin's own
-/// `ProjectQuota`, owned by nothing, is left alone until a KKP quota adopts it).
-async fn sweep_project_quotas(
-    master: &Client,
-    project_quotas: &Store<ProjectQuota>,
-    masters: &BTreeSet<String>,
-    metrics: &Metrics,
-) {
-    let api: Api<ProjectQuota> = Api::all(master.clone());
-    for pq in project_quotas.state() {
-        let name = pq.name_any();
-        let owned = pq.owner_references().iter().any(|o| o.kind == "ResourceQuota");
-        if !owned || masters.contains(&name) || pq.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let dp = DeleteParams {
-            preconditions: Some(kube::api::Preconditions {
-                uid: pq.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(&name, &dp).await {
-            Ok(_) => {
-                info!(quota = %name, project = %pq.project(), "deleted ProjectQuota whose ResourceQuota is gone");
-                metrics.wrote("master", "delete");
-            }
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-            Err(e) => {
-                warn!(quota = %name, error = %e, "deleting an orphaned ProjectQuota failed");
-                metrics.sync_error("master", "delete");
-            }
-        }
     }
 }
 

@@ -8,15 +8,20 @@
 //! - [`default_quota`]: `globalsettings` `spec.defaultQuota` → default project quotas.
 //! - [`status`]: the master object's conditions (pure).
 //! - [`metrics`]: Prometheus metrics.
+//! - `finalize`: deleting a quota, seeds first. `sweep`: orphaned seed copies and `ProjectQuota`s are deleted; `kkp_copies`: what was last
+//!   written onto KKP's seed copies.
 //! - [`controller`]: the wiring and [`controller::run`].
 
 pub mod controller;
 pub mod default_quota;
 pub mod fanout;
+mod finalize;
 pub mod fold;
+mod kkp_copies;
 pub mod metrics;
 pub mod seeds;
 pub mod status;
+mod sweep;
 
 pub use controller::{Options, run};
 pub use metrics::Metrics;

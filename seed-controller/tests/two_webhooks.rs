@@ -62,13 +62,7 @@ async fn register(
     ca: &[u8],
     keys: &std::path::Path,
 ) {
-    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
-        .get(cluster)
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
+    let uid = cluster_uid(seed, cluster).await;
     let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
     let url = webhook_config::url(cluster, &uid, &format!("https://{address}"), Some(&keys));
     let body = webhook_config::desired(&url, Some(ca));

@@ -21,13 +21,7 @@ async fn webhook_configuration(user: &Client) -> Option<ValidatingWebhookConfigu
 /// The URL seed-controller must write for `cluster`: its token signed with the first key in
 /// `keys` over the Cluster's name and UID on `seed`.
 async fn expected_url(seed: &Client, cluster: &str, keys: &std::path::Path) -> String {
-    let uid = Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
-        .get(cluster)
-        .await
-        .unwrap()
-        .metadata
-        .uid
-        .unwrap();
+    let uid = cluster_uid(seed, cluster).await;
     let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
     let token = keys.sign(cluster, &uid);
     assert_eq!(keys.verify(cluster, &uid, &token), Some(0));

@@ -440,3 +440,14 @@ pub fn reservation(
         created_at: jiff::Timestamp::now() - age,
     }
 }
+
+/// The UID of the `Cluster` named `cluster` on the seed (what its webhook token is signed over).
+pub async fn cluster_uid(seed: &Client, cluster: &str) -> String {
+    Api::<kkp_quota_crds::kkp::Cluster>::all(seed.clone())
+        .get(cluster)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap()
+}
