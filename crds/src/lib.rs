@@ -28,5 +28,7 @@ pub mod shares;
 pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};
 pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
-pub use quota_ledger::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus};
+pub use quota_ledger::{
+    LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
+};
 pub use resources::{Exceeded, Resource, ResourceDetails};

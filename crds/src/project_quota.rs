@@ -67,6 +67,34 @@ pub struct ProjectQuotaStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The master's record of every seed's share (docs/shares.md). Written only with
+    /// compare-and-swap, and always before any of it reaches a seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<ShareRecord>,
+}
+
+/// The persisted grants and targets of every seed.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareRecord {
+    /// Bumped by every write of the record; seeds take only newer versions.
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub seeds: Vec<SeedShareRecord>,
+}
+
+/// One seed in the [`ShareRecord`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SeedShareRecord {
+    pub name: String,
+    /// Everything ever granted to the seed (cumulative, only grows).
+    #[serde(default)]
+    pub granted: ResourceDetails,
+    /// The share the master wants the seed to hold.
+    #[serde(default)]
+    pub target: ResourceDetails,
 }
 
 /// One seed's figures for one project.
@@ -80,6 +108,16 @@ pub struct SeedFigures {
     /// True when the seed cannot be reached and `usage` is the last one seen.
     #[serde(default)]
     pub stale: bool,
+    /// The share of the limit the seed holds as the master last saw it (granted minus
+    /// released); absent before shares are in force.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share: Option<ResourceDetails>,
+    /// What the seed asks for while its requests wait for share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<ResourceDetails>,
+    /// True when the seed cannot be reached: its share stays its own until it can.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stuck: bool,
 }
 
 impl ProjectQuota {

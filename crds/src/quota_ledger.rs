@@ -9,6 +9,9 @@
 //! allotment. The last two write by compare-and-swap on `resourceVersion` (docs/architecture.md).
 //! master-controller creates it with the quota and deletes it with the quota.
 
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -44,6 +47,10 @@ pub const LEDGER_FORMAT: u32 = 1;
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(oldSelf.shares) || (has(self.shares) && self.shares.version >= oldSelf.shares.version)",
+    "message": "shares come from the master's record and never go back to an older version"
+}]))]
 pub struct QuotaLedgerSpec {
     /// The project. Immutable.
     #[schemars(extend("x-kubernetes-validations" = [{"rule": "self == oldSelf", "message": "subject is immutable"}]))]
@@ -52,6 +59,31 @@ pub struct QuotaLedgerSpec {
     /// per resource); an absent resource is unlimited. Written by master-controller.
     #[serde(default)]
     pub quota: ResourceDetails,
+    /// This seed's share of the quota, copied from the master's record (docs/shares.md).
+    /// Absent: shares are not in force on this ledger (no master has granted any yet, or a
+    /// master of a version without shares), and the webhook checks the global usage alone.
+    /// Written by master-controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<LedgerShares>,
+}
+
+/// A seed's share as the master's record holds it. The seed's share is
+/// `granted - status.released`; it admits within `min(share, target, quota)`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerShares {
+    /// The version of the master's record these values come from; never goes back.
+    pub version: u64,
+    /// Everything ever granted to this seed (cumulative, only grows).
+    #[serde(default)]
+    pub granted: ResourceDetails,
+    /// The share the master wants this seed to hold; the seed releases what it holds above
+    /// `max(target, committed)`. An absent resource sets no ceiling.
+    #[serde(default)]
+    pub target: ResourceDetails,
+    /// The share the master last saw each other seed hold, by seed name (for messages only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub others: BTreeMap<String, ResourceDetails>,
 }
 
 /// The subject, as KKP's `ResourceQuota` names it.
@@ -122,6 +154,31 @@ pub struct QuotaLedgerStatus {
     /// seed-controller.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allotments: Vec<Allotment>,
+    /// Share this seed gave back to the master (cumulative, only grows). Written by
+    /// seed-controller, in the same compare-and-swap as `localUsage`, so that nothing is admitted
+    /// against share on its way out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<ResourceDetails>,
+    /// Requests for more share, one per webhook process with requests that fit the project's
+    /// global headroom but not this seed's share (or not beside other processes' allotments).
+    /// The master grants towards the largest; other holders give their allotments back. Each
+    /// holder writes its own entry; seed-controller removes expired ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub demands: Vec<ShareDemand>,
+}
+
+/// One webhook process's request for more share.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareDemand {
+    /// The webhook process asking (as in `allotments[].holder`).
+    pub holder: String,
+    /// The share wanted, absolute: what this seed had committed plus the request that did not
+    /// fit, per limited resource (absolute, so a demand read twice asks for the same thing).
+    pub amount: ResourceDetails,
+    /// Renewed while requests wait; after it, the demand no longer counts.
+    #[schemars(with = "String")]
+    pub expires_at: Timestamp,
 }
 
 impl QuotaLedger {

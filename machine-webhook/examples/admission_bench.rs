@@ -455,6 +455,7 @@ async fn main() -> Result<()> {
         QuotaLedgerSpec {
             subject: LedgerSubject::project(PROJECT),
             quota: serde_json::from_value::<ResourceDetails>(json!({"cpu": "1000000", "memory": "1Ei"}))?,
+            shares: None,
         },
     );
     quota.metadata.labels = Some(

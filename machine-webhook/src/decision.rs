@@ -565,6 +565,7 @@ mod tests {
         let spec = QuotaLedgerSpec {
             subject: LedgerSubject::project("p"),
             quota: cpu("10"),
+            shares: None,
         };
         let status = QuotaLedgerStatus {
             format_version: Some(kkp_quota_crds::quota_ledger::LEDGER_FORMAT + 1),
@@ -609,6 +610,7 @@ mod tests {
         let spec = QuotaLedgerSpec {
             subject: LedgerSubject::project("p"),
             quota: cpu("16"),
+            shares: None,
         };
         let status = QuotaLedgerStatus {
             local_usage: Some(cpu("4")),
@@ -655,6 +657,7 @@ mod tests {
             QuotaLedgerSpec {
                 subject: LedgerSubject::project("p"),
                 quota: cpu("16"),
+                shares: None,
             },
         );
         quota.status = Some(QuotaLedgerStatus {

@@ -472,6 +472,7 @@ async fn write_master_status(
                 name: u.seed.clone(),
                 usage: Some(u.local.clone().unwrap_or_default()),
                 stale: !u.health.is_fresh(),
+                ..SeedFigures::default()
             })
             .collect(),
         conditions,

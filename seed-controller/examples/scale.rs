@@ -166,6 +166,7 @@ async fn main() -> Result<()> {
             QuotaLedgerSpec {
                 subject: LedgerSubject::project(project),
                 quota: ResourceDetails::default(),
+                shares: None,
             },
         );
         rq.metadata.labels = Some(BTreeMap::from([

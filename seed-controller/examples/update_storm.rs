@@ -131,6 +131,7 @@ async fn main() -> Result<()> {
         QuotaLedgerSpec {
             subject: LedgerSubject::project("demo"),
             quota: serde_json::from_value(json!({"cpu": "100000"}))?,
+            shares: None,
         },
     );
     ledger.metadata.labels = Some(BTreeMap::from([

@@ -181,6 +181,7 @@ fn plan_resource(
     // Grants, from free headroom only, to reachable seeds that want more than they hold.
     let mut unmet = Quantity::ZERO;
     let mut grants = vec![Quantity::ZERO; records.len()];
+    let wants_more = |i: usize| records[i].demand(resource).is_some_and(|want| want > shares[i]);
     for (i, record) in records.iter().enumerate() {
         let Some(want) = record.demand(resource) else {
             continue;
@@ -192,6 +193,15 @@ fn plan_resource(
         grants[i] = need.min(free);
         free = free.saturating_sub_to_zero(grants[i]);
         unmet = unmet.checked_add(need.saturating_sub_to_zero(grants[i]))?;
+    }
+    // A seed that had to ask gets half of what stays free on top, so that the requests after
+    // this one do not each wait for a round trip (the allotments' rule, one level up).
+    for (i, record) in records.iter().enumerate() {
+        if grants[i] > Quantity::ZERO && record.reachable && !record.retiring {
+            let extra = Quantity::from_nanos(free.as_nanos() / 2);
+            grants[i] = grants[i].checked_add(extra)?;
+            free = free.saturating_sub_to_zero(extra);
+        }
     }
 
     // Targets: what each seed holds plus its grant; nothing for retiring seeds. A seed not
@@ -221,7 +231,7 @@ fn plan_resource(
             let Some(committed) = record.committed_seen(resource) else {
                 continue;
             };
-            if !record.reachable || record.retiring || record.demand(resource).is_some() {
+            if !record.reachable || record.retiring || wants_more(i) {
                 continue;
             }
             let floor = if above_slack {

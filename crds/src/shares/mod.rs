@@ -9,10 +9,12 @@
 //!
 //! - [`seed`]: what a seed holds ([`SeedShare`]) and reports ([`SeedReport`]).
 //! - [`master`]: the master's view ([`MasterView`]) and its [`Plan`] of grants and targets.
+//! - [`objects`]: reading and writing that state on the `QuotaLedger`s and the `ProjectQuota`.
 //!
 //! `docs/shares.md` gives the protocol and why `sum(shares) <= limit` holds.
 
 pub mod master;
+pub mod objects;
 pub mod seed;
 
 use std::fmt;

@@ -223,6 +223,7 @@ pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu
         QuotaLedgerSpec {
             subject: LedgerSubject::project(project),
             quota: details(limit_cpu),
+            shares: None,
         },
     );
     quota.metadata.labels = Some(BTreeMap::from([

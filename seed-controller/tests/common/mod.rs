@@ -103,6 +103,7 @@ pub async fn create_quota_copy(seed: &Client, project: &str, cpu_limit: &str) {
         QuotaLedgerSpec {
             subject: LedgerSubject::project(project),
             quota,
+            shares: None,
         },
     );
     rq.metadata.labels = Some(BTreeMap::from([

@@ -1,0 +1,229 @@
+//! The protocol's state read from, and written to, the objects that hold it: a seed's
+//! `QuotaLedger` (spec `shares`, status `released`, `demands`, and what is committed) and the
+//! master's `ProjectQuota` status (`shares`, the record). Every component reads them through
+//! these functions, so the protocol has one reading of its objects.
+
+use std::collections::BTreeMap;
+
+use jiff::Timestamp;
+
+use super::master::SeedRecord;
+use super::seed::{MasterWord, SeedReport, SeedShare};
+use crate::ledger::{allotted_total, reserved_total};
+use crate::project_quota::{SeedShareRecord, ShareRecord};
+use crate::quantity::QuantityError;
+use crate::quota_ledger::{LedgerShares, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
+use crate::resources::{Resource, ResourceDetails};
+
+/// The seed's share as its ledger holds it; `None` while shares are not in force on it (no
+/// `spec.shares` yet).
+pub fn seed_share(spec: &QuotaLedgerSpec, status: Option<&QuotaLedgerStatus>) -> Option<SeedShare> {
+    let shares = spec.shares.as_ref()?;
+    Some(SeedShare {
+        granted: shares.granted.clone(),
+        released: status.and_then(|s| s.released.clone()).unwrap_or_default(),
+        target: shares.target.clone(),
+        version: shares.version,
+    })
+}
+
+/// What the seed has committed: `localUsage + reservations + allotments`.
+pub fn committed(status: &QuotaLedgerStatus) -> Result<ResourceDetails, QuantityError> {
+    let local = status.local_usage.clone().unwrap_or_default();
+    local
+        .checked_add(&reserved_total(&status.reservations)?)?
+        .checked_add(&allotted_total(&status.allotments)?)
+}
+
+/// The demands that have not expired at `now`.
+pub fn live_demands(status: &QuotaLedgerStatus, now: Timestamp) -> impl Iterator<Item = &ShareDemand> {
+    status.demands.iter().filter(move |d| d.expires_at > now)
+}
+
+/// The seed's demand: per resource the largest live one; `None` when none is live.
+pub fn demand(status: &QuotaLedgerStatus, now: Timestamp) -> Option<ResourceDetails> {
+    let mut out: Option<ResourceDetails> = None;
+    for d in live_demands(status, now) {
+        let merged = out.get_or_insert_with(ResourceDetails::default);
+        for &resource in Resource::ALL {
+            match (merged.get(resource), d.amount.get(resource)) {
+                (_, None) => {}
+                (None, Some(b)) => merged.set(resource, Some(b)),
+                (Some(a), Some(b)) => merged.set(resource, Some(a.max(b))),
+            }
+        }
+    }
+    out
+}
+
+/// What the master reads from a seed's ledger. Its version is the ledger's `resourceVersion`
+/// (it only orders reads of one object; an unreadable one counts as the oldest).
+pub fn report(ledger: &QuotaLedger, now: Timestamp) -> Result<SeedReport, QuantityError> {
+    let status = ledger.status.clone().unwrap_or_default();
+    let version = ledger
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    Ok(SeedReport {
+        version,
+        released: status.released.clone().unwrap_or_default(),
+        committed: committed(&status)?,
+        demand: demand(&status, now),
+    })
+}
+
+/// The master's record as per-seed records (no reports yet; every seed reachable).
+pub fn records(record: Option<&ShareRecord>) -> BTreeMap<String, SeedRecord> {
+    record
+        .map(|r| {
+            r.seeds
+                .iter()
+                .map(|s| {
+                    let seed = SeedRecord {
+                        granted: s.granted.clone(),
+                        target: s.target.clone(),
+                        ..SeedRecord::new()
+                    };
+                    (s.name.clone(), seed)
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The record to persist at `version` for these per-seed records.
+pub fn record(version: u64, seeds: &BTreeMap<String, SeedRecord>) -> ShareRecord {
+    ShareRecord {
+        version,
+        seeds: seeds
+            .iter()
+            .map(|(name, s)| SeedShareRecord {
+                name: name.clone(),
+                granted: s.granted.clone(),
+                target: s.target.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// What the master writes into seed `name`'s ledger spec from a persisted record: its grants and
+/// target, and what the other seeds hold as the master sees it.
+pub fn ledger_shares(version: u64, name: &str, seeds: &BTreeMap<String, SeedRecord>) -> Option<LedgerShares> {
+    let own = seeds.get(name)?;
+    let word = MasterWord {
+        version,
+        granted: own.granted.clone(),
+        target: own.target.clone(),
+    };
+    Some(LedgerShares {
+        version: word.version,
+        granted: word.granted,
+        target: word.target,
+        others: seeds
+            .iter()
+            .filter(|(other, _)| other.as_str() != name)
+            .map(|(other, s)| (other.clone(), s.share_seen()))
+            .filter(|(_, share)| !share.is_empty())
+            .collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::Allotment;
+    use crate::quota_ledger::LedgerSubject;
+    use crate::shares::tests::cpu;
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn a_ledger_without_shares_is_not_under_shares() {
+        let spec = QuotaLedgerSpec {
+            subject: LedgerSubject::project("p"),
+            quota: cpu(16),
+            shares: None,
+        };
+        assert!(seed_share(&spec, None).is_none());
+        let spec = QuotaLedgerSpec {
+            shares: Some(LedgerShares {
+                version: 3,
+                granted: cpu(6),
+                target: cpu(5),
+                others: BTreeMap::new(),
+            }),
+            ..spec
+        };
+        let status = QuotaLedgerStatus {
+            released: Some(cpu(2)),
+            ..QuotaLedgerStatus::default()
+        };
+        let share = seed_share(&spec, Some(&status)).unwrap();
+        assert_eq!(share.share(), cpu(4));
+        assert_eq!(share.capacity(&cpu(16)), cpu(4));
+    }
+
+    #[test]
+    fn committed_counts_usage_reservations_and_allotments_and_demand_the_largest_live() {
+        let status = QuotaLedgerStatus {
+            local_usage: Some(cpu(3)),
+            allotments: vec![Allotment {
+                holder: "a".into(),
+                granted: cpu(2),
+                expires_at: at(100),
+            }],
+            demands: vec![
+                ShareDemand {
+                    holder: "a".into(),
+                    amount: cpu(7),
+                    expires_at: at(10),
+                },
+                ShareDemand {
+                    holder: "b".into(),
+                    amount: cpu(9),
+                    expires_at: at(5),
+                },
+            ],
+            ..QuotaLedgerStatus::default()
+        };
+        assert_eq!(
+            committed(&status).unwrap().amount(Resource::Cpu),
+            cpu(5).amount(Resource::Cpu)
+        );
+        assert!(committed(&status).unwrap().saturating_sub(&cpu(5)).is_empty());
+        assert_eq!(demand(&status, at(0)), Some(cpu(9)));
+        assert_eq!(demand(&status, at(6)), Some(cpu(7)));
+        assert_eq!(demand(&status, at(11)), None);
+    }
+
+    #[test]
+    fn records_round_trip_and_seeds_see_what_others_hold() {
+        let mut seeds = BTreeMap::new();
+        seeds.insert(
+            "a".to_owned(),
+            SeedRecord {
+                granted: cpu(6),
+                target: cpu(6),
+                ..SeedRecord::new()
+            },
+        );
+        seeds.insert(
+            "b".to_owned(),
+            SeedRecord {
+                granted: cpu(4),
+                target: cpu(4),
+                ..SeedRecord::new()
+            },
+        );
+        let r = record(7, &seeds);
+        assert_eq!(records(Some(&r)), seeds);
+        let word = ledger_shares(7, "a", &seeds).unwrap();
+        assert_eq!((word.version, word.granted, word.target), (7, cpu(6), cpu(6)));
+        assert_eq!(word.others["b"], cpu(4));
+        assert!(ledger_shares(7, "c", &seeds).is_none());
+    }
+}
