@@ -128,6 +128,8 @@ impl<K: Resource> Mirror<K> {
 #[derive(Debug)]
 pub struct SeedCache {
     pub quotas: Mirror<DynamicObject>,
+    /// Bumped on every quota ledger event: what requests waiting for share wait on.
+    quota_changes: tokio::sync::watch::Sender<u64>,
     pub clusters: Mirror<Cluster>,
     catalog: RwLock<SizeCatalog>,
     catalog_synced: AtomicBool,
@@ -145,6 +147,8 @@ pub struct QuotaCopy {
     pub raw_reservations: Vec<serde_json::Value>,
     /// `status.allotments` as JSON, for the same reason.
     pub raw_allotments: Vec<serde_json::Value>,
+    /// `status.demands` as JSON, for the same reason.
+    pub raw_demands: Vec<serde_json::Value>,
     pub uid: Option<String>,
 }
 
@@ -205,6 +209,7 @@ impl QuotaCopy {
             status,
             raw_reservations: raw_list("reservations"),
             raw_allotments: raw_list("allotments"),
+            raw_demands: raw_list("demands"),
             uid: object.metadata.uid.clone(),
         })
     }
@@ -233,6 +238,7 @@ impl SeedCache {
     pub fn new() -> SeedCache {
         SeedCache {
             quotas: Mirror::default(),
+            quota_changes: tokio::sync::watch::Sender::new(0),
             clusters: Mirror::default(),
             catalog: RwLock::new(SizeCatalog::shipped()),
             catalog_synced: AtomicBool::new(false),
@@ -247,6 +253,11 @@ impl SeedCache {
     /// Every watch has listed once.
     pub fn is_synced(&self) -> bool {
         self.quotas.is_synced() && self.clusters.is_synced() && self.catalog_synced.load(Ordering::SeqCst)
+    }
+
+    /// Changes whenever a quota ledger on the seed changes.
+    pub fn quota_changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.quota_changes.subscribe()
     }
 
     /// The project's quota copy, if it has one.
@@ -304,7 +315,9 @@ impl SeedCache {
         .default_backoff();
         let catalog_mirror: Mirror<ConfigMap> = Mirror::default();
         tokio::join!(
-            self.quotas.follow("quotaledgers", quotas, |_| {}),
+            self.quotas.follow("quotaledgers", quotas, |_| {
+                self.quota_changes.send_modify(|n| *n = n.wrapping_add(1));
+            }),
             self.clusters.follow("clusters", clusters, |_| {}),
             catalog_mirror.follow("size catalog", catalog, |m| {
                 if m.is_synced() {

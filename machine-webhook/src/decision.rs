@@ -11,10 +11,19 @@
 //! ([`QuotaState::for_holder`]). A request fits when,
 //! for every limited resource it asks for, `in use + request <= limit`. Deletes and changes that
 //! grow nothing always pass, even over quota; a project without a quota always passes.
+//!
+//! Where the master has given the seed a share of the quota (`spec.shares`, docs/shares.md), a
+//! request must also fit the seed's own capacity: `localUsage + reservations + allotments +
+//! request <= min(share, target, limit)` ([`kkp_quota_crds::shares::fits_within`], the same test
+//! the allotments use one level down). One that fits the quota but not the share is
+//! [`Reason::ShareInTransit`]: the verdict carries the share to ask the master for.
 
 use std::fmt;
 
+use std::collections::BTreeMap;
+
 use kkp_quota_crds::ledger::{allotted_total, reserved_total};
+use kkp_quota_crds::shares::{self, SeedShare};
 use kkp_quota_crds::{Exceeded, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, Resource, ResourceDetails};
 
 /// What the webhook knows of a project's quota: the limit and everything already in use.
@@ -31,6 +40,17 @@ pub struct QuotaState {
     /// Headroom held by webhook processes (allotments); for [`QuotaState::for_holder`], the
     /// other holders' allotments plus what the holder itself admitted from its own.
     pub allotted: ResourceDetails,
+    /// This seed's share, when shares are in force on the ledger.
+    pub seed: Option<SeedCapacity>,
+}
+
+/// What this seed may commit under its share, and who holds the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SeedCapacity {
+    /// `min(share, target, limit)` per limited resource.
+    pub capacity: ResourceDetails,
+    /// The share other seeds hold, as the master last saw it (for messages).
+    pub others: BTreeMap<String, ResourceDetails>,
 }
 
 /// The ledger cannot be read: amounts that cannot be added up exactly, or a format newer than
@@ -52,6 +72,10 @@ impl QuotaState {
     ) -> Result<QuotaState, StateError> {
         let status = status.cloned().unwrap_or_default();
         status.format_supported().map_err(|e| StateError(e.to_string()))?;
+        let seed = shares::objects::seed_share(spec, Some(&status)).map(|share: SeedShare| SeedCapacity {
+            capacity: share.capacity(&spec.quota),
+            others: spec.shares.as_ref().map(|s| s.others.clone()).unwrap_or_default(),
+        });
         let local_usage = status.local_usage.unwrap_or_default();
         let other_seeds_usage = match status.other_seeds_usage {
             Some(other) => other,
@@ -68,6 +92,7 @@ impl QuotaState {
             local_usage,
             reserved,
             allotted,
+            seed,
         })
     }
 
@@ -108,6 +133,32 @@ impl QuotaState {
         self.used()?
             .checked_add(&self.allotted)
             .map_err(|e| StateError(e.to_string()))
+    }
+
+    /// What this seed has committed: `localUsage + reservations + allotments` (what its share
+    /// must cover).
+    pub fn committed(&self) -> Result<ResourceDetails, StateError> {
+        self.local_usage
+            .checked_add(&self.reserved)
+            .and_then(|sum| sum.checked_add(&self.allotted))
+            .map_err(|e| StateError(e.to_string()))
+    }
+
+    /// The most an allotment may take: half of what is left under the limit and, under shares,
+    /// also under the seed's capacity (`in_use`/`committed` without the holder's own allotment).
+    pub fn allotment_room(&self, extra_admitted: &ResourceDetails) -> Result<ResourceDetails, StateError> {
+        let err = |e: kkp_quota_crds::QuantityError| StateError(e.to_string());
+        let in_use = self.in_use()?.checked_add(extra_admitted).map_err(err)?;
+        let mut grant = crate::escrow::grant_for(&self.limit, &in_use);
+        if let Some(seed) = &self.seed {
+            let committed = self.committed()?.checked_add(extra_admitted).map_err(err)?;
+            let within = crate::escrow::grant_for(&seed.capacity, &committed);
+            for (resource, amount) in within.iter() {
+                let lower = grant.get(resource).map_or(amount, |g| g.min(amount));
+                grant.set(resource, Some(lower));
+            }
+        }
+        Ok(grant)
     }
 }
 
@@ -168,6 +219,9 @@ pub enum Reason {
     Unchanged,
     /// It does not fit.
     QuotaExceeded,
+    /// It fits the quota, but not the share this seed holds; the rest of the quota is held by
+    /// other seeds (or not granted yet) and has to move here first.
+    ShareInTransit,
     /// The Machine cannot be sized.
     Unsizeable,
     /// The request names a user cluster this seed does not know.
@@ -185,6 +239,7 @@ impl Reason {
         Reason::Reduction,
         Reason::Unchanged,
         Reason::QuotaExceeded,
+        Reason::ShareInTransit,
         Reason::Unsizeable,
         Reason::UnknownCluster,
         Reason::BadRequest,
@@ -198,6 +253,7 @@ impl Reason {
             Reason::Reduction => "reduction",
             Reason::Unchanged => "unchanged",
             Reason::QuotaExceeded => "quota_exceeded",
+            Reason::ShareInTransit => "share_in_transit",
             Reason::Unsizeable => "unsizeable",
             Reason::UnknownCluster => "unknown_cluster",
             Reason::BadRequest => "bad_request",
@@ -213,6 +269,7 @@ impl Reason {
             Reason::Reduction => "Reduction",
             Reason::Unchanged => "Unchanged",
             Reason::QuotaExceeded => "QuotaExceeded",
+            Reason::ShareInTransit => "QuotaShareInTransit",
             Reason::Unsizeable => "Unsizeable",
             Reason::UnknownCluster => "UnknownCluster",
             Reason::BadRequest => "BadRequest",
@@ -250,6 +307,9 @@ pub struct Verdict {
     pub warnings: Vec<String>,
     /// For allowed requests that grow usage under a quota: the reservation to write.
     pub reserve: Option<Reserve>,
+    /// For [`Reason::ShareInTransit`]: the share this seed should hold for the request to fit
+    /// (absolute: what it committed plus the request).
+    pub wants_share: Option<ResourceDetails>,
 }
 
 impl Verdict {
@@ -261,6 +321,7 @@ impl Verdict {
             event_message: None,
             warnings: Vec::new(),
             reserve: None,
+            wants_share: None,
         }
     }
 
@@ -273,6 +334,7 @@ impl Verdict {
             event_message: Some(format!("a Machine {detail}")),
             warnings: Vec::new(),
             reserve: None,
+            wants_share: None,
         }
     }
 
@@ -403,12 +465,38 @@ fn decide_growth(
             machine,
             &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
         ),
-        Ok(exceeded) if exceeded.is_empty() => Verdict {
-            reserve: Some(Reserve {
-                size: ask.new_size().cloned().unwrap_or_default(),
-                reserved: growth,
-            }),
-            ..Verdict::allow(Reason::Fits)
+        Ok(exceeded) if exceeded.is_empty() => match seed_shortfall(state, &growth) {
+            Err(why) => Verdict::deny(
+                Reason::Error,
+                machine,
+                &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
+            ),
+            Ok(Some(wants)) => Verdict {
+                wants_share: Some(wants),
+                ..Verdict::deny(Reason::ShareInTransit, machine, &share_detail(project, state))
+            },
+            Ok(None) => Verdict {
+                reserve: Some(Reserve {
+                    size: ask.new_size().cloned().unwrap_or_default(),
+                    reserved: growth,
+                }),
+                ..Verdict::allow(Reason::Fits)
+            },
+        },
+        Ok(exceeded) if held_only_by_allotments(state, &growth) => Verdict {
+            wants_share: state
+                .committed()
+                .ok()
+                .map(|c| SeedShare::demand_for(&state.limit, &c, &growth)),
+            ..Verdict::deny(
+                Reason::ShareInTransit,
+                machine,
+                &format!(
+                    "cannot be admitted yet: {}{}; trying again in a few seconds will succeed",
+                    exceeded_detail(project, &exceeded, ask.is_update()),
+                    held_note(&exceeded, &state.allotted)
+                ),
+            )
         },
         Ok(exceeded) => Verdict::deny(
             Reason::QuotaExceeded,
@@ -420,6 +508,70 @@ fn decide_growth(
             ),
         ),
     }
+}
+
+/// Whether `growth` would fit the quota but for headroom other webhook processes hold: then it
+/// waits for them to give it back (they do when they see this process's demand).
+fn held_only_by_allotments(state: &QuotaState, growth: &ResourceDetails) -> bool {
+    !state.allotted.is_empty()
+        && state
+            .used()
+            .and_then(|used| {
+                state
+                    .limit
+                    .exceeded_by(&used, growth)
+                    .map_err(|e| StateError(e.to_string()))
+            })
+            .is_ok_and(|exceeded| exceeded.is_empty())
+}
+
+/// Under shares: `None` when `growth` fits the seed's capacity beside what it committed, else the
+/// share it would need (`committed + growth`).
+fn seed_shortfall(
+    state: &QuotaState,
+    growth: &ResourceDetails,
+) -> Result<Option<ResourceDetails>, StateError> {
+    let Some(seed) = &state.seed else {
+        return Ok(None);
+    };
+    let committed = state.committed()?;
+    Ok(shares::fits_within(&seed.capacity, &committed, growth)
+        .err()
+        .map(|_| SeedShare::demand_for(&state.limit, &committed, growth)))
+}
+
+/// Why a request that fits the quota waits for share: what the project uses, who holds the rest,
+/// and that a retry succeeds once it has moved.
+fn share_detail(project: &str, state: &QuotaState) -> String {
+    let in_use = state.in_use().unwrap_or_default();
+    let uses: Vec<String> = state
+        .limit
+        .iter()
+        .map(|(r, limit)| format!("{} of {}", r.amount(in_use.amount(r)), r.describe(limit)))
+        .collect();
+    let holders: Vec<String> = state
+        .seed
+        .iter()
+        .flat_map(|s| &s.others)
+        .map(|(seed, share)| {
+            let held: Vec<String> = state
+                .limit
+                .iter()
+                .filter(|(r, _)| !share.amount(*r).is_zero())
+                .map(|(r, _)| r.describe(share.amount(r)))
+                .collect();
+            format!("seed {seed:?} ({})", join_human(&held))
+        })
+        .collect();
+    let rest = if holders.is_empty() {
+        "the rest of the quota has not been granted to this seed yet".to_owned()
+    } else {
+        format!("the rest of the quota is held by {}", join_human(&holders))
+    };
+    format!(
+        "cannot be admitted yet: project {project:?} uses {}, and {rest}; it is being moved to this seed, so trying again in a few seconds will succeed",
+        join_human(&uses)
+    )
 }
 
 /// When part of "in use" is headroom other webhook processes hold (allotments), says so: it comes
@@ -448,8 +600,23 @@ pub fn decide_batch(project: &str, quota: Option<&QuotaState>, requests: &[Reque
     };
     let mut state = initial.clone();
     let mut verdicts = Vec::with_capacity(requests.len());
+    // Requests waiting for share ask for all of them together: each one's demand counts the
+    // ones before it, so one grant can cover the whole batch.
+    let mut waiting = ResourceDetails::default();
     for request in requests {
         let mut verdict = decide(project, Some(&state), request);
+        if let (Some(wants), Some(growth), false) =
+            (&verdict.wants_share, request.ask.growth(), request.dry_run)
+        {
+            let wants = wants.checked_add(&shares::bounded_by(&state.limit, &waiting));
+            match (wants, waiting.checked_add(&growth)) {
+                (Ok(wants), Ok(sum)) => {
+                    verdict.wants_share = Some(wants);
+                    waiting = sum;
+                }
+                _ => verdict.wants_share = None,
+            }
+        }
         if let (Some(reserve), false) = (&verdict.reserve, request.dry_run) {
             match state.reserved.checked_add(&reserve.reserved) {
                 Ok(sum) => state.reserved = sum,
@@ -588,12 +755,24 @@ mod tests {
             local_usage: cpu("5"),
             reserved: cpu("4"),
             allotted: cpu("1"),
+            seed: None,
         };
-        let v = decide("p", Some(&s), &create("m", cpu("3")));
+        // Over the quota even without the held headroom: a real denial.
+        let v = decide("p", Some(&s), &create("m", cpu("4")));
+        assert_eq!(v.reason, Reason::QuotaExceeded);
         assert_eq!(
             v.message.as_deref(),
             Some(
-                r#"machine "m" needs 3 cpu, project "p" uses 14 of 16 cpu (of which 1 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back)"#
+                r#"machine "m" needs 4 cpu, project "p" uses 14 of 16 cpu (of which 1 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back)"#
+            )
+        );
+        // It fits once the held headroom is back: it waits for it, and says so.
+        let v = decide("p", Some(&s), &create("m", cpu("3")));
+        assert_eq!(v.reason, Reason::ShareInTransit);
+        assert_eq!(
+            v.message.as_deref(),
+            Some(
+                r#"machine "m" cannot be admitted yet: needs 3 cpu, project "p" uses 14 of 16 cpu (of which 1 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back); trying again in a few seconds will succeed"#
             )
         );
         assert!(decide("p", Some(&s), &create("m", cpu("2"))).allowed);
@@ -634,12 +813,16 @@ mod tests {
             mine.used().unwrap().amount(Resource::Cpu),
             Quantity::from_units(6)
         );
-        let v = decide("p", Some(&mine), &create("m", cpu("8")));
+        let v = decide("p", Some(&mine), &create("m", cpu("11")));
         assert_eq!(
             v.message.as_deref(),
             Some(
-                r#"machine "m" needs 8 cpu, project "p" uses 9 of 16 cpu (of which 3 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back)"#
+                r#"machine "m" needs 11 cpu, project "p" uses 9 of 16 cpu (of which 3 cpu is headroom held by other webhook processes, freed as they record their admissions or give it back)"#
             )
+        );
+        assert_eq!(
+            decide("p", Some(&mine), &create("m", cpu("8"))).reason,
+            Reason::ShareInTransit
         );
         // Held headroom is not usage: no over-quota warning for it.
         let lowered = QuotaLedgerSpec {
@@ -799,6 +982,53 @@ mod tests {
         let v = decide("p", Some(&s), &create("m", details(&[(Resource::Memory, "1Gi")])));
         assert!(v.allowed);
         assert_eq!(v.warnings.len(), 1);
+    }
+
+    fn with_share(mut s: QuotaState, capacity: &str, others: &[(&str, &str)]) -> QuotaState {
+        s.seed = Some(SeedCapacity {
+            capacity: cpu(capacity),
+            others: others.iter().map(|(n, c)| ((*n).to_owned(), cpu(c))).collect(),
+        });
+        s
+    }
+
+    #[test]
+    fn under_shares_a_request_must_fit_the_seeds_capacity_too() {
+        // 16 cpu quota, 2 used here, the seed may commit 4, seed-b holds 10.
+        let s = with_share(state(cpu("16"), cpu("2")), "4", &[("seed-b", "10")]);
+        assert!(decide("p", Some(&s), &create("m", cpu("2"))).allowed);
+        let v = decide("p", Some(&s), &create("m", cpu("3")));
+        assert_eq!(v.reason, Reason::ShareInTransit);
+        assert!(!v.allowed);
+        assert_eq!(v.wants_share, Some(cpu("5")));
+        assert_eq!(
+            v.message.as_deref(),
+            Some(
+                r#"machine "m" cannot be admitted yet: project "p" uses 2 of 16 cpu, and the rest of the quota is held by seed "seed-b" (10 cpu); it is being moved to this seed, so trying again in a few seconds will succeed"#
+            )
+        );
+        // Over the quota itself: a real denial, whatever the share.
+        let v = decide("p", Some(&s), &create("m", cpu("15")));
+        assert_eq!(v.reason, Reason::QuotaExceeded);
+        assert_eq!(v.wants_share, None);
+    }
+
+    #[test]
+    fn a_batch_asks_for_every_waiting_request_together() {
+        let s = with_share(state(cpu("16"), cpu("0")), "2", &[]);
+        let requests: Vec<Request> = (0..4).map(|i| create(&format!("m{i}"), cpu("1"))).collect();
+        let verdicts = decide_batch("p", Some(&s), &requests);
+        let allowed = verdicts.iter().filter(|v| v.allowed).count();
+        assert_eq!(allowed, 2);
+        assert_eq!(verdicts[2].wants_share, Some(cpu("3")));
+        assert_eq!(verdicts[3].wants_share, Some(cpu("4")));
+        assert!(
+            verdicts[3]
+                .message
+                .as_deref()
+                .unwrap()
+                .contains("not been granted to this seed yet")
+        );
     }
 
     #[test]

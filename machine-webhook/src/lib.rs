@@ -6,6 +6,7 @@
 //! - [`reserve`]: per-project batching, the compare-and-swap ledger writer, and admissions from
 //!   this process's allotment.
 //! - [`escrow`]: how big an allotment is and what fits in it (pure).
+//! - [`demand`]: this process's demand for share while requests wait for it (pure).
 //! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
 //! - [`events`]: denial Events on the `MachineDeployment` / `MachineSet` / `Cluster`.
 //! - [`auth`]: the per-cluster token in the URL that authenticates each call.
@@ -18,6 +19,7 @@
 pub mod auth;
 pub mod cache;
 pub mod decision;
+pub mod demand;
 pub mod escrow;
 pub mod events;
 pub mod metrics;
@@ -68,6 +70,9 @@ pub struct Config {
     pub auth: Option<AuthConfig>,
     /// Body size and read timeouts.
     pub limits: Limits,
+    /// How long a request that fits the quota waits for share to move to this seed (or for
+    /// other processes to give their allotments back) before it is denied.
+    pub share_wait: Duration,
 }
 
 /// How admission calls are authenticated.
@@ -94,6 +99,7 @@ impl Config {
             allotments: Some(AllotmentConfig::default()),
             auth: None,
             limits: Limits::default(),
+            share_wait: ReserverConfig::default().share_wait,
         }
     }
 }
@@ -177,6 +183,7 @@ impl Webhook {
                 max_batch: config.max_batch,
                 max_attempts: config.max_attempts,
                 allotments: config.allotments.clone(),
+                share_wait: config.share_wait,
                 ..ReserverConfig::default()
             },
             token.clone(),

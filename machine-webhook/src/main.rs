@@ -58,6 +58,12 @@ struct Args {
     /// in usage (seed-controller holds them back until then).
     #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_RECORD_MS", default_value_t = 500)]
     allotment_record_ms: u64,
+    /// How long (milliseconds) a request that fits the project's quota waits for share to move to
+    /// this seed (or for the seed's other webhook processes to give their allotments back) before
+    /// it is denied as `share_in_transit`. Must stay below the webhook's 5 s timeout, with room
+    /// for a write.
+    #[arg(long, env = "MACHINE_WEBHOOK_SHARE_WAIT_MS", default_value_t = 3000)]
+    share_wait_ms: u64,
     /// File of URL-signing keys (base64, one per line, at least 32 bytes each): the first signs,
     /// every one verifies; re-read when it changes. The same file is given to seed-controller,
     /// which writes each user cluster's token into its webhook URL. Required unless
@@ -109,6 +115,7 @@ async fn main() -> anyhow::Result<()> {
         record_after: Duration::from_millis(args.allotment_record_ms),
         ..AllotmentConfig::default()
     });
+    config.share_wait = Duration::from_millis(args.share_wait_ms);
     config.auth = match args.url_signing_keys {
         Some(path) => Some(AuthConfig::UrlSigningKeys(path)),
         None if args.insecure_no_auth => Some(AuthConfig::InsecureNoAuth),

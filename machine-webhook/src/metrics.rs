@@ -1,7 +1,9 @@
 //! The webhook's Prometheus metrics (names agreed across the project; no Machine name is ever a
 //! label).
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
 
 use crate::decision::{Reason, Verdict};
 
@@ -32,6 +34,12 @@ pub struct Metrics {
     /// `kkp_quota_allotment_admissions_total`: admitted from this process's allotment, without
     /// waiting for a ledger write.
     pub allotment_admissions: IntCounter,
+    /// `kkp_quota_share_demands_total`: writes of this process's demand for share (requests
+    /// that fit the quota but not this seed's share, or not beside other processes' allotments).
+    pub share_demands: IntCounter,
+    /// `kkp_quota_share_wait_seconds{result}`: how long a request waited for share before it was
+    /// admitted (`allowed`) or denied as `share_in_transit` (`denied`).
+    pub share_wait: HistogramVec,
     /// `kkp_quota_webhook_auth_failures_total{reason}`: calls refused before any decision
     /// (`missing_token`, `unknown_cluster`, `invalid_token`, `not_ready`).
     pub auth_failures: IntCounterVec,
@@ -110,6 +118,18 @@ impl Metrics {
             "kkp_quota_allotment_admissions_total",
             "Machines admitted from this webhook process's allotment without waiting for a ledger write",
         )?;
+        let share_demands = IntCounter::new(
+            "kkp_quota_share_demands_total",
+            "Writes of this webhook process's demand for share (requests waiting for share to move to this seed or process)",
+        )?;
+        let share_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "kkp_quota_share_wait_seconds",
+                "Time a request waited for share, by result (allowed once it fitted, denied when the wait ended)",
+            )
+            .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0]),
+            &["result"],
+        )?;
         let events = IntCounterVec::new(
             Opts::new(
                 "kkp_quota_denial_events_total",
@@ -129,6 +149,8 @@ impl Metrics {
         registry.register(Box::new(events.clone()))?;
         registry.register(Box::new(connections.clone()))?;
         registry.register(Box::new(allotment_admissions.clone()))?;
+        registry.register(Box::new(share_demands.clone()))?;
+        registry.register(Box::new(share_wait.clone()))?;
         // Every label value up front, so dashboards see zeros rather than gaps.
         for reason in Reason::ALL {
             for result in ["allowed", "denied"] {
@@ -148,6 +170,8 @@ impl Metrics {
             connections,
             events,
             allotment_admissions,
+            share_demands,
+            share_wait,
             auth_failures,
             authenticated,
             invalid_requests,

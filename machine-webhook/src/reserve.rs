@@ -18,6 +18,13 @@
 //!
 //! A denial is only final on a snapshot known to be current: either the batch's write succeeded
 //! (so its snapshot was the latest), or the snapshot was just read from the API server.
+//!
+//! A request that fits the quota but not the headroom this seed and process may use
+//! ([`Reason::ShareInTransit`]: the seed's share is too small, or other processes hold the rest
+//! in allotments) waits up to [`ReserverConfig::share_wait`]: the batch's write records this
+//! process's demand ([`crate::demand`]), and the request is decided again on every change of the
+//! project's ledger until it fits or its wait ends. Meanwhile the master moves share to the seed
+//! and the other processes give their allotments back.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,7 +44,8 @@ use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::decision::{QuotaState, Reason, Request, Verdict, decide, decide_batch};
-use crate::escrow::{cap_while_writing, fits_within, grant_for};
+use crate::demand::{demands_after, largest, others_waiting};
+use crate::escrow::{cap_while_writing, fits_within};
 use crate::metrics::Metrics;
 
 /// How the writer behaves.
@@ -54,6 +62,12 @@ pub struct ReserverConfig {
     pub deadline: Duration,
     /// Allotments; `None`: every admission waits for its own batch's write.
     pub allotments: Option<AllotmentConfig>,
+    /// How long a request that fits the quota but not this seed's share (or not beside other
+    /// processes' allotments) waits for the share to move here before it is denied. Within
+    /// `deadline`, which is within the API server's `timeoutSeconds`.
+    pub share_wait: Duration,
+    /// A demand for share not renewed within this time no longer counts.
+    pub demand_ttl: Duration,
 }
 
 /// How allotments are held.
@@ -86,6 +100,8 @@ impl Default for ReserverConfig {
             idle: Duration::from_mins(1),
             deadline: Duration::from_secs(4),
             allotments: Some(AllotmentConfig::default()),
+            share_wait: Duration::from_secs(3),
+            demand_ttl: Duration::from_secs(30),
         }
     }
 }
@@ -103,6 +119,10 @@ struct Pending {
     machine: MachineRef,
     request: Request,
     reply: oneshot::Sender<Verdict>,
+    /// When it was received; it waits for share until `received + share_wait`.
+    received: Instant,
+    /// It has waited for share at least once.
+    waited_for_share: bool,
 }
 
 /// This process's standing in one project's ledger.
@@ -136,6 +156,8 @@ struct Escrow {
     parsed: Option<Arc<QuotaCopy>>,
     /// Wakes the worker when there is something to record.
     wake: Arc<Notify>,
+    /// Another process waits for headroom: give our allotment back at once.
+    give_back: bool,
 }
 
 impl Escrow {
@@ -161,6 +183,9 @@ impl Escrow {
         }
         if self.maybe_holding {
             return Some(now + config.record_after);
+        }
+        if self.give_back && self.holding {
+            return Some(now);
         }
         if !self.holding {
             return None;
@@ -195,6 +220,8 @@ struct Plan {
     new_reservations: Vec<Reservation>,
     /// The new `status.allotments`, when it changes.
     allotments: Option<Value>,
+    /// The new `status.demands`, when our entry changes.
+    demands: Option<Value>,
     /// How many of the escrow's admissions this write records, and their total.
     recorded: usize,
     recorded_total: ResourceDetails,
@@ -207,7 +234,7 @@ struct Plan {
 
 impl Plan {
     fn writes(&self) -> bool {
-        !self.new_reservations.is_empty() || self.allotments.is_some()
+        !self.new_reservations.is_empty() || self.allotments.is_some() || self.demands.is_some()
     }
 }
 
@@ -331,6 +358,8 @@ impl Reserver {
             machine,
             request,
             reply,
+            received: Instant::now(),
+            waited_for_share: false,
         };
         {
             let mut queues = lock(&self.inner.queues);
@@ -392,6 +421,12 @@ impl Reserver {
         if copy.uid != escrow.quota_uid {
             return None;
         }
+        // Another process waits for headroom: ours goes back at our next write, and nothing more
+        // is admitted from it meanwhile.
+        if others_waiting(copy.status.as_ref(), &self.inner.holder, Timestamp::now()) {
+            escrow.wake.notify_one();
+            return None;
+        }
         // Our allotment must still be in the ledger as we wrote it (seed-controller removes
         // expired ones).
         let own = copy
@@ -443,8 +478,12 @@ impl Reserver {
     async fn work(&self, project: String, mut rx: mpsc::UnboundedReceiver<Pending>) {
         let span = info_span!("project", project = %project);
         async {
+            // Requests waiting for share, decided again on every change of the project's ledger.
+            let mut waiting: Vec<Pending> = Vec::new();
+            let mut changes = self.inner.cache.quota_changes();
+            let mut seen_version = self.known_version(&project);
             loop {
-                let (wake, due) =
+                let (wake, due, holding) =
                     {
                         let mut escrows = lock(&self.inner.escrows);
                         let escrow = escrows.entry(project.clone()).or_default();
@@ -452,7 +491,7 @@ impl Reserver {
                             self.inner.config.allotments.as_ref().and_then(|c| {
                                 escrow.upkeep_due(c, self.inner.stopping.load(Ordering::SeqCst))
                             });
-                        (Arc::clone(&escrow.wake), due)
+                        (Arc::clone(&escrow.wake), due, escrow.holding)
                     };
                 let upkeep = async {
                     match due {
@@ -460,21 +499,51 @@ impl Reserver {
                         None => std::future::pending().await,
                     }
                 };
+                let wait_ends = waiting
+                    .iter()
+                    .map(|p| p.received + self.inner.config.share_wait)
+                    .min();
+                let wait_over = async {
+                    match wait_ends {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                let watch_ledger = !waiting.is_empty() || holding;
                 tokio::select! {
                     received = rx.recv() => {
                         let Some(first) = received else { return };
-                        let mut batch = vec![first];
+                        let mut batch = std::mem::take(&mut waiting);
+                        batch.push(first);
                         while batch.len() < self.inner.config.max_batch.max(1) {
                             match rx.try_recv() {
                                 Ok(p) => batch.push(p),
                                 Err(_) => break,
                             }
                         }
-                        self.process(&project, batch).await;
+                        waiting = self.process(&project, batch).await;
                     }
                     () = wake.notified() => {}
-                    () = upkeep => self.process(&project, Vec::new()).await,
-                    () = tokio::time::sleep(self.inner.config.idle) => {
+                    () = upkeep => waiting = self.process(&project, std::mem::take(&mut waiting)).await,
+                    () = wait_over => waiting = self.process(&project, std::mem::take(&mut waiting)).await,
+                    event = changes.changed(), if watch_ledger => {
+                        if event.is_err() {
+                            return;
+                        }
+                        // Only a change of this project's ledger matters.
+                        let version = self.known_version(&project);
+                        if version == seen_version {
+                            continue;
+                        }
+                        seen_version = version;
+                        if !waiting.is_empty() {
+                            waiting = self.process(&project, std::mem::take(&mut waiting)).await;
+                        } else if self.others_waiting(&project) {
+                            // Another process waits for headroom: our allotment goes back now.
+                            self.process(&project, Vec::new()).await;
+                        }
+                    }
+                    () = tokio::time::sleep(self.inner.config.idle), if waiting.is_empty() => {
                         if self.retire(&project, &rx) {
                             return;
                         }
@@ -484,6 +553,29 @@ impl Reserver {
         }
         .instrument(span)
         .await;
+    }
+
+    /// The resourceVersion of the project's ledger as the cache has it.
+    fn known_version(&self, project: &str) -> Option<String> {
+        self.inner
+            .cache
+            .quota_for(project)
+            .and_then(|q| q.metadata.resource_version.clone())
+    }
+
+    /// Whether another process's demand is in the project's ledger (and marks our allotment to
+    /// go back).
+    fn others_waiting(&self, project: &str) -> bool {
+        let mut escrows = lock(&self.inner.escrows);
+        let Some(escrow) = escrows.get_mut(project) else {
+            return false;
+        };
+        let Some(copy) = self.newest_parsed(project, escrow) else {
+            return false;
+        };
+        let waiting = others_waiting(copy.status.as_ref(), &self.inner.holder, Timestamp::now());
+        escrow.give_back |= waiting && escrow.holding;
+        waiting && escrow.holding
     }
 
     /// Stops the project's worker when nothing is queued, recorded or held.
@@ -546,7 +638,9 @@ impl Reserver {
         self.api().get_opt(name).await
     }
 
-    async fn process(&self, project: &str, batch: Vec<Pending>) {
+    /// Decides and writes one batch, answers every request that is decided, and returns those
+    /// still waiting for share (their wait not over yet).
+    async fn process(&self, project: &str, batch: Vec<Pending>) -> Vec<Pending> {
         if !batch.is_empty() {
             self.inner
                 .metrics
@@ -554,11 +648,16 @@ impl Reserver {
                 .observe(f64::from(u32::try_from(batch.len()).unwrap_or(u32::MAX)));
         }
         let requests: Vec<Request> = batch.iter().map(|p| p.request.clone()).collect();
-        let decided = tokio::time::timeout(
-            self.inner.config.deadline,
-            self.decide_and_write(project, &batch, &requests),
-        )
-        .await;
+        // Within the deadline of the oldest request (the API server gives up on the webhook
+        // after its timeoutSeconds), but never less than a write needs.
+        let now = Instant::now();
+        let deadline = batch
+            .iter()
+            .map(|p| (p.received + self.inner.config.deadline).saturating_duration_since(now))
+            .min()
+            .unwrap_or(self.inner.config.deadline)
+            .max(Duration::from_millis(500));
+        let decided = tokio::time::timeout(deadline, self.decide_and_write(project, &batch, &requests)).await;
         let verdicts = decided.unwrap_or_else(|_| {
             // The write may still land: the escrow keeps its in-flight cap until one succeeds,
             // and an allotment of ours may be in the ledger.
@@ -566,10 +665,31 @@ impl Reserver {
             self.note_failure(project, true);
             Self::error_verdicts(&requests, project, "the quota could not be updated in time")
         });
+        let stopping = self.inner.stopping.load(Ordering::SeqCst);
+        let now = Instant::now();
+        let mut waiting = Vec::new();
         for (pending, verdict) in batch.into_iter().zip(verdicts) {
+            let in_transit = verdict.reason == Reason::ShareInTransit;
+            let waited = now.saturating_duration_since(pending.received);
+            if in_transit && !stopping && waited < self.inner.config.share_wait {
+                waiting.push(Pending {
+                    waited_for_share: true,
+                    ..pending
+                });
+                continue;
+            }
+            if pending.waited_for_share {
+                let result = if verdict.allowed { "allowed" } else { "denied" };
+                self.inner
+                    .metrics
+                    .share_wait
+                    .with_label_values(&[result])
+                    .observe(waited.as_secs_f64());
+            }
             let _ = pending.reply.send(verdict);
         }
         self.inner.passed.notify_waiters();
+        waiting
     }
 
     fn error_verdicts(requests: &[Request], project: &str, why: &str) -> Vec<Verdict> {
@@ -652,14 +772,8 @@ impl Reserver {
             .status
             .as_ref()
             .and_then(|s| s.allotments.iter().find(|a| a.holder == holder));
-        let grant = self.inner.config.allotments.as_ref().and_then(|config| {
-            let idle = requests.is_empty() && escrow.idle_since(config.release_after, Instant::now());
-            if idle || self.inner.stopping.load(Ordering::SeqCst) {
-                return None;
-            }
-            let in_use = state.in_use().ok()?.checked_add(&admitted).ok()?;
-            Some(grant_for(&state.limit, &in_use))
-        });
+        let (grant, demands) =
+            self.grant_and_demand(copy, escrow, requests, &verdicts, &state, &admitted, now);
         let renewal_due = escrow.renewed.is_none_or(|t| {
             t.elapsed()
                 >= self
@@ -682,6 +796,7 @@ impl Reserver {
             verdicts,
             new_reservations,
             allotments,
+            demands,
             recorded,
             recorded_total,
             grant,
@@ -705,6 +820,47 @@ impl Reserver {
             escrow.last_request = Some(Instant::now());
         }
         Ok(plan)
+    }
+
+    /// Our allotment after this write (`None`: none) and the new `status.demands` if our demand
+    /// changes. Requests waiting for share make a demand, so that the master moves share here
+    /// and the other processes give their allotments back; while another process waits, we hold
+    /// none (what we admitted from it is recorded by this very write).
+    #[allow(clippy::too_many_arguments)]
+    fn grant_and_demand(
+        &self,
+        copy: &QuotaCopy,
+        escrow: &mut Escrow,
+        requests: &[Request],
+        verdicts: &[Verdict],
+        state: &QuotaState,
+        admitted: &ResourceDetails,
+        now: Timestamp,
+    ) -> (Option<ResourceDetails>, Option<Value>) {
+        let holder = self.inner.holder.as_str();
+        let wants = largest(verdicts.iter().filter_map(|v| v.wants_share.as_ref()));
+        let waiting_elsewhere = others_waiting(copy.status.as_ref(), holder, now);
+        escrow.give_back = false;
+        let grant = self.inner.config.allotments.as_ref().and_then(|config| {
+            let idle = requests.is_empty() && escrow.idle_since(config.release_after, Instant::now());
+            if idle || waiting_elsewhere || wants.is_some() || self.inner.stopping.load(Ordering::SeqCst) {
+                return None;
+            }
+            state.allotment_room(admitted).ok()
+        });
+        let demands = demands_after(
+            copy.status.as_ref(),
+            &copy.raw_demands,
+            holder,
+            wants.as_ref(),
+            !requests.is_empty(),
+            now,
+            self.inner.config.demand_ttl,
+        );
+        if demands.is_some() && wants.is_some() {
+            self.inner.metrics.share_demands.inc();
+        }
+        (grant, demands)
     }
 
     /// The new `status.allotments`, when it changes: the others' entries as they are, and ours
@@ -772,6 +928,9 @@ impl Reserver {
         }
         if let Some(allotments) = &plan.allotments {
             status.insert("allotments".into(), allotments.clone());
+        }
+        if let Some(demands) = &plan.demands {
+            status.insert("demands".into(), demands.clone());
         }
         let patch = json!({
             "metadata": {"resourceVersion": copy.resource_version},

@@ -287,7 +287,10 @@ impl App {
         let verdict = self.admit_growing(machine, &decision_request).await;
         if !verdict.allowed
             && !decision_request.dry_run
-            && matches!(verdict.reason, Reason::QuotaExceeded | Reason::Unsizeable)
+            && matches!(
+                verdict.reason,
+                Reason::QuotaExceeded | Reason::ShareInTransit | Reason::Unsizeable
+            )
             && let Some(message) = &verdict.event_message
         {
             self.events.emit(DenialEvent {

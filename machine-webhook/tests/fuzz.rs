@@ -206,6 +206,7 @@ fn quota_state() -> impl Strategy<Value = Option<QuotaState>> {
                 local_usage: cpu(local),
                 reserved: cpu(reserved),
                 allotted: cpu(allotted),
+                seed: None,
                 ..QuotaState::default()
             })
         }),

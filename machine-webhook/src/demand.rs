@@ -1,0 +1,168 @@
+//! Asking for share, pure: the entry this process keeps in the ledger's `status.demands` while
+//! its requests wait for share, and whether another process is waiting.
+//!
+//! A request that fits the project's quota but not what this seed may commit
+//! ([`crate::decision::Reason::ShareInTransit`]) waits, and this process records a demand: the
+//! absolute share the seed would need. Two things answer it: the master grants share to the seed
+//! (or asks idle seeds to release theirs first, docs/shares.md), and every other webhook process
+//! of the seed gives its allotment back and stops admitting from it, so that headroom a process
+//! holds idle never starves another. The demand stays until this process has a batch with no
+//! waiting request, or until it expires, so a retry after a denial still finds it.
+
+use std::time::Duration;
+
+use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::quota_ledger::ShareDemand;
+use kkp_quota_crds::{QuotaLedgerStatus, Resource, ResourceDetails};
+use serde_json::Value;
+
+/// Whether a process other than `holder` waits for share (a live demand of its own).
+pub fn others_waiting(status: Option<&QuotaLedgerStatus>, holder: &str, now: Timestamp) -> bool {
+    status.is_some_and(|s| s.demands.iter().any(|d| d.holder != holder && d.expires_at > now))
+}
+
+/// The largest of several absolute demands, per resource.
+pub fn largest<'a>(wants: impl IntoIterator<Item = &'a ResourceDetails>) -> Option<ResourceDetails> {
+    let mut out: Option<ResourceDetails> = None;
+    for want in wants {
+        let merged = out.get_or_insert_with(ResourceDetails::default);
+        for &resource in Resource::ALL {
+            if let Some(b) = want.get(resource) {
+                let amount = merged.get(resource).map_or(b, |a| a.max(b));
+                merged.set(resource, Some(amount));
+            }
+        }
+    }
+    out
+}
+
+/// The new `status.demands` when this process's entry changes, else `None`.
+///
+/// - `wants`: the share this pass's waiting requests need (`None`: nothing waits).
+/// - `decided_requests`: the pass decided requests (an upkeep pass without any leaves the entry
+///   as it is).
+///
+/// The entry is renewed once half of `ttl` has passed, so that waiting requests do not write on
+/// every pass. Other processes' entries are kept exactly as read (`raw`).
+pub fn demands_after(
+    status: Option<&QuotaLedgerStatus>,
+    raw: &[Value],
+    holder: &str,
+    wants: Option<&ResourceDetails>,
+    decided_requests: bool,
+    now: Timestamp,
+    ttl: Duration,
+) -> Option<Value> {
+    let own = status.and_then(|s| s.demands.iter().find(|d| d.holder == holder));
+    let ttl = SignedDuration::try_from(ttl).unwrap_or(SignedDuration::from_secs(30));
+    let entry = match (wants, own) {
+        (Some(wants), Some(own)) => {
+            let renew_after = own.expires_at.saturating_sub(ttl / 2).unwrap_or(own.expires_at);
+            if own.amount == *wants && now < renew_after {
+                return None;
+            }
+            Some(wants)
+        }
+        (Some(wants), None) => Some(wants),
+        (None, Some(_)) if decided_requests => None,
+        (None, _) => return None,
+    };
+    let mut list: Vec<Value> = raw
+        .iter()
+        .filter(|d| d.get("holder").and_then(Value::as_str) != Some(holder))
+        .cloned()
+        .collect();
+    if let Some(amount) = entry {
+        let demand = ShareDemand {
+            holder: holder.to_owned(),
+            amount: amount.clone(),
+            expires_at: now.saturating_add(ttl).unwrap_or(now),
+        };
+        list.push(serde_json::to_value(demand).unwrap_or(Value::Null));
+    }
+    Some(if list.is_empty() {
+        Value::Null
+    } else {
+        Value::Array(list)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::Quantity;
+
+    fn cpu(n: i64) -> ResourceDetails {
+        let mut d = ResourceDetails::default();
+        d.set(Resource::Cpu, Some(Quantity::from_units(n)));
+        d
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn status(demands: Vec<(&str, i64, i64)>) -> (QuotaLedgerStatus, Vec<Value>) {
+        let demands: Vec<ShareDemand> = demands
+            .into_iter()
+            .map(|(holder, amount, expires)| ShareDemand {
+                holder: holder.to_owned(),
+                amount: cpu(amount),
+                expires_at: at(expires),
+            })
+            .collect();
+        let raw = demands.iter().map(|d| serde_json::to_value(d).unwrap()).collect();
+        (
+            QuotaLedgerStatus {
+                demands,
+                ..QuotaLedgerStatus::default()
+            },
+            raw,
+        )
+    }
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn a_waiting_request_records_the_demand_and_renews_it_at_half_life() {
+        let (s, raw) = status(vec![("other", 3, 100)]);
+        let list = demands_after(Some(&s), &raw, "me", Some(&cpu(7)), true, at(0), TTL).unwrap();
+        assert_eq!(list.as_array().unwrap().len(), 2);
+        assert_eq!(list[1]["holder"], "me");
+        assert_eq!(list[1]["amount"]["cpu"], "7");
+        let (s, raw) = status(vec![("me", 7, 30)]);
+        assert!(demands_after(Some(&s), &raw, "me", Some(&cpu(7)), true, at(10), TTL).is_none());
+        assert!(demands_after(Some(&s), &raw, "me", Some(&cpu(7)), true, at(16), TTL).is_some());
+        assert!(demands_after(Some(&s), &raw, "me", Some(&cpu(8)), true, at(1), TTL).is_some());
+    }
+
+    #[test]
+    fn the_demand_goes_with_a_pass_that_has_nothing_waiting() {
+        let (s, raw) = status(vec![("me", 7, 30), ("other", 3, 100)]);
+        // Upkeep (no requests): kept.
+        assert!(demands_after(Some(&s), &raw, "me", None, false, at(1), TTL).is_none());
+        let list = demands_after(Some(&s), &raw, "me", None, true, at(1), TTL).unwrap();
+        assert_eq!(list.as_array().unwrap().len(), 1);
+        assert_eq!(list[0]["holder"], "other");
+        let (s, raw) = status(vec![("me", 7, 30)]);
+        assert_eq!(
+            demands_after(Some(&s), &raw, "me", None, true, at(1), TTL),
+            Some(Value::Null)
+        );
+        assert!(demands_after(None, &[], "me", None, true, at(1), TTL).is_none());
+    }
+
+    #[test]
+    fn only_live_demands_of_others_count_and_the_largest_wins() {
+        let (s, _) = status(vec![("me", 7, 30), ("other", 3, 10)]);
+        assert!(others_waiting(Some(&s), "me", at(5)));
+        assert!(!others_waiting(Some(&s), "me", at(10)));
+        assert!(!others_waiting(Some(&s), "other", at(40)));
+        let mut mem = cpu(1);
+        mem.set(Resource::Memory, Some(Quantity::from_units(5)));
+        let merged = largest([&cpu(4), &mem]).unwrap();
+        assert_eq!(merged.amount(Resource::Cpu), Quantity::from_units(4));
+        assert_eq!(merged.amount(Resource::Memory), Quantity::from_units(5));
+        assert!(largest([]).is_none());
+    }
+}
