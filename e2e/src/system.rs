@@ -25,17 +25,33 @@ pub struct Component {
     pub seed: Option<String>,
     pub metrics_address: SocketAddr,
     pub log: PathBuf,
-    process: RunningComponent,
+    spec: ComponentSpec,
+    /// `None` while killed ([`Component::kill`]).
+    process: Option<RunningComponent>,
 }
 
 impl Component {
+    /// The process id (0 while killed).
     pub fn pid(&self) -> u32 {
-        self.process.pid()
+        self.process.as_ref().map_or(0, RunningComponent::pid)
     }
 
     /// How it ended, if it has.
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
-        self.process.exit_status()
+        self.process.as_mut().and_then(RunningComponent::exit_status)
+    }
+
+    /// Kills it (SIGKILL, no clean stop: what a crash or a node loss does).
+    pub fn kill(&mut self) {
+        self.process = None;
+    }
+
+    /// Starts it again with the same flags (after [`Component::kill`]); its log is appended to.
+    pub fn restart(&mut self) -> Result<()> {
+        self.process = None;
+        let logs = self.log.parent().context("component log without a directory")?;
+        self.process = Some(spawn(&self.spec, logs)?);
+        Ok(())
     }
 }
 
@@ -172,7 +188,8 @@ impl System {
                 seed,
                 metrics_address,
                 log: logs.join(format!("{}.log", spec.name)),
-                process,
+                spec,
+                process: Some(process),
             });
         }
         let system = System {
@@ -204,6 +221,11 @@ impl System {
             .await?;
         }
         Ok(())
+    }
+
+    /// The component named `name`.
+    pub fn component_mut(&mut self, name: &str) -> Option<&mut Component> {
+        self.components.iter_mut().find(|c| c.name == name)
     }
 
     /// The components of one kind.

@@ -144,21 +144,16 @@ impl QuotaState {
             .map_err(|e| StateError(e.to_string()))
     }
 
-    /// The most an allotment may take: half of what is left under the limit and, under shares,
-    /// also under the seed's capacity (`in_use`/`committed` without the holder's own allotment).
+    /// The most an allotment may take: half of what is left under the limit or, under shares,
+    /// under the seed's capacity (`in_use`/`committed` without the holder's own allotment).
     pub fn allotment_room(&self, extra_admitted: &ResourceDetails) -> Result<ResourceDetails, StateError> {
         let err = |e: kkp_quota_crds::QuantityError| StateError(e.to_string());
-        let in_use = self.in_use()?.checked_add(extra_admitted).map_err(err)?;
-        let mut grant = crate::escrow::grant_for(&self.limit, &in_use);
         if let Some(seed) = &self.seed {
             let committed = self.committed()?.checked_add(extra_admitted).map_err(err)?;
-            let within = crate::escrow::grant_for(&seed.capacity, &committed);
-            for (resource, amount) in within.iter() {
-                let lower = grant.get(resource).map_or(amount, |g| g.min(amount));
-                grant.set(resource, Some(lower));
-            }
+            return Ok(crate::escrow::grant_for(&seed.capacity, &committed));
         }
-        Ok(grant)
+        let in_use = self.in_use()?.checked_add(extra_admitted).map_err(err)?;
+        Ok(crate::escrow::grant_for(&self.limit, &in_use))
     }
 }
 
@@ -455,6 +450,18 @@ fn decide_growth(
     ask: &Ask,
     growth: ResourceDetails,
 ) -> Verdict {
+    // Under shares, what fits the seed's capacity is admitted whatever the other seeds' usage
+    // (as last folded, possibly stale) says: the shares alone keep the sum within the limit, and
+    // the seed keeps admitting within its share while the master is away.
+    if let (Some(_), Ok(None)) = (&state.seed, seed_shortfall(state, &growth)) {
+        return Verdict {
+            reserve: Some(Reserve {
+                size: ask.new_size().cloned().unwrap_or_default(),
+                reserved: growth,
+            }),
+            ..Verdict::allow(Reason::Fits)
+        };
+    }
     let exceeded = state
         .in_use()
         .map_err(|e| e.to_string())

@@ -1,0 +1,337 @@
+//! One quota over two seeds (docs/shares.md), on the whole system: master-controller, and a
+//! seed-controller and a machine-webhook per seed, as real processes. Project `demo` has user
+//! clusters `alpha`, `beta` on seed-a and `gamma` on seed-b, and a quota of `LIMIT` cpu; every
+//! Machine is one cpu. A sampler reads every seed's ledger all along and fails the test if what
+//! the seeds committed together ever exceeds the limit.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use e2e::system::System;
+use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
+use futures::future::join_all;
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::shares::objects::committed;
+use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const LIMIT: i64 = 10;
+const NAME: &str = "project-demo";
+const WAIT: Duration = Duration::from_mins(1);
+
+struct Setup {
+    fleet: Fleet,
+    system: System,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    tokio::task::spawn_blocking(e2e::system::build_components)
+        .await
+        .unwrap()
+        .unwrap();
+    let spec = FleetSpec::empty()
+        .with_seed("seed-a")
+        .with_seed("seed-b")
+        .with_project("demo")
+        .with_user_cluster("alpha", "seed-a", "demo")
+        .with_user_cluster("beta", "seed-a", "demo")
+        .with_user_cluster("gamma", "seed-b", "demo");
+    let fleet = Fleet::start(spec).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fleet.write_dir(dir.path()).unwrap();
+    let system = System::start(&fleet, dir.path()).await.unwrap();
+    let quota = e2e::demo::project_quota(
+        "demo",
+        &serde_json::from_value(json!({"cpu": LIMIT.to_string()})).unwrap(),
+    );
+    Api::<ResourceQuota>::all(fleet.master().client())
+        .patch(
+            NAME,
+            &PatchParams::apply("shares-test").force(),
+            &Patch::Apply(&quota),
+        )
+        .await
+        .unwrap();
+    for (seed, user) in [("seed-a", "alpha"), ("seed-a", "beta"), ("seed-b", "gamma")] {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        wait_for(WAIT, "the ledger under shares", || async {
+            ledgers.get(NAME).await.ok()?.spec.shares
+        })
+        .await
+        .unwrap();
+        let webhooks =
+            Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+                fleet.user_cluster(user).client(),
+            );
+        wait_for_object(&webhooks, "kkp-quota-machines", WAIT)
+            .await
+            .unwrap();
+    }
+    Setup {
+        fleet,
+        system,
+        _dir: dir,
+    }
+}
+
+fn machine(name: &str) -> Machine {
+    serde_json::from_value(json!({
+        "apiVersion": "cluster.k8s.io/v1alpha1",
+        "kind": "Machine",
+        "metadata": {"name": name, "namespace": "kube-system"},
+        "spec": {"providerSpec": {"value": {
+            "cloudProvider": "vsphere",
+            "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": 1, "memoryMB": 1024, "diskSizeGB": 10},
+            "operatingSystem": "ubuntu"
+        }}}
+    }))
+    .unwrap()
+}
+
+fn machines(fleet: &Fleet, user: &str) -> Api<Machine> {
+    Api::namespaced(fleet.user_cluster(user).client(), "kube-system")
+}
+
+/// Creates one Machine per entry of `users` (cluster names) at once; returns how many were
+/// admitted, and fails on anything but an admission or a denial for quota or share.
+async fn burst(fleet: &Fleet, users: &[&str], prefix: &str) -> usize {
+    let creates = users.iter().enumerate().map(|(i, user)| {
+        let api = machines(fleet, user);
+        let name = format!("{prefix}-{i}");
+        async move {
+            (
+                name.clone(),
+                api.create(&PostParams::default(), &machine(&name)).await,
+            )
+        }
+    });
+    let mut admitted = 0;
+    for (name, result) in join_all(creates).await {
+        match result {
+            Ok(_) => admitted += 1,
+            Err(kube::Error::Api(e)) if e.message.contains("project \"demo\" uses") => {}
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    admitted
+}
+
+async fn delete_all(fleet: &Fleet, users: &[&str]) {
+    for user in users {
+        let api = machines(fleet, user);
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// What a seed committed (`localUsage + reservations + allotments`) and the share it holds.
+async fn seed_figures(client: &Client) -> Option<(i64, i64)> {
+    let ledger = Api::<QuotaLedger>::all(client.clone()).get(NAME).await.ok()?;
+    let status = ledger.status.clone().unwrap_or_default();
+    let share = kkp_quota_crds::shares::objects::seed_share(&ledger.spec, Some(&status))?;
+    let cpu = |q: Quantity| i64::try_from(q.ceil_units()).unwrap();
+    Some((
+        cpu(committed(&status).ok()?.amount(Resource::Cpu)),
+        cpu(share.share().amount(Resource::Cpu)),
+    ))
+}
+
+/// Waits until both seeds count nothing and hold nothing committed.
+async fn wait_idle(fleet: &Fleet) {
+    for seed in ["seed-a", "seed-b"] {
+        let client = fleet.seed(seed).client();
+        wait_for(WAIT, &format!("{seed} idle"), || async {
+            seed_figures(&client).await.is_some_and(|(c, _)| c == 0)
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// Samples both seeds' ledgers until stopped; panics (through the join) on an overrun: the
+/// seeds' committed usage together above the limit, or the master's global usage above it.
+fn sampler(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
+    let seeds = [fleet.seed("seed-a").client(), fleet.seed("seed-b").client()];
+    let master = Api::<ProjectQuota>::all(fleet.master().client());
+    tokio::spawn(async move {
+        let mut samples = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let mut total = 0;
+            let mut seen = 0;
+            for client in &seeds {
+                if let Some((committed, _)) = seed_figures(client).await {
+                    total += committed;
+                    seen += 1;
+                }
+            }
+            assert!(
+                seen < 2 || total <= LIMIT,
+                "the seeds committed {total} cpu together, over the limit {LIMIT}"
+            );
+            if let Ok(pq) = master.get(NAME).await
+                && let Some(global) = pq.status.and_then(|s| s.global_usage)
+            {
+                assert!(
+                    global.amount(Resource::Cpu) <= Quantity::from_units(LIMIT),
+                    "the master's global usage {global} is over the limit"
+                );
+            }
+            samples += 1;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        samples
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_across_seeds_admit_exactly_the_headroom_and_idle_share_moves_on_demand() {
+    let setup = setup().await;
+    let fleet = &setup.fleet;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampling = sampler(fleet, Arc::clone(&stop));
+
+    // Burst across seeds: 60 creates over alpha, beta (seed-a) and gamma (seed-b), headroom 10.
+    let spread: Vec<&str> = (0..60).map(|i| ["alpha", "beta", "gamma"][i % 3]).collect();
+    for round in 0..20 {
+        let admitted = burst(fleet, &spread, &format!("r{round}")).await;
+        assert_eq!(admitted, usize::try_from(LIMIT).unwrap(), "round {round}");
+        delete_all(fleet, &["alpha", "beta", "gamma"]).await;
+        wait_idle(fleet).await;
+    }
+
+    // Skewed demand: seed-b takes the whole headroom, then gives its Machines up; its share
+    // sits idle there (well within the quiet period). A burst on seed-a alone gets all of it.
+    let on_b: Vec<&str> = vec!["gamma"; 30];
+    assert_eq!(burst(fleet, &on_b, "b").await, usize::try_from(LIMIT).unwrap());
+    let seed_b = fleet.seed("seed-b").client();
+    wait_for(WAIT, "seed-b to hold the whole quota", || async {
+        seed_figures(&seed_b)
+            .await
+            .is_some_and(|(_, share)| share == LIMIT)
+    })
+    .await
+    .unwrap();
+    delete_all(fleet, &["gamma"]).await;
+    wait_idle(fleet).await;
+    let (_, held) = seed_figures(&seed_b).await.unwrap();
+    assert_eq!(
+        held, LIMIT,
+        "seed-b released its share before the burst on seed-a"
+    );
+    let on_a: Vec<&str> = (0..30).map(|i| ["alpha", "beta"][i % 2]).collect();
+    assert_eq!(burst(fleet, &on_a, "a").await, usize::try_from(LIMIT).unwrap());
+
+    stop.store(true, Ordering::SeqCst);
+    let samples = sampling.await.unwrap();
+    assert!(samples > 10, "only {samples} samples");
+    // Denials for share were counted apart from quota denials.
+    let metrics = setup.system.scrape_all().await.unwrap();
+    assert!(
+        metrics.lines().any(|l| l
+            .starts_with("kkp_quota_admissions_total{reason=\"share_in_transit\",result=\"denied\"}")
+            || l.starts_with("kkp_quota_admissions_total{result=\"denied\",reason=\"share_in_transit\"}")),
+        "no share_in_transit series"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeds_keep_their_shares_while_the_master_is_down_or_a_seed_is_unreachable() {
+    let mut setup = setup().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let sampling = sampler(&setup.fleet, Arc::clone(&stop));
+
+    // Both seeds get share: 4 on seed-b, 6 on seed-a.
+    assert_eq!(burst(&setup.fleet, &["gamma"; 4], "b0").await, 4);
+    assert_eq!(burst(&setup.fleet, &["alpha"; 6], "a0").await, 6);
+    delete_all(&setup.fleet, &["alpha", "gamma"]).await;
+    wait_idle(&setup.fleet).await;
+
+    // Master killed mid-burst: the seeds keep admitting within their shares, no more.
+    let master_name = setup
+        .system
+        .of_kind("master-controller")
+        .next()
+        .unwrap()
+        .name
+        .clone();
+    let spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
+    let killing = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        setup.system.component_mut(&master_name).unwrap().kill();
+    };
+    let (admitted, ()) = tokio::join!(burst(&setup.fleet, &spread, "m"), killing);
+    assert!(admitted <= usize::try_from(LIMIT).unwrap(), "{admitted} admitted");
+    // With the master down, each seed still admits within its own share.
+    delete_all(&setup.fleet, &["alpha", "gamma"]).await;
+    wait_idle(&setup.fleet).await;
+    let (_, share_b) = seed_figures(&setup.fleet.seed("seed-b").client()).await.unwrap();
+    let admitted_b = burst(&setup.fleet, &vec!["gamma"; 12], "down").await;
+    assert_eq!(
+        admitted_b,
+        usize::try_from(share_b).unwrap(),
+        "seed-b admits exactly its share"
+    );
+    delete_all(&setup.fleet, &["gamma"]).await;
+    wait_idle(&setup.fleet).await;
+    // After the restart, rebalancing resumes: seed-a alone gets the whole quota.
+    setup
+        .system
+        .component_mut(&master_name)
+        .unwrap()
+        .restart()
+        .unwrap();
+    let on_a: Vec<&str> = vec!["alpha"; 20];
+    let admitted_a = burst(&setup.fleet, &on_a, "after").await;
+    assert_eq!(
+        admitted_a,
+        usize::try_from(LIMIT).unwrap(),
+        "after the master's restart"
+    );
+    delete_all(&setup.fleet, &["alpha"]).await;
+    wait_idle(&setup.fleet).await;
+
+    // seed-b gets some share back, then its API server stops: seed-a never admits into it.
+    assert_eq!(burst(&setup.fleet, &["gamma"; 3], "b1").await, 3);
+    let seed_b = setup.fleet.seed("seed-b");
+    let (_, held_b) = seed_figures(&seed_b.client()).await.unwrap();
+    assert!(held_b >= 3);
+    seed_b.stop_apiserver().await;
+    let master = Api::<ProjectQuota>::all(setup.fleet.master().client());
+    wait_for(WAIT, "seed-b's share reported stuck", || async {
+        let status = master.get(NAME).await.ok()?.status?;
+        status
+            .seeds
+            .iter()
+            .any(|s| s.name == "seed-b" && s.stuck)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    let admitted_a = burst(&setup.fleet, &vec!["alpha"; 20], "stuck").await;
+    assert_eq!(
+        admitted_a,
+        usize::try_from(LIMIT - held_b).unwrap(),
+        "seed-a admits the quota minus seed-b's share, never into it"
+    );
+    // seed-b returns: its share is usable again.
+    seed_b.start_apiserver().await.unwrap();
+    delete_all(&setup.fleet, &["gamma"]).await;
+    let gamma = machines(&setup.fleet, "gamma");
+    wait_for(WAIT, "a create on seed-b admitted again", || async {
+        gamma
+            .create(&PostParams::default(), &machine("back"))
+            .await
+            .is_ok()
+    })
+    .await
+    .unwrap();
+
+    stop.store(true, Ordering::SeqCst);
+    sampling.await.unwrap();
+}
