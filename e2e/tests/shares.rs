@@ -207,7 +207,7 @@ async fn bursts_across_seeds_admit_exactly_the_headroom_and_idle_share_moves_on_
 
     // Skewed demand: seed-b takes the whole headroom, then gives its Machines up; its share
     // sits idle there (well within the quiet period). A burst on seed-a alone gets all of it.
-    let on_b: Vec<&str> = vec!["gamma"; 30];
+    let on_b = ["gamma"; 30];
     assert_eq!(burst(fleet, &on_b, "b").await, usize::try_from(LIMIT).unwrap());
     let seed_b = fleet.seed("seed-b").client();
     wait_for(WAIT, "seed-b to hold the whole quota", || async {
@@ -271,7 +271,7 @@ async fn seeds_keep_their_shares_while_the_master_is_down_or_a_seed_is_unreachab
     delete_all(&setup.fleet, &["alpha", "gamma"]).await;
     wait_idle(&setup.fleet).await;
     let (_, share_b) = seed_figures(&setup.fleet.seed("seed-b").client()).await.unwrap();
-    let admitted_b = burst(&setup.fleet, &vec!["gamma"; 12], "down").await;
+    let admitted_b = burst(&setup.fleet, &["gamma"; 12], "down").await;
     assert_eq!(
         admitted_b,
         usize::try_from(share_b).unwrap(),
@@ -286,7 +286,7 @@ async fn seeds_keep_their_shares_while_the_master_is_down_or_a_seed_is_unreachab
         .unwrap()
         .restart()
         .unwrap();
-    let on_a: Vec<&str> = vec!["alpha"; 20];
+    let on_a = ["alpha"; 20];
     let admitted_a = burst(&setup.fleet, &on_a, "after").await;
     assert_eq!(
         admitted_a,
@@ -313,7 +313,7 @@ async fn seeds_keep_their_shares_while_the_master_is_down_or_a_seed_is_unreachab
     })
     .await
     .unwrap();
-    let admitted_a = burst(&setup.fleet, &vec!["alpha"; 20], "stuck").await;
+    let admitted_a = burst(&setup.fleet, &["alpha"; 20], "stuck").await;
     assert_eq!(
         admitted_a,
         usize::try_from(LIMIT - held_b).unwrap(),
