@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, future, stream};
 use jiff::Timestamp;
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
-use kkp_quota_crds::project_quota::{SeedFigures, effective_limits};
+use kkp_quota_crds::project_quota::SeedFigures;
+use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_crds::runtime::ops::Readiness;
 use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
@@ -25,6 +26,7 @@ use crate::fold::{self, Health, SeedUsage};
 use crate::kkp_copies::KkpCopies;
 use crate::metrics::Metrics;
 use crate::seeds::{self, SeedView, Seeds, Triggers};
+use crate::shares::{self, Round, ShareMemory};
 use crate::status;
 use crate::{Error, default_quota};
 
@@ -41,6 +43,9 @@ pub struct Options {
     pub concurrency: u16,
     /// Longest wait between two attempts to reach an unreachable seed.
     pub seed_max_backoff: Duration,
+    /// Per limited resource, the percent of the limit a seed keeps as slack above what it
+    /// committed before it is asked to release idle share (docs/shares.md).
+    pub share_slack_percent: u32,
 }
 
 impl Options {
@@ -51,6 +56,7 @@ impl Options {
             lease: None,
             concurrency: 16,
             seed_max_backoff: Duration::from_secs(2),
+            share_slack_percent: 10,
         }
     }
 }
@@ -92,6 +98,9 @@ pub(crate) struct Ctx {
     pub project_quotas: Store<ProjectQuota>,
     pub metrics: Metrics,
     pub kkp_copies: KkpCopies,
+    /// What the share rounds remember between reconciles (the newest `ProjectQuota` written).
+    pub memory: ShareMemory,
+    pub share_slack_percent: u32,
 }
 
 fn channel_stream<T: Send + 'static>(
@@ -194,6 +203,8 @@ async fn run_as_leader(
         project_quotas: project_quotas.clone(),
         metrics: metrics.clone(),
         kkp_copies: KkpCopies::default(),
+        memory: ShareMemory::default(),
+        share_slack_percent: options.share_slack_percent,
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
@@ -324,7 +335,10 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
         .projects
         .get(&ObjectRef::new(&project_name))
         .filter(|p| p.metadata.deletion_timestamp.is_none());
-    let mut project_quota = ctx.project_quotas.get(&ObjectRef::new(&name));
+    // The cache lags this process's own writes of the share record; the newer copy counts.
+    let mut project_quota = ctx
+        .memory
+        .newest(&name, ctx.project_quotas.get(&ObjectRef::new(&name)));
 
     if master_rq.metadata.deletion_timestamp.is_some() {
         return crate::finalize::finalize(
@@ -362,15 +376,27 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
             .await?;
         ctx.metrics.wrote("master", "apply");
         debug!("ProjectQuota applied");
+        ctx.memory.wrote(&name, applied.clone());
         project_quota = Some(Arc::new(applied));
     }
-    let limits = effective_limits(
-        &master_rq.spec.quota.limits,
-        project_quota.as_deref().map(|pq| &pq.spec.quota),
-    );
+    let Some(project_quota) = project_quota else {
+        // In sync means it exists; the watch brings it otherwise.
+        return Ok(Action::await_change());
+    };
+
+    // The share round first: grants and targets are persisted in the record before any of it
+    // reaches a seed. A round that fails (its write's outcome unknown) sends nothing.
+    let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
+    let round = shares::round(master_rq, project_quota, &views, settling, ctx).await?;
+    let limits = round.limits.clone();
 
     // Fan out to every fresh seed, all at once; one seed's failure does not stop the others.
-    let applied = future::join_all(views.iter().map(|view| fan_out(master_rq, &limits, view, ctx))).await;
+    let applied = future::join_all(
+        views
+            .iter()
+            .map(|view| fan_out(master_rq, &limits, round.ledger_shares(&view.name), view, ctx)),
+    )
+    .await;
     let mut failed: Vec<String> = Vec::new();
     let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
     for (view, result) in applied {
@@ -380,30 +406,11 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
         views.push(view);
     }
 
-    let usages: Vec<SeedUsage> = views
-        .iter()
-        .map(|v| SeedUsage {
-            seed: v.name.clone(),
-            health: v.health,
-            local: v
-                .copy
-                .as_ref()
-                .and_then(|c| c.status.as_ref()?.local_usage.clone()),
-        })
-        .collect();
+    let usages = usages(&views);
     let folded = fold::fold(&usages)?;
 
-    let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
     if !settling {
-        write_master_status(
-            master_rq,
-            project_quota.as_deref(),
-            &limits,
-            &folded,
-            &usages,
-            ctx,
-        )
-        .await?;
+        write_master_status(master_rq, &round, &folded, &usages, ctx).await?;
     }
 
     failed.extend(write_seed_statuses(&name, &views, &folded, ctx).await);
@@ -424,14 +431,28 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
     }
 }
 
+/// Every seed's `localUsage` of the quota, as its ledger last showed it.
+fn usages(views: &[SeedView]) -> Vec<SeedUsage> {
+    views
+        .iter()
+        .map(|v| SeedUsage {
+            seed: v.name.clone(),
+            health: v.health,
+            local: v
+                .copy
+                .as_ref()
+                .and_then(|c| c.status.as_ref()?.local_usage.clone()),
+        })
+        .collect()
+}
+
 /// The master's statuses: the `ProjectQuota`'s limits, usage, per-seed usage and conditions, and
 /// KKP's `globalUsage` (unless another controller writes it). Not called while a seed is
 /// settling: a seed just added (or just started watching) is listed within moments and its first
 /// sync triggers every quota again; writing conditions before that would only flap.
 async fn write_master_status(
     master_rq: &ResourceQuota,
-    project_quota: Option<&ProjectQuota>,
-    limits: &ResourceDetails,
+    round: &Round,
     folded: &fold::Folded,
     usages: &[SeedUsage],
     ctx: &Ctx,
@@ -439,7 +460,8 @@ async fn write_master_status(
     let name = master_rq.name_any();
     let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
     let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
-    let pq_status = project_quota.and_then(|pq| pq.status.clone()).unwrap_or_default();
+    let (pq, limits) = (&*round.project_quota, &round.limits);
+    let pq_status = pq.status.clone().unwrap_or_default();
     let usage_for_limit = folded
         .global
         .clone()
@@ -468,21 +490,25 @@ async fn write_master_status(
         seeds: usages
             .iter()
             .filter(|u| u.health.is_known())
-            .map(|u| SeedFigures {
-                name: u.seed.clone(),
-                usage: Some(u.local.clone().unwrap_or_default()),
-                stale: !u.health.is_fresh(),
-                ..SeedFigures::default()
+            .map(|u| {
+                let shares = round.figures(&u.seed);
+                SeedFigures {
+                    name: u.seed.clone(),
+                    usage: Some(u.local.clone().unwrap_or_default()),
+                    stale: !u.health.is_fresh(),
+                    share: shares.share,
+                    demand: shares.demand,
+                    stuck: shares.stuck,
+                }
             })
             .collect(),
         conditions,
     };
-    if let Some(pq) = project_quota
-        && let Some(patch) = fanout::project_quota_status_patch(pq, &figures)
-    {
-        pq_api
+    if let Some(patch) = fanout::project_quota_status_patch(pq, &figures) {
+        let written = pq_api
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        ctx.memory.wrote(&name, written);
         ctx.metrics.wrote("master", "status");
     }
     let current = master_rq.status.as_ref().and_then(|s| s.global_usage.as_ref());
@@ -567,11 +593,13 @@ pub(crate) fn ignore_missing<T>(result: Result<T, kube::Error>) -> Result<(), ku
 }
 
 /// Applies KKP's copy and the ledger on one seed if it is fresh and they are out of date (KKP's
-/// first, so the seed-controller finds it when the ledger appears). Returns the view with the
+/// first, so the seed-controller finds it when the ledger appears). `shares` is the seed's part
+/// of the persisted share record, never of an unpersisted plan. Returns the view with the
 /// ledger as it is now, or the seed's name on failure.
 async fn fan_out(
     master_rq: &ResourceQuota,
     limits: &ResourceDetails,
+    shares: Option<LedgerShares>,
     view: &SeedView,
     ctx: &Ctx,
 ) -> (SeedView, Result<(), String>) {
@@ -588,7 +616,7 @@ async fn fan_out(
     let ledger_due = !view
         .copy
         .as_ref()
-        .is_some_and(|c| fanout::ledger_in_sync(master_rq, limits, c));
+        .is_some_and(|c| fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), c));
     if !kkp_due && !ledger_due {
         return (view, Ok(()));
     }
@@ -603,7 +631,7 @@ async fn fan_out(
         }
         if ledger_due {
             let api: Api<QuotaLedger> = Api::all(client);
-            let body = fanout::ledger_apply_body(master_rq, limits);
+            let body = fanout::ledger_apply_body(master_rq, limits, shares.as_ref());
             let ledger = bounded(api.patch(&name, &params, &Patch::Apply(&body))).await?;
             ctx.metrics.wrote(&view.name, "apply");
             return Ok(Some(ledger));

@@ -9,7 +9,8 @@
 //!   `spec.subject` only; `spec.quota` is the admins'): owned by the master object.
 //! - **Seed copies** (server-side apply, field manager [`FIELD_MANAGER`]), same name and labels
 //!   as the master object: KKP's `ResourceQuota` with the master's spec, and this project's
-//!   `QuotaLedger` with the subject and the limits in force. No owner reference: the master
+//!   `QuotaLedger` with the subject, the limits in force and the seed's share from the master's
+//!   persisted record (`spec.shares`, docs/shares.md). No owner reference: the master
 //!   objects live on the master, and an owner reference to an object the seed does not have
 //!   would make the seed's garbage collector delete the copy. Copies go with their master
 //!   object through the finalizer.
@@ -24,6 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
@@ -138,8 +140,22 @@ pub fn copy_apply_body(master: &ResourceQuota) -> Value {
     })
 }
 
-/// The server-side apply body of a seed's `QuotaLedger`: subject and the limits in force.
-pub fn ledger_apply_body(master: &ResourceQuota, limits: &ResourceDetails) -> Value {
+/// The server-side apply body of a seed's `QuotaLedger`: subject, the limits in force, and the
+/// seed's share from the master's persisted record (`None` while the record does not hold the
+/// seed; once a ledger has shares, every apply must carry them: the API server refuses a spec
+/// whose shares go back or vanish).
+pub fn ledger_apply_body(
+    master: &ResourceQuota,
+    limits: &ResourceDetails,
+    shares: Option<&LedgerShares>,
+) -> Value {
+    let mut spec = json!({
+        "subject": LedgerSubject::from(&master.spec.subject),
+        "quota": limits,
+    });
+    if let Some(shares) = shares {
+        spec["shares"] = json!(shares);
+    }
     json!({
         "apiVersion": QuotaLedger::api_version(&()),
         "kind": QuotaLedger::kind(&()),
@@ -147,19 +163,22 @@ pub fn ledger_apply_body(master: &ResourceQuota, limits: &ResourceDetails) -> Va
             "name": master.name_any(),
             "labels": copy_labels(master),
         },
-        "spec": {
-            "subject": LedgerSubject::from(&master.spec.subject),
-            "quota": limits,
-        },
+        "spec": spec,
     })
 }
 
-/// True when the seed's ledger has the master's subject, labels and the limits in force (and is
-/// not being deleted).
-pub fn ledger_in_sync(master: &ResourceQuota, limits: &ResourceDetails, ledger: &QuotaLedger) -> bool {
+/// True when the seed's ledger has the master's subject, labels, the limits in force and the
+/// seed's share from the persisted record (and is not being deleted).
+pub fn ledger_in_sync(
+    master: &ResourceQuota,
+    limits: &ResourceDetails,
+    shares: Option<&LedgerShares>,
+    ledger: &QuotaLedger,
+) -> bool {
     ledger.metadata.deletion_timestamp.is_none()
         && ledger.spec.subject == LedgerSubject::from(&master.spec.subject)
         && &ledger.spec.quota == limits
+        && ledger.spec.shares.as_ref() == shares
         && ledger.labels() == &copy_labels(master)
 }
 
@@ -333,21 +352,45 @@ mod tests {
     #[test]
     fn ledger_carries_the_limits_in_force() {
         let m = master();
-        let body = ledger_apply_body(&m, &limits(4));
+        let body = ledger_apply_body(&m, &limits(4), None);
         assert_eq!(body["apiVersion"], "kkp-quota.dev/v1alpha1");
         assert_eq!(body["spec"]["quota"]["machines"], "3");
+        assert!(body["spec"].get("shares").is_none(), "no record, no shares");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
-        assert!(ledger_in_sync(&m, &limits(4), &ledger));
+        assert!(ledger_in_sync(&m, &limits(4), None, &ledger));
         assert!(
-            !ledger_in_sync(&m, &limits(5), &ledger),
+            !ledger_in_sync(&m, &limits(5), None, &ledger),
             "a changed limit is applied again"
         );
         let mut relabelled = m.clone();
         relabelled.metadata.labels = None;
         assert!(
-            !ledger_in_sync(&relabelled, &limits(4), &ledger),
+            !ledger_in_sync(&relabelled, &limits(4), None, &ledger),
             "a label removed on the master is removed on the copy"
         );
+    }
+
+    #[test]
+    fn ledger_carries_the_persisted_share() {
+        let m = master();
+        let share = |version: u64, granted: i64| LedgerShares {
+            version,
+            granted: limits(granted),
+            target: limits(granted),
+            others: BTreeMap::from([("seed-b".to_owned(), limits(1))]),
+        };
+        let body = ledger_apply_body(&m, &limits(4), Some(&share(2, 3)));
+        assert_eq!(body["spec"]["shares"]["version"], 2);
+        assert_eq!(body["spec"]["shares"]["granted"]["cpu"], "3");
+        assert_eq!(body["spec"]["shares"]["others"]["seed-b"]["cpu"], "1");
+        let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
+        assert!(ledger_in_sync(&m, &limits(4), Some(&share(2, 3)), &ledger));
+        assert!(
+            !ledger_in_sync(&m, &limits(4), Some(&share(3, 3)), &ledger),
+            "a newer record is sent"
+        );
+        assert!(!ledger_in_sync(&m, &limits(4), Some(&share(3, 4)), &ledger));
+        assert!(!ledger_in_sync(&m, &limits(4), None, &ledger));
     }
 
     #[test]
@@ -391,7 +434,7 @@ mod tests {
     #[test]
     fn status_patches_only_when_changed() {
         let mut ledger: QuotaLedger =
-            serde_json::from_value(ledger_apply_body(&master(), &limits(4))).unwrap();
+            serde_json::from_value(ledger_apply_body(&master(), &limits(4), None)).unwrap();
         let g = ResourceDetails::zero();
         assert!(ledger_status_patch(&ledger, Some(&g), Some(&g)).is_some());
         ledger.status = Some(QuotaLedgerStatus {

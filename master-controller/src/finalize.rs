@@ -79,6 +79,7 @@ pub(crate) async fn finalize(
         ctx.metrics
             .forget_project(master_rq.project(), &ctx.seeds.names());
         ctx.kkp_copies.forget(&name);
+        ctx.memory.forget(&name);
         info!("seed copies deleted; finalizer released");
         return Ok(Action::await_change());
     }

@@ -5,6 +5,8 @@
 //! - [`seeds`]: `Seed` objects → a client and a quota-copy watch per seed.
 //! - [`fanout`]: what the master object and the seed copies should look like.
 //! - [`fold`]: seed usages → `globalUsage` and `otherSeedsUsage`; staleness bookkeeping (pure).
+//! - [`shares`]: the master's round of per-seed shares (docs/shares.md): view, plan, the
+//!   compare-and-swap write of the record; what each ledger's `spec.shares` carries.
 //! - [`default_quota`]: `globalsettings` `spec.defaultQuota` → default project quotas.
 //! - [`status`]: the master object's conditions (pure).
 //! - [`metrics`]: Prometheus metrics.
@@ -20,6 +22,7 @@ pub mod fold;
 mod kkp_copies;
 pub mod metrics;
 pub mod seeds;
+pub mod shares;
 pub mod status;
 mod sweep;
 
@@ -35,6 +38,8 @@ pub enum Error {
     Runtime(#[from] kkp_quota_crds::runtime::RuntimeError),
     #[error("usage arithmetic failed: {0}")]
     Quantity(#[from] kkp_quota_crds::QuantityError),
+    #[error("share record: {0}")]
+    ShareRecord(String),
     #[error("seed(s) not in sync yet: {0}")]
     Seeds(String),
     #[error("{0} stopped")]

@@ -56,6 +56,15 @@ struct Args {
     /// Quotas reconciled concurrently.
     #[arg(long, env = "MASTER_CONTROLLER_CONCURRENCY", default_value_t = 16)]
     concurrency: u16,
+    /// Per limited resource, the percent of the limit a seed may keep idle above what it
+    /// committed before the master asks for it back when another seed needs share.
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_SHARE_SLACK_PERCENT",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u32).range(0..=100)
+    )]
+    share_slack_percent: u32,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -78,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
     let mut options = Options::new(args.seed_namespace);
     options.resync_period = Duration::from_secs(args.resync_period.max(1));
     options.concurrency = args.concurrency.max(1);
+    options.share_slack_percent = args.share_slack_percent;
     if !args.no_leader_election {
         options.lease = Some(LeaseConfig::new(
             args.leader_election_namespace,

@@ -1,7 +1,11 @@
 //! Prometheus metrics (names agreed across the project; base units: cores, bytes).
 
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry};
+use std::collections::BTreeMap;
+
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+};
 
 /// Every metric this controller exports.
 #[derive(Clone)]
@@ -28,6 +32,22 @@ pub struct Metrics {
     pub writes: IntCounterVec,
     /// `kkp_quota_master_leader`: 1 while this replica holds the leader lease.
     pub leader: IntGauge,
+    /// `kkp_quota_share{project,seed,resource}`: the share of a limited resource a seed holds as
+    /// the master sees it (granted minus released).
+    pub share: GaugeVec,
+    /// `kkp_quota_share_stuck{project,seed,resource}`: share held by an unreachable seed (0
+    /// while the seed is reachable).
+    pub share_stuck: GaugeVec,
+    /// `kkp_quota_share_grants_total{seed}`: grants persisted in the master's record.
+    pub share_grants: IntCounterVec,
+    /// `kkp_quota_share_grant_latency_seconds`: from the master first seeing a seed's demand
+    /// above its share to the persisted write that covers it.
+    pub share_grant_latency: Histogram,
+    /// `kkp_quota_share_releases_total{seed}`: times a seed's reported `released` grew.
+    pub share_releases: IntCounterVec,
+    /// `kkp_quota_share_record_conflicts_total`: share record writes that lost their
+    /// compare-and-swap (the record is read again and the round planned again).
+    pub share_record_conflicts: IntCounter,
 }
 
 fn must<T>(r: Result<T, prometheus::Error>) -> T {
@@ -37,6 +57,7 @@ fn must<T>(r: Result<T, prometheus::Error>) -> T {
 
 impl Metrics {
     /// Creates the metrics and registers them in a new registry.
+    #[allow(clippy::too_many_lines)] // one definition after the other
     pub fn new() -> Metrics {
         let registry = Registry::new();
         let gauge = |name: &str, help: &str, labels: &[&str]| {
@@ -105,6 +126,41 @@ impl Metrics {
             "1 while this replica holds the leader lease.",
         ));
         must(registry.register(Box::new(leader.clone())));
+        let share = gauge(
+            "kkp_quota_share",
+            "Share of a project's limit a seed holds as the master sees it (granted minus released).",
+            &["project", "seed", "resource"],
+        );
+        let share_stuck = gauge(
+            "kkp_quota_share_stuck",
+            "Share held by a seed that cannot be reached (0 while it can): it cannot be moved.",
+            &["project", "seed", "resource"],
+        );
+        let share_grants = counter(
+            "kkp_quota_share_grants_total",
+            "Share grants persisted in the master's record, per seed.",
+            &["seed"],
+        );
+        let share_releases = counter(
+            "kkp_quota_share_releases_total",
+            "Releases seen: times a seed's reported released share grew.",
+            &["seed"],
+        );
+        let share_record_conflicts = must(IntCounter::new(
+            "kkp_quota_share_record_conflicts_total",
+            "Share record writes that lost their compare-and-swap and were planned again.",
+        ));
+        must(registry.register(Box::new(share_record_conflicts.clone())));
+        let share_grant_latency = must(Histogram::with_opts(
+            HistogramOpts::new(
+                "kkp_quota_share_grant_latency_seconds",
+                "From the master first seeing a seed's demand above its share to the persisted grant that covers it.",
+            )
+            .buckets(vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+            ]),
+        ));
+        must(registry.register(Box::new(share_grant_latency.clone())));
         Metrics {
             registry,
             limit,
@@ -117,6 +173,12 @@ impl Metrics {
             reconcile_errors,
             writes,
             leader,
+            share,
+            share_stuck,
+            share_grants,
+            share_grant_latency,
+            share_releases,
+            share_record_conflicts,
         }
     }
 
@@ -158,8 +220,45 @@ impl Metrics {
         }
     }
 
+    /// The share gauges of one project: `shares` per seed in the record (limited resources
+    /// only), `stuck` for the unreachable ones. Series of seeds and resources no longer there go.
+    pub fn set_shares(
+        &self,
+        project: &str,
+        shares: &BTreeMap<String, ResourceDetails>,
+        stuck: &BTreeMap<String, ResourceDetails>,
+    ) {
+        for gauge in [&self.share, &self.share_stuck] {
+            for labels in series(gauge) {
+                let (Some(p), Some(seed), Some(resource)) =
+                    (labels.get("project"), labels.get("seed"), labels.get("resource"))
+                else {
+                    continue;
+                };
+                let kept = shares
+                    .get(seed)
+                    .is_some_and(|s| s.iter().any(|(r, _)| r.name() == resource));
+                if p == project && !kept {
+                    let _ = gauge.remove_label_values(&[project, seed, resource]);
+                }
+            }
+        }
+        for (seed, share) in shares {
+            let held = stuck.get(seed);
+            for (r, amount) in share.iter() {
+                self.share
+                    .with_label_values(&[project, seed, r.name()])
+                    .set(as_f64(amount));
+                self.share_stuck
+                    .with_label_values(&[project, seed, r.name()])
+                    .set(held.map_or(0.0, |h| as_f64(h.amount(r))));
+            }
+        }
+    }
+
     /// Drops every series of a project (its quota is gone).
     pub fn forget_project(&self, project: &str, seeds: &[String]) {
+        self.set_shares(project, &BTreeMap::new(), &BTreeMap::new());
         for &r in Resource::ALL {
             let _ = self.limit.remove_label_values(&[project, r.name()]);
             let _ = self.over_limit.remove_label_values(&[project, r.name()]);
@@ -201,6 +300,21 @@ impl Default for Metrics {
     fn default() -> Self {
         Metrics::new()
     }
+}
+
+/// The label sets of every series of `gauge`.
+fn series(gauge: &GaugeVec) -> Vec<BTreeMap<String, String>> {
+    prometheus::core::Collector::collect(gauge)
+        .iter()
+        .flat_map(|family| family.get_metric().iter())
+        .map(|metric| {
+            metric
+                .get_label()
+                .iter()
+                .map(|l| (l.name().to_owned(), l.value().to_owned()))
+                .collect()
+        })
+        .collect()
 }
 
 /// A quantity in base units as a float (for metrics only; decisions never use floats).
@@ -267,5 +381,55 @@ mod tests {
         );
         assert!(text.contains("scope=\"global\""));
         assert!(!text.contains("kkp_quota_seed_stale{seed=\"seed-a\"}"));
+    }
+
+    fn exposition(m: &Metrics) -> String {
+        let mut out = Vec::new();
+        prometheus::TextEncoder::new()
+            .encode(&m.registry.gather(), &mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn share_series_follow_the_record() {
+        let m = Metrics::new();
+        let cpu = |n: i64| ResourceDetails {
+            cpu: Some(Quantity::from_units(n)),
+            ..ResourceDetails::default()
+        };
+        let shares = BTreeMap::from([("seed-a".to_owned(), cpu(6)), ("seed-b".to_owned(), cpu(4))]);
+        let stuck = BTreeMap::from([("seed-b".to_owned(), cpu(4))]);
+        m.set_shares("demo", &shares, &stuck);
+        m.set_shares("other", &shares, &BTreeMap::new());
+        m.share_grants.with_label_values(&["seed-a"]).inc();
+        m.share_releases.with_label_values(&["seed-b"]).inc();
+        m.share_record_conflicts.inc();
+        m.share_grant_latency.observe(0.2);
+        let text = exposition(&m);
+        for needle in [
+            "kkp_quota_share{project=\"demo\",resource=\"cpu\",seed=\"seed-a\"} 6",
+            "kkp_quota_share_stuck{project=\"demo\",resource=\"cpu\",seed=\"seed-b\"} 4",
+            "kkp_quota_share_stuck{project=\"demo\",resource=\"cpu\",seed=\"seed-a\"} 0",
+            "kkp_quota_share_grants_total{seed=\"seed-a\"} 1",
+            "kkp_quota_share_releases_total{seed=\"seed-b\"} 1",
+            "kkp_quota_share_record_conflicts_total 1",
+            "kkp_quota_share_grant_latency_seconds_bucket{le=\"0.25\"} 1",
+        ] {
+            assert!(text.contains(needle), "missing {needle} in\n{text}");
+        }
+        // seed-b forgotten from demo's record: its series go, other projects' stay.
+        m.set_shares(
+            "demo",
+            &BTreeMap::from([("seed-a".to_owned(), cpu(6))]),
+            &BTreeMap::new(),
+        );
+        let text = exposition(&m);
+        assert!(!text.contains("kkp_quota_share{project=\"demo\",resource=\"cpu\",seed=\"seed-b\"}"));
+        assert!(text.contains("kkp_quota_share{project=\"other\",resource=\"cpu\",seed=\"seed-b\"} 4"));
+        m.forget_project("demo", &[]);
+        let text = exposition(&m);
+        assert!(!text.contains("project=\"demo\""), "{text}");
+        assert!(text.contains("project=\"other\""));
     }
 }
