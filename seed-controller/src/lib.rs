@@ -5,9 +5,11 @@
 //!   rotation; a dead cluster keeps its last usage and is reported.
 //! - [`catalog`]: the admin size catalog `ConfigMap`, watched and reloaded.
 //! - [`usage`] and [`ledger`]: the pure arithmetic and the reservation upkeep decisions.
+//! - [`shares`]: the pure share decisions (release, expired demands, quiet).
 //! - [`state`]: the in-memory picture the watches update and the writer snapshots.
 //! - [`writer`]: `Cluster.status.resourceUsage` and the seed quota copy's `localUsage` (with the
-//!   dropped reservations, in one compare-and-swap write).
+//!   dropped reservations, expired allotments and demands, and the share released, in one
+//!   compare-and-swap write).
 //! - [`webhook_config`]: the `ValidatingWebhookConfiguration` kept in every user cluster.
 //!
 //! [`Controller`] ties them together; [`run`] adds the ops server and leader election.
@@ -16,6 +18,7 @@ pub mod catalog;
 pub mod clusters;
 pub mod ledger;
 pub mod metrics;
+pub mod shares;
 pub mod state;
 pub mod usage;
 pub mod webhook_config;
@@ -117,6 +120,15 @@ pub struct Config {
     /// as a reservation a moment later. Counted, and flagged as unadmitted, after it.
     #[arg(long, env = "SEED_CONTROLLER_ADMISSION_RECORD_GRACE", default_value = "5s", value_parser = parse_duration)]
     pub admission_record_grace: Duration,
+    /// Per-seed shares (docs/shares.md): a ledger with no live demand and no sign of admissions
+    /// (reservations, allotments, live demands, `localUsage` growing) for this long is quiet, and
+    /// releases its share above `committed + slack`.
+    #[arg(long, env = "SEED_CONTROLLER_SHARE_QUIET_PERIOD", default_value = "30s", value_parser = parse_duration)]
+    pub share_quiet_period: Duration,
+    /// The slack a quiet seed keeps above what it has committed: this percentage of each limited
+    /// resource of the quota (rounded up to a millicore, a byte, a GPU, a Machine).
+    #[arg(long, env = "SEED_CONTROLLER_SHARE_SLACK_PERCENT", default_value_t = 10, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub share_slack_percent: u32,
     /// Base URL of the machine-webhook (https://host:port). When set, every user cluster gets the
     /// `ValidatingWebhookConfiguration` `kkp-quota-machines` pointing at
     /// `<url>/validate/machines/<cluster>`.
@@ -163,6 +175,15 @@ pub struct Config {
 }
 
 impl Config {
+    /// The share settings.
+    pub fn shares(&self) -> shares::Settings {
+        shares::Settings {
+            quiet_period: jiff::SignedDuration::try_from(self.share_quiet_period)
+                .unwrap_or(jiff::SignedDuration::MAX),
+            slack_percent: self.share_slack_percent,
+        }
+    }
+
     /// Defaults for tests and embedding: no leader election, ops on a free loopback port.
     pub fn for_tests(seed_name: &str) -> Config {
         <Config as clap::Parser>::parse_from([
@@ -384,12 +405,22 @@ mod tests {
         assert_eq!(config.resync_period, Duration::from_mins(5));
         assert!(config.leader_elect);
         assert!(config.webhook_url.is_none());
+        assert_eq!(config.share_quiet_period, Duration::from_secs(30));
+        assert_eq!(config.share_slack_percent, 10);
         let config = <Config as clap::Parser>::parse_from([
             "seed-controller",
             "--leader-elect=false",
             "--resync-period=1m",
             "--admission-record-grace=500ms",
+            "--share-quiet-period=2m",
+            "--share-slack-percent=25",
         ]);
+        assert_eq!(config.share_quiet_period, Duration::from_mins(2));
+        assert_eq!(config.share_slack_percent, 25);
+        assert!(
+            <Config as clap::Parser>::try_parse_from(["seed-controller", "--share-slack-percent=101"])
+                .is_err()
+        );
         assert_eq!(config.admission_record_grace, Duration::from_millis(500));
         assert!(!config.leader_elect);
         assert_eq!(config.resync_period, Duration::from_mins(1));

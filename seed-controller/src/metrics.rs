@@ -30,6 +30,12 @@ pub struct Metrics {
     pub reservations_counted: IntCounter,
     /// `kkp_quota_allotments_expired_total`
     pub allotments_expired: IntCounter,
+    /// `kkp_quota_demands_expired_total`
+    pub demands_expired: IntCounter,
+    /// `kkp_quota_share_released_total{project,resource}`
+    pub share_released: CounterVec,
+    /// `kkp_quota_share_held{project,resource}`
+    pub share_held: GaugeVec,
     /// `kkp_quota_size_catalog_errors_total`
     pub catalog_errors: IntCounter,
     /// `kkp_quota_reconcile_duration_seconds{controller}`
@@ -39,6 +45,8 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    // One declaration per metric: long, and flat.
+    #[allow(clippy::too_many_lines)]
     pub fn new() -> Result<Metrics, Error> {
         let registry = Registry::new();
         let m = Metrics {
@@ -100,6 +108,24 @@ impl Metrics {
                 "kkp_quota_allotments_expired_total",
                 "Webhook allotments (held headroom) removed after their expiresAt passed",
             )?,
+            demands_expired: IntCounter::new(
+                "kkp_quota_demands_expired_total",
+                "Share demands of webhook processes removed after their expiresAt passed",
+            )?,
+            share_released: CounterVec::new(
+                Opts::new(
+                    "kkp_quota_share_released_total",
+                    "Share of a project quota this seed released back to the master (cores, bytes, machines)",
+                ),
+                &["project", "resource"],
+            )?,
+            share_held: GaugeVec::new(
+                Opts::new(
+                    "kkp_quota_share_held",
+                    "Share of a project quota this seed holds (granted - released; cores, bytes, machines)",
+                ),
+                &["project", "resource"],
+            )?,
             catalog_errors: IntCounter::new(
                 "kkp_quota_size_catalog_errors_total",
                 "Admin size catalogs that could not be loaded (the previous one stays in use)",
@@ -127,6 +153,9 @@ impl Metrics {
         m.registry.register(Box::new(m.reservations_expired.clone()))?;
         m.registry.register(Box::new(m.reservations_counted.clone()))?;
         m.registry.register(Box::new(m.allotments_expired.clone()))?;
+        m.registry.register(Box::new(m.demands_expired.clone()))?;
+        m.registry.register(Box::new(m.share_released.clone()))?;
+        m.registry.register(Box::new(m.share_held.clone()))?;
         m.registry.register(Box::new(m.catalog_errors.clone()))?;
         m.registry.register(Box::new(m.reconcile_duration.clone()))?;
         m.registry.register(Box::new(m.reconcile_errors.clone()))?;

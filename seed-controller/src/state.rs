@@ -158,6 +158,8 @@ pub struct State {
     pub grace_wakeups: BTreeMap<String, Instant>,
     /// Project -> the usage last written onto KKP's `ResourceQuota` copy (KKP's resources only).
     pub kkp_usage_written: BTreeMap<String, ResourceDetails>,
+    /// Project -> when its ledger last showed signs of admissions (for quiet share releases).
+    pub share_activity: BTreeMap<String, crate::shares::Activity>,
 }
 
 impl State {
@@ -171,6 +173,7 @@ impl State {
             catalog_loaded: false,
             grace_wakeups: BTreeMap::new(),
             kkp_usage_written: BTreeMap::new(),
+            share_activity: BTreeMap::new(),
         }
     }
 
@@ -619,6 +622,23 @@ impl State {
         let stale = c.exported_unsizeable.difference(&now).cloned().collect();
         c.exported_unsizeable = now;
         stale
+    }
+
+    /// Takes in one read of a project's ledger at `now`; returns the project's activity since.
+    pub fn ledger_seen(
+        &mut self,
+        project: &str,
+        status: &kkp_quota_crds::QuotaLedgerStatus,
+        now: jiff::Timestamp,
+    ) -> crate::shares::Activity {
+        if let Some(activity) = self.share_activity.get_mut(project) {
+            activity.observe(status, now);
+            activity.clone()
+        } else {
+            let activity = crate::shares::Activity::first(status, now);
+            self.share_activity.insert(project.to_owned(), activity.clone());
+            activity
+        }
     }
 
     /// Start-up is complete: clusters and catalog read, every cluster listed or unreachable.

@@ -10,6 +10,10 @@
 //! (left out of `localUsage`, not judged) until it is reserved or `--admission-record-grace` has
 //! passed; the writer wakes itself when the earliest grace ends. On 409 Conflict the copy is read
 //! again and the write recomputed. Nothing is written when nothing changed.
+//!
+//! Under per-seed shares (`spec.shares` set, docs/shares.md) the same write also removes expired
+//! `demands` and releases share (`released` grows) computed from the very status it produces:
+//! `crate::shares` decides.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -20,7 +24,8 @@ use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
+use kkp_quota_crds::quota_ledger::{LEDGER_FORMAT, QuotaLedgerSpec};
+use kkp_quota_crds::shares::objects::seed_share;
 use kkp_quota_crds::{
     QuantityError, QuotaLedger, QuotaLedgerStatus, Resource, ResourceDetails, ResourceQuota,
 };
@@ -35,6 +40,7 @@ use crate::ledger::{
     DropReason, allotments_to_expire, grace_ends, held_back, remaining, reservations_to_drop, unadmitted,
     usage_without_held,
 };
+use crate::shares::{self, Release};
 use crate::state::{CONDITION_TYPE, ProjectPlan};
 use crate::usage::{as_f64, same_usage};
 use crate::{Config, Error, Shared};
@@ -245,6 +251,8 @@ struct Decision {
     drops: Vec<(usize, DropReason)>,
     /// Allotments removed (by index).
     expired: Vec<usize>,
+    /// Share demands removed (by index): their `expiresAt` has passed.
+    demands_expired: Vec<usize>,
     /// The copy read had allotments: a Machine judged unadmitted had its grace to be recorded.
     had_allotments: bool,
     /// `(cluster, uid)` of Machines held back (not counted, not judged).
@@ -267,6 +275,7 @@ fn decide(
     let instant = Instant::now();
     let drops = reservations_to_drop(&status.reservations, &plan.counted, now, ttl);
     let expired = allotments_to_expire(&status.allotments, plan.project_unsettled, now);
+    let demands_expired = shares::demands_to_expire(&status.demands, now);
     // A Machine is left out of the count only while an allotment that stays in the written copy
     // may cover it. In a write that removes an expired allotment nothing is held back: the
     // removed one may have covered it (its holder died), and a Machine counted twice for a moment
@@ -293,6 +302,7 @@ fn decide(
         local_usage,
         drops,
         expired,
+        demands_expired,
         had_allotments: !status.allotments.is_empty(),
         grace_end: grace_ends(&plan.appeared, &held, grace),
         held: held.iter().map(|&i| plan.appeared[i].key()).collect(),
@@ -325,57 +335,32 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             .local_usage
             .as_ref()
             .is_some_and(|u| same_usage(u, &decision.local_usage));
-        if usage_same && decision.drops.is_empty() && decision.expired.is_empty() {
+        let release = share_release(
+            shared,
+            project,
+            &quota.spec,
+            &status,
+            &decision,
+            plan.project_unsettled,
+        )?;
+        if usage_same
+            && decision.drops.is_empty()
+            && decision.expired.is_empty()
+            && decision.demands_expired.is_empty()
+            && release.is_none()
+        {
             judged(shared, project, &decision);
             mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
             return Ok(());
         }
-        let mut patch = json!({
-            "metadata": { "resourceVersion": quota.resource_version() },
-            "status": { "formatVersion": LEDGER_FORMAT, "localUsage": decision.local_usage },
-        });
-        if !decision.drops.is_empty() {
-            let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
-            patch["status"]["reservations"] = if kept.is_empty() {
-                Value::Null
-            } else {
-                json!(group(&kept))
-            };
-        }
-        // Written only when some go, so an unchanged list (the holders' to change) is never
-        // rewritten.
-        if !decision.expired.is_empty() {
-            let kept = remaining(&status.allotments, decision.expired.iter().copied());
-            patch["status"]["allotments"] = if kept.is_empty() {
-                Value::Null
-            } else {
-                serde_json::to_value(&kept).unwrap_or(Value::Null)
-            };
-        }
+        let patch = ledger_patch(&quota, &status, &decision, release.as_ref());
         match api
             .patch_status(&quota.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => {
-                let drops = &decision.drops;
-                let counted = drops.iter().filter(|(_, r)| *r == DropReason::Counted).count();
-                let expired = drops.len() - counted;
-                shared.metrics.reservations_counted.inc_by(counted as u64);
-                shared.metrics.reservations_expired.inc_by(expired as u64);
-                shared
-                    .metrics
-                    .allotments_expired
-                    .inc_by(decision.expired.len() as u64);
-                for (i, reason) in drops {
-                    let r = &status.reservations[*i];
-                    if *reason == DropReason::Expired {
-                        info!(cluster = %r.cluster, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
-                    }
-                }
-                for &i in &decision.expired {
-                    let a = &status.allotments[i];
-                    info!(holder = %a.holder, granted = %a.granted, expires_at = %a.expires_at, "allotment expired: its holder stopped renewing it; removed");
-                }
+                let (counted, expired) =
+                    written(shared, project, &quota.spec, &status, &decision, release.as_ref());
                 debug!(local_usage = %decision.local_usage, counted, expired, allotments_expired = decision.expired.len(), held = decision.held.len(), "localUsage written");
                 judged(shared, project, &decision);
                 mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
@@ -391,6 +376,186 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
     Err(Error::Config(format!(
         "quota copy of project {project} kept changing during {MAX_ATTEMPTS} attempts"
     )))
+}
+
+/// The compare-and-swap merge patch of a write: `localUsage`, and what the write drops or
+/// releases, conditioned on the `resourceVersion` read.
+fn ledger_patch(
+    quota: &QuotaLedger,
+    status: &QuotaLedgerStatus,
+    decision: &Decision,
+    release: Option<&Release>,
+) -> Value {
+    let mut patch = json!({
+        "metadata": { "resourceVersion": quota.resource_version() },
+        "status": { "formatVersion": LEDGER_FORMAT, "localUsage": decision.local_usage },
+    });
+    if !decision.drops.is_empty() {
+        let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
+        patch["status"]["reservations"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            json!(group(&kept))
+        };
+    }
+    // Written only when some go, so an unchanged list (the holders' to change) is never
+    // rewritten.
+    if !decision.expired.is_empty() {
+        let kept = remaining(&status.allotments, decision.expired.iter().copied());
+        patch["status"]["allotments"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(&kept).unwrap_or(Value::Null)
+        };
+    }
+    // Likewise the demands (each holder's own to write).
+    if !decision.demands_expired.is_empty() {
+        let kept = remaining(&status.demands, decision.demands_expired.iter().copied());
+        patch["status"]["demands"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(&kept).unwrap_or(Value::Null)
+        };
+    }
+    // The release rides on this compare-and-swap: it was computed from the status this very
+    // write produces, so nothing can be admitted against share on its way out.
+    if let Some(release) = release {
+        patch["status"]["released"] = json!(release.released);
+    }
+    patch
+}
+
+/// After a successful write: metrics and logs of what it dropped and released; returns the
+/// reservations counted and expired.
+fn written(
+    shared: &Shared,
+    project: &str,
+    spec: &QuotaLedgerSpec,
+    status: &QuotaLedgerStatus,
+    decision: &Decision,
+    release: Option<&Release>,
+) -> (usize, usize) {
+    let drops = &decision.drops;
+    let counted = drops.iter().filter(|(_, r)| *r == DropReason::Counted).count();
+    let expired = drops.len() - counted;
+    shared.metrics.reservations_counted.inc_by(counted as u64);
+    shared.metrics.reservations_expired.inc_by(expired as u64);
+    shared
+        .metrics
+        .allotments_expired
+        .inc_by(decision.expired.len() as u64);
+    for (i, reason) in drops {
+        let r = &status.reservations[*i];
+        if *reason == DropReason::Expired {
+            info!(cluster = %r.cluster, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
+        }
+    }
+    for &i in &decision.expired {
+        let a = &status.allotments[i];
+        info!(holder = %a.holder, granted = %a.granted, expires_at = %a.expires_at, "allotment expired: its holder stopped renewing it; removed");
+    }
+    shared
+        .metrics
+        .demands_expired
+        .inc_by(decision.demands_expired.len() as u64);
+    for &i in &decision.demands_expired {
+        let d = &status.demands[i];
+        debug!(holder = %d.holder, amount = %d.amount, expires_at = %d.expires_at, "share demand expired; removed");
+    }
+    if let Some(release) = release {
+        released(shared, project, spec, status, release);
+    }
+    (counted, expired)
+}
+
+/// The share release the write of `decision` carries, if shares are in force on the ledger and
+/// one is due: computed from the status that write produces (its `localUsage`, the reservations,
+/// allotments and demands it keeps, the `released` read).
+fn share_release(
+    shared: &Shared,
+    project: &str,
+    spec: &QuotaLedgerSpec,
+    status: &QuotaLedgerStatus,
+    decision: &Decision,
+    project_unsettled: bool,
+) -> Result<Option<Release>, Error> {
+    if spec.shares.is_none() {
+        return Ok(None);
+    }
+    let settings = shared.config.shares();
+    let now = Timestamp::now();
+    let activity = shared.state().ledger_seen(project, status, now);
+    let after = QuotaLedgerStatus {
+        local_usage: Some(decision.local_usage.clone()),
+        reservations: remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i)),
+        allotments: remaining(&status.allotments, decision.expired.iter().copied()),
+        demands: remaining(&status.demands, decision.demands_expired.iter().copied()),
+        ..status.clone()
+    };
+    // A write that counts more than the ledger had is a sign of admissions itself.
+    let grows = !status
+        .local_usage
+        .clone()
+        .unwrap_or_default()
+        .covers(&decision.local_usage);
+    let quiet = !grows && activity.quiet(&after, project_unsettled, settings.quiet_period, now);
+    let slack = shares::slack(&spec.quota, settings.slack_percent)?;
+    Ok(shares::release(spec, &after, &slack, quiet)?)
+}
+
+/// After a write that carried `release`: metrics and the log line.
+fn released(
+    shared: &Shared,
+    project: &str,
+    spec: &QuotaLedgerSpec,
+    status: &QuotaLedgerStatus,
+    release: &Release,
+) {
+    for (resource, amount) in release.amount.iter() {
+        shared
+            .metrics
+            .share_released
+            .with_label_values(&[project, resource.name()])
+            .inc_by(as_f64(amount));
+    }
+    let written = QuotaLedgerStatus {
+        released: Some(release.released.clone()),
+        ..status.clone()
+    };
+    set_share_gauges(shared, project, spec, Some(&written));
+    let held = seed_share(spec, Some(&written)).map(|s| shares::held(&s, &spec.quota));
+    info!(
+        released = %release.amount,
+        released_total = %release.released,
+        held = %held.unwrap_or_default(),
+        target = %spec.shares.as_ref().map(|s| s.target.clone()).unwrap_or_default(),
+        why = release.why.as_str(),
+        "share released"
+    );
+}
+
+/// `kkp_quota_share_held` of a project: `granted - released` per limited resource while shares
+/// are in force on its ledger, nothing otherwise.
+fn set_share_gauges(
+    shared: &Shared,
+    project: &str,
+    spec: &QuotaLedgerSpec,
+    status: Option<&QuotaLedgerStatus>,
+) {
+    let held = seed_share(spec, status).map(|s| shares::held(&s, &spec.quota));
+    for &resource in Resource::ALL {
+        let labels = [project, resource.name()];
+        match held.as_ref().and_then(|h| h.get(resource)) {
+            Some(amount) => shared
+                .metrics
+                .share_held
+                .with_label_values(&labels)
+                .set(as_f64(amount)),
+            None => {
+                let _ = shared.metrics.share_held.remove_label_values(&labels);
+            }
+        }
+    }
 }
 
 /// KKP's own `ResourceQuota` copy on this seed (same name as the ledger) gets the seed's usage in
@@ -465,10 +630,11 @@ fn ledger_due(status: &QuotaLedgerStatus, ttl: SignedDuration) -> Option<Timesta
     reservation.into_iter().chain(allotment).min()
 }
 
-/// Watches the seed's quota copies: a new copy, a copy whose `localUsage` is not ours, and copies
-/// with reservations get a write; so does a copy when its oldest reservation's TTL ends or its
-/// earliest allotment expires (and again every little while as long as that stays due, e.g. while
-/// a cluster is unsettled).
+/// Watches the seed's quota copies: a new copy, a copy whose `localUsage` is not ours, copies
+/// with reservations, with an expired demand or with share to release get a write; so does a copy
+/// when its oldest reservation's TTL ends, its earliest allotment or live demand expires, or its
+/// quiet period ends while it holds share above `committed + slack` (and again every little while
+/// as long as that stays due, e.g. while a cluster is unsettled).
 pub async fn watch_quotas(shared: Arc<Shared>) {
     let api: Api<QuotaLedger> = Api::all(shared.seed.clone());
     let mut stream = watcher::watcher(api, watcher::Config::default())
@@ -480,6 +646,7 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
     let again =
         (shared.config.reservation_ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(10));
     let again_signed = SignedDuration::try_from(again).unwrap_or(SignedDuration::from_secs(10));
+    let settings = shared.config.shares();
     loop {
         let now = Timestamp::now();
         let wait = due.values().min().map_or(Duration::from_hours(1), |t| {
@@ -490,30 +657,49 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                 Some(Ok(Event::InitApply(quota) | Event::Apply(quota))) => {
                     let project = quota.project().to_owned();
                     let status = quota.status.clone().unwrap_or_default();
-                    match ledger_due(&status, ttl) {
-                        Some(t) => { due.insert(project.clone(), t); }
-                        None => { due.remove(&project); }
-                    }
-                    let stale = {
-                        let state = shared.state();
+                    set_share_gauges(&shared, &project, &quota.spec, Some(&status));
+                    let now = Timestamp::now();
+                    let (stale, share_next) = {
+                        let mut state = shared.state();
+                        let activity = state.ledger_seen(&project, &status, now);
                         let ours = state.projects().contains(&project);
-                        let usage = state
-                            .project_plan(&project)
-                            .ok()
-                            .and_then(|plan| decide(&plan, &status, &shared.config).ok())
+                        let plan = state.project_plan(&project).ok();
+                        let usage = plan
+                            .as_ref()
+                            .and_then(|plan| decide(plan, &status, &shared.config).ok())
                             .map(|d| d.local_usage);
                         let differs = match (&status.local_usage, &usage) {
                             (Some(a), Some(b)) => !same_usage(a, b),
                             _ => true,
                         };
-                        (ours || status.local_usage.is_some()) && differs || !status.reservations.is_empty()
+                        let unsettled = plan.as_ref().is_some_and(|p| p.project_unsettled);
+                        let upkeep = shares::upkeep(&quota.spec, &status, &activity, unsettled, settings, now)
+                            .unwrap_or_else(|e| {
+                                warn!(project = %project, error = %e, "share arithmetic failed; releasing nothing");
+                                shares::Upkeep::default()
+                            });
+                        let write_due = (ours || status.local_usage.is_some()) && differs
+                            || !status.reservations.is_empty()
+                            || upkeep.due_now;
+                        (write_due, upkeep.next)
                     };
+                    match ledger_due(&status, ttl).into_iter().chain(share_next).min() {
+                        Some(t) => { due.insert(project.clone(), t); }
+                        None => { due.remove(&project); }
+                    }
                     if stale {
                         shared.state().dirty_projects.insert(project);
                         shared.wake_writer();
                     }
                 }
-                Some(Ok(Event::Delete(quota))) => { due.remove(quota.project()); }
+                Some(Ok(Event::Delete(quota))) => {
+                    let project = quota.project();
+                    due.remove(project);
+                    shared.state().share_activity.remove(project);
+                    for &resource in Resource::ALL {
+                        let _ = shared.metrics.share_held.remove_label_values(&[project, resource.name()]);
+                    }
+                }
                 Some(Ok(Event::Init | Event::InitDone)) => {}
                 Some(Err(e)) => warn!(error = %e, "QuotaLedger watch on the seed failed; retrying"),
                 None => return,
