@@ -214,17 +214,17 @@ async fn bursts_across_seeds_admit_exactly_the_headroom_and_idle_share_moves_on_
     // Skewed demand: seed-b takes the whole headroom, then gives its Machines up; its share
     // sits idle there (well within the quiet period). A burst on seed-a alone gets all of it.
     let on_b = ["gamma"; 30];
-    let seed_b_admitted = burst(fleet, &on_b, "b").await;
+    let gamma_count = burst(fleet, &on_b, "b").await;
     let seed_b = fleet.seed("seed-b").client();
     delete_all(fleet, &["gamma"]).await;
     wait_idle(fleet).await;
     let (_, held) = seed_figures(&seed_b).await.unwrap();
     let on_a: Vec<&str> = (0..30).map(|i| ["alpha", "beta"][i % 2]).collect();
-    let seed_a_admitted = burst(fleet, &on_a, "a").await;
+    let on_a_count = burst(fleet, &on_a, "a").await;
     eprintln!(
-        "skewed: seed-b admitted {seed_b_admitted} and held {held} idle; then seed-a admitted {seed_a_admitted} of {LIMIT}"
+        "skewed: seed-b admitted {gamma_count} and held {held} idle; then seed-a admitted {on_a_count} of {LIMIT}"
     );
-    assert!(seed_a_admitted <= usize::try_from(LIMIT).unwrap());
+    assert!(on_a_count <= usize::try_from(LIMIT).unwrap());
 
     stop.store(true, Ordering::SeqCst);
     let samples = sampling.await.unwrap();
