@@ -13,27 +13,13 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::quota_ledger::ShareDemand;
-use kkp_quota_crds::{QuotaLedgerStatus, Resource, ResourceDetails};
+use kkp_quota_crds::shares::objects::live_demands;
+use kkp_quota_crds::{QuotaLedgerStatus, ResourceDetails};
 use serde_json::Value;
 
 /// Whether a process other than `holder` waits for share (a live demand of its own).
 pub fn others_waiting(status: Option<&QuotaLedgerStatus>, holder: &str, now: Timestamp) -> bool {
-    status.is_some_and(|s| s.demands.iter().any(|d| d.holder != holder && d.expires_at > now))
-}
-
-/// The largest of several absolute demands, per resource.
-pub fn largest<'a>(wants: impl IntoIterator<Item = &'a ResourceDetails>) -> Option<ResourceDetails> {
-    let mut out: Option<ResourceDetails> = None;
-    for want in wants {
-        let merged = out.get_or_insert_with(ResourceDetails::default);
-        for &resource in Resource::ALL {
-            if let Some(b) = want.get(resource) {
-                let amount = merged.get(resource).map_or(b, |a| a.max(b));
-                merged.set(resource, Some(amount));
-            }
-        }
-    }
-    out
+    status.is_some_and(|s| live_demands(s, now).any(|d| d.holder != holder))
 }
 
 /// The new `status.demands` when this process's entry changes, else `None`.
@@ -90,7 +76,7 @@ pub fn demands_after(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kkp_quota_crds::Quantity;
+    use kkp_quota_crds::{Quantity, Resource};
 
     fn cpu(n: i64) -> ResourceDetails {
         let mut d = ResourceDetails::default();
@@ -153,16 +139,10 @@ mod tests {
     }
 
     #[test]
-    fn only_live_demands_of_others_count_and_the_largest_wins() {
+    fn only_live_demands_of_others_count() {
         let (s, _) = status(vec![("me", 7, 30), ("other", 3, 10)]);
         assert!(others_waiting(Some(&s), "me", at(5)));
         assert!(!others_waiting(Some(&s), "me", at(10)));
         assert!(!others_waiting(Some(&s), "other", at(40)));
-        let mut mem = cpu(1);
-        mem.set(Resource::Memory, Some(Quantity::from_units(5)));
-        let merged = largest([&cpu(4), &mem]).unwrap();
-        assert_eq!(merged.amount(Resource::Cpu), Quantity::from_units(4));
-        assert_eq!(merged.amount(Resource::Memory), Quantity::from_units(5));
-        assert!(largest([]).is_none());
     }
 }

@@ -12,6 +12,7 @@
 //! overlap each other or the reservations: every write keeps
 //! `usage + reservations + allotments <= limit` for what it grants.
 
+use kkp_quota_crds::shares;
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
 
 /// What a holder takes: half of what is left under the limit once everything else is counted,
@@ -28,21 +29,15 @@ pub fn grant_for(limit: &ResourceDetails, in_use: &ResourceDetails) -> ResourceD
 
 /// Whether `growth` still fits in `cap` on top of `admitted`, for every resource the `limit`
 /// limits (a resource the cap lacks counts as zero: a limit added after the grant stops fast
-/// admissions of that resource until the next write).
+/// admissions of that resource until the next write). The seed's own admission test
+/// ([`shares::fits_within`]), with the allotment as the capacity.
 pub fn fits_within(
     limit: &ResourceDetails,
     cap: &ResourceDetails,
     admitted: &ResourceDetails,
     growth: &ResourceDetails,
 ) -> bool {
-    limit.iter().all(|(resource, _)| {
-        let wanted = growth.amount(resource);
-        wanted <= Quantity::ZERO
-            || admitted
-                .amount(resource)
-                .checked_add(wanted)
-                .is_ok_and(|total| total <= cap.amount(resource))
-    })
+    shares::fits_within(&shares::bounded_by(limit, cap), admitted, growth).is_ok()
 }
 
 /// While a write that records `recording` and replaces the grant `old` by `new` is in flight,

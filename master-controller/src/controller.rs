@@ -250,7 +250,7 @@ async fn run_as_leader(
         }
     };
 
-    let default_loop = default_quota_loop(
+    let default_loop = default_quota::run(
         quota_api.clone(),
         settings,
         projects.clone(),
@@ -667,47 +667,5 @@ where
         Ok(either) => Ok(either.is_right()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
         Err(e) => Err(e),
-    }
-}
-
-async fn default_quota_loop(
-    api: Api<ResourceQuota>,
-    settings: Store<KubermaticSetting>,
-    projects: Store<Project>,
-    quotas: Store<ResourceQuota>,
-    wake: Arc<Notify>,
-    metrics: Metrics,
-) {
-    let _ = quotas.wait_until_ready().await;
-    let _ = projects.wait_until_ready().await;
-    let _ = settings.wait_until_ready().await;
-    loop {
-        wake.notified().await;
-        let start = Instant::now();
-        let result = default_quota::reconcile(&api, &settings, &projects, &quotas)
-            .instrument(info_span!("default_quota"))
-            .await;
-        metrics
-            .reconcile_duration
-            .with_label_values(&["default_quota"])
-            .observe(start.elapsed().as_secs_f64());
-        match result {
-            Ok(0) => {}
-            Ok(n) => {
-                metrics
-                    .writes
-                    .with_label_values(&["master", "default_quota"])
-                    .inc_by(n as u64);
-            }
-            Err(e) => {
-                warn!(error = %e, "default quota reconcile failed; retrying");
-                metrics
-                    .reconcile_errors
-                    .with_label_values(&["default_quota"])
-                    .inc();
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                wake.notify_one();
-            }
-        }
     }
 }

@@ -20,6 +20,8 @@
 //! overwritten or deleted by a plan made before the admin's edit.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
 use kkp_quota_crds::quota::{
@@ -30,10 +32,12 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use tracing::{info, warn};
+use tokio::sync::Notify;
+use tracing::{Instrument as _, info, info_span, warn};
 
 use crate::Error;
 use crate::fanout::project_owner_reference;
+use crate::metrics::Metrics;
 
 /// The name a default quota gets.
 pub fn default_quota_name(project: &str) -> String {
@@ -263,6 +267,50 @@ pub async fn reconcile(
         }
     }
     Ok(count)
+}
+
+/// Writes default quotas whenever `wake` is notified (settings, projects or quotas changed),
+/// once the caches have listed; a failed pass is retried after a second.
+pub(crate) async fn run(
+    api: Api<ResourceQuota>,
+    settings: Store<KubermaticSetting>,
+    projects: Store<Project>,
+    quotas: Store<ResourceQuota>,
+    wake: Arc<Notify>,
+    metrics: Metrics,
+) {
+    let _ = quotas.wait_until_ready().await;
+    let _ = projects.wait_until_ready().await;
+    let _ = settings.wait_until_ready().await;
+    loop {
+        wake.notified().await;
+        let start = Instant::now();
+        let result = reconcile(&api, &settings, &projects, &quotas)
+            .instrument(info_span!("default_quota"))
+            .await;
+        metrics
+            .reconcile_duration
+            .with_label_values(&["default_quota"])
+            .observe(start.elapsed().as_secs_f64());
+        match result {
+            Ok(0) => {}
+            Ok(n) => {
+                metrics
+                    .writes
+                    .with_label_values(&["master", "default_quota"])
+                    .inc_by(n as u64);
+            }
+            Err(e) => {
+                warn!(error = %e, "default quota reconcile failed; retrying");
+                metrics
+                    .reconcile_errors
+                    .with_label_values(&["default_quota"])
+                    .inc();
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                wake.notify_one();
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,45 +15,14 @@
 
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::quota_ledger::{QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
-use kkp_quota_crds::shares::SeedShare;
 use kkp_quota_crds::shares::objects::{committed, live_demands, seed_share};
-use kkp_quota_crds::{Quantity, QuantityError, Resource, ResourceDetails};
+use kkp_quota_crds::{Quantity, QuantityError, ResourceDetails};
 
 /// The share settings (`--share-quiet-period`, `--share-slack-percent`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Settings {
     pub quiet_period: SignedDuration,
     pub slack_percent: u32,
-}
-
-/// The smallest amount of a resource the slack is rounded up to: a millicore of cpu, one byte,
-/// one GPU, one Machine (so that released amounts stay whole where fractions mean nothing).
-fn granule(resource: Resource) -> i128 {
-    match resource {
-        Resource::Cpu => Quantity::from_millis(1).as_nanos(),
-        _ => Quantity::from_units(1).as_nanos(),
-    }
-}
-
-/// `percent` percent of every limited resource of `limit`, rounded up to [`granule`] (exact:
-/// integer arithmetic on the quantities). Unlimited resources have no slack (and no share).
-pub fn slack(limit: &ResourceDetails, percent: u32) -> Result<ResourceDetails, QuantityError> {
-    let mut out = ResourceDetails::default();
-    for (resource, amount) in limit.iter() {
-        let scaled = amount
-            .as_nanos()
-            .max(0)
-            .checked_mul(i128::from(percent))
-            .ok_or(QuantityError::Overflow("multiplication"))?;
-        let nanos = scaled.div_euclid(100) + i128::from(scaled.rem_euclid(100) != 0);
-        let g = granule(resource);
-        let rounded = nanos.div_euclid(g) + i128::from(nanos.rem_euclid(g) != 0);
-        let nanos = rounded
-            .checked_mul(g)
-            .ok_or(QuantityError::Overflow("multiplication"))?;
-        out.set(resource, Some(Quantity::from_nanos(nanos)));
-    }
-    Ok(out)
 }
 
 /// Why share is released.
@@ -219,7 +188,7 @@ pub fn upkeep(
     let mut next = live_demands(status, now).map(|d| d.expires_at).min();
     if let Some(share) = seed_share(spec, Some(status)) {
         let committed = committed(status)?;
-        let slack = slack(&spec.quota, settings.slack_percent)?;
+        let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
         let quiet = activity.quiet(status, project_unsettled, settings.quiet_period, now);
         if !share
             .release_due(&spec.quota, &committed, &slack, quiet)
@@ -241,24 +210,15 @@ pub fn upkeep(
     Ok(Upkeep { due_now, next })
 }
 
-/// The share held (`granted - released`) per limited resource, when shares are in force.
-pub fn held(share: &SeedShare, limit: &ResourceDetails) -> ResourceDetails {
-    let share = share.share();
-    let mut out = ResourceDetails::default();
-    for (resource, _) in limit.iter() {
-        out.set(resource, Some(share.amount(resource)));
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use kkp_quota_crds::LedgerSubject;
     use kkp_quota_crds::ledger::{Allotment, Reservation};
     use kkp_quota_crds::quota_ledger::LedgerShares;
+    use kkp_quota_crds::shares::slack;
+    use kkp_quota_crds::{LedgerSubject, Resource};
     use proptest::prelude::*;
 
     fn cpu(n: i64) -> ResourceDetails {
@@ -322,25 +282,6 @@ mod tests {
         quiet_period: SignedDuration::from_secs(30),
         slack_percent: 10,
     };
-
-    #[test]
-    fn slack_is_a_percentage_of_each_limit_rounded_up() {
-        let mut limit = cpu(10);
-        limit.set(Resource::Memory, Some(Quantity::from_gibibytes(1)));
-        limit.set(Resource::Machines, Some(Quantity::from_units(3)));
-        let s = slack(&limit, 10).unwrap();
-        assert_eq!(s.amount(Resource::Cpu), Quantity::from_units(1));
-        // 107374182.4 bytes -> 107374183.
-        assert_eq!(s.amount(Resource::Memory), Quantity::from_units(107_374_183));
-        // 0.3 machines -> 1.
-        assert_eq!(s.amount(Resource::Machines), Quantity::from_units(1));
-        assert_eq!(s.get(Resource::Gpu), None, "unlimited: no slack");
-        assert_eq!(
-            slack(&cpu(1), 15).unwrap().amount(Resource::Cpu),
-            Quantity::from_millis(150)
-        );
-        assert_eq!(slack(&cpu(7), 0).unwrap(), cpu(0));
-    }
 
     #[test]
     fn a_lowered_target_is_released_down_to_max_of_target_and_committed() {
@@ -524,7 +465,7 @@ mod tests {
         ) {
             let spec = spec(limit, granted, target);
             let after = status(local, reserved, allotted, released);
-            let slack = slack(&spec.quota, slack_percent).unwrap();
+            let slack = slack(&spec.quota, slack_percent);
             let committed = committed(&after).unwrap();
             let share = seed_share(&spec, Some(&after)).unwrap();
             let before = share.share().amount(Resource::Cpu);

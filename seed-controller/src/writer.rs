@@ -499,7 +499,7 @@ fn share_release(
         .unwrap_or_default()
         .covers(&decision.local_usage);
     let quiet = !grows && activity.quiet(&after, project_unsettled, settings.quiet_period, now);
-    let slack = shares::slack(&spec.quota, settings.slack_percent)?;
+    let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
     Ok(shares::release(spec, &after, &slack, quiet)?)
 }
 
@@ -523,7 +523,8 @@ fn released(
         ..status.clone()
     };
     set_share_gauges(shared, project, spec, Some(&written));
-    let held = seed_share(spec, Some(&written)).map(|s| shares::held(&s, &spec.quota));
+    let held =
+        seed_share(spec, Some(&written)).map(|s| kkp_quota_crds::shares::bounded_by(&spec.quota, &s.share()));
     info!(
         released = %release.amount,
         released_total = %release.released,
@@ -542,7 +543,7 @@ fn set_share_gauges(
     spec: &QuotaLedgerSpec,
     status: Option<&QuotaLedgerStatus>,
 ) {
-    let held = seed_share(spec, status).map(|s| shares::held(&s, &spec.quota));
+    let held = seed_share(spec, status).map(|s| kkp_quota_crds::shares::bounded_by(&spec.quota, &s.share()));
     for &resource in Resource::ALL {
         let labels = [project, resource.name()];
         match held.as_ref().and_then(|h| h.get(resource)) {

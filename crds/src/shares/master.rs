@@ -65,6 +65,18 @@ impl SeedRecord {
         let demand = self.report.as_ref()?.demand.as_ref()?;
         Some(demand.amount(resource))
     }
+
+    /// Whether the seed asks for more of `resource` than the master sees it hold (a demand its
+    /// share already covers asks for nothing).
+    pub fn wants_more(&self, resource: Resource) -> bool {
+        self.demand(resource)
+            .is_some_and(|want| want > self.share_seen().amount(resource))
+    }
+
+    /// Whether its demand is above its share for any resource `limit` limits.
+    pub fn unmet(&self, limit: &ResourceDetails) -> bool {
+        limit.iter().any(|(resource, _)| self.wants_more(resource))
+    }
 }
 
 /// The master's view of one project quota.
@@ -181,7 +193,6 @@ fn plan_resource(
     // Grants, from free headroom only, to reachable seeds that want more than they hold.
     let mut unmet = Quantity::ZERO;
     let mut grants = vec![Quantity::ZERO; records.len()];
-    let wants_more = |i: usize| records[i].demand(resource).is_some_and(|want| want > shares[i]);
     for (i, record) in records.iter().enumerate() {
         let Some(want) = record.demand(resource) else {
             continue;
@@ -231,7 +242,7 @@ fn plan_resource(
             let Some(committed) = record.committed_seen(resource) else {
                 continue;
             };
-            if !record.reachable || record.retiring || wants_more(i) {
+            if !record.reachable || record.retiring || record.wants_more(resource) {
                 continue;
             }
             let floor = if above_slack {

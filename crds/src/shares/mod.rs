@@ -89,6 +89,41 @@ pub fn fits_within(
     }
 }
 
+/// The slack a seed keeps above what it committed (and the master leaves it when it asks idle
+/// share back): `percent` of every limited resource of `limit`, rounded up to a millicore of cpu
+/// or a whole unit of every other resource, so that released amounts stay whole bytes, GPUs and
+/// Machines. Unlimited resources have no slack (and no share). Exact, and never overflows: a
+/// product too large to compute is divided first.
+pub fn slack(limit: &ResourceDetails, percent: u32) -> ResourceDetails {
+    per_limited(limit, |resource, amount| {
+        let nanos = amount.as_nanos().max(0);
+        let pct = i128::from(percent);
+        let scaled = nanos
+            .checked_mul(pct)
+            .map_or_else(|| nanos / 100 * pct, |n| n / 100 + i128::from(n % 100 != 0));
+        let granule = match resource {
+            crate::Resource::Cpu => Quantity::from_millis(1).as_nanos(),
+            _ => Quantity::from_units(1).as_nanos(),
+        };
+        let rounded = scaled / granule + i128::from(scaled % granule != 0);
+        Quantity::from_nanos(rounded.saturating_mul(granule))
+    })
+}
+
+/// Per resource, the largest of several amounts (a resource absent from all stays absent);
+/// `None` for none. How several demands for share are merged into one.
+pub fn largest<'a>(amounts: impl IntoIterator<Item = &'a ResourceDetails>) -> Option<ResourceDetails> {
+    let mut out: Option<ResourceDetails> = None;
+    for amount in amounts {
+        let merged = out.get_or_insert_with(ResourceDetails::default);
+        for (resource, b) in amount.iter() {
+            let larger = merged.get(resource).map_or(b, |a| a.max(b));
+            merged.set(resource, Some(larger));
+        }
+    }
+    out
+}
+
 /// `amounts` as a capacity for the resources `limit` limits: those present (absent amounts as
 /// zero), every other resource absent, that is unlimited.
 pub fn bounded_by(limit: &ResourceDetails, amounts: &ResourceDetails) -> ResourceDetails {
@@ -133,6 +168,50 @@ mod tests {
             ..ResourceDetails::default()
         };
         assert!(fits_within(&huge, &huge, &cpu(1)).is_err());
+    }
+
+    #[test]
+    fn slack_is_a_percentage_of_each_limit_rounded_up_to_whole_units() {
+        let mut limit = cpu(10);
+        limit.set(Resource::Memory, Some(Quantity::from_gibibytes(1)));
+        limit.set(Resource::Machines, Some(Quantity::from_units(3)));
+        let s = slack(&limit, 10);
+        assert_eq!(s.amount(Resource::Cpu), Quantity::from_units(1));
+        // 107374182.4 bytes -> 107374183.
+        assert_eq!(s.amount(Resource::Memory), Quantity::from_units(107_374_183));
+        // 0.3 machines -> 1.
+        assert_eq!(s.amount(Resource::Machines), Quantity::from_units(1));
+        assert_eq!(s.get(Resource::Gpu), None, "unlimited: no slack");
+        assert_eq!(
+            slack(&cpu(1), 15).amount(Resource::Cpu),
+            Quantity::from_millis(150)
+        );
+        let millis = ResourceDetails {
+            cpu: Some(Quantity::from_millis(2500)),
+            ..ResourceDetails::default()
+        };
+        assert_eq!(slack(&millis, 10).cpu, Some(Quantity::from_millis(250)));
+        assert_eq!(slack(&cpu(7), 0), cpu(0));
+        assert_eq!(slack(&cpu(10), 100), cpu(10));
+        let huge = ResourceDetails {
+            cpu: Some(Quantity::from_nanos(i128::MAX)),
+            ..ResourceDetails::default()
+        };
+        assert!(
+            slack(&huge, 50).cpu.is_some_and(|q| q > Quantity::ZERO),
+            "no overflow"
+        );
+    }
+
+    #[test]
+    fn largest_is_per_resource() {
+        let mut mem = cpu(1);
+        mem.set(Resource::Memory, Some(Quantity::from_units(5)));
+        let merged = largest([&cpu(4), &mem]).unwrap();
+        assert_eq!(merged.amount(Resource::Cpu), Quantity::from_units(4));
+        assert_eq!(merged.amount(Resource::Memory), Quantity::from_units(5));
+        assert_eq!(merged.get(Resource::Gpu), None);
+        assert!(largest([]).is_none());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::ledger::{allotted_total, reserved_total};
 use crate::project_quota::{SeedShareRecord, ShareRecord};
 use crate::quantity::QuantityError;
 use crate::quota_ledger::{LedgerShares, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
-use crate::resources::{Resource, ResourceDetails};
+use crate::resources::ResourceDetails;
 
 /// The seed's share as its ledger holds it; `None` while shares are not in force on it (no
 /// `spec.shares` yet).
@@ -42,18 +42,7 @@ pub fn live_demands(status: &QuotaLedgerStatus, now: Timestamp) -> impl Iterator
 
 /// The seed's demand: per resource the largest live one; `None` when none is live.
 pub fn demand(status: &QuotaLedgerStatus, now: Timestamp) -> Option<ResourceDetails> {
-    let mut out: Option<ResourceDetails> = None;
-    for d in live_demands(status, now) {
-        let merged = out.get_or_insert_with(ResourceDetails::default);
-        for &resource in Resource::ALL {
-            match (merged.get(resource), d.amount.get(resource)) {
-                (_, None) => {}
-                (None, Some(b)) => merged.set(resource, Some(b)),
-                (Some(a), Some(b)) => merged.set(resource, Some(a.max(b))),
-            }
-        }
-    }
-    out
+    super::largest(live_demands(status, now).map(|d| &d.amount))
 }
 
 /// What the master reads from a seed's ledger. Its version is the ledger's `resourceVersion`
@@ -133,6 +122,7 @@ pub fn ledger_shares(version: u64, name: &str, seeds: &BTreeMap<String, SeedReco
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Resource;
     use crate::ledger::Allotment;
     use crate::quota_ledger::LedgerSubject;
     use crate::shares::tests::cpu;

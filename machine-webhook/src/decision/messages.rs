@@ -1,0 +1,123 @@
+//! The sentences of denials and warnings, in the quota's units.
+
+use kkp_quota_crds::{Exceeded, Resource, ResourceDetails};
+
+use super::QuotaState;
+
+/// "a", "a and b", "a, b and c".
+fn join_human(parts: &[String]) -> String {
+    match parts {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// The sentence naming every resource that does not fit, in the quota's units:
+/// `needs 4 cpu and 2Gi memory, project "x8k2" uses 14 of 16 cpu and 31Gi of 32Gi memory`.
+pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool) -> String {
+    let needs: Vec<String> = exceeded
+        .iter()
+        .map(|e| {
+            if update {
+                format!("{} more {}", e.resource.amount(e.requested), e.resource.name())
+            } else {
+                e.resource.describe(e.requested)
+            }
+        })
+        .collect();
+    let uses: Vec<String> = exceeded
+        .iter()
+        .map(|e| {
+            format!(
+                "{} of {}",
+                e.resource.amount(e.used),
+                e.resource.describe(e.limit)
+            )
+        })
+        .collect();
+    format!(
+        "needs {}, project {project:?} uses {}",
+        join_human(&needs),
+        join_human(&uses)
+    )
+}
+
+/// Warnings for a project whose usage is already above its quota (the quota was lowered).
+pub fn over_quota_warnings(project: &str, state: &QuotaState) -> Vec<String> {
+    // Headroom held in allotments is not usage: it never makes a project "over".
+    let Ok(in_use) = state.used() else {
+        return Vec::new();
+    };
+    let over: Vec<Resource> = state.limit.overrun_by(&in_use);
+    if over.is_empty() {
+        return Vec::new();
+    }
+    let uses: Vec<String> = over
+        .iter()
+        .map(|&r| {
+            format!(
+                "{} of {}",
+                r.amount(in_use.amount(r)),
+                r.describe(state.limit.amount(r))
+            )
+        })
+        .collect();
+    vec![format!(
+        "project {project:?} is over its resource quota: it uses {}; new Machines that need {} are denied until usage is back under the quota",
+        join_human(&uses),
+        join_human(&over.iter().map(|r| r.name().to_owned()).collect::<Vec<_>>())
+    )]
+}
+
+/// Why a request that fits the quota waits for share: what the project uses, who holds the rest,
+/// and that a retry succeeds once it has moved.
+pub(super) fn share_detail(project: &str, state: &QuotaState) -> String {
+    let in_use = state.in_use().unwrap_or_default();
+    let uses: Vec<String> = state
+        .limit
+        .iter()
+        .map(|(r, limit)| format!("{} of {}", r.amount(in_use.amount(r)), r.describe(limit)))
+        .collect();
+    let holders: Vec<String> = state
+        .seed
+        .iter()
+        .flat_map(|s| &s.others)
+        .map(|(seed, share)| {
+            let held: Vec<String> = state
+                .limit
+                .iter()
+                .filter(|(r, _)| !share.amount(*r).is_zero())
+                .map(|(r, _)| r.describe(share.amount(r)))
+                .collect();
+            format!("seed {seed:?} ({})", join_human(&held))
+        })
+        .collect();
+    let rest = if holders.is_empty() {
+        "the rest of the quota has not been granted to this seed yet".to_owned()
+    } else {
+        format!("the rest of the quota is held by {}", join_human(&holders))
+    };
+    format!(
+        "cannot be admitted yet: project {project:?} uses {}, and {rest}; it is being moved to this seed, so trying again in a few seconds will succeed",
+        join_human(&uses)
+    )
+}
+
+/// When part of "in use" is headroom other webhook processes hold (allotments), says so: it comes
+/// back when they record what they admitted or give it back.
+pub(super) fn held_note(exceeded: &[Exceeded], allotted: &ResourceDetails) -> String {
+    let held: Vec<String> = exceeded
+        .iter()
+        .filter(|e| allotted.amount(e.resource) > kkp_quota_crds::Quantity::ZERO)
+        .map(|e| e.resource.describe(allotted.amount(e.resource)))
+        .collect();
+    if held.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (of which {} is headroom held by other webhook processes, freed as they record their admissions or give it back)",
+            join_human(&held)
+        )
+    }
+}

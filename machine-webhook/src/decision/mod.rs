@@ -1,0 +1,399 @@
+//! The admission decision: pure functions over plain data, no I/O.
+//!
+//! For a Machine of project P the webhook reads the seed's copy of P's quota and computes
+//!
+//! ```text
+//! in use = otherSeedsUsage + localUsage + sum(reservations[].reserved) + sum(allotments[].granted)
+//! ```
+//!
+//! (`otherSeedsUsage` missing: `globalUsage - localUsage`, floored at zero). A webhook process
+//! deciding for itself counts, instead of its own allotment, only what it admitted from it
+//! ([`QuotaState::for_holder`]). A request fits when,
+//! for every limited resource it asks for, `in use + request <= limit`. Deletes and changes that
+//! grow nothing always pass, even over quota; a project without a quota always passes.
+//!
+//! Where the master has given the seed a share of the quota (`spec.shares`, docs/shares.md), a
+//! request must also fit the seed's own capacity: `localUsage + reservations + allotments +
+//! request <= min(share, target, limit)` ([`kkp_quota_crds::shares::fits_within`], the same test
+//! the allotments use one level down). One that fits the quota but not the share is
+//! [`Reason::ShareInTransit`]: the verdict carries the share to ask the master for.
+
+use std::fmt;
+
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::shares::{self, SeedShare};
+
+mod messages;
+mod state;
+#[cfg(test)]
+mod tests;
+
+pub use messages::{exceeded_detail, over_quota_warnings};
+pub use state::{QuotaState, SeedCapacity, StateError};
+
+use messages::{held_note, share_detail};
+
+/// What one Machine admission asks of the quota.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ask {
+    /// A new Machine of this size.
+    Create(ResourceDetails),
+    /// A Machine whose size changes; `old` is `None` when the old object could not be sized
+    /// (it then counts as nothing, as usage counts it).
+    Update {
+        old: Option<ResourceDetails>,
+        new: ResourceDetails,
+    },
+    /// A change that does not touch the size (metadata, status, finalizers).
+    Unchanged,
+    /// A delete.
+    Delete,
+    /// The Machine cannot be sized; the text is provider-sizes' actionable message.
+    Unsizeable(String),
+}
+
+impl Ask {
+    /// What admitting it adds to the project's usage, or `None` when it adds nothing.
+    pub fn growth(&self) -> Option<ResourceDetails> {
+        let growth = match self {
+            Ask::Create(size) => size.clone(),
+            Ask::Update { old: None, new } => new.clone(),
+            Ask::Update { old: Some(old), new } => old.growth_to(new),
+            Ask::Unchanged | Ask::Delete | Ask::Unsizeable(_) => return None,
+        };
+        (!growth.is_empty()).then_some(growth)
+    }
+
+    /// The Machine's full size after admission, when known.
+    pub fn new_size(&self) -> Option<&ResourceDetails> {
+        match self {
+            Ask::Create(size) | Ask::Update { new: size, .. } => Some(size),
+            _ => None,
+        }
+    }
+
+    fn is_update(&self) -> bool {
+        matches!(self, Ask::Update { .. })
+    }
+}
+
+/// Why a request was allowed or denied (bounded: used as a metric label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// It fits in the quota.
+    Fits,
+    /// The project has no quota.
+    NoQuota,
+    /// A delete or a change that grows nothing.
+    Reduction,
+    /// A change that does not touch the size.
+    Unchanged,
+    /// It does not fit.
+    QuotaExceeded,
+    /// It fits the quota, but not the share this seed holds; the rest of the quota is held by
+    /// other seeds (or not granted yet) and has to move here first.
+    ShareInTransit,
+    /// The Machine cannot be sized.
+    Unsizeable,
+    /// The request names a user cluster this seed does not know.
+    UnknownCluster,
+    /// The request could not be read.
+    BadRequest,
+    /// The decision or its reservation failed (conflicts, API errors, overflow).
+    Error,
+}
+
+impl Reason {
+    pub const ALL: &'static [Reason] = &[
+        Reason::Fits,
+        Reason::NoQuota,
+        Reason::Reduction,
+        Reason::Unchanged,
+        Reason::QuotaExceeded,
+        Reason::ShareInTransit,
+        Reason::Unsizeable,
+        Reason::UnknownCluster,
+        Reason::BadRequest,
+        Reason::Error,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Reason::Fits => "fits",
+            Reason::NoQuota => "no_quota",
+            Reason::Reduction => "reduction",
+            Reason::Unchanged => "unchanged",
+            Reason::QuotaExceeded => "quota_exceeded",
+            Reason::ShareInTransit => "share_in_transit",
+            Reason::Unsizeable => "unsizeable",
+            Reason::UnknownCluster => "unknown_cluster",
+            Reason::BadRequest => "bad_request",
+            Reason::Error => "error",
+        }
+    }
+
+    /// The CamelCase word for Kubernetes `Status.reason` and Event reasons.
+    pub const fn camel(self) -> &'static str {
+        match self {
+            Reason::Fits => "Fits",
+            Reason::NoQuota => "NoQuota",
+            Reason::Reduction => "Reduction",
+            Reason::Unchanged => "Unchanged",
+            Reason::QuotaExceeded => "QuotaExceeded",
+            Reason::ShareInTransit => "QuotaShareInTransit",
+            Reason::Unsizeable => "Unsizeable",
+            Reason::UnknownCluster => "UnknownCluster",
+            Reason::BadRequest => "BadRequest",
+            Reason::Error => "QuotaCheckFailed",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What to reserve for an admitted Machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reserve {
+    /// The Machine's full size once admitted.
+    pub size: ResourceDetails,
+    /// What this admission adds: the size for a create, the growth for an update.
+    pub reserved: ResourceDetails,
+}
+
+/// The answer to one admission request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    pub reason: Reason,
+    /// For denials: the message shown to whoever created the Machine.
+    pub message: Option<String>,
+    /// For denials: the same without the Machine's own name (generated names differ on every
+    /// retry of a `MachineSet`), for the Event on the owner.
+    pub event_message: Option<String>,
+    /// Admission warnings (quota lowered below usage, ...).
+    pub warnings: Vec<String>,
+    /// For allowed requests that grow usage under a quota: the reservation to write.
+    pub reserve: Option<Reserve>,
+    /// For [`Reason::ShareInTransit`]: the share this seed should hold for the request to fit
+    /// (absolute: what it committed plus the request).
+    pub wants_share: Option<ResourceDetails>,
+}
+
+impl Verdict {
+    pub fn allow(reason: Reason) -> Verdict {
+        Verdict {
+            allowed: true,
+            reason,
+            message: None,
+            event_message: None,
+            warnings: Vec::new(),
+            reserve: None,
+            wants_share: None,
+        }
+    }
+
+    /// A denial; `detail` is the sentence after `machine "<name>"`.
+    pub fn deny(reason: Reason, machine: &str, detail: &str) -> Verdict {
+        Verdict {
+            allowed: false,
+            reason,
+            message: Some(format!("machine {machine:?} {detail}")),
+            event_message: Some(format!("a Machine {detail}")),
+            warnings: Vec::new(),
+            reserve: None,
+            wants_share: None,
+        }
+    }
+
+    #[must_use]
+    pub fn with_warnings(mut self, warnings: Vec<String>) -> Verdict {
+        self.warnings = warnings;
+        self
+    }
+}
+
+/// One request as the decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// The Machine's name (for messages).
+    pub machine: String,
+    pub ask: Ask,
+    /// Dry-run requests are decided but add nothing for later requests.
+    pub dry_run: bool,
+}
+
+/// Decides one request. `quota` is `None` when the project has no quota.
+pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> Verdict {
+    let warnings = quota
+        .map(|state| over_quota_warnings(project, state))
+        .unwrap_or_default();
+    let verdict = match (&request.ask, quota) {
+        (Ask::Delete, _) => Verdict::allow(Reason::Reduction),
+        (Ask::Unchanged, _) => Verdict::allow(Reason::Unchanged),
+        (Ask::Create(_) | Ask::Update { .. }, _) if request.ask.growth().is_none() => {
+            Verdict::allow(Reason::Reduction)
+        }
+        (_, None) => Verdict::allow(Reason::NoQuota),
+        (Ask::Unsizeable(why), Some(_)) => Verdict::deny(
+            Reason::Unsizeable,
+            &request.machine,
+            &format!(
+                "cannot be sized, so it cannot be checked against the resource quota of project {project:?}: {why}"
+            ),
+        ),
+        (ask, Some(state)) => match ask.growth() {
+            None => Verdict::allow(Reason::Reduction),
+            Some(growth) => decide_growth(project, state, &request.machine, ask, growth),
+        },
+    };
+    verdict.with_warnings(warnings)
+}
+
+fn decide_growth(
+    project: &str,
+    state: &QuotaState,
+    machine: &str,
+    ask: &Ask,
+    growth: ResourceDetails,
+) -> Verdict {
+    // Under shares, what fits the seed's capacity is admitted whatever the other seeds' usage
+    // (as last folded, possibly stale) says: the shares alone keep the sum within the limit, and
+    // the seed keeps admitting within its share while the master is away.
+    if let (Some(_), Ok(None)) = (&state.seed, seed_shortfall(state, &growth)) {
+        return fits(ask, growth);
+    }
+    let exceeded = state
+        .in_use()
+        .map_err(|e| e.to_string())
+        .and_then(|used| state.limit.exceeded_by(&used, &growth).map_err(|e| e.to_string()));
+    match exceeded {
+        Err(why) => Verdict::deny(
+            Reason::Error,
+            machine,
+            &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
+        ),
+        Ok(exceeded) if exceeded.is_empty() => match seed_shortfall(state, &growth) {
+            Err(why) => Verdict::deny(
+                Reason::Error,
+                machine,
+                &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
+            ),
+            Ok(Some(wants)) => Verdict {
+                wants_share: Some(wants),
+                ..Verdict::deny(Reason::ShareInTransit, machine, &share_detail(project, state))
+            },
+            Ok(None) => fits(ask, growth),
+        },
+        Ok(exceeded) if held_only_by_allotments(state, &growth) => Verdict {
+            wants_share: state
+                .committed()
+                .ok()
+                .map(|c| SeedShare::demand_for(&state.limit, &c, &growth)),
+            ..Verdict::deny(
+                Reason::ShareInTransit,
+                machine,
+                &format!(
+                    "cannot be admitted yet: {}{}; trying again in a few seconds will succeed",
+                    exceeded_detail(project, &exceeded, ask.is_update()),
+                    held_note(&exceeded, &state.allotted)
+                ),
+            )
+        },
+        Ok(exceeded) => Verdict::deny(
+            Reason::QuotaExceeded,
+            machine,
+            &format!(
+                "{}{}",
+                exceeded_detail(project, &exceeded, ask.is_update()),
+                held_note(&exceeded, &state.allotted)
+            ),
+        ),
+    }
+}
+
+/// An admission that reserves `growth` (the Machine's full size once admitted is kept too).
+fn fits(ask: &Ask, growth: ResourceDetails) -> Verdict {
+    Verdict {
+        reserve: Some(Reserve {
+            size: ask.new_size().cloned().unwrap_or_default(),
+            reserved: growth,
+        }),
+        ..Verdict::allow(Reason::Fits)
+    }
+}
+
+/// Whether `growth` would fit the quota but for headroom other webhook processes hold: then it
+/// waits for them to give it back (they do when they see this process's demand).
+fn held_only_by_allotments(state: &QuotaState, growth: &ResourceDetails) -> bool {
+    !state.allotted.is_empty()
+        && state
+            .used()
+            .and_then(|used| {
+                state
+                    .limit
+                    .exceeded_by(&used, growth)
+                    .map_err(|e| StateError(e.to_string()))
+            })
+            .is_ok_and(|exceeded| exceeded.is_empty())
+}
+
+/// Under shares: `None` when `growth` fits the seed's capacity beside what it committed, else the
+/// share it would need (`committed + growth`).
+fn seed_shortfall(
+    state: &QuotaState,
+    growth: &ResourceDetails,
+) -> Result<Option<ResourceDetails>, StateError> {
+    let Some(seed) = &state.seed else {
+        return Ok(None);
+    };
+    let committed = state.committed()?;
+    Ok(shares::fits_within(&seed.capacity, &committed, growth)
+        .err()
+        .map(|_| SeedShare::demand_for(&state.limit, &committed, growth)))
+}
+
+/// Decides several waiting requests of one project in order against one snapshot: each admitted
+/// (non-dry-run) request adds its reservation to the in-use of the ones after it.
+pub fn decide_batch(project: &str, quota: Option<&QuotaState>, requests: &[Request]) -> Vec<Verdict> {
+    let Some(initial) = quota else {
+        return requests.iter().map(|r| decide(project, None, r)).collect();
+    };
+    let mut state = initial.clone();
+    let mut verdicts = Vec::with_capacity(requests.len());
+    // Requests waiting for share ask for all of them together: each one's demand counts the
+    // ones before it, so one grant can cover the whole batch.
+    let mut waiting = ResourceDetails::default();
+    for request in requests {
+        let mut verdict = decide(project, Some(&state), request);
+        if let (Some(wants), Some(growth), false) =
+            (&verdict.wants_share, request.ask.growth(), request.dry_run)
+        {
+            let wants = wants.checked_add(&shares::bounded_by(&state.limit, &waiting));
+            match (wants, waiting.checked_add(&growth)) {
+                (Ok(wants), Ok(sum)) => {
+                    verdict.wants_share = Some(wants);
+                    waiting = sum;
+                }
+                _ => verdict.wants_share = None,
+            }
+        }
+        if let (Some(reserve), false) = (&verdict.reserve, request.dry_run) {
+            match state.reserved.checked_add(&reserve.reserved) {
+                Ok(sum) => state.reserved = sum,
+                Err(e) => {
+                    verdict = Verdict::deny(
+                        Reason::Error,
+                        &request.machine,
+                        &format!("cannot be reserved in project {project:?}: {e}"),
+                    );
+                }
+            }
+        }
+        verdicts.push(verdict);
+    }
+    verdicts
+}

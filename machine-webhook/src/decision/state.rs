@@ -1,0 +1,139 @@
+//! What the webhook knows of a project's quota, read from the seed's `QuotaLedger`: the limit,
+//! everything in use, and (under shares) what this seed may commit.
+
+use std::collections::BTreeMap;
+
+use kkp_quota_crds::ledger::{allotted_total, reserved_total};
+use kkp_quota_crds::shares::{self, SeedShare};
+use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
+
+/// What the webhook knows of a project's quota: the limit and everything already in use.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct QuotaState {
+    /// Absent resources are unlimited.
+    pub limit: ResourceDetails,
+    /// Every other seed's usage, as the master last folded it.
+    pub other_seeds_usage: ResourceDetails,
+    /// This seed's own count (seed-controller).
+    pub local_usage: ResourceDetails,
+    /// Admitted on this seed, not counted yet.
+    pub reserved: ResourceDetails,
+    /// Headroom held by webhook processes (allotments); for [`QuotaState::for_holder`], the
+    /// other holders' allotments plus what the holder itself admitted from its own.
+    pub allotted: ResourceDetails,
+    /// This seed's share, when shares are in force on the ledger.
+    pub seed: Option<SeedCapacity>,
+}
+
+/// What this seed may commit under its share, and who holds the rest.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SeedCapacity {
+    /// `min(share, target, limit)` per limited resource.
+    pub capacity: ResourceDetails,
+    /// The share other seeds hold, as the master last saw it (for messages).
+    pub others: BTreeMap<String, ResourceDetails>,
+}
+
+/// The ledger cannot be read: amounts that cannot be added up exactly, or a format newer than
+/// this build understands (it might hold entries this build would not count).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the quota ledger cannot be read: {0}")]
+pub struct StateError(pub(super) String);
+
+impl QuotaState {
+    /// Reads a seed quota copy.
+    pub fn from_copy(quota: &QuotaLedger) -> Result<QuotaState, StateError> {
+        QuotaState::from_parts(&quota.spec, quota.status.as_ref())
+    }
+
+    /// Reads a seed quota copy's spec and status.
+    pub fn from_parts(
+        spec: &QuotaLedgerSpec,
+        status: Option<&QuotaLedgerStatus>,
+    ) -> Result<QuotaState, StateError> {
+        let status = status.cloned().unwrap_or_default();
+        status.format_supported().map_err(|e| StateError(e.to_string()))?;
+        let seed = shares::objects::seed_share(spec, Some(&status)).map(|share: SeedShare| SeedCapacity {
+            capacity: share.capacity(&spec.quota),
+            others: spec.shares.as_ref().map(|s| s.others.clone()).unwrap_or_default(),
+        });
+        let local_usage = status.local_usage.unwrap_or_default();
+        let other_seeds_usage = match status.other_seeds_usage {
+            Some(other) => other,
+            None => status
+                .global_usage
+                .unwrap_or_default()
+                .saturating_sub(&local_usage),
+        };
+        let reserved = reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
+        let allotted = allotted_total(&status.allotments).map_err(|e| StateError(e.to_string()))?;
+        Ok(QuotaState {
+            limit: spec.quota.clone(),
+            other_seeds_usage,
+            local_usage,
+            reserved,
+            allotted,
+            seed,
+        })
+    }
+
+    /// The state as the webhook process `holder` sees it: its own allotment is replaced by
+    /// `admitted_from_own`, what it admitted from that allotment and has not recorded yet (counted
+    /// as reserved: they are admitted Machines); `allotted` is the other holders' alone.
+    pub fn for_holder(
+        spec: &QuotaLedgerSpec,
+        status: Option<&QuotaLedgerStatus>,
+        holder: &str,
+        admitted_from_own: &ResourceDetails,
+    ) -> Result<QuotaState, StateError> {
+        let mut state = QuotaState::from_parts(spec, status)?;
+        let others = status
+            .map(|s| s.allotments.iter().filter(|a| a.holder != holder))
+            .into_iter()
+            .flatten();
+        state.allotted = ResourceDetails::checked_sum(others.map(|a| &a.granted))
+            .map_err(|e| StateError(e.to_string()))?;
+        state.reserved = state
+            .reserved
+            .checked_add(admitted_from_own)
+            .map_err(|e| StateError(e.to_string()))?;
+        Ok(state)
+    }
+
+    /// What is used or admitted: `otherSeedsUsage + localUsage + reservations`, without headroom
+    /// held in allotments.
+    pub fn used(&self) -> Result<ResourceDetails, StateError> {
+        self.other_seeds_usage
+            .checked_add(&self.local_usage)
+            .and_then(|sum| sum.checked_add(&self.reserved))
+            .map_err(|e| StateError(e.to_string()))
+    }
+
+    /// `otherSeedsUsage + localUsage + reservations + allotments`: what a request must fit beside.
+    pub fn in_use(&self) -> Result<ResourceDetails, StateError> {
+        self.used()?
+            .checked_add(&self.allotted)
+            .map_err(|e| StateError(e.to_string()))
+    }
+
+    /// What this seed has committed: `localUsage + reservations + allotments` (what its share
+    /// must cover).
+    pub fn committed(&self) -> Result<ResourceDetails, StateError> {
+        self.local_usage
+            .checked_add(&self.reserved)
+            .and_then(|sum| sum.checked_add(&self.allotted))
+            .map_err(|e| StateError(e.to_string()))
+    }
+
+    /// The most an allotment may take: half of what is left under the limit or, under shares,
+    /// under the seed's capacity (`in_use`/`committed` without the holder's own allotment).
+    pub fn allotment_room(&self, extra_admitted: &ResourceDetails) -> Result<ResourceDetails, StateError> {
+        let err = |e: kkp_quota_crds::QuantityError| StateError(e.to_string());
+        if let Some(seed) = &self.seed {
+            let committed = self.committed()?.checked_add(extra_admitted).map_err(err)?;
+            return Ok(crate::escrow::grant_for(&seed.capacity, &committed));
+        }
+        let in_use = self.in_use()?.checked_add(extra_admitted).map_err(err)?;
+        Ok(crate::escrow::grant_for(&self.limit, &in_use))
+    }
+}

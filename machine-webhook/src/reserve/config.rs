@@ -1,0 +1,61 @@
+//! How the writer and the allotments behave.
+
+use std::time::Duration;
+
+/// How the writer behaves.
+#[derive(Debug, Clone)]
+pub struct ReserverConfig {
+    /// Most requests decided in one pass (and written in one patch).
+    pub max_batch: usize,
+    /// Writes tried per batch before its requests are denied with reason `error`.
+    pub max_attempts: u32,
+    /// A project's worker stops after this long without requests.
+    pub idle: Duration,
+    /// A batch not decided and written within this time is denied with reason `error` (the API
+    /// server gives up on the webhook after its `timeoutSeconds`, 5 s, anyway).
+    pub deadline: Duration,
+    /// Allotments; `None`: every admission waits for its own batch's write.
+    pub allotments: Option<AllotmentConfig>,
+    /// How long a request that fits the quota but not this seed's share (or not beside other
+    /// processes' allotments) waits for the share to move here before it is denied. Within
+    /// `deadline`, which is within the API server's `timeoutSeconds`.
+    pub share_wait: Duration,
+    /// A demand for share not renewed within this time no longer counts.
+    pub demand_ttl: Duration,
+}
+
+/// How allotments are held.
+#[derive(Debug, Clone)]
+pub struct AllotmentConfig {
+    /// An allotment not renewed within this time expires (seed-controller removes it); the
+    /// holder admits from it only during the first half, and renews it after a quarter.
+    pub ttl: Duration,
+    /// Admissions from the allotment are recorded as reservations this soon.
+    pub record_after: Duration,
+    /// An allotment is given back after this long without requests for its project.
+    pub release_after: Duration,
+}
+
+impl Default for AllotmentConfig {
+    fn default() -> Self {
+        AllotmentConfig {
+            ttl: Duration::from_mins(2),
+            record_after: Duration::from_millis(500),
+            release_after: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Default for ReserverConfig {
+    fn default() -> Self {
+        ReserverConfig {
+            max_batch: 256,
+            max_attempts: 10,
+            idle: Duration::from_mins(1),
+            deadline: Duration::from_secs(4),
+            allotments: Some(AllotmentConfig::default()),
+            share_wait: Duration::from_secs(3),
+            demand_ttl: Duration::from_secs(30),
+        }
+    }
+}

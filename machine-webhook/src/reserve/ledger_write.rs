@@ -1,0 +1,453 @@
+//! One pass over a batch: the plan decided on one copy of the ledger, and its compare-and-swap
+//! write (retried on conflicts).
+
+use super::*;
+
+impl Reserver {
+    pub(super) fn reservation_of(
+        pending: &Pending,
+        verdict: &Verdict,
+        now: Timestamp,
+    ) -> Option<Reservation> {
+        let reserve = verdict.reserve.as_ref().filter(|_| verdict.allowed)?;
+        (!pending.request.dry_run).then(|| Reservation {
+            cluster: pending.machine.cluster.clone(),
+            uid: pending.machine.uid.clone(),
+            size: reserve.size.clone(),
+            reserved: reserve.reserved.clone(),
+            created_at: now,
+        })
+    }
+
+    /// Decides the batch on one copy, under the escrow lock: records every admission made from
+    /// the allotment, decides the batch against everything but our own allotment, and sizes the
+    /// allotment anew (or gives it back). Marks the escrow as writing, so that admissions from
+    /// the allotment meanwhile stay covered whether the write lands or not.
+    pub(super) fn plan(
+        &self,
+        project: &str,
+        copy: &QuotaCopy,
+        batch: &[Pending],
+        requests: &[Request],
+        escrow: &mut Escrow,
+    ) -> Result<Plan, String> {
+        let holder = self.inner.holder.as_str();
+        let now = Timestamp::now();
+        let recorded = escrow.admitted.len();
+        let recorded_total = escrow.admitted_total.clone();
+        // An admission already in the ledger was recorded by a write whose answer was lost (it
+        // timed out but landed): not again.
+        let in_ledger: HashSet<(&str, &str)> = copy
+            .status
+            .iter()
+            .flat_map(|s| &s.reservations)
+            .map(|r| (r.cluster.as_str(), r.uid.as_str()))
+            .collect();
+        let mut new_reservations = Vec::new();
+        let mut unrecorded = ResourceDetails::zero();
+        for (_, reservation) in &escrow.admitted {
+            if in_ledger.contains(&(reservation.cluster.as_str(), reservation.uid.as_str())) {
+                continue;
+            }
+            unrecorded = unrecorded
+                .checked_add(&reservation.reserved)
+                .map_err(|e| e.to_string())?;
+            // Recorded at this write's time, so that one write's reservations of a cluster at one
+            // size are one group on the wire (expiry counts from a moment later: harmless).
+            new_reservations.push(Reservation {
+                created_at: now,
+                ..reservation.clone()
+            });
+        }
+        let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded)
+            .map_err(|e| e.to_string())?;
+        let verdicts = decide_batch(project, Some(&state), requests);
+        let mut admitted = ResourceDetails::zero();
+        for (pending, verdict) in batch.iter().zip(&verdicts) {
+            if let Some(reservation) = Self::reservation_of(pending, verdict, now) {
+                admitted = admitted
+                    .checked_add(&reservation.reserved)
+                    .map_err(|e| e.to_string())?;
+                new_reservations.push(reservation);
+            }
+        }
+        let own = copy
+            .status
+            .as_ref()
+            .and_then(|s| s.allotments.iter().find(|a| a.holder == holder));
+        let (grant, demands) =
+            self.grant_and_demand(copy, escrow, requests, &verdicts, &state, &admitted, now);
+        let renewal_due = escrow.renewed.is_none_or(|t| {
+            t.elapsed()
+                >= self
+                    .inner
+                    .config
+                    .allotments
+                    .as_ref()
+                    .map_or(Duration::ZERO, |c| c.ttl / 4)
+        });
+        let allotments = self.allotments_after(
+            copy,
+            own,
+            grant.as_ref(),
+            renewal_due,
+            !new_reservations.is_empty(),
+            now,
+        )?;
+        let own_granted = own.map(|a| a.granted.clone()).unwrap_or_default();
+        let plan = Plan {
+            verdicts,
+            new_reservations,
+            allotments,
+            demands,
+            recorded,
+            recorded_total,
+            grant,
+            prior_cap: escrow.cap_in_flight.clone(),
+        };
+        if plan.writes() {
+            // A cap still set is from a write whose outcome is unknown (it timed out or failed
+            // without a conflict): it may have landed, so it bounds this one too. Otherwise the
+            // grant we hold, as far as the copy still shows it.
+            let old = match &escrow.cap_in_flight {
+                Some(cap) => cap.clone(),
+                None if escrow.holding && escrow.quota_uid == copy.uid => {
+                    cap_while_writing(&escrow.granted, &own_granted, &ResourceDetails::default())
+                }
+                None => ResourceDetails::default(),
+            };
+            let new = plan.grant.clone().unwrap_or_default();
+            escrow.cap_in_flight = Some(cap_while_writing(&old, &new, &plan.recorded_total));
+        }
+        if !requests.is_empty() {
+            escrow.last_request = Some(Instant::now());
+        }
+        Ok(plan)
+    }
+
+    /// Our allotment after this write (`None`: none) and the new `status.demands` if our demand
+    /// changes. Requests waiting for share make a demand, so that the master moves share here
+    /// and the other processes give their allotments back; while another process waits, we hold
+    /// none (what we admitted from it is recorded by this very write).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grant_and_demand(
+        &self,
+        copy: &QuotaCopy,
+        escrow: &mut Escrow,
+        requests: &[Request],
+        verdicts: &[Verdict],
+        state: &QuotaState,
+        admitted: &ResourceDetails,
+        now: Timestamp,
+    ) -> (Option<ResourceDetails>, Option<Value>) {
+        let holder = self.inner.holder.as_str();
+        let wants = largest(verdicts.iter().filter_map(|v| v.wants_share.as_ref()));
+        let waiting_elsewhere = others_waiting(copy.status.as_ref(), holder, now);
+        escrow.give_back = false;
+        let grant = self.inner.config.allotments.as_ref().and_then(|config| {
+            let idle = requests.is_empty() && escrow.idle_since(config.release_after, Instant::now());
+            if idle || waiting_elsewhere || wants.is_some() || self.inner.stopping.load(Ordering::SeqCst) {
+                return None;
+            }
+            state.allotment_room(admitted).ok()
+        });
+        let demands = demands_after(
+            copy.status.as_ref(),
+            &copy.raw_demands,
+            holder,
+            wants.as_ref(),
+            !requests.is_empty(),
+            now,
+            self.inner.config.demand_ttl,
+        );
+        if demands.is_some() && wants.is_some() {
+            self.inner.metrics.share_demands.inc();
+        }
+        (grant, demands)
+    }
+
+    /// The new `status.allotments`, when it changes: the others' entries as they are, and ours
+    /// with `grant` (renewed), or without ours when `grant` is `None`.
+    pub(super) fn allotments_after(
+        &self,
+        copy: &QuotaCopy,
+        own: Option<&Allotment>,
+        grant: Option<&ResourceDetails>,
+        renewal_due: bool,
+        recording: bool,
+        now: Timestamp,
+    ) -> Result<Option<Value>, String> {
+        let holder = self.inner.holder.as_str();
+        let changes = match (own, grant) {
+            (None, None) => false,
+            (Some(own), Some(grant)) => own.granted != *grant || renewal_due || recording,
+            _ => true,
+        };
+        if !changes {
+            return Ok(None);
+        }
+        let mut list: Vec<Value> = copy
+            .raw_allotments
+            .iter()
+            .filter(|a| a.get("holder").and_then(Value::as_str) != Some(holder))
+            .cloned()
+            .collect();
+        if let (Some(grant), Some(config)) = (grant, &self.inner.config.allotments) {
+            let expires_at = now
+                .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
+                .unwrap_or(now);
+            let allotment = Allotment {
+                holder: holder.to_owned(),
+                granted: grant.clone(),
+                expires_at,
+            };
+            list.push(serde_json::to_value(allotment).map_err(|e| e.to_string())?);
+        }
+        Ok(Some(if list.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(list)
+        }))
+    }
+
+    pub(super) fn set_ledger_size(&self, project: &str, count: usize) {
+        self.inner
+            .metrics
+            .reservations
+            .with_label_values(&[project])
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Writes the plan, conditioned on the copy's resourceVersion.
+    pub(super) async fn write(&self, copy: &QuotaCopy, plan: &Plan) -> Result<DynamicObject, kube::Error> {
+        let mut status = serde_json::Map::new();
+        status.insert("formatVersion".into(), json!(LEDGER_FORMAT));
+        if !plan.new_reservations.is_empty() {
+            let mut reservations = copy.raw_reservations.clone();
+            for group in group(&plan.new_reservations) {
+                reservations.push(serde_json::to_value(group).map_err(kube::Error::SerdeError)?);
+            }
+            status.insert("reservations".into(), Value::Array(reservations));
+        }
+        if let Some(allotments) = &plan.allotments {
+            status.insert("allotments".into(), allotments.clone());
+        }
+        if let Some(demands) = &plan.demands {
+            status.insert("demands".into(), demands.clone());
+        }
+        let patch = json!({
+            "metadata": {"resourceVersion": copy.resource_version},
+            "status": status,
+        });
+        let started = Instant::now();
+        let written = self
+            .api()
+            .patch_status(&copy.name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        self.inner
+            .metrics
+            .write_duration
+            .observe(started.elapsed().as_secs_f64());
+        let written = written?;
+        self.inner.metrics.writes.inc();
+        Ok(written)
+    }
+
+    /// The write landed: what it recorded leaves the escrow, the allotment is what it wrote.
+    pub(super) fn written(
+        &self,
+        project: &str,
+        copy: &QuotaCopy,
+        plan: &Plan,
+        started: Instant,
+        written: DynamicObject,
+    ) {
+        let mut escrows = lock(&self.inner.escrows);
+        let escrow = escrows.entry(project.to_owned()).or_default();
+        escrow.admitted.drain(..plan.recorded.min(escrow.admitted.len()));
+        escrow.admitted_total = escrow.admitted_total.saturating_sub(&plan.recorded_total);
+        escrow.cap_in_flight = None;
+        escrow.maybe_holding = false;
+        escrow.succeeded();
+        escrow.quota_uid.clone_from(&copy.uid);
+        let ttl = self.inner.config.allotments.as_ref().map(|c| c.ttl);
+        if let (Some(grant), Some(ttl)) = (&plan.grant, ttl) {
+            if plan.allotments.is_some() {
+                escrow.renewed = Some(started);
+                escrow.usable_until = Some(started + ttl / 2);
+            }
+            if !escrow.holding {
+                debug!(granted = %grant, "allotment taken");
+            }
+            escrow.holding = true;
+            escrow.granted = grant.clone();
+        } else {
+            if escrow.holding {
+                info!(quota = %copy.name, "allotment given back");
+            }
+            escrow.holding = false;
+            escrow.granted = ResourceDetails::default();
+            escrow.usable_until = None;
+            escrow.renewed = None;
+        }
+        let count = written
+            .data
+            .get("status")
+            .and_then(|s| s.get("reservations"))
+            .and_then(Value::as_array)
+            .map_or(0, Vec::len);
+        escrow.last_written = Some(Arc::new(written));
+        drop(escrows);
+        self.set_ledger_size(project, count);
+    }
+
+    /// The project has no quota (any more): nothing to hold. Admissions not recorded yet stay,
+    /// to be recorded if a copy comes back (they are Machines that exist); meanwhile upkeep backs
+    /// off.
+    pub(super) fn forget(&self, project: &str) {
+        let mut escrows = lock(&self.inner.escrows);
+        if let Some(escrow) = escrows.get_mut(project) {
+            let mut kept = Escrow {
+                last_request: escrow.last_request,
+                wake: Arc::clone(&escrow.wake),
+                admitted: std::mem::take(&mut escrow.admitted),
+                admitted_total: std::mem::take(&mut escrow.admitted_total),
+                failures: escrow.failures,
+                ..Escrow::default()
+            };
+            if !kept.admitted.is_empty() {
+                kept.failed();
+            }
+            *escrow = kept;
+        }
+    }
+
+    /// Notes a failed (or unknown) write for the project's upkeep backoff.
+    pub(super) fn note_failure(&self, project: &str, maybe_holding: bool) {
+        if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+            escrow.failed();
+            escrow.maybe_holding |= maybe_holding;
+        }
+    }
+
+    /// A write failed. A conflict certainly did not land: the bound in force before its plan is
+    /// back. Anything else may have landed: its bound stays, and so may our allotment.
+    pub(super) fn write_failed(&self, project: &str, plan: &Plan, error: &kube::Error) {
+        if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+            if matches!(error, kube::Error::Api(s) if s.code == 409) {
+                escrow.cap_in_flight.clone_from(&plan.prior_cap);
+            } else {
+                escrow.maybe_holding |= plan.allotments.is_some();
+            }
+        }
+    }
+
+    pub(super) async fn decide_and_write(
+        &self,
+        project: &str,
+        batch: &[Pending],
+        requests: &[Request],
+    ) -> Vec<Verdict> {
+        let max_attempts = self.inner.config.max_attempts.max(1);
+        let mut snapshot = self.known_copy(project);
+        let mut verified = false;
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            let Some(object) = snapshot.clone() else {
+                // No quota: nothing to reserve.
+                self.forget(project);
+                return decide_batch(project, None, requests);
+            };
+            let copy = match QuotaCopy::from_dynamic(&object) {
+                Ok(copy) => copy,
+                Err(e) => {
+                    self.note_failure(project, false);
+                    return Self::error_verdicts(requests, project, &e.to_string());
+                }
+            };
+            if copy.resource_version.is_none() {
+                self.note_failure(project, false);
+                return Self::error_verdicts(requests, project, "the quota copy has no resourceVersion");
+            }
+            let planned = {
+                let mut escrows = lock(&self.inner.escrows);
+                let escrow = escrows.entry(project.to_owned()).or_default();
+                self.plan(project, &copy, batch, requests, escrow)
+            };
+            let plan = match planned {
+                Ok(plan) => plan,
+                Err(why) => {
+                    self.note_failure(project, false);
+                    return Self::error_verdicts(requests, project, &why);
+                }
+            };
+            let result = if plan.writes() {
+                let started = Instant::now();
+                match self.write(&copy, &plan).await {
+                    Ok(written) => {
+                        self.written(project, &copy, &plan, started, written);
+                        debug!(batch = requests.len(), recorded = plan.recorded, attempt, quota = %copy.name, "ledger written");
+                        return plan.verdicts;
+                    }
+                    Err(e) => {
+                        self.write_failed(project, &plan, &e);
+                        Err(e)
+                    }
+                }
+            } else {
+                if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+                    if plan.grant.is_none() {
+                        // Nothing of ours in this copy (seed-controller removed it, or we gave
+                        // it back): not holding; certain only on a fresh read.
+                        escrow.holding = false;
+                        escrow.usable_until = None;
+                        escrow.maybe_holding &= !verified;
+                    }
+                    escrow.succeeded();
+                }
+                if verified || requests.is_empty() {
+                    self.set_ledger_size(project, copy.reservation_count());
+                    return plan.verdicts;
+                }
+                // Denials (or nothing to write) on a snapshot that may be stale: confirm them on
+                // a fresh read before answering.
+                Ok(())
+            };
+            if let Err(e) = &result {
+                let conflict = matches!(e, kube::Error::Api(s) if s.code == 409);
+                if conflict {
+                    self.inner.metrics.conflicts.inc();
+                } else {
+                    self.inner.metrics.write_errors.inc();
+                    warn!(error = %e, attempt, quota = %copy.name, "ledger write failed");
+                }
+                if attempt >= max_attempts {
+                    let why = if conflict {
+                        format!("the quota changed {attempt} times while it was being checked")
+                    } else {
+                        e.to_string()
+                    };
+                    self.note_failure(project, false);
+                    return Self::error_verdicts(requests, project, &why);
+                }
+                if !conflict {
+                    tokio::time::sleep(Duration::from_millis(20 * u64::from(attempt))).await;
+                }
+            }
+            match self.fresh_copy(&copy.name).await {
+                Ok(fresh) => {
+                    snapshot = fresh.map(Arc::new);
+                    verified = true;
+                }
+                Err(e) => {
+                    self.inner.metrics.write_errors.inc();
+                    if attempt >= max_attempts {
+                        self.note_failure(project, false);
+                        return Self::error_verdicts(requests, project, &e.to_string());
+                    }
+                }
+            }
+        }
+    }
+}

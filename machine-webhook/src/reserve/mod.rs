@@ -1,0 +1,361 @@
+//! Reservations by compare-and-swap, batched per project, and allotments (escrow).
+//!
+//! Every project with requests in flight has one queue and one worker. Requests that wait at the
+//! same time are taken together, decided in order against one snapshot of the quota copy
+//! ([`decide_batch`]), and the admitted ones are appended to `status.reservations` in ONE JSON
+//! merge patch on `/status` that carries the `metadata.resourceVersion` the decision was made
+//! on. A 409 Conflict means someone else wrote in between: the copy is re-read from the API
+//! server (never from the cache) and the whole batch is decided again. Each answer waits for its
+//! batch's write, so an admitted Machine is always in the ledger before the API server stores it.
+//!
+//! With allotments on (the default), the same write also takes an allotment for this process
+//! (see [`crate::escrow`]): half of the headroom left. Later requests that fit in it are admitted
+//! at once, in memory ([`Reserver::submit`]'s fast path), and the worker records them as
+//! reservations a moment later in its next write, moving their size out of the allotment. Only
+//! requests that do not fit in the allotment wait for a write, and they are decided exactly
+//! against everything but this process's own allotment, so one process never denies a Machine
+//! that fits.
+//!
+//! A denial is only final on a snapshot known to be current: either the batch's write succeeded
+//! (so its snapshot was the latest), or the snapshot was just read from the API server.
+//!
+//! A request that fits the quota but not the headroom this seed and process may use
+//! ([`Reason::ShareInTransit`]: the seed's share is too small, or other processes hold the rest
+//! in allotments) waits up to [`ReserverConfig::share_wait`]: the batch's write records this
+//! process's demand ([`crate::demand`]), and the request is decided again on every change of the
+//! project's ledger until it fits or its wait ends. Meanwhile the master moves share to the seed
+//! and the other processes give their allotments back.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::ledger::{Allotment, Reservation, group};
+use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
+use kube::api::{DynamicObject, Patch, PatchParams};
+use kube::{Api, Client, ResourceExt as _};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument as _, debug, info, info_span, warn};
+
+use kkp_quota_crds::shares::largest;
+
+use crate::cache::{QuotaCopy, SeedCache};
+use crate::decision::{QuotaState, Reason, Request, Verdict, decide, decide_batch};
+use crate::demand::{demands_after, others_waiting};
+use crate::escrow::{cap_while_writing, fits_within};
+use crate::metrics::Metrics;
+
+mod config;
+mod ledger_write;
+mod standing;
+mod worker;
+
+pub use config::{AllotmentConfig, ReserverConfig};
+use standing::{Escrow, Plan};
+
+/// Where an admitted Machine lives (for its reservation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineRef {
+    pub cluster: String,
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+struct Pending {
+    machine: MachineRef,
+    request: Request,
+    reply: oneshot::Sender<Verdict>,
+    /// When it was received; it waits for share until `received + share_wait`.
+    received: Instant,
+    /// It has waited for share at least once.
+    waited_for_share: bool,
+}
+
+struct Inner {
+    client: Client,
+    cache: Arc<SeedCache>,
+    metrics: Metrics,
+    config: ReserverConfig,
+    /// This process in `status.allotments`: new on every start.
+    holder: String,
+    queues: Mutex<HashMap<String, mpsc::UnboundedSender<Pending>>>,
+    escrows: Mutex<HashMap<String, Escrow>>,
+    /// Set by [`Reserver::release_all`]: no more admissions from allotments; workers record
+    /// and give back.
+    stopping: AtomicBool,
+    /// Signalled after every pass of a worker (what [`Reserver::release_all`] waits on).
+    passed: Notify,
+    token: CancellationToken,
+}
+
+/// Decides and reserves requests that grow a project's usage.
+#[derive(Clone)]
+pub struct Reserver {
+    inner: Arc<Inner>,
+}
+
+fn rv_number(object: &DynamicObject) -> Option<u64> {
+    object.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// A name for this process in the ledger: the pod (host) name, the process and the start time,
+/// so that a restarted process never takes its predecessor's allotment for its own.
+fn holder_identity() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "machine-webhook".to_owned());
+    format!(
+        "{host}-{}-{:x}",
+        std::process::id(),
+        Timestamp::now().as_nanosecond()
+    )
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Reserver {
+    pub fn new(
+        client: Client,
+        cache: Arc<SeedCache>,
+        metrics: Metrics,
+        config: ReserverConfig,
+        token: CancellationToken,
+    ) -> Reserver {
+        Reserver {
+            inner: Arc::new(Inner {
+                client,
+                cache,
+                metrics,
+                config,
+                holder: holder_identity(),
+                queues: Mutex::new(HashMap::new()),
+                escrows: Mutex::new(HashMap::new()),
+                stopping: AtomicBool::new(false),
+                passed: Notify::new(),
+                token,
+            }),
+        }
+    }
+
+    /// This process's name in `status.allotments`.
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
+    }
+
+    /// For a clean stop: stops admitting from allotments, lets every project's worker record what
+    /// was admitted and give its allotment back, and waits for that up to `timeout`. Returns how
+    /// many projects still hold something (their allotments expire on their own).
+    pub async fn release_all(&self, timeout: Duration) -> usize {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Armed before the check, so that a pass ending in between is not missed.
+            let passed = self.inner.passed.notified();
+            tokio::pin!(passed);
+            passed.as_mut().enable();
+            let pending = {
+                let escrows = lock(&self.inner.escrows);
+                for escrow in escrows.values() {
+                    escrow.wake.notify_one();
+                }
+                escrows
+                    .values()
+                    .filter(|e| e.holding || e.maybe_holding || !e.admitted.is_empty())
+                    .count()
+            };
+            if pending == 0 || Instant::now() >= deadline {
+                if pending > 0 {
+                    warn!(
+                        projects = pending,
+                        "stopping with allotments not given back; they expire on their own"
+                    );
+                } else {
+                    info!("allotments given back");
+                }
+                return pending;
+            }
+            let _ = tokio::time::timeout_at(deadline.into(), passed).await;
+        }
+    }
+
+    /// Decides a request: at once from this process's allotment when it fits there, else queued
+    /// behind the project's other waiting requests until its verdict (which, when it admits, is
+    /// already written to the ledger).
+    pub async fn submit(&self, project: &str, machine: MachineRef, request: Request) -> Verdict {
+        if let Some(verdict) = self.admit_from_allotment(project, &machine, &request) {
+            return verdict;
+        }
+        let (reply, answer) = oneshot::channel();
+        let machine_name = request.machine.clone();
+        let pending = Pending {
+            machine,
+            request,
+            reply,
+            received: Instant::now(),
+            waited_for_share: false,
+        };
+        {
+            let mut queues = lock(&self.inner.queues);
+            // Sending under the lock: a worker only retires under the same lock, after checking
+            // that its queue is empty, so no request is ever left in a dead queue.
+            let pending = match queues.get(project) {
+                Some(queue) => match queue.send(pending) {
+                    Ok(()) => None,
+                    Err(mpsc::error::SendError(p)) => Some(p),
+                },
+                None => Some(pending),
+            };
+            if let Some(pending) = pending {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let _ = tx.send(pending);
+                queues.insert(project.to_owned(), tx);
+                let worker = self.clone();
+                let project = project.to_owned();
+                let token = self.inner.token.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = token.cancelled() => {}
+                        () = worker.work(project, rx) => {}
+                    }
+                });
+            }
+        }
+        answer.await.unwrap_or_else(|_| {
+            Verdict::deny(
+                Reason::Error,
+                &machine_name,
+                "could not be checked against its project's quota: the webhook is shutting down",
+            )
+        })
+    }
+
+    /// The fast path: admits `request` from this process's allotment when the allotment is
+    /// current and the Machine fits both the quota (as everything else in the ledger leaves it)
+    /// and what is left of the allotment. `None`: the request must wait for a write.
+    fn admit_from_allotment(
+        &self,
+        project: &str,
+        machine: &MachineRef,
+        request: &Request,
+    ) -> Option<Verdict> {
+        self.inner.config.allotments.as_ref()?;
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return None;
+        }
+        let growth = request.ask.growth()?;
+        let now = Instant::now();
+        let mut escrows = lock(&self.inner.escrows);
+        let escrow = escrows.get_mut(project)?;
+        escrow.last_request = Some(now);
+        if !escrow.holding || escrow.usable_until.is_none_or(|t| now >= t) {
+            return None;
+        }
+        let copy = self.newest_parsed(project, escrow)?;
+        if copy.uid != escrow.quota_uid {
+            return None;
+        }
+        // Another process waits for headroom: ours goes back at our next write, and nothing more
+        // is admitted from it meanwhile.
+        if others_waiting(copy.status.as_ref(), &self.inner.holder, Timestamp::now()) {
+            escrow.wake.notify_one();
+            return None;
+        }
+        // Our allotment must still be in the ledger as we wrote it (seed-controller removes
+        // expired ones).
+        let own = copy
+            .status
+            .as_ref()?
+            .allotments
+            .iter()
+            .find(|a| a.holder == self.inner.holder)?;
+        if own.granted != escrow.granted {
+            return None;
+        }
+        let state = QuotaState::for_holder(
+            &copy.spec,
+            copy.status.as_ref(),
+            &self.inner.holder,
+            &escrow.admitted_total,
+        )
+        .ok()?;
+        let verdict = decide(project, Some(&state), request);
+        if !verdict.allowed || verdict.reason != Reason::Fits {
+            return None;
+        }
+        let cap = escrow.cap_in_flight.as_ref().unwrap_or(&escrow.granted);
+        if !fits_within(&state.limit, cap, &escrow.admitted_total, &growth) {
+            return None;
+        }
+        if !request.dry_run {
+            let reserve = verdict.reserve.as_ref()?;
+            let total = escrow.admitted_total.checked_add(&reserve.reserved).ok()?;
+            escrow.admitted_total = total;
+            if escrow.admitted.is_empty() {
+                escrow.wake.notify_one();
+            }
+            escrow.admitted.push((
+                now,
+                Reservation {
+                    cluster: machine.cluster.clone(),
+                    uid: machine.uid.clone(),
+                    size: reserve.size.clone(),
+                    reserved: reserve.reserved.clone(),
+                    created_at: Timestamp::now(),
+                },
+            ));
+        }
+        self.inner.metrics.allotment_admissions.inc();
+        Some(verdict)
+    }
+
+    fn api(&self) -> Api<DynamicObject> {
+        Api::all_with(self.inner.client.clone(), self.inner.cache.quota_resource())
+    }
+
+    /// The freshest copy we know without asking: the cache's, or our own last write if newer.
+    fn newest_copy(&self, project: &str, escrow: &Escrow) -> Option<Arc<DynamicObject>> {
+        let cached = self.inner.cache.quota_for(project);
+        match (cached, escrow.last_written.clone()) {
+            (Some(c), Some(w)) if c.name_any() == w.name_any() && c.uid() == w.uid() => {
+                if rv_number(&w) > rv_number(&c) {
+                    Some(w)
+                } else {
+                    Some(c)
+                }
+            }
+            (cached, _) => cached,
+        }
+    }
+
+    /// [`Self::newest_copy`], parsed (once per resourceVersion).
+    fn newest_parsed(&self, project: &str, escrow: &mut Escrow) -> Option<Arc<QuotaCopy>> {
+        let object = self.newest_copy(project, escrow)?;
+        if let Some(parsed) = &escrow.parsed
+            && parsed.uid == object.metadata.uid
+            && parsed.resource_version == object.metadata.resource_version
+        {
+            return Some(Arc::clone(parsed));
+        }
+        let parsed = Arc::new(QuotaCopy::from_dynamic(&object).ok()?);
+        escrow.parsed = Some(Arc::clone(&parsed));
+        Some(parsed)
+    }
+
+    fn known_copy(&self, project: &str) -> Option<Arc<DynamicObject>> {
+        let escrows = lock(&self.inner.escrows);
+        match escrows.get(project) {
+            Some(escrow) => self.newest_copy(project, escrow),
+            None => self.inner.cache.quota_for(project),
+        }
+    }
+
+    async fn fresh_copy(&self, name: &str) -> Result<Option<DynamicObject>, kube::Error> {
+        self.api().get_opt(name).await
+    }
+}

@@ -1,0 +1,269 @@
+//! The master's side of per-seed shares (docs/shares.md): every reconcile of a quota runs one
+//! round of the protocol in `kkp_quota_crds::shares` before anything is sent to a seed.
+//!
+//! 1. **View**: the record (`ProjectQuota.status.shares`) plus what each seed's ledger reports
+//!    (`status.released`, what it committed, its live `status.demands`). A seed the master does
+//!    not watch (yet) starts with no share; a seed in the record that left the fleet is retiring.
+//! 2. **Plan and persist**: grants and targets from the view; when they change anything, the new
+//!    record is written with compare-and-swap (a merge patch of `/status` carrying the
+//!    `resourceVersion` the view was read from). A conflict re-reads the `ProjectQuota` from the
+//!    API server and plans again; any other failure leaves the outcome unknown, so the round
+//!    fails and nothing is sent (the next round reads again).
+//! 3. **Send** (in [`crate::controller`]): each fresh seed's ledger gets `spec.shares` from the
+//!    persisted record only ([`Persisted::ledger_shares`]).
+//!
+//! The decisions are pure: [`view`] (the view, the record patch, the figures) and
+//! [`bookkeeping`] (metrics and logs across rounds); [`round`] is the I/O around them. [`ShareMemory`]
+//! keeps, per quota, the newest `ProjectQuota` this process wrote (the cache lags its own
+//! writes, and a compare-and-swap from the cache's older copy would be a certain conflict), and
+//! what metrics and logs need from one round to the next.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use jiff::Timestamp;
+use kkp_quota_crds::project_quota::{ShareRecord, effective_limits};
+use kkp_quota_crds::shares::{self, MasterView, Plan, objects};
+use kkp_quota_crds::{ProjectQuota, ResourceDetails, ResourceQuota};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use tracing::{debug, info};
+
+pub mod bookkeeping;
+pub mod view;
+
+pub use bookkeeping::{asked_to_release, grant_latencies, releases, stuck_transitions};
+pub use view::{Figures, Persisted, Round, new_seeds, newest, record_patch};
+
+use crate::Error;
+use crate::controller::Ctx;
+use crate::seeds::SeedView;
+
+/// Attempts of one round against compare-and-swap conflicts before it gives up (and the
+/// reconcile is retried).
+pub const MAX_ATTEMPTS: u32 = 5;
+
+/// What this process remembers of one quota between rounds.
+#[derive(Default)]
+struct QuotaMemory {
+    /// The newest `ProjectQuota` it wrote.
+    written: Option<Arc<ProjectQuota>>,
+    /// Per seed: when its demand was first seen unmet.
+    unmet_since: BTreeMap<String, Instant>,
+    /// Per seed: the last `released` read.
+    released: BTreeMap<String, ResourceDetails>,
+    /// Seeds whose share was stuck in the last round.
+    stuck: BTreeSet<String>,
+}
+
+/// [`QuotaMemory`] of every quota, by name.
+#[derive(Clone, Default)]
+pub(crate) struct ShareMemory(Arc<Mutex<BTreeMap<String, QuotaMemory>>>);
+
+impl ShareMemory {
+    fn with<T>(&self, quota: &str, f: impl FnOnce(&mut QuotaMemory) -> T) -> T {
+        let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        f(all.entry(quota.to_owned()).or_default())
+    }
+
+    /// The newer of `cached` and what this process last wrote of quota `name`; what it wrote is
+    /// forgotten once the cache has caught up.
+    pub fn newest(&self, name: &str, cached: Option<Arc<ProjectQuota>>) -> Option<Arc<ProjectQuota>> {
+        self.with(name, |m| {
+            let from_cache = cached.as_ref().map(Arc::as_ptr);
+            let chosen = newest(cached, m.written.clone());
+            if from_cache.is_some() && chosen.as_ref().map(Arc::as_ptr) == from_cache {
+                m.written = None;
+            }
+            chosen
+        })
+    }
+
+    /// Remembers `written` as the newest `ProjectQuota` of quota `name`.
+    pub fn wrote(&self, name: &str, written: ProjectQuota) {
+        self.with(name, |m| m.written = Some(Arc::new(written)));
+    }
+
+    /// Forgets quota `name` (deleted).
+    pub fn forget(&self, name: &str) {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
+    }
+}
+
+/// One round of the protocol for `master_rq`, starting from `pq` (the newest `ProjectQuota`
+/// known). While a seed is settling (not listed since it was added or since this process
+/// started) nothing is planned: the record is sent as it is.
+pub(crate) async fn round(
+    master_rq: &ResourceQuota,
+    mut pq: Arc<ProjectQuota>,
+    seeds: &[SeedView],
+    settling: bool,
+    ctx: &Ctx,
+) -> Result<Round, Error> {
+    let name = master_rq.name_any();
+    let project = master_rq.project().to_owned();
+    let api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    for _ in 0..MAX_ATTEMPTS {
+        let seen = Instant::now();
+        let limits = effective_limits(&master_rq.spec.quota.limits, Some(&pq.spec.quota));
+        let record = pq.status.as_ref().and_then(|s| s.shares.clone());
+        let mut view = view::view(&limits, record.as_ref(), seeds, Timestamp::now())?;
+        if settling {
+            return Ok(Round {
+                project_quota: pq,
+                limits,
+                persisted: as_recorded(record, view),
+                stuck: BTreeMap::new(),
+            });
+        }
+        let before = view.clone();
+        let plan = view.plan(&shares::slack(&limits, ctx.share_slack_percent))?;
+        let planned_change = view.apply(&plan)?;
+        let changed = planned_change || new_seeds(record.as_ref(), &before);
+        let old_version = record.as_ref().map_or(0, |r| r.version);
+        if !changed {
+            after_round(ctx, &name, &project, &before, None, &plan, seen);
+            return Ok(Round {
+                project_quota: pq,
+                limits,
+                persisted: as_recorded(record, view),
+                stuck: plan.stuck,
+            });
+        }
+        let version = old_version + 1;
+        let Some(resource_version) = pq.metadata.resource_version.clone() else {
+            return Err(Error::ShareRecord(format!(
+                "ProjectQuota {name} has no resourceVersion"
+            )));
+        };
+        let patch = record_patch(&resource_version, &objects::record(version, &view.seeds));
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(written) => {
+                ctx.metrics.wrote("master", "shares");
+                ctx.memory.wrote(&name, written.clone());
+                after_round(ctx, &name, &project, &before, Some((&view, version)), &plan, seen);
+                return Ok(Round {
+                    project_quota: Arc::new(written),
+                    limits,
+                    persisted: Some(Persisted {
+                        version,
+                        seeds: view.seeds,
+                    }),
+                    stuck: plan.stuck,
+                });
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                ctx.metrics.share_record_conflicts.inc();
+                debug!(version, "share record changed meanwhile; reading it again");
+                pq = Arc::new(api.get(&name).await?);
+            }
+            // Timeout, 5xx, ...: the write may have landed. Send nothing; the next round reads
+            // the record again.
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(Error::ShareRecord(format!(
+        "the share record of {name} kept changing ({MAX_ATTEMPTS} compare-and-swap conflicts)"
+    )))
+}
+
+/// The record as it is persisted, with this round's reports: what is sent when this round wrote
+/// nothing. Only the seeds the record holds (a seed not recorded yet has nothing to be sent).
+fn as_recorded(record: Option<ShareRecord>, mut view: MasterView) -> Option<Persisted> {
+    let record = record?;
+    view.seeds
+        .retain(|name, _| record.seeds.iter().any(|s| &s.name == name));
+    Some(Persisted {
+        version: record.version,
+        seeds: view.seeds,
+    })
+}
+
+/// Metrics and logs of a round: `after` is the record written (and its version), if any.
+fn after_round(
+    ctx: &Ctx,
+    name: &str,
+    project: &str,
+    before: &MasterView,
+    after: Option<(&MasterView, u64)>,
+    plan: &Plan,
+    seen: Instant,
+) {
+    let landed = Instant::now();
+    let current = after.map_or(before, |(v, _)| v);
+    let (latencies, released, (became, cleared)) = ctx.memory.with(name, |m| {
+        (
+            grant_latencies(&mut m.unmet_since, before, after.map(|(v, _)| v), seen, landed),
+            releases(&mut m.released, before),
+            stuck_transitions(&mut m.stuck, &plan.stuck),
+        )
+    });
+    for (_, latency) in latencies {
+        ctx.metrics.share_grant_latency.observe(latency.as_secs_f64());
+    }
+    for seed in released {
+        ctx.metrics.share_releases.with_label_values(&[&seed]).inc();
+        debug!(seed = %seed, "seed released share");
+    }
+    for seed in became {
+        let share = plan.stuck.get(&seed).cloned().unwrap_or_default();
+        info!(seed = %seed, share = %share, "seed unreachable: its share is stuck until it is back");
+    }
+    for seed in cleared {
+        info!(seed = %seed, "share no longer stuck");
+    }
+    if let Some((view, version)) = after {
+        for (seed, amount) in &plan.grants {
+            ctx.metrics.share_grants.with_label_values(&[seed]).inc();
+            info!(seed = %seed, amount = %amount, version, "share granted");
+        }
+        for (seed, target, share) in asked_to_release(before, view) {
+            info!(seed = %seed, target = %target, share = %share, version, "target lowered: asking the seed to release share");
+        }
+    }
+    let shares: BTreeMap<String, ResourceDetails> = current
+        .seeds
+        .iter()
+        .map(|(seed, r)| (seed.clone(), shares::bounded_by(&current.limit, &r.share_seen())))
+        .collect();
+    ctx.metrics.set_shares(project, &shares, &plan.stuck);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::LedgerSubject;
+
+    #[test]
+    fn newest_prefers_the_higher_resource_version() {
+        let pq = |rv: &str| {
+            let mut p = ProjectQuota::new(
+                "q",
+                kkp_quota_crds::ProjectQuotaSpec {
+                    subject: LedgerSubject::project("demo"),
+                    quota: ResourceDetails::default(),
+                },
+            );
+            p.metadata.resource_version = Some(rv.into());
+            Arc::new(p)
+        };
+        let rv = |p: Option<Arc<ProjectQuota>>| p.and_then(|p| p.metadata.resource_version.clone());
+        assert_eq!(rv(newest(Some(pq("10")), Some(pq("12")))), Some("12".into()));
+        assert_eq!(rv(newest(Some(pq("13")), Some(pq("12")))), Some("13".into()));
+        assert_eq!(rv(newest(None, Some(pq("12")))), Some("12".into()));
+        assert_eq!(rv(newest(Some(pq("9")), None)), Some("9".into()));
+        let memory = ShareMemory::default();
+        memory.wrote("q", (*pq("12")).clone());
+        assert_eq!(rv(memory.newest("q", Some(pq("11")))), Some("12".into()));
+        assert_eq!(rv(memory.newest("q", Some(pq("12")))), Some("12".into()));
+        assert_eq!(
+            rv(memory.newest("q", None)),
+            None,
+            "forgotten once the cache caught up"
+        );
+    }
+}

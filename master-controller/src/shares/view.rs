@@ -1,0 +1,333 @@
+//! The master's view of one quota and what a round persists, pure: the record plus what each
+//! seed's ledger reports, the compare-and-swap patch of the record, and the figures the status
+//! shows. No I/O (see [`super::round`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kkp_quota_crds::project_quota::ShareRecord;
+use kkp_quota_crds::quota_ledger::LedgerShares;
+use kkp_quota_crds::shares::{self, MasterView, SeedRecord, objects};
+use kkp_quota_crds::{ProjectQuota, QuantityError, ResourceDetails};
+use serde_json::{Value, json};
+
+use crate::seeds::SeedView;
+
+/// The master's view of one quota: the record, plus every seed it watches. A seed not in the
+/// record starts with no share; `reachable` is whether its watch is fresh; its report is read
+/// from its ledger when one is known (a stale seed's last known one: `released` only grows, so
+/// an old report is a safe one). A seed in the record that is no longer part of the fleet is
+/// retiring and unreachable.
+pub fn view(
+    limit: &ResourceDetails,
+    record: Option<&ShareRecord>,
+    seeds: &[SeedView],
+    now: Timestamp,
+) -> Result<MasterView, QuantityError> {
+    let mut records = objects::records(record);
+    for seed in seeds {
+        #[allow(clippy::unwrap_or_default)] // `new` is not `default`: a new seed is reachable
+        let record = records.entry(seed.name.clone()).or_insert_with(SeedRecord::new);
+        record.reachable = seed.health.is_fresh();
+        if let Some(ledger) = &seed.copy {
+            record.observe(objects::report(ledger, now)?);
+        }
+    }
+    for (name, record) in &mut records {
+        if !seeds.iter().any(|s| &s.name == name) {
+            record.retiring = true;
+            record.reachable = false;
+        }
+    }
+    Ok(MasterView {
+        limit: limit.clone(),
+        seeds: records,
+    })
+}
+
+/// Whether the view has seeds the record does not (they must be recorded before their
+/// ledgers can carry a share).
+pub fn new_seeds(record: Option<&ShareRecord>, view: &MasterView) -> bool {
+    let recorded: BTreeSet<&str> = record
+        .map(|r| r.seeds.iter().map(|s| s.name.as_str()).collect())
+        .unwrap_or_default();
+    view.seeds.keys().any(|name| !recorded.contains(name.as_str()))
+}
+
+/// The compare-and-swap write of the record: a merge patch of the `ProjectQuota`'s `/status`
+/// that the API server refuses (409) unless the object is still at `resource_version`.
+pub fn record_patch(resource_version: &str, record: &ShareRecord) -> Value {
+    json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": {"shares": record},
+    })
+}
+
+/// The newer of the cached `ProjectQuota` and the one this process last wrote, by
+/// `resourceVersion` (the cache lags this process's own writes).
+pub fn newest(
+    cached: Option<Arc<ProjectQuota>>,
+    written: Option<Arc<ProjectQuota>>,
+) -> Option<Arc<ProjectQuota>> {
+    let version = |pq: &ProjectQuota| pq.metadata.resource_version.as_deref()?.parse::<u64>().ok();
+    match (cached, written) {
+        (Some(c), Some(w)) if version(&w) > version(&c) => Some(w),
+        (None, w) => w,
+        (c, _) => c,
+    }
+}
+
+/// The record as persisted (read back, or just written) with the reports of this round, the
+/// only source of what is sent to the seeds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Persisted {
+    pub version: u64,
+    pub seeds: BTreeMap<String, SeedRecord>,
+}
+
+impl Persisted {
+    /// What seed `name`'s ledger spec carries; `None` for a seed the record does not hold.
+    pub fn ledger_shares(&self, name: &str) -> Option<LedgerShares> {
+        objects::ledger_shares(self.version, name, &self.seeds)
+    }
+}
+
+/// One seed's share figures for `ProjectQuota.status.seeds[]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// `granted - released` as the master sees it, for the limited resources; `None` while the
+    /// record does not hold the seed.
+    pub share: Option<ResourceDetails>,
+    /// The seed's live demand.
+    pub demand: Option<ResourceDetails>,
+    /// Its share cannot be moved: the seed is unreachable.
+    pub stuck: bool,
+}
+
+/// What one round decided and persisted.
+#[derive(Clone, Debug)]
+pub struct Round {
+    /// The newest `ProjectQuota` known after the round (the one written, or re-read).
+    pub project_quota: Arc<ProjectQuota>,
+    /// The limits in force, from that object.
+    pub limits: ResourceDetails,
+    /// The persisted record; `None` while there is none.
+    pub persisted: Option<Persisted>,
+    /// Shares held by unreachable seeds (empty when no plan was made).
+    pub stuck: BTreeMap<String, ResourceDetails>,
+}
+
+impl Round {
+    /// What seed `name`'s ledger spec carries.
+    pub fn ledger_shares(&self, name: &str) -> Option<LedgerShares> {
+        self.persisted.as_ref()?.ledger_shares(name)
+    }
+
+    /// Seed `name`'s figures for the status.
+    pub fn figures(&self, name: &str) -> Figures {
+        let record = self.persisted.as_ref().and_then(|p| p.seeds.get(name));
+        Figures {
+            share: record.map(|r| shares::bounded_by(&self.limits, &r.share_seen())),
+            demand: record.and_then(|r| r.report.as_ref()?.demand.clone()),
+            stuck: self.stuck.contains_key(name),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::fold::Health;
+    use kkp_quota_crds::project_quota::SeedShareRecord;
+    use kkp_quota_crds::quota_ledger::{QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
+    use kkp_quota_crds::shares::SeedReport;
+    use kkp_quota_crds::{LedgerSubject, Quantity, QuotaLedger, Resource};
+
+    pub(crate) fn cpu(n: i64) -> ResourceDetails {
+        ResourceDetails {
+            cpu: Some(Quantity::from_units(n)),
+            ..ResourceDetails::default()
+        }
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    fn ledger(rv: &str, status: QuotaLedgerStatus) -> QuotaLedger {
+        let mut l = QuotaLedger::new(
+            "project-demo",
+            QuotaLedgerSpec {
+                subject: LedgerSubject::project("demo"),
+                quota: cpu(10),
+                shares: None,
+            },
+        );
+        l.metadata.resource_version = Some(rv.into());
+        l.status = Some(status);
+        l
+    }
+
+    fn seed(name: &str, health: Health, copy: Option<QuotaLedger>) -> SeedView {
+        SeedView {
+            name: name.into(),
+            client: None,
+            health,
+            copy,
+        }
+    }
+
+    fn fresh() -> Health {
+        Health::Fresh { last_sync: at(0) }
+    }
+
+    fn record(seeds: &[(&str, i64, i64)]) -> ShareRecord {
+        ShareRecord {
+            version: 3,
+            seeds: seeds
+                .iter()
+                .map(|(n, g, t)| SeedShareRecord {
+                    name: (*n).into(),
+                    granted: cpu(*g),
+                    target: cpu(*t),
+                })
+                .collect(),
+        }
+    }
+
+    pub(crate) fn with_report(granted: i64, released: i64, demand: Option<i64>) -> SeedRecord {
+        SeedRecord {
+            granted: cpu(granted),
+            target: cpu(granted),
+            report: Some(SeedReport {
+                version: 1,
+                released: cpu(released),
+                committed: cpu(0),
+                demand: demand.map(cpu),
+            }),
+            ..SeedRecord::new()
+        }
+    }
+
+    pub(crate) fn mv(seeds: Vec<(&str, SeedRecord)>) -> MasterView {
+        MasterView {
+            limit: cpu(10),
+            seeds: seeds.into_iter().map(|(n, s)| (n.to_owned(), s)).collect(),
+        }
+    }
+
+    #[test]
+    fn view_reads_the_record_and_the_ledgers() {
+        let status = QuotaLedgerStatus {
+            local_usage: Some(cpu(2)),
+            released: Some(cpu(1)),
+            demands: vec![ShareDemand {
+                holder: "w".into(),
+                amount: cpu(6),
+                expires_at: at(60),
+            }],
+            ..QuotaLedgerStatus::default()
+        };
+        let seeds = vec![
+            seed("a", fresh(), Some(ledger("42", status))),
+            seed(
+                "b",
+                Health::Stale {
+                    since: at(0),
+                    last_sync: Some(at(-5)),
+                },
+                Some(ledger("7", QuotaLedgerStatus::default())),
+            ),
+            seed("new", fresh(), None),
+        ];
+        let rec = record(&[("a", 5, 5), ("b", 3, 3), ("gone", 2, 2)]);
+        let v = view(&cpu(10), Some(&rec), &seeds, at(1)).unwrap();
+        assert_eq!(v.limit, cpu(10));
+        let a = &v.seeds["a"];
+        assert_eq!((a.granted.clone(), a.target.clone()), (cpu(5), cpu(5)));
+        assert!(a.reachable && !a.retiring);
+        let report = a.report.clone().unwrap();
+        assert_eq!(
+            (report.version, report.released, report.demand),
+            (42, cpu(1), Some(cpu(6)))
+        );
+        assert_eq!(report.committed.amount(Resource::Cpu), Quantity::from_units(2));
+        assert!(report.committed.saturating_sub(&cpu(2)).is_empty());
+        assert_eq!(a.share_seen(), cpu(4));
+        let b = &v.seeds["b"];
+        assert!(!b.reachable, "a stale seed is unreachable");
+        assert!(b.report.is_some(), "its last known ledger still reports");
+        let new = &v.seeds["new"];
+        assert_eq!(*new, SeedRecord::new(), "a new seed starts with no share");
+        let gone = &v.seeds["gone"];
+        assert!(gone.retiring && !gone.reachable && gone.report.is_none());
+        assert_eq!(gone.granted, cpu(2));
+        assert!(new_seeds(Some(&rec), &v));
+        // An expired demand is no demand.
+        let later = view(&cpu(10), Some(&rec), &seeds, at(61)).unwrap();
+        assert_eq!(later.seeds["a"].report.as_ref().unwrap().demand, None);
+        // No record: every seed is new.
+        let v = view(&cpu(10), None, &seeds[2..], at(1)).unwrap();
+        assert!(new_seeds(None, &v));
+        assert!(!new_seeds(Some(&objects::record(1, &v.seeds)), &v));
+    }
+
+    #[test]
+    fn a_first_round_records_every_seed_with_no_share() {
+        let seeds = vec![seed("a", fresh(), None), seed("b", fresh(), None)];
+        let mut v = view(&cpu(10), None, &seeds, at(0)).unwrap();
+        let plan = v.plan(&shares::slack(&cpu(10), 10)).unwrap();
+        assert!(plan.grants.is_empty());
+        assert!(v.apply(&plan).unwrap());
+        let persisted = Persisted {
+            version: 1,
+            seeds: v.seeds,
+        };
+        let word = persisted.ledger_shares("a").unwrap();
+        assert_eq!(
+            (word.version, word.granted.amount(Resource::Cpu)),
+            (1, Quantity::ZERO)
+        );
+        assert!(persisted.ledger_shares("c").is_none());
+    }
+
+    #[test]
+    fn record_patch_is_conditioned_on_the_resource_version() {
+        let p = record_patch("123", &record(&[("a", 4, 4)]));
+        assert_eq!(p["metadata"]["resourceVersion"], "123");
+        assert_eq!(p["status"]["shares"]["version"], 3);
+        assert_eq!(p["status"]["shares"]["seeds"][0]["granted"]["cpu"], "4");
+    }
+
+    #[test]
+    fn figures_come_from_the_persisted_record_and_the_plan() {
+        let persisted = Persisted {
+            version: 2,
+            seeds: mv(vec![("a", with_report(6, 1, Some(7)))]).seeds,
+        };
+        let pq = ProjectQuota::new(
+            "q",
+            kkp_quota_crds::ProjectQuotaSpec {
+                subject: LedgerSubject::project("demo"),
+                quota: ResourceDetails::default(),
+            },
+        );
+        let round = Round {
+            project_quota: Arc::new(pq),
+            limits: cpu(10),
+            persisted: Some(persisted),
+            stuck: BTreeMap::from([("a".to_owned(), cpu(5))]),
+        };
+        assert_eq!(
+            round.figures("a"),
+            Figures {
+                share: Some(cpu(5)),
+                demand: Some(cpu(7)),
+                stuck: true,
+            }
+        );
+        assert_eq!(round.figures("x"), Figures::default());
+        assert_eq!(round.ledger_shares("a").map(|s| s.version), Some(2));
+    }
+}
