@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::control_plane::Proc;
+use crate::process::Proc;
 
 /// A process to run beside the fleet.
 #[derive(Clone, Debug)]

@@ -6,11 +6,9 @@
 //! logs, kubeconfig) is removed after the processes are gone.
 
 use std::collections::HashSet;
-use std::fmt::Write as _;
-use std::fs::OpenOptions;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,6 +24,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use crate::assets::control_plane_binaries;
 use crate::certs::{CertPem, ClusterCerts};
+use crate::process::{Proc, wait_process};
 
 /// How long `start` waits for etcd, then for kube-apiserver, each. Generous: several control
 /// planes start at once on a small, shared machine.
@@ -540,67 +539,6 @@ async fn etcd_request(port: u16, request_line: &str, body: &str) -> Result<Strin
     Ok(body.to_owned())
 }
 
-/// Polls `check` until it succeeds; fails at once, with the log's tail, if the process exits,
-/// and at the deadline with the last check error and the log's tail.
-async fn wait_process<F, Fut>(proc: &mut Proc, timeout: Duration, what: &str, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<()>>,
-{
-    let name = proc.name.clone();
-    let log = proc.log.clone();
-    let last = std::sync::Mutex::new(String::new());
-    // Done when the check passes (`Some(Ok)`) or the process has exited (`Some(Err)`).
-    let outcome = crate::wait_for(timeout, what, || {
-        let exited = proc.exited();
-        let attempt = check();
-        let last = &last;
-        let (name, log) = (&name, &log);
-        async move {
-            if let Some(status) = exited {
-                return Some(Err(anyhow::anyhow!(
-                    "{name} exited during startup ({status}); log {}:\n{}",
-                    log.display(),
-                    log_tail(log)
-                )));
-            }
-            match attempt.await {
-                Ok(()) => Some(Ok(())),
-                Err(e) => {
-                    *last.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = format!("{e:#}");
-                    None
-                }
-            }
-        }
-    })
-    .await;
-    match outcome {
-        Ok(result) => result,
-        Err(_) => bail!(
-            "{name} not ready ({what}) after {timeout:?}: {}; log {}:\n{}",
-            last.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
-            log.display(),
-            log_tail(&log)
-        ),
-    }
-}
-
-/// The last lines of a log file, for error messages.
-pub(crate) fn log_tail(path: &Path) -> String {
-    const LINES: usize = 30;
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let lines: Vec<&str> = text.lines().collect();
-            let mut out = String::new();
-            for line in &lines[lines.len().saturating_sub(LINES)..] {
-                let _ = writeln!(out, "    {line}");
-            }
-            out
-        }
-        Err(e) => format!("    (cannot read: {e})"),
-    }
-}
-
 /// A free port on 127.0.0.1, never the same twice in this process. Another process may still
 /// take it before our child binds it; callers retry on "address already in use".
 fn free_port() -> Result<u16> {
@@ -665,61 +603,4 @@ pub async fn kube_config(kubeconfig_yaml: &str) -> Result<kube::Config> {
 /// A `kube::Client` from kubeconfig text (for example a kubeconfig read from a Secret).
 pub async fn client_from_kubeconfig(kubeconfig_yaml: &str) -> Result<kube::Client> {
     Ok(kube::Client::try_from(kube_config(kubeconfig_yaml).await?)?)
-}
-
-/// A child process killed (SIGKILL) and reaped when dropped.
-pub(crate) struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    pub(crate) fn spawn(name: &'static str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
-        Proc::spawn_named(name, program, args, log)
-    }
-
-    pub(crate) fn spawn_named(name: &str, program: &Path, args: &[String], log: &Path) -> Result<Proc> {
-        let out = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
-        let err = out.try_clone()?;
-        let child = Command::new(program)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .with_context(|| format!("spawning {}", program.display()))?;
-        tracing::debug!(name, pid = child.id(), "spawned");
-        Ok(Proc {
-            name: name.to_owned(),
-            child,
-            log: log.to_owned(),
-        })
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.try_wait().ok().flatten()
-    }
-
-    /// SIGKILL, then reap. Idempotent.
-    fn kill(&mut self) {
-        if self.exited().is_none() {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
 }

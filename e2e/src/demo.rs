@@ -36,6 +36,13 @@ pub fn project_quota(project: &str, quota: &ResourceDetails) -> ResourceQuota {
     object
 }
 
+/// [`project_quota`] limiting cpu alone, to `cpu` (a quantity: `"8"`, `"500m"`).
+pub fn cpu_quota(project: &str, cpu: &str) -> ResourceQuota {
+    let limits: ResourceDetails =
+        serde_json::from_value(serde_json::json!({ "cpu": cpu })).expect("a valid cpu quantity");
+    project_quota(project, &limits)
+}
+
 /// Writes (server-side apply) the demo project's quota on the master.
 pub async fn write_demo_project(fleet: &Fleet) -> Result<()> {
     let quota: ResourceDetails = serde_json::from_value(serde_json::json!({

@@ -61,6 +61,8 @@ pub mod components;
 pub mod control_plane;
 pub mod demo;
 pub mod fleet;
+pub mod machines;
+pub mod process;
 pub mod procfs;
 pub mod system;
 pub mod wait;

@@ -55,6 +55,29 @@ impl Component {
     }
 }
 
+/// A fleet with the whole system beside it, as the end-to-end tests use it: the components built
+/// (see [`build_components`]), the fleet started, its files written to a temporary directory,
+/// and every component ready. Dropping it stops the components, then the fleet, then removes the
+/// directory.
+pub struct FleetWithSystem {
+    pub system: System,
+    pub fleet: Fleet,
+    pub dir: tempfile::TempDir,
+}
+
+impl FleetWithSystem {
+    pub async fn start(spec: crate::FleetSpec) -> Result<FleetWithSystem> {
+        tokio::task::spawn_blocking(build_components)
+            .await
+            .context("building the components")??;
+        let fleet = Fleet::start(spec).await?;
+        let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
+        fleet.write_dir(dir.path())?;
+        let system = System::start(&fleet, dir.path()).await?;
+        Ok(FleetWithSystem { system, fleet, dir })
+    }
+}
+
 /// The running system; dropping it kills every component.
 #[derive(Debug)]
 pub struct System {

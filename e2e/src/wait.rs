@@ -68,7 +68,11 @@ where
                 Ok(value) => return Ok(value),
                 Err(why) => last = why.or(last),
             },
-            Err(_) => last = Some("the check itself was still running at the deadline".to_owned()),
+            // The last attempt cut off at the deadline says nothing about the condition: keep
+            // what the attempts before it said, if anything.
+            Err(_) => {
+                last = last.or_else(|| Some("the check itself was still running at the deadline".to_owned()));
+            }
         }
         if Instant::now() >= deadline {
             match last {

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use e2e::system::{System, generate_url_signing_key, write_url_signing_keys};
-use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
+use e2e::system::{FleetWithSystem, System, generate_url_signing_key, write_url_signing_keys};
+use e2e::{FleetSpec, wait_for, wait_for_object};
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::QuotaLedger;
 use kkp_quota_crds::machine::Machine;
@@ -23,17 +23,7 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_mins(1);
 
 fn machine(name: &str) -> Machine {
-    serde_json::from_value(json!({
-        "apiVersion": "cluster.k8s.io/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": name, "namespace": "kube-system"},
-        "spec": {"providerSpec": {"value": {
-            "cloudProvider": "aws",
-            "cloudProviderSpec": {"instanceType": "t3.medium", "diskSize": 50, "region": "eu-central-1"},
-            "operatingSystem": "ubuntu"
-        }}}
-    }))
-    .expect("a Machine")
+    e2e::machines::aws(name, "t3.medium")
 }
 
 /// The webhook URL seed-controller wrote into a user cluster (waits for it).
@@ -121,22 +111,16 @@ async fn ledger_size(seed: &Client) -> (usize, usize) {
 }
 
 struct Running {
-    fleet: Fleet,
-    system: System,
-    _dir: tempfile::TempDir,
+    running: FleetWithSystem,
     http: reqwest::Client,
 }
 
 async fn start() -> Running {
-    tokio::task::spawn_blocking(e2e::system::build_components)
+    let running = FleetWithSystem::start(FleetSpec::default())
         .await
-        .expect("join")
-        .expect("components built");
-    let fleet = Fleet::start(FleetSpec::default()).await.expect("fleet");
-    let dir = tempfile::tempdir().expect("dir");
-    fleet.write_dir(dir.path()).expect("fleet files");
-    let system = System::start(&fleet, dir.path()).await.expect("system");
-    e2e::demo::write_demo_project(&fleet).await.expect("demo quota");
+        .expect("fleet and system");
+    let (fleet, system) = (&running.fleet, &running.system);
+    e2e::demo::write_demo_project(fleet).await.expect("demo quota");
     let ca = std::fs::read(&system.webhook_ca).expect("CA");
     let http = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(&ca).expect("CA PEM"))
@@ -147,22 +131,19 @@ async fn start() -> Running {
     wait_for_object(&Api::<QuotaLedger>::all(seed_a), "project-demo", WAIT)
         .await
         .expect("demo quota on seed-a");
-    Running {
-        fleet,
-        system,
-        _dir: dir,
-        http,
-    }
+    Running { running, http }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_admission_calls_are_refused_and_reserve_nothing() {
     // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
     let Running {
-        fleet,
-        system,
+        running: FleetWithSystem {
+            fleet,
+            system,
+            dir: _keep,
+        },
         http,
-        _dir: _keep,
     } = start().await;
     let alpha = fleet.user_cluster("alpha").client();
     let beta = fleet.user_cluster("beta").client();
@@ -273,10 +254,12 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
 async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token() {
     // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
     let Running {
-        fleet,
-        system,
+        running: FleetWithSystem {
+            fleet,
+            system,
+            dir: _keep,
+        },
         http,
-        _dir: _keep,
     } = start().await;
     let users: Vec<(String, Client)> = ["alpha", "beta", "gamma"]
         .iter()

@@ -11,13 +11,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use e2e::components::{ComponentSpec, spawn};
-use e2e::system::{System, free_port};
+use e2e::system::{FleetWithSystem, System, free_port};
 use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
 use kkp_quota_crds::ResourceQuota;
 use kkp_quota_crds::machine::Machine;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const REPO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
@@ -79,36 +79,29 @@ fn documented_metrics() -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
-    tokio::task::spawn_blocking(e2e::system::build_components)
-        .await
-        .unwrap()
-        .unwrap();
     let spec = FleetSpec::empty()
         .with_seed("seed-a")
         .with_project("demo")
         .with_user_cluster("alpha", "seed-a", "demo");
-    let fleet = Fleet::start(spec).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    fleet.write_dir(dir.path()).unwrap();
-    let system = System::start(&fleet, dir.path()).await.unwrap();
+    let running = FleetWithSystem::start(spec).await.unwrap();
+    let (fleet, system, dir) = (&running.fleet, &running.system, &running.dir);
     let master = Api::<ResourceQuota>::all(fleet.master().client());
 
-    use_four_cpus_of_eight(&fleet, &master).await;
-    let (_prometheus, base) = start_prometheus(&system, dir.path()).await;
+    use_four_cpus_of_eight(fleet, &master).await;
+    let (_prometheus, base) = start_prometheus(system, dir.path()).await;
     alert_fires_when_quota_is_lowered(&master, &base).await;
-    exported_metrics_are_documented(&system).await;
+    exported_metrics_are_documented(system).await;
 }
 
 fn quota(cpu: &str) -> ResourceQuota {
-    e2e::demo::project_quota("demo", &serde_json::from_value(json!({ "cpu": cpu })).unwrap())
+    e2e::demo::cpu_quota("demo", cpu)
 }
 
 /// Project demo: an 8-cpu quota and two t3.medium Machines (2 cpu each) admitted through the
 /// webhook and counted up to the master.
 async fn use_four_cpus_of_eight(fleet: &Fleet, master: &Api<ResourceQuota>) {
     let quota = |cpu: &str| {
-        let mut quota =
-            e2e::demo::project_quota("demo", &serde_json::from_value(json!({ "cpu": cpu })).unwrap());
+        let mut quota = e2e::demo::cpu_quota("demo", cpu);
         quota.metadata.managed_fields = None;
         quota
     };
@@ -132,13 +125,7 @@ async fn use_four_cpus_of_eight(fleet: &Fleet, master: &Api<ResourceQuota>) {
         .unwrap();
     let machines = Api::<Machine>::namespaced(fleet.user_cluster("alpha").client(), "kube-system");
     for name in ["worker-1", "worker-2"] {
-        let machine: Machine = serde_json::from_value(json!({
-            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
-            "metadata": {"name": name, "namespace": "kube-system"},
-            "spec": {"providerSpec": {"value": {"cloudProvider": "aws",
-                "cloudProviderSpec": {"instanceType": "t3.medium", "diskSize": 50, "region": "eu-central-1"}}}}
-        }))
-        .unwrap();
+        let machine = e2e::machines::aws(name, "t3.medium");
         machines.create(&PostParams::default(), &machine).await.unwrap();
     }
     wait_for(

@@ -1,39 +1,31 @@
 //! One quota over two seeds (docs/shares.md), on the whole system: master-controller, and a
 //! seed-controller and a machine-webhook per seed, as real processes. Project `demo` has user
 //! clusters `alpha`, `beta` on seed-a and `gamma` on seed-b, and a quota of `LIMIT` cpu; every
-//! Machine is one cpu. A sampler reads every seed's ledger all along and fails the test if what
-//! the seeds committed together ever exceeds the limit.
+//! Machine is one cpu. A watcher follows every version of both seeds' ledgers and of the master's
+//! `ProjectQuota` all along, and fails the test if what the seeds committed together, or the
+//! master's global usage, ever exceeds the limit.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use e2e::system::System;
+use e2e::system::FleetWithSystem;
 use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
 use futures::future::join_all;
+use futures::{StreamExt, stream};
 use kkp_quota_crds::machine::Machine;
-use kkp_quota_crds::shares::objects::committed;
+use kkp_quota_crds::shares::objects::{committed, seed_share};
 use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use serde_json::json;
+use tokio::sync::oneshot;
 
 const LIMIT: i64 = 10;
 const NAME: &str = "project-demo";
 const WAIT: Duration = Duration::from_mins(1);
 
-struct Setup {
-    fleet: Fleet,
-    system: System,
-    _dir: tempfile::TempDir,
-}
-
-async fn setup() -> Setup {
-    tokio::task::spawn_blocking(e2e::system::build_components)
-        .await
-        .unwrap()
-        .unwrap();
+/// The fleet (two seeds) and the system, with the quota written and every ledger under shares.
+async fn setup() -> FleetWithSystem {
     let spec = FleetSpec::empty()
         .with_seed("seed-a")
         .with_seed("seed-b")
@@ -41,14 +33,9 @@ async fn setup() -> Setup {
         .with_user_cluster("alpha", "seed-a", "demo")
         .with_user_cluster("beta", "seed-a", "demo")
         .with_user_cluster("gamma", "seed-b", "demo");
-    let fleet = Fleet::start(spec).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    fleet.write_dir(dir.path()).unwrap();
-    let system = System::start(&fleet, dir.path()).await.unwrap();
-    let quota = e2e::demo::project_quota(
-        "demo",
-        &serde_json::from_value(json!({"cpu": LIMIT.to_string()})).unwrap(),
-    );
+    let running = FleetWithSystem::start(spec).await.unwrap();
+    let fleet = &running.fleet;
+    let quota = e2e::demo::cpu_quota("demo", &LIMIT.to_string());
     Api::<ResourceQuota>::all(fleet.master().client())
         .patch(
             NAME,
@@ -72,25 +59,11 @@ async fn setup() -> Setup {
             .await
             .unwrap();
     }
-    Setup {
-        fleet,
-        system,
-        _dir: dir,
-    }
+    running
 }
 
 fn machine(name: &str) -> Machine {
-    serde_json::from_value(json!({
-        "apiVersion": "cluster.k8s.io/v1alpha1",
-        "kind": "Machine",
-        "metadata": {"name": name, "namespace": "kube-system"},
-        "spec": {"providerSpec": {"value": {
-            "cloudProvider": "vsphere",
-            "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": 1, "memoryMB": 1024, "diskSizeGB": 10},
-            "operatingSystem": "ubuntu"
-        }}}
-    }))
-    .unwrap()
+    e2e::machines::vsphere(name, 1)
 }
 
 fn machines(fleet: &Fleet, user: &str) -> Api<Machine> {
@@ -130,11 +103,11 @@ async fn delete_all(fleet: &Fleet, users: &[&str]) {
     }
 }
 
-/// What a seed committed (`localUsage + reservations + allotments`) and the share it holds.
-async fn seed_figures(client: &Client) -> Option<(i64, i64)> {
-    let ledger = Api::<QuotaLedger>::all(client.clone()).get(NAME).await.ok()?;
+/// What a ledger says the seed committed (`localUsage + reservations + allotments`) and the
+/// share it holds, in cpus; `None` while it is not under shares.
+fn figures(ledger: &QuotaLedger) -> Option<(i64, i64)> {
     let status = ledger.status.clone().unwrap_or_default();
-    let share = kkp_quota_crds::shares::objects::seed_share(&ledger.spec, Some(&status))?;
+    let share = seed_share(&ledger.spec, Some(&status))?;
     let cpu = |q: Quantity| i64::try_from(q.ceil_units()).unwrap();
     Some((
         cpu(committed(&status).ok()?.amount(Resource::Cpu)),
@@ -142,50 +115,92 @@ async fn seed_figures(client: &Client) -> Option<(i64, i64)> {
     ))
 }
 
-/// Waits until both seeds count nothing and hold nothing committed.
+/// [`figures`] of a seed's ledger as it is now.
+async fn seed_figures(client: &Client) -> Option<(i64, i64)> {
+    figures(&Api::<QuotaLedger>::all(client.clone()).get(NAME).await.ok()?)
+}
+
+/// Waits until both seeds have nothing committed.
 async fn wait_idle(fleet: &Fleet) {
     for seed in ["seed-a", "seed-b"] {
         let client = fleet.seed(seed).client();
         wait_for(WAIT, &format!("{seed} idle"), || async {
-            seed_figures(&client).await.is_some_and(|(c, _)| c == 0)
+            match seed_figures(&client).await {
+                Some((0, _)) => Ok(()),
+                Some((committed, share)) => Err(format!("{committed} cpu committed, share {share}")),
+                None => Err("no ledger under shares".to_owned()),
+            }
         })
         .await
         .unwrap();
     }
 }
 
-/// Samples both seeds' ledgers until stopped; panics (through the join) on an overrun: the
-/// seeds' committed usage together above the limit, or the master's global usage above it.
-fn sampler(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
-    let seeds = [fleet.seed("seed-a").client(), fleet.seed("seed-b").client()];
+/// One version of an object the overrun watcher follows.
+enum Seen {
+    Ledger(usize, Box<QuotaLedger>),
+    Master(Box<ProjectQuota>),
+}
+
+/// Follows every version of both seeds' ledgers and of the master's `ProjectQuota` until `stop`
+/// fires; panics (through the join) on an overrun: the seeds' committed usage together above
+/// the limit (each seed's newest version), or the master's global usage above it. Returns how
+/// many versions it checked.
+fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
+    let only_ours = || watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+    let mut streams = Vec::new();
+    for (i, seed) in ["seed-a", "seed-b"].into_iter().enumerate() {
+        let api = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        streams.push(
+            watcher::watcher(api, only_ours())
+                .default_backoff()
+                .applied_objects()
+                .filter_map(move |l| async move { l.ok().map(|l| Seen::Ledger(i, Box::new(l))) })
+                .boxed(),
+        );
+    }
     let master = Api::<ProjectQuota>::all(fleet.master().client());
+    streams.push(
+        watcher::watcher(master, only_ours())
+            .default_backoff()
+            .applied_objects()
+            .filter_map(|p| async move { p.ok().map(|p| Seen::Master(Box::new(p))) })
+            .boxed(),
+    );
+    let mut seen = stream::select_all(streams);
     tokio::spawn(async move {
-        let mut samples = 0;
-        while !stop.load(Ordering::SeqCst) {
-            let mut total = 0;
-            let mut seen = 0;
-            for client in &seeds {
-                if let Some((committed, _)) = seed_figures(client).await {
-                    total += committed;
-                    seen += 1;
+        let mut committed: [Option<i64>; 2] = [None, None];
+        let mut checked = 0;
+        tokio::pin!(stop);
+        loop {
+            let next = tokio::select! {
+                next = seen.next() => next,
+                _ = &mut stop => return checked,
+            };
+            match next {
+                Some(Seen::Ledger(i, ledger)) => {
+                    if let Some((c, _)) = figures(&ledger) {
+                        committed[i] = Some(c);
+                    }
+                    if let [Some(a), Some(b)] = committed {
+                        assert!(
+                            a + b <= LIMIT,
+                            "the seeds committed {a} + {b} cpu, over the limit {LIMIT}"
+                        );
+                    }
                 }
+                Some(Seen::Master(pq)) => {
+                    if let Some(global) = pq.status.and_then(|s| s.global_usage) {
+                        assert!(
+                            global.amount(Resource::Cpu) <= Quantity::from_units(LIMIT),
+                            "the master's global usage {global} is over the limit"
+                        );
+                    }
+                }
+                None => return checked,
             }
-            assert!(
-                seen < 2 || total <= LIMIT,
-                "the seeds committed {total} cpu together, over the limit {LIMIT}"
-            );
-            if let Ok(pq) = master.get(NAME).await
-                && let Some(global) = pq.status.and_then(|s| s.global_usage)
-            {
-                assert!(
-                    global.amount(Resource::Cpu) <= Quantity::from_units(LIMIT),
-                    "the master's global usage {global} is over the limit"
-                );
-            }
-            samples += 1;
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            checked += 1;
         }
-        samples
     })
 }
 
@@ -193,14 +208,14 @@ fn sampler(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usiz
 async fn bursts_across_seeds_never_overrun() {
     let setup = setup().await;
     let fleet = &setup.fleet;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampling = sampler(fleet, Arc::clone(&stop));
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
 
     // Burst across seeds: 60 creates over alpha, beta (seed-a) and gamma (seed-b), headroom 10.
     let spread: Vec<&str> = (0..60).map(|i| ["alpha", "beta", "gamma"][i % 3]).collect();
     for round in 0..20 {
         let admitted = burst(fleet, &spread, &format!("r{round}")).await;
-        // Never over (the sampler checks every instant). Exactly the headroom is the target; it
+        // Never over (the watcher checks every version). Exactly the headroom is the target; it
         // is reported here, not asserted, until it holds every time (see the note).
         assert!(
             admitted <= usize::try_from(LIMIT).unwrap(),
@@ -211,9 +226,9 @@ async fn bursts_across_seeds_never_overrun() {
         wait_idle(fleet).await;
     }
 
-    stop.store(true, Ordering::SeqCst);
-    let samples = sampling.await.unwrap();
-    assert!(samples > 10, "only {samples} samples");
+    let _ = stop.send(());
+    let checked = watching.await.unwrap();
+    assert!(checked > 20, "only {checked} versions checked");
     // Denials for share were counted apart from quota denials.
     let metrics = setup.system.scrape_all().await.unwrap();
     assert!(
@@ -227,8 +242,8 @@ async fn bursts_across_seeds_never_overrun() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     let mut setup = setup().await;
-    let stop = Arc::new(AtomicBool::new(false));
-    let sampling = sampler(&setup.fleet, Arc::clone(&stop));
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(&setup.fleet, stopped);
 
     // Both seeds get share.
     let b0 = burst(&setup.fleet, &["gamma"; 4], "b0").await;
@@ -247,8 +262,29 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
         .name
         .clone();
     let spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
+    // Killed as soon as the burst is under way: a seed has asked for share or committed some.
+    let under_way = {
+        let seeds = [
+            setup.fleet.seed("seed-a").client(),
+            setup.fleet.seed("seed-b").client(),
+        ];
+        async move {
+            wait_for(WAIT, "the burst under way", || async {
+                for client in &seeds {
+                    let ledger = Api::<QuotaLedger>::all(client.clone()).get(NAME).await.ok()?;
+                    let status = ledger.status.clone().unwrap_or_default();
+                    if !status.demands.is_empty() || !status.reservations.is_empty() {
+                        return Some(());
+                    }
+                }
+                None
+            })
+            .await
+            .unwrap();
+        }
+    };
     let killing = async {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        under_way.await;
         setup.system.component_mut(&master_name).unwrap().kill();
     };
     let (admitted, ()) = tokio::join!(burst(&setup.fleet, &spread, "m"), killing);
@@ -279,6 +315,6 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     delete_all(&setup.fleet, &["alpha"]).await;
     wait_idle(&setup.fleet).await;
 
-    stop.store(true, Ordering::SeqCst);
-    sampling.await.unwrap();
+    let _ = stop.send(());
+    watching.await.unwrap();
 }
