@@ -46,6 +46,25 @@ impl Component {
         self.process = None;
     }
 
+    /// The text of its `/metrics`.
+    pub async fn scrape(&self) -> Result<String> {
+        let url = format!("http://{}/metrics", self.metrics_address);
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()?;
+        Ok(http.get(&url).send().await?.error_for_status()?.text().await?)
+    }
+
+    /// Whether it answers `/readyz` with 200 (a master-controller only once it leads and its
+    /// caches are synced).
+    pub async fn is_ready(&self) -> bool {
+        let url = format!("http://{}/readyz", self.metrics_address);
+        let Ok(http) = reqwest::Client::builder().timeout(Duration::from_secs(2)).build() else {
+            return false;
+        };
+        http.get(&url).send().await.is_ok_and(|r| r.status().is_success())
+    }
+
     /// Starts it again with the same flags (after [`Component::kill`]); its log is appended to.
     pub fn restart(&mut self) -> Result<()> {
         self.process = None;
@@ -67,14 +86,50 @@ pub struct FleetWithSystem {
 
 impl FleetWithSystem {
     pub async fn start(spec: crate::FleetSpec) -> Result<FleetWithSystem> {
+        FleetWithSystem::start_with(spec, &[]).await
+    }
+
+    /// [`FleetWithSystem::start`], with `extra` flags appended to every component of a kind:
+    /// `(kind, flag)`.
+    pub async fn start_with(spec: crate::FleetSpec, extra: &[(&str, &str)]) -> Result<FleetWithSystem> {
         tokio::task::spawn_blocking(build_components)
             .await
             .context("building the components")??;
         let fleet = Fleet::start(spec).await?;
         let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
         fleet.write_dir(dir.path())?;
-        let system = System::start(&fleet, dir.path()).await?;
+        let system = System::start_with(&fleet, dir.path(), extra).await?;
         Ok(FleetWithSystem { system, fleet, dir })
+    }
+}
+
+/// Set to keep the components' logs of every run, not only of failed ones.
+pub const KEEP_LOGS_ENV: &str = "KKP_QUOTA_KEEP_LOGS";
+
+impl Drop for FleetWithSystem {
+    /// A failed test (or one run with [`KEEP_LOGS_ENV`]) keeps the components' logs under
+    /// `target/e2e-logs/`, since the temporary directory goes with the fleet.
+    fn drop(&mut self) {
+        if !std::thread::panicking() && std::env::var_os(KEEP_LOGS_ENV).is_none() {
+            return;
+        }
+        let kept = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs")).join(
+            self.dir
+                .path()
+                .file_name()
+                .map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned()),
+        );
+        let copied = std::fs::create_dir_all(&kept).and_then(|()| {
+            for entry in std::fs::read_dir(self.dir.path().join("logs"))? {
+                let entry = entry?;
+                std::fs::copy(entry.path(), kept.join(entry.file_name()))?;
+            }
+            Ok(())
+        });
+        match copied {
+            Ok(()) => eprintln!("components' logs kept in {}", kept.display()),
+            Err(e) => eprintln!("could not keep the components' logs in {}: {e}", kept.display()),
+        }
     }
 }
 
@@ -140,6 +195,12 @@ impl System {
     /// Starts every component for `fleet`, whose kubeconfigs were written to `dir` by
     /// [`Fleet::write_dir`], and waits until each answers `/readyz`.
     pub async fn start(fleet: &Fleet, dir: &Path) -> Result<System> {
+        System::start_with(fleet, dir, &[]).await
+    }
+
+    /// [`System::start`], with `extra` flags appended to every component of a kind:
+    /// `(kind, flag)`.
+    pub async fn start_with(fleet: &Fleet, dir: &Path, extra: &[(&str, &str)]) -> Result<System> {
         let logs = dir.join("logs");
         let certs = WebhookCerts::generate()?.write_to(&dir.join("webhook"))?;
         let url_signing_keys = dir.join("webhook").join("url-signing-keys");
@@ -197,7 +258,13 @@ impl System {
         }
 
         let mut components = Vec::new();
-        for (kind, seed, metrics_address, spec) in specs {
+        for (kind, seed, metrics_address, mut spec) in specs {
+            spec.args.extend(
+                extra
+                    .iter()
+                    .filter(|(k, _)| *k == kind)
+                    .map(|(_, flag)| (*flag).to_owned()),
+            );
             if !spec.program.exists() {
                 bail!(
                     "{} is not built; run `cargo build -p {kind}` (make demo does)",

@@ -136,15 +136,8 @@ async fn start() -> Running {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn forged_admission_calls_are_refused_and_reserve_nothing() {
-    // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
-    let Running {
-        running: FleetWithSystem {
-            fleet,
-            system,
-            dir: _keep,
-        },
-        http,
-    } = start().await;
+    let Running { running, http } = start().await;
+    let (fleet, system) = (&running.fleet, &running.system);
     let alpha = fleet.user_cluster("alpha").client();
     let beta = fleet.user_cluster("beta").client();
     let seed_a = fleet.seed("seed-a").client();
@@ -157,7 +150,7 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
     assert_ne!(alpha_token, beta_token);
 
     let before = ledger_size(&seed_a).await;
-    let admissions_before = metric(&system, "kkp_quota_admissions_total", "").await;
+    let admissions_before = metric(system, "kkp_quota_admissions_total", "").await;
     let forged = [
         // curl from a shell on the machine, no credentials (the URL of before this change).
         (format!("{base}/validate/machines/alpha"), 401, "missing_token"),
@@ -197,7 +190,7 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
     for reason in ["missing_token", "invalid_token", "unknown_cluster"] {
         let expected = 2 * forged.iter().filter(|f| f.2 == reason).count();
         let counted = metric(
-            &system,
+            system,
             "kkp_quota_webhook_auth_failures_total",
             &format!("reason=\"{reason}\""),
         )
@@ -205,7 +198,7 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
         assert_eq!(counted, u64::try_from(expected).expect("small"), "{reason}");
     }
     assert_eq!(
-        metric(&system, "kkp_quota_admissions_total", "").await,
+        metric(system, "kkp_quota_admissions_total", "").await,
         admissions_before,
         "no forged call reached a decision"
     );
@@ -252,15 +245,8 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
 #[tokio::test(flavor = "multi_thread")]
 #[allow(clippy::too_many_lines)] // one scenario: burst, three rotation steps, checks
 async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token() {
-    // The temp dir holds the key file and the kubeconfigs: keep it for the whole test.
-    let Running {
-        running: FleetWithSystem {
-            fleet,
-            system,
-            dir: _keep,
-        },
-        http,
-    } = start().await;
+    let Running { running, http } = start().await;
+    let (fleet, system) = (&running.fleet, &running.system);
     let users: Vec<(String, Client)> = ["alpha", "beta", "gamma"]
         .iter()
         .map(|n| ((*n).to_owned(), fleet.user_cluster(n).client()))
@@ -331,7 +317,7 @@ async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token()
     // The overlap ends once every API server uses its new URL: a round of creates through each
     // user cluster during which no call was verified by the old key.
     wait_for(WAIT, "every API server to use its new URL", || async {
-        let older = metric(&system, "kkp_quota_webhook_authenticated_total", "key=\"older\"").await;
+        let older = metric(system, "kkp_quota_webhook_authenticated_total", "key=\"older\"").await;
         for (_, client) in &users {
             let api = Api::<Machine>::namespaced(client.clone(), "kube-system");
             let dry = PostParams {
@@ -342,7 +328,7 @@ async fn key_rotation_during_a_burst_fails_no_create_and_retires_the_old_token()
                 return false;
             }
         }
-        metric(&system, "kkp_quota_webhook_authenticated_total", "key=\"older\"").await == older
+        metric(system, "kkp_quota_webhook_authenticated_total", "key=\"older\"").await == older
     })
     .await
     .expect("overlap over");

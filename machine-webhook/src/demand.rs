@@ -13,13 +13,27 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::quota_ledger::ShareDemand;
-use kkp_quota_crds::shares::objects::live_demands;
-use kkp_quota_crds::{QuotaLedgerStatus, ResourceDetails};
+use kkp_quota_crds::shares::objects::{live_demands, seed_share};
+use kkp_quota_crds::{QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
 use serde_json::Value;
 
 /// Whether a process other than `holder` waits for share (a live demand of its own).
 pub fn others_waiting(status: Option<&QuotaLedgerStatus>, holder: &str, now: Timestamp) -> bool {
     status.is_some_and(|s| live_demands(s, now).any(|d| d.holder != holder))
+}
+
+/// Whether headroom this process holds is wanted elsewhere, so that its allotment must go back
+/// and nothing more be admitted from it: another process of the seed waits for share, or the
+/// master asks the seed to release share (its target is below what it holds), which the seed
+/// can only do for headroom no allotment holds.
+pub fn allotment_wanted_back(
+    spec: &QuotaLedgerSpec,
+    status: Option<&QuotaLedgerStatus>,
+    holder: &str,
+    now: Timestamp,
+) -> bool {
+    others_waiting(status, holder, now)
+        || seed_share(spec, status).is_some_and(|share| share.asked_back(&spec.quota))
 }
 
 /// The new `status.demands` when this process's entry changes, else `None`.
@@ -136,6 +150,44 @@ mod tests {
             Some(Value::Null)
         );
         assert!(demands_after(None, &[], "me", None, true, at(1), TTL).is_none());
+    }
+
+    fn plain_spec() -> QuotaLedgerSpec {
+        QuotaLedgerSpec {
+            subject: kkp_quota_crds::quota_ledger::LedgerSubject {
+                name: "demo".to_owned(),
+                kind: "project".to_owned(),
+            },
+            quota: cpu(10),
+            shares: None,
+        }
+    }
+
+    #[test]
+    fn a_target_below_the_share_wants_allotments_back() {
+        use kkp_quota_crds::quota_ledger::LedgerShares;
+        let spec = |target: i64| QuotaLedgerSpec {
+            quota: cpu(10),
+            shares: Some(LedgerShares {
+                version: 3,
+                granted: cpu(6),
+                target: cpu(target),
+                ..LedgerShares::default()
+            }),
+            ..plain_spec()
+        };
+        let (s, _) = status(vec![]);
+        assert!(!allotment_wanted_back(&spec(6), Some(&s), "me", at(0)));
+        assert!(!allotment_wanted_back(&spec(8), Some(&s), "me", at(0)));
+        assert!(allotment_wanted_back(&spec(4), Some(&s), "me", at(0)));
+        // Released down to the target: nothing more is asked.
+        let released = QuotaLedgerStatus {
+            released: Some(cpu(2)),
+            ..QuotaLedgerStatus::default()
+        };
+        assert!(!allotment_wanted_back(&spec(4), Some(&released), "me", at(0)));
+        // Without shares nothing is asked back.
+        assert!(!allotment_wanted_back(&plain_spec(), Some(&s), "me", at(0)));
     }
 
     #[test]

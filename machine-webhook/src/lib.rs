@@ -73,6 +73,8 @@ pub struct Config {
     /// How long a request that fits the quota waits for share to move to this seed (or for
     /// other processes to give their allotments back) before it is denied.
     pub share_wait: Duration,
+    /// How long a demand for share stays after its last waiting request.
+    pub share_demand_ttl: Duration,
 }
 
 /// How admission calls are authenticated.
@@ -100,6 +102,7 @@ impl Config {
             auth: None,
             limits: Limits::default(),
             share_wait: ReserverConfig::default().share_wait,
+            share_demand_ttl: ReserverConfig::default().demand_ttl,
         }
     }
 }
@@ -184,6 +187,7 @@ impl Webhook {
                 max_attempts: config.max_attempts,
                 allotments: config.allotments.clone(),
                 share_wait: config.share_wait,
+                demand_ttl: config.share_demand_ttl,
                 ..ReserverConfig::default()
             },
             token.clone(),

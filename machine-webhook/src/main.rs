@@ -64,6 +64,16 @@ struct Args {
     /// for a write.
     #[arg(long, env = "MACHINE_WEBHOOK_SHARE_WAIT_MS", default_value_t = 3000)]
     share_wait_ms: u64,
+    /// How long (seconds) a demand for share stays after its last waiting request, so that a
+    /// retry after a `share_in_transit` denial finds the share moved. While it stays, the seed's
+    /// idle share is not asked back for other seeds.
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_SHARE_DEMAND_TTL_SECONDS",
+        default_value_t = 30,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    share_demand_ttl_seconds: u64,
     /// File of URL-signing keys (base64, one per line, at least 32 bytes each): the first signs,
     /// every one verifies; re-read when it changes. The same file is given to seed-controller,
     /// which writes each user cluster's token into its webhook URL. Required unless
@@ -116,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
         ..AllotmentConfig::default()
     });
     config.share_wait = Duration::from_millis(args.share_wait_ms);
+    config.share_demand_ttl = Duration::from_secs(args.share_demand_ttl_seconds);
     config.auth = match args.url_signing_keys {
         Some(path) => Some(AuthConfig::UrlSigningKeys(path)),
         None if args.insecure_no_auth => Some(AuthConfig::InsecureNoAuth),

@@ -5,6 +5,8 @@
 //! - **counted**: its Machine (same cluster and UID) is counted, at the reserved `size`, in the
 //!   very `localUsage` the same write carries (so the Machine is never counted zero times nor
 //!   twice), or
+//! - **gone**: its Machine was seen deleted (a UID never comes back), which happens when a
+//!   Machine is deleted before the reservation that admitted it is recorded, or
 //! - **expired**: it is older than the TTL and its cluster is not unsettled (unreachable or not
 //!   synced yet), since the Machine may exist there uncounted.
 //!
@@ -30,6 +32,7 @@ use crate::usage::same_usage;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropReason {
     Counted,
+    Gone,
     Expired,
 }
 
@@ -40,6 +43,8 @@ pub struct Counted {
     pub machines: HashMap<(String, String), ResourceDetails>,
     /// Clusters whose Machines may exist uncounted (unreachable, not synced yet).
     pub unsettled: HashSet<String>,
+    /// `(cluster, uid)` of Machines seen deleted lately.
+    pub gone: HashSet<(String, String)>,
 }
 
 impl Counted {
@@ -78,6 +83,12 @@ pub fn reservations_to_drop(
         .filter_map(|(i, reservation)| {
             if counted.counts(reservation) {
                 return Some((i, DropReason::Counted));
+            }
+            if counted
+                .gone
+                .contains(&(reservation.cluster.clone(), reservation.uid.clone()))
+            {
+                return Some((i, DropReason::Gone));
             }
             let expired = reservation
                 .created_at
@@ -208,6 +219,18 @@ mod tests {
     }
 
     const TTL: SignedDuration = SignedDuration::from_secs(120);
+
+    #[test]
+    fn a_reservation_whose_machine_was_seen_deleted_is_dropped() {
+        let now = Timestamp::from_second(1_800_000_000).unwrap();
+        let reservations = vec![reservation("a", "1", 1, 0, now), reservation("a", "2", 1, 0, now)];
+        let mut counted = Counted::default();
+        counted.gone.insert(("a".to_owned(), "2".to_owned()));
+        // Even while the cluster is unsettled: a deleted UID cannot come back.
+        counted.unsettled.insert("a".to_owned());
+        let drops = reservations_to_drop(&reservations, &counted, now, SignedDuration::from_mins(2));
+        assert_eq!(drops, vec![(1, DropReason::Gone)]);
+    }
 
     #[test]
     fn counted_at_the_reserved_size_is_dropped() {
@@ -448,6 +471,9 @@ mod tests {
                     DropReason::Counted => {
                         let s = counted.machines.get(&(r.cluster.clone(), r.uid.clone()));
                         prop_assert!(s.is_some_and(|s| same_usage(s, &r.size)));
+                    }
+                    DropReason::Gone => {
+                        prop_assert!(counted.gone.contains(&(r.cluster.clone(), r.uid.clone())));
                     }
                     DropReason::Expired => {
                         prop_assert!(!counted.unsettled.contains(&r.cluster));

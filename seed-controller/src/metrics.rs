@@ -102,7 +102,7 @@ impl Metrics {
             )?,
             reservations_counted: IntCounter::new(
                 "kkp_quota_reservations_counted_total",
-                "Admission reservations dropped in the same write that counted their Machine",
+                "Admission reservations dropped in the same write that counted their Machine, or because their Machine was seen deleted",
             )?,
             allotments_expired: IntCounter::new(
                 "kkp_quota_allotments_expired_total",

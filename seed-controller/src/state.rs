@@ -57,6 +57,10 @@ struct MachineInfo {
     sizing: Result<ResourceDetails, SizingError>,
 }
 
+/// How long a deleted Machine's uid is remembered: longer than any sensible reservation TTL
+/// (a reservation older than its TTL goes anyway).
+const GONE_KEPT: Duration = Duration::from_mins(10);
+
 /// When a Machine appeared while watched, and whether a write has held it back since.
 #[derive(Debug, Clone, Copy)]
 struct Appearance {
@@ -89,6 +93,9 @@ pub struct ClusterState {
     pub reachability: Reachability,
     /// Machines that appeared while the watch was running: checked for a reservation.
     appeared: BTreeMap<String, Appearance>,
+    /// Machines seen deleted, by uid, and when: a reservation recorded after its Machine was
+    /// deleted goes at once instead of at its TTL. Kept for [`GONE_KEPT`].
+    gone: HashMap<String, Instant>,
     /// Events already sent (uid, reason): every Event is sent once per Machine.
     reported: HashSet<(String, &'static str)>,
     events: Option<UnboundedSender<MachineEvent>>,
@@ -314,6 +321,11 @@ impl State {
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
             return;
         };
+        let now = Instant::now();
+        cluster
+            .gone
+            .retain(|_, at| now.saturating_duration_since(*at) < GONE_KEPT);
+        cluster.gone.insert(uid.to_owned(), now);
         if cluster.machines.remove(uid).is_none() {
             return;
         }
@@ -463,6 +475,9 @@ impl State {
                         .insert((name.clone(), uid.to_owned()), size.clone());
                 }
             }
+            counted
+                .gone
+                .extend(cluster.gone.keys().map(|uid| (name.clone(), uid.clone())));
             appeared.extend(cluster.appeared.iter().map(|(uid, a)| Appeared {
                 cluster: name.clone(),
                 uid: uid.clone(),

@@ -436,8 +436,8 @@ fn written(
     release: Option<&Release>,
 ) -> (usize, usize) {
     let drops = &decision.drops;
-    let counted = drops.iter().filter(|(_, r)| *r == DropReason::Counted).count();
-    let expired = drops.len() - counted;
+    let expired = drops.iter().filter(|(_, r)| *r == DropReason::Expired).count();
+    let counted = drops.len() - expired;
     shared.metrics.reservations_counted.inc_by(counted as u64);
     shared.metrics.reservations_expired.inc_by(expired as u64);
     shared
@@ -446,8 +446,14 @@ fn written(
         .inc_by(decision.expired.len() as u64);
     for (i, reason) in drops {
         let r = &status.reservations[*i];
-        if *reason == DropReason::Expired {
-            info!(cluster = %r.cluster, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
+        match reason {
+            DropReason::Expired => {
+                info!(cluster = %r.cluster, uid = %r.uid, created_at = %r.created_at, "reservation expired: its Machine never appeared");
+            }
+            DropReason::Gone => {
+                debug!(cluster = %r.cluster, uid = %r.uid, "reservation dropped: its Machine was deleted before it was counted");
+            }
+            DropReason::Counted => {}
         }
     }
     for &i in &decision.expired {

@@ -51,6 +51,18 @@ impl SeedShare {
         })
     }
 
+    /// Whether the master asks for share back: for a resource `limit` limits, the target is
+    /// below the share held. Headroom held inside the seed (webhook processes' allotments) then
+    /// goes back, so that the seed can release it.
+    pub fn asked_back(&self, limit: &ResourceDetails) -> bool {
+        let share = self.share();
+        limit.iter().any(|(resource, limit)| {
+            self.target
+                .get(resource)
+                .is_some_and(|target| target < share.amount(resource).min(limit))
+        })
+    }
+
     /// Whether `request` may be admitted on top of `committed`
     /// (`localUsage + reservations + allotments`).
     pub fn fits(

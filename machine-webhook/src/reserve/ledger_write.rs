@@ -142,7 +142,7 @@ impl Reserver {
     ) -> (Option<ResourceDetails>, Option<Value>) {
         let holder = self.inner.holder.as_str();
         let wants = largest(verdicts.iter().filter_map(|v| v.wants_share.as_ref()));
-        let waiting_elsewhere = others_waiting(copy.status.as_ref(), holder, now);
+        let waiting_elsewhere = allotment_wanted_back(&copy.spec, copy.status.as_ref(), holder, now);
         escrow.give_back = false;
         let grant = self.inner.config.allotments.as_ref().and_then(|config| {
             let idle = requests.is_empty() && escrow.idle_since(config.release_after, Instant::now());
@@ -160,8 +160,9 @@ impl Reserver {
             now,
             self.inner.config.demand_ttl,
         );
-        if demands.is_some() && wants.is_some() {
+        if let (Some(_), Some(wants)) = (&demands, &wants) {
             self.inner.metrics.share_demands.inc();
+            debug!(wants = %wants, waiting = requests.len(), "demand for share recorded");
         }
         (grant, demands)
     }

@@ -46,7 +46,7 @@ use kkp_quota_crds::shares::largest;
 
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::decision::{QuotaState, Reason, Request, Verdict, decide, decide_batch};
-use crate::demand::{demands_after, others_waiting};
+use crate::demand::{allotment_wanted_back, demands_after};
 use crate::escrow::{cap_while_writing, fits_within};
 use crate::metrics::Metrics;
 
@@ -260,9 +260,14 @@ impl Reserver {
         if copy.uid != escrow.quota_uid {
             return None;
         }
-        // Another process waits for headroom: ours goes back at our next write, and nothing more
-        // is admitted from it meanwhile.
-        if others_waiting(copy.status.as_ref(), &self.inner.holder, Timestamp::now()) {
+        // Another process waits for headroom, or the master asks for share back: ours goes back
+        // at our next write, and nothing more is admitted from it meanwhile.
+        if allotment_wanted_back(
+            &copy.spec,
+            copy.status.as_ref(),
+            &self.inner.holder,
+            Timestamp::now(),
+        ) {
             escrow.wake.notify_one();
             return None;
         }

@@ -67,8 +67,8 @@ impl Reserver {
                         seen_version = version;
                         if !waiting.is_empty() {
                             waiting = self.process(&project, std::mem::take(&mut waiting)).await;
-                        } else if self.others_waiting(&project) {
-                            // Another process waits for headroom: our allotment goes back now.
+                        } else if self.allotment_wanted_back(&project) {
+                            // Headroom is wanted elsewhere: our allotment goes back now.
                             self.process(&project, Vec::new()).await;
                         }
                     }
@@ -92,9 +92,8 @@ impl Reserver {
             .and_then(|q| q.metadata.resource_version.clone())
     }
 
-    /// Whether another process's demand is in the project's ledger (and marks our allotment to
-    /// go back).
-    pub(super) fn others_waiting(&self, project: &str) -> bool {
+    /// Whether our allotment is wanted back ([`allotment_wanted_back`]; marks it to go back).
+    pub(super) fn allotment_wanted_back(&self, project: &str) -> bool {
         let mut escrows = lock(&self.inner.escrows);
         let Some(escrow) = escrows.get_mut(project) else {
             return false;
@@ -102,7 +101,12 @@ impl Reserver {
         let Some(copy) = self.newest_parsed(project, escrow) else {
             return false;
         };
-        let waiting = others_waiting(copy.status.as_ref(), &self.inner.holder, Timestamp::now());
+        let waiting = allotment_wanted_back(
+            &copy.spec,
+            copy.status.as_ref(),
+            &self.inner.holder,
+            Timestamp::now(),
+        );
         escrow.give_back |= waiting && escrow.holding;
         waiting && escrow.holding
     }

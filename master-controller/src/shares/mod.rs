@@ -219,7 +219,12 @@ fn after_round(
     if let Some((view, version)) = after {
         for (seed, amount) in &plan.grants {
             ctx.metrics.share_grants.with_label_values(&[seed]).inc();
-            info!(seed = %seed, amount = %amount, version, "share granted");
+            let demand = before
+                .seeds
+                .get(seed)
+                .and_then(|r| r.report.as_ref()?.demand.clone())
+                .unwrap_or_default();
+            info!(seed = %seed, amount = %amount, demand = %demand, version, "share granted");
         }
         for (seed, target, share) in asked_to_release(before, view) {
             info!(seed = %seed, target = %target, share = %share, version, "target lowered: asking the seed to release share");
