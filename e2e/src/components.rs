@@ -23,8 +23,8 @@ impl ComponentSpec {
     pub fn workspace_bin(name: &str, args: Vec<String>) -> Result<ComponentSpec> {
         let exe = std::env::current_exe().context("locating the running executable")?;
         let dir = exe.parent().context("executable without a directory")?;
-        // Test binaries live one level deeper, in target/<profile>/deps.
-        let dir = if dir.ends_with("deps") {
+        // Test binaries and examples live one level deeper, in target/<profile>/{deps,examples}.
+        let dir = if dir.ends_with("deps") || dir.ends_with("examples") {
             dir.parent().unwrap_or(dir)
         } else {
             dir

@@ -178,6 +178,11 @@ pub fn build_components() -> Result<()> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut command = std::process::Command::new(cargo);
     command.args(["build", "--locked", "--bins"]);
+    // The same profile as the running executable (a `--release` benchmark runs release builds).
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    if exe.ancestors().any(|dir| dir.ends_with("release")) {
+        command.arg("--release");
+    }
     for krate in COMPONENT_CRATES {
         command.args(["-p", krate]);
     }

@@ -177,6 +177,7 @@ impl MasterView {
 }
 
 /// One resource: `(grant, target)` per seed, in the order of `records`.
+#[allow(clippy::too_many_lines)] // one plan, read top to bottom: grants, targets, reclaims, squeeze
 fn plan_resource(
     records: &[&SeedRecord],
     resource: Resource,
@@ -190,20 +191,29 @@ fn plan_resource(
     let mut free = limit.saturating_sub_to_zero(held);
     let over = held.saturating_sub_to_zero(limit);
 
+    // What each reachable seed needs beyond what it holds.
+    let needs: Vec<Quantity> = records
+        .iter()
+        .enumerate()
+        .map(|(i, record)| match record.demand(resource) {
+            Some(want) if record.reachable && !record.retiring => want.saturating_sub_to_zero(shares[i]),
+            _ => Quantity::ZERO,
+        })
+        .collect();
+    // Seeds in the order their needs are met: least first (ties by name), so that when demands
+    // compete, the one that can be met is met, and every round agrees on which one that is.
+    let mut order: Vec<usize> = (0..records.len()).collect();
+    order.sort_by_key(|&i| needs[i]);
+
     // Grants, from free headroom only, to reachable seeds that want more than they hold.
     let mut unmet = Quantity::ZERO;
+    let mut unmet_of = vec![Quantity::ZERO; records.len()];
     let mut grants = vec![Quantity::ZERO; records.len()];
-    for (i, record) in records.iter().enumerate() {
-        let Some(want) = record.demand(resource) else {
-            continue;
-        };
-        if !record.reachable || record.retiring {
-            continue;
-        }
-        let need = want.saturating_sub_to_zero(shares[i]);
-        grants[i] = need.min(free);
+    for &i in &order {
+        grants[i] = needs[i].min(free);
         free = free.saturating_sub_to_zero(grants[i]);
-        unmet = unmet.checked_add(need.saturating_sub_to_zero(grants[i]))?;
+        unmet_of[i] = needs[i].saturating_sub_to_zero(grants[i]);
+        unmet = unmet.checked_add(unmet_of[i])?;
     }
     // A seed that had to ask gets half of what stays free on top, so that the requests after
     // this one do not each wait for a round trip (the allotments' rule, one level up).
@@ -253,6 +263,39 @@ fn plan_resource(
             let take = targets[i].saturating_sub_to_zero(floor).min(reclaim);
             targets[i] = targets[i].saturating_sub_to_zero(take);
             reclaim = reclaim.saturating_sub_to_zero(take);
+        }
+    }
+
+    // Demands compete: what is left to reclaim can only come from seeds that want more
+    // themselves. Their idle share moves to the seed met first, if it covers that seed's whole
+    // uncovered need, so that fragments too small for any one seed's request do not sit idle on
+    // several seeds that each wait for the others.
+    let covered = unmet.checked_add(over)?.saturating_sub_to_zero(reclaim);
+    if let Some(&first) = order.iter().find(|&&i| unmet_of[i] > Quantity::ZERO) {
+        let uncovered = unmet_of[first].saturating_sub_to_zero(covered);
+        let idle: Vec<Option<Quantity>> = (0..records.len())
+            .map(|i| {
+                let record = records[i];
+                // Only seeds whose own need stays unmet this round: a seed granted what it asked
+                // for is about to commit it.
+                if i == first || !record.reachable || record.retiring || unmet_of[i] == Quantity::ZERO {
+                    return None;
+                }
+                Some(targets[i].saturating_sub_to_zero(record.committed_seen(resource)?))
+            })
+            .collect();
+        let available = idle
+            .iter()
+            .flatten()
+            .try_fold(Quantity::ZERO, |sum, q| sum.checked_add(*q))?;
+        if uncovered > Quantity::ZERO && available >= uncovered {
+            let mut take_total = uncovered;
+            for &i in order.iter().rev() {
+                let Some(idle) = idle[i] else { continue };
+                let take = idle.min(take_total);
+                targets[i] = targets[i].saturating_sub_to_zero(take);
+                take_total = take_total.saturating_sub_to_zero(take);
+            }
         }
     }
 
@@ -327,6 +370,37 @@ mod tests {
         let plan = v.plan(&cpu(1)).unwrap();
         assert_eq!(plan.grants["a"], cpu(6));
         assert_eq!(plan.targets["b"], cpu(2));
+    }
+
+    #[test]
+    fn competing_demands_move_idle_fragments_to_the_seed_met_first() {
+        // Limit 12: a holds 6.5 and uses 6, b holds 5.5 and uses 5; both want one more cpu.
+        // Neither fits alone; together their idle halves make one cpu, for a (least need, then
+        // name).
+        let half = |n: i64| Quantity::from_nanos(i128::from(n) * 500_000_000);
+        let mut a = seed(0, 0, 6, Some(7));
+        a.granted.set(Resource::Cpu, Some(half(13)));
+        let mut b = seed(0, 0, 5, Some(6));
+        b.granted.set(Resource::Cpu, Some(half(11)));
+        let v = view(12, vec![("a", a), ("b", b)]);
+        let plan = v.plan(&cpu(1)).unwrap();
+        assert!(plan.grants.is_empty());
+        assert_eq!(plan.targets["a"].amount(Resource::Cpu), half(13));
+        assert_eq!(plan.targets["b"], cpu(5));
+        // Once b released its half, a gets it.
+        let mut a = seed(0, 0, 6, Some(7));
+        a.granted.set(Resource::Cpu, Some(half(13)));
+        let mut b = seed(0, 0, 5, Some(6));
+        b.granted.set(Resource::Cpu, Some(half(11)));
+        b.report.as_mut().unwrap().released = {
+            let mut r = ResourceDetails::default();
+            r.set(Resource::Cpu, Some(half(1)));
+            r
+        };
+        let v = view(12, vec![("a", a), ("b", b)]);
+        let plan = v.plan(&cpu(1)).unwrap();
+        assert_eq!(plan.grants["a"].amount(Resource::Cpu), half(1));
+        assert_eq!(plan.targets["a"], cpu(7));
     }
 
     #[test]
