@@ -81,9 +81,19 @@ pub struct LedgerShares {
     /// `max(target, committed)`. An absent resource sets no ceiling.
     #[serde(default)]
     pub target: ResourceDetails,
-    /// The share the master last saw each other seed hold, by seed name (for messages only).
+    /// The share the master last saw each other seed hold, by seed name (for messages only:
+    /// it rides along when the rest changes, see [`LedgerShares::same_word`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub others: BTreeMap<String, ResourceDetails>,
+}
+
+impl LedgerShares {
+    /// Whether both carry the same word of the master (version, grants, target), whatever
+    /// `others` says: a release on one seed must not make the master rewrite every other
+    /// seed's ledger only to refresh a message.
+    pub fn same_word(&self, other: &LedgerShares) -> bool {
+        self.version == other.version && self.granted == other.granted && self.target == other.target
+    }
 }
 
 /// The subject, as KKP's `ResourceQuota` names it.

@@ -168,7 +168,8 @@ pub fn ledger_apply_body(
 }
 
 /// True when the seed's ledger has the master's subject, labels, the limits in force and the
-/// seed's share from the persisted record (and is not being deleted).
+/// seed's share from the persisted record (and is not being deleted). The other seeds' shares
+/// it carries for messages do not count: they are refreshed with the next real change.
 pub fn ledger_in_sync(
     master: &ResourceQuota,
     limits: &ResourceDetails,
@@ -178,7 +179,10 @@ pub fn ledger_in_sync(
     ledger.metadata.deletion_timestamp.is_none()
         && ledger.spec.subject == LedgerSubject::from(&master.spec.subject)
         && &ledger.spec.quota == limits
-        && ledger.spec.shares.as_ref() == shares
+        && match (ledger.spec.shares.as_ref(), shares) {
+            (Some(have), Some(want)) => have.same_word(want),
+            (have, want) => have.is_none() && want.is_none(),
+        }
         && ledger.labels() == &copy_labels(master)
 }
 

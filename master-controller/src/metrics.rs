@@ -347,11 +347,7 @@ mod tests {
         m.reconcile_duration.with_label_values(&["quota"]).observe(0.01);
         m.reconcile_errors.with_label_values(&["quota"]).inc();
         m.seed_last_sync.with_label_values(&["seed-a"]).set(1.0);
-        let mut out = Vec::new();
-        prometheus::TextEncoder::new()
-            .encode(&m.registry.gather(), &mut out)
-            .unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = exposition(&m);
         for needle in [
             "kkp_quota_limit{project=\"demo\",resource=\"cpu\"} 4",
             "kkp_quota_usage{project=\"demo\",resource=\"cpu\",scope=\"global\"} 6.5",
@@ -370,11 +366,7 @@ mod tests {
             "unlimited resources have no limit series"
         );
         m.forget_seed("seed-a");
-        let mut out = Vec::new();
-        prometheus::TextEncoder::new()
-            .encode(&m.registry.gather(), &mut out)
-            .unwrap();
-        let text = String::from_utf8(out).unwrap();
+        let text = exposition(&m);
         assert!(
             !text.contains("scope=\"seed-a\""),
             "seed-a's usage series are gone:\n{text}"

@@ -57,6 +57,12 @@ impl SeedRecord {
         }
     }
 
+    /// [`SeedRecord::share_seen`] for the resources `limit` limits: the figure status, metrics
+    /// and logs show.
+    pub fn share_within(&self, limit: &ResourceDetails) -> ResourceDetails {
+        super::bounded_by(limit, &self.share_seen())
+    }
+
     fn committed_seen(&self, resource: Resource) -> Option<Quantity> {
         self.report.as_ref().map(|r| r.committed.amount(resource))
     }
@@ -139,7 +145,7 @@ impl MasterView {
                 plan.grants.insert(name.clone(), grants[i].clone());
             }
             plan.targets.insert(name.clone(), targets[i].clone());
-            let share = super::bounded_by(&self.limit, &record.share_seen());
+            let share = record.share_within(&self.limit);
             if !record.reachable && !share.is_empty() {
                 plan.stuck.insert(name.clone(), share.clone());
             }
@@ -216,9 +222,10 @@ fn plan_resource(
         unmet = unmet.checked_add(unmet_of[i])?;
     }
     // A seed that had to ask gets half of what stays free on top, so that the requests after
-    // this one do not each wait for a round trip (the allotments' rule, one level up).
-    for (i, record) in records.iter().enumerate() {
-        if grants[i] > Quantity::ZERO && record.reachable && !record.retiring {
+    // this one do not each wait for a round trip (the allotments' rule, one level up). In the
+    // same order as the grants. (Only reachable, non-retiring seeds have needs, hence grants.)
+    for &i in &order {
+        if grants[i] > Quantity::ZERO {
             let extra = Quantity::from_nanos(free.as_nanos() / 2);
             grants[i] = grants[i].checked_add(extra)?;
             free = free.saturating_sub_to_zero(extra);
@@ -246,13 +253,14 @@ fn plan_resource(
     // Ask seeds with idle share and no demand of their own to release it: first what they hold
     // above committed + slack, then the slack. Only reachable seeds that reported, since idle
     // share is only known from a report.
-    let mut reclaim = unmet.checked_add(over)?;
+    let asked = unmet.checked_add(over)?;
+    let mut reclaim = asked;
     for above_slack in [true, false] {
         for (i, record) in records.iter().enumerate() {
             let Some(committed) = record.committed_seen(resource) else {
                 continue;
             };
-            if !record.reachable || record.retiring || record.wants_more(resource) {
+            if !record.reachable || record.retiring || needs[i] > Quantity::ZERO {
                 continue;
             }
             let floor = if above_slack {
@@ -270,15 +278,15 @@ fn plan_resource(
     // themselves. Their idle share moves to the seed met first, if it covers that seed's whole
     // uncovered need, so that fragments too small for any one seed's request do not sit idle on
     // several seeds that each wait for the others.
-    let covered = unmet.checked_add(over)?.saturating_sub_to_zero(reclaim);
+    let covered = asked.saturating_sub_to_zero(reclaim);
     if let Some(&first) = order.iter().find(|&&i| unmet_of[i] > Quantity::ZERO) {
         let uncovered = unmet_of[first].saturating_sub_to_zero(covered);
         let idle: Vec<Option<Quantity>> = (0..records.len())
             .map(|i| {
                 let record = records[i];
-                // Only seeds whose own need stays unmet this round: a seed granted what it asked
-                // for is about to commit it.
-                if i == first || !record.reachable || record.retiring || unmet_of[i] == Quantity::ZERO {
+                // Only seeds whose own need stays unmet this round (so reachable, not retiring):
+                // a seed granted what it asked for is about to commit it.
+                if i == first || unmet_of[i] == Quantity::ZERO {
                     return None;
                 }
                 Some(targets[i].saturating_sub_to_zero(record.committed_seen(resource)?))

@@ -48,7 +48,8 @@ pub fn demand(status: &QuotaLedgerStatus, now: Timestamp) -> Option<ResourceDeta
 /// What the master reads from a seed's ledger. Its version is the ledger's `resourceVersion`
 /// (it only orders reads of one object; an unreadable one counts as the oldest).
 pub fn report(ledger: &QuotaLedger, now: Timestamp) -> Result<SeedReport, QuantityError> {
-    let status = ledger.status.clone().unwrap_or_default();
+    let empty = QuotaLedgerStatus::default();
+    let status = ledger.status.as_ref().unwrap_or(&empty);
     let version = ledger
         .metadata
         .resource_version
@@ -58,8 +59,8 @@ pub fn report(ledger: &QuotaLedger, now: Timestamp) -> Result<SeedReport, Quanti
     Ok(SeedReport {
         version,
         released: status.released.clone().unwrap_or_default(),
-        committed: committed(&status)?,
-        demand: demand(&status, now),
+        committed: committed(status)?,
+        demand: demand(status, now),
     })
 }
 

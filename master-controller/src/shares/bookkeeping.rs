@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use kkp_quota_crds::shares::{self, MasterView};
-use kkp_quota_crds::{Resource, ResourceDetails};
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::shares::MasterView;
 
 /// Grant latency bookkeeping. `since` holds, per seed, when the master first saw its demand
 /// unmet. `before` is this round's view before the plan (seen at `seen`), `after` the record
@@ -54,9 +54,7 @@ pub fn releases(seen: &mut BTreeMap<String, ResourceDetails>, view: &MasterView)
             continue;
         };
         if let Some(old) = seen.get(name)
-            && Resource::ALL
-                .iter()
-                .any(|&r| report.released.amount(r) > old.amount(r))
+            && !old.covers(&report.released)
         {
             grew.push(name.clone());
         }
@@ -96,7 +94,7 @@ pub fn asked_to_release(
         .iter()
         .filter_map(|(name, new)| {
             let old = before.seeds.get(name)?;
-            let share = shares::bounded_by(&after.limit, &new.share_seen());
+            let share = new.share_within(&after.limit);
             let asks = after.limit.iter().any(|(resource, _)| {
                 let Some(target) = new.target.get(resource) else {
                     return false;

@@ -233,7 +233,7 @@ fn after_round(
     let shares: BTreeMap<String, ResourceDetails> = current
         .seeds
         .iter()
-        .map(|(seed, r)| (seed.clone(), shares::bounded_by(&current.limit, &r.share_seen())))
+        .map(|(seed, r)| (seed.clone(), r.share_within(&current.limit)))
         .collect();
     ctx.metrics.set_shares(project, &shares, &plan.stuck);
 }

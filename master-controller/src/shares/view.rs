@@ -8,7 +8,7 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kkp_quota_crds::project_quota::ShareRecord;
 use kkp_quota_crds::quota_ledger::LedgerShares;
-use kkp_quota_crds::shares::{self, MasterView, SeedRecord, objects};
+use kkp_quota_crds::shares::{MasterView, SeedRecord, objects};
 use kkp_quota_crds::{ProjectQuota, QuantityError, ResourceDetails};
 use serde_json::{Value, json};
 
@@ -128,7 +128,7 @@ impl Round {
     pub fn figures(&self, name: &str) -> Figures {
         let record = self.persisted.as_ref().and_then(|p| p.seeds.get(name));
         Figures {
-            share: record.map(|r| shares::bounded_by(&self.limits, &r.share_seen())),
+            share: record.map(|r| r.share_within(&self.limits)),
             demand: record.and_then(|r| r.report.as_ref()?.demand.clone()),
             stuck: self.stuck.contains_key(name),
         }
@@ -277,7 +277,7 @@ pub(super) mod tests {
     fn a_first_round_records_every_seed_with_no_share() {
         let seeds = vec![seed("a", fresh(), None), seed("b", fresh(), None)];
         let mut v = view(&cpu(10), None, &seeds, at(0)).unwrap();
-        let plan = v.plan(&shares::slack(&cpu(10), 10)).unwrap();
+        let plan = v.plan(&kkp_quota_crds::shares::slack(&cpu(10), 10)).unwrap();
         assert!(plan.grants.is_empty());
         assert!(v.apply(&plan).unwrap());
         let persisted = Persisted {
