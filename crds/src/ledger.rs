@@ -136,6 +136,27 @@ pub fn reserved_total(reservations: &[Reservation]) -> Result<ResourceDetails, c
     ResourceDetails::checked_sum(reservations.iter().map(|r| &r.reserved))
 }
 
+/// A holder list of a ledger's status (`allotments`, `demands`) as JSON for a merge patch:
+/// `holder`'s entry replaced by `own` (removed when `None`), every other entry kept exactly as
+/// read, and `null` when none remains (which removes the field).
+pub fn with_own_entry(
+    raw: &[serde_json::Value],
+    holder: &str,
+    own: Option<serde_json::Value>,
+) -> serde_json::Value {
+    let mut list: Vec<serde_json::Value> = raw
+        .iter()
+        .filter(|e| e.get("holder").and_then(serde_json::Value::as_str) != Some(holder))
+        .cloned()
+        .collect();
+    list.extend(own);
+    if list.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::Value::Array(list)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

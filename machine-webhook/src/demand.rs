@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::ledger::with_own_entry;
 use kkp_quota_crds::quota_ledger::ShareDemand;
 use kkp_quota_crds::shares::objects::{live_demands, seed_share};
 use kkp_quota_crds::{QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
@@ -67,24 +68,15 @@ pub fn demands_after(
         (None, Some(_)) if decided_requests => None,
         (None, _) => return None,
     };
-    let mut list: Vec<Value> = raw
-        .iter()
-        .filter(|d| d.get("holder").and_then(Value::as_str) != Some(holder))
-        .cloned()
-        .collect();
-    if let Some(amount) = entry {
-        let demand = ShareDemand {
+    let own = entry.and_then(|amount| {
+        serde_json::to_value(ShareDemand {
             holder: holder.to_owned(),
             amount: amount.clone(),
             expires_at: now.saturating_add(ttl).unwrap_or(now),
-        };
-        list.push(serde_json::to_value(demand).unwrap_or(Value::Null));
-    }
-    Some(if list.is_empty() {
-        Value::Null
-    } else {
-        Value::Array(list)
-    })
+        })
+        .ok()
+    });
+    Some(with_own_entry(raw, holder, own))
 }
 
 #[cfg(test)]

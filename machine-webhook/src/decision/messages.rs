@@ -1,6 +1,6 @@
 //! The sentences of denials and warnings, in the quota's units.
 
-use kkp_quota_crds::{Exceeded, Resource, ResourceDetails};
+use kkp_quota_crds::{Exceeded, Quantity, Resource, ResourceDetails};
 
 use super::QuotaState;
 
@@ -28,19 +28,18 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool) -> St
         .collect();
     let uses: Vec<String> = exceeded
         .iter()
-        .map(|e| {
-            format!(
-                "{} of {}",
-                e.resource.amount(e.used),
-                e.resource.describe(e.limit)
-            )
-        })
+        .map(|e| uses(e.resource, e.used, e.limit))
         .collect();
     format!(
         "needs {}, project {project:?} uses {}",
         join_human(&needs),
         join_human(&uses)
     )
+}
+
+/// "`used` of `limit`", e.g. "6 of 8 cpu".
+fn uses(resource: Resource, used: Quantity, limit: Quantity) -> String {
+    format!("{} of {}", resource.amount(used), resource.describe(limit))
 }
 
 /// Warnings for a project whose usage is already above its quota (the quota was lowered).
@@ -55,13 +54,7 @@ pub fn over_quota_warnings(project: &str, state: &QuotaState) -> Vec<String> {
     }
     let uses: Vec<String> = over
         .iter()
-        .map(|&r| {
-            format!(
-                "{} of {}",
-                r.amount(in_use.amount(r)),
-                r.describe(state.limit.amount(r))
-            )
-        })
+        .map(|&r| uses(r, in_use.amount(r), state.limit.amount(r)))
         .collect();
     vec![format!(
         "project {project:?} is over its resource quota: it uses {}; new Machines that need {} are denied until usage is back under the quota",
@@ -77,7 +70,7 @@ pub(super) fn share_detail(project: &str, state: &QuotaState) -> String {
     let uses: Vec<String> = state
         .limit
         .iter()
-        .map(|(r, limit)| format!("{} of {}", r.amount(in_use.amount(r)), r.describe(limit)))
+        .map(|(r, limit)| uses(r, in_use.amount(r), limit))
         .collect();
     let holders: Vec<String> = state
         .seed

@@ -260,10 +260,20 @@ fn decide_growth(
     ask: &Ask,
     growth: ResourceDetails,
 ) -> Verdict {
+    let shortfall = match seed_shortfall(state, &growth) {
+        Ok(shortfall) => shortfall,
+        Err(why) => {
+            return Verdict::deny(
+                Reason::Error,
+                machine,
+                &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
+            );
+        }
+    };
     // Under shares, what fits the seed's capacity is admitted whatever the other seeds' usage
     // (as last folded, possibly stale) says: the shares alone keep the sum within the limit, and
     // the seed keeps admitting within its share while the master is away.
-    if let (Some(_), Ok(None)) = (&state.seed, seed_shortfall(state, &growth)) {
+    if state.seed.is_some() && shortfall.is_none() {
         return fits(ask, growth);
     }
     let exceeded = state
@@ -276,23 +286,15 @@ fn decide_growth(
             machine,
             &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
         ),
-        Ok(exceeded) if exceeded.is_empty() => match seed_shortfall(state, &growth) {
-            Err(why) => Verdict::deny(
-                Reason::Error,
-                machine,
-                &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
-            ),
-            Ok(Some(wants)) => Verdict {
+        Ok(exceeded) if exceeded.is_empty() => match shortfall {
+            Some(wants) => Verdict {
                 wants_share: Some(wants),
                 ..Verdict::deny(Reason::ShareInTransit, machine, &share_detail(project, state))
             },
-            Ok(None) => fits(ask, growth),
+            None => fits(ask, growth),
         },
         Ok(exceeded) if held_only_by_allotments(state, &growth) => Verdict {
-            wants_share: state
-                .committed()
-                .ok()
-                .map(|c| SeedShare::demand_for(&state.limit, &c, &growth)),
+            wants_share: demand_for(state, &growth).ok(),
             ..Verdict::deny(
                 Reason::ShareInTransit,
                 machine,
@@ -351,9 +353,15 @@ fn seed_shortfall(
         return Ok(None);
     };
     let committed = state.committed()?;
-    Ok(shares::fits_within(&seed.capacity, &committed, growth)
-        .err()
-        .map(|_| SeedShare::demand_for(&state.limit, &committed, growth)))
+    if shares::fits_within(&seed.capacity, &committed, growth).is_ok() {
+        return Ok(None);
+    }
+    demand_for(state, growth).map(Some)
+}
+
+/// The absolute share the seed would need for `growth` beside what it committed.
+fn demand_for(state: &QuotaState, growth: &ResourceDetails) -> Result<ResourceDetails, StateError> {
+    Ok(SeedShare::demand_for(&state.limit, &state.committed()?, growth))
 }
 
 /// Decides several waiting requests of one project in order against one snapshot: each admitted

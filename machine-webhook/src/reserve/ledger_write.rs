@@ -187,28 +187,21 @@ impl Reserver {
         if !changes {
             return Ok(None);
         }
-        let mut list: Vec<Value> = copy
-            .raw_allotments
-            .iter()
-            .filter(|a| a.get("holder").and_then(Value::as_str) != Some(holder))
-            .cloned()
-            .collect();
-        if let (Some(grant), Some(config)) = (grant, &self.inner.config.allotments) {
-            let expires_at = now
-                .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
-                .unwrap_or(now);
-            let allotment = Allotment {
-                holder: holder.to_owned(),
-                granted: grant.clone(),
-                expires_at,
-            };
-            list.push(serde_json::to_value(allotment).map_err(|e| e.to_string())?);
-        }
-        Ok(Some(if list.is_empty() {
-            Value::Null
-        } else {
-            Value::Array(list)
-        }))
+        let own = match (grant, &self.inner.config.allotments) {
+            (Some(grant), Some(config)) => {
+                let expires_at = now
+                    .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
+                    .unwrap_or(now);
+                let allotment = Allotment {
+                    holder: holder.to_owned(),
+                    granted: grant.clone(),
+                    expires_at,
+                };
+                Some(serde_json::to_value(allotment).map_err(|e| e.to_string())?)
+            }
+            _ => None,
+        };
+        Ok(Some(with_own_entry(&copy.raw_allotments, holder, own)))
     }
 
     pub(super) fn set_ledger_size(&self, project: &str, count: usize) {
@@ -343,6 +336,17 @@ impl Reserver {
         }
     }
 
+    /// Whether every request of the pass waits on for share (none admitted or denied for good):
+    /// then nothing is answered now, and the next change of the ledger decides them again, so
+    /// confirming on a fresh read would only add a read per change while share moves.
+    fn all_keep_waiting(&self, batch: &[Pending], verdicts: &[Verdict]) -> bool {
+        !self.inner.stopping.load(Ordering::SeqCst)
+            && batch.iter().zip(verdicts).all(|(pending, verdict)| {
+                verdict.reason == Reason::ShareInTransit
+                    && pending.received.elapsed() < self.inner.config.share_wait
+            })
+    }
+
     pub(super) async fn decide_and_write(
         &self,
         project: &str,
@@ -407,7 +411,7 @@ impl Reserver {
                     }
                     escrow.succeeded();
                 }
-                if verified || requests.is_empty() {
+                if verified || requests.is_empty() || self.all_keep_waiting(batch, &plan.verdicts) {
                     self.set_ledger_size(project, copy.reservation_count());
                     return plan.verdicts;
                 }

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ResourceDetails;
-use kkp_quota_crds::ledger::{Allotment, Reservation, group};
+use kkp_quota_crds::ledger::{Allotment, Reservation, group, with_own_entry};
 use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt as _};
@@ -268,6 +268,7 @@ impl Reserver {
             &self.inner.holder,
             Timestamp::now(),
         ) {
+            escrow.give_back = true;
             escrow.wake.notify_one();
             return None;
         }

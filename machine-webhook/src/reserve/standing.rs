@@ -67,14 +67,15 @@ impl Escrow {
         if stopping && (self.holding || self.maybe_holding || !self.admitted.is_empty()) {
             return Some(now);
         }
+        // Headroom wanted elsewhere goes back at once (recording what we admitted with it).
+        if self.give_back && self.holding {
+            return Some(now);
+        }
         if let Some((first, _)) = self.admitted.first() {
             return Some(*first + config.record_after);
         }
         if self.maybe_holding {
             return Some(now + config.record_after);
-        }
-        if self.give_back && self.holding {
-            return Some(now);
         }
         if !self.holding {
             return None;
