@@ -21,14 +21,16 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use e2e::system::FleetWithSystem;
+use e2e::bench::{median, ms, percentile, rate};
+use e2e::machines::{self, is_quota_denial};
+use e2e::system::{FleetWithSystem, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::shares::objects::committed;
-use kkp_quota_crds::{QuotaLedger, Resource, ResourceQuota};
+use kkp_quota_crds::{QuotaLedger, Resource, ResourceDetails};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 
 const NAME: &str = "project-demo";
 const WAIT: Duration = Duration::from_mins(2);
@@ -78,24 +80,9 @@ fn machine(name: &str) -> Machine {
     e2e::machines::vsphere(name, 1)
 }
 
-fn machines(fleet: &Fleet, cluster: &str) -> Api<Machine> {
-    Api::namespaced(fleet.user_cluster(cluster).client(), e2e::machines::NAMESPACE)
-}
-
-/// A denial for quota or share (anything else is a failure of the run).
-fn is_denial(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.message.contains("project \"demo\" uses"))
-}
-
 async fn set_quota(fleet: &Fleet, cpu: i64) -> Result<()> {
     let quota = e2e::demo::cpu_quota("demo", &cpu.to_string());
-    Api::<ResourceQuota>::all(fleet.master().client())
-        .patch(
-            NAME,
-            &PatchParams::apply("shares-bench").force(),
-            &Patch::Apply(&quota),
-        )
-        .await?;
+    e2e::demo::apply_quota(fleet, &quota, "shares-bench").await?;
     for seed in ["seed-a", "seed-b"] {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
         wait_for(WAIT, &format!("quota {cpu} on {seed}"), || async {
@@ -111,7 +98,7 @@ async fn set_quota(fleet: &Fleet, cpu: i64) -> Result<()> {
 /// Deletes every Machine of `clusters`, then waits until no seed has anything committed.
 async fn clean(fleet: &Fleet, clusters: &[&str]) -> Result<()> {
     for cluster in clusters {
-        machines(fleet, cluster)
+        machines::api(fleet, cluster)
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await?;
     }
@@ -128,8 +115,8 @@ async fn clean(fleet: &Fleet, clusters: &[&str]) -> Result<()> {
             let others_idle = status
                 .other_seeds_usage
                 .as_ref()
-                .is_none_or(ZeroCheck::is_empty_or_zero);
-            (committed(&status).ok()?.is_empty_or_zero() && others_idle).then_some(())
+                .is_none_or(ResourceDetails::is_empty);
+            (committed(&status).ok()?.is_empty() && others_idle).then_some(())
         })
         .await?;
     }
@@ -141,7 +128,7 @@ async fn phase(fleet: &Fleet, mode: Mode, tag: &str, clients: usize, creates: us
     let clusters = mode.clusters();
     let start = Instant::now();
     let runs = (0..clients).map(|c| {
-        let api = machines(fleet, clusters[c % clusters.len()]);
+        let api = machines::api(fleet, clusters[c % clusters.len()]);
         async move {
             let mut out = Vec::with_capacity(creates);
             for i in 0..creates {
@@ -168,49 +155,22 @@ async fn phase(fleet: &Fleet, mode: Mode, tag: &str, clients: usize, creates: us
         phase.latencies.push(latency);
         match result {
             Ok(()) => phase.admitted += 1,
-            Err(e) if is_denial(&e) => phase.denied += 1,
+            Err(e) if is_quota_denial(&e, "demo") => phase.denied += 1,
             Err(e) => bail!("{}: a create failed: {e}", mode.label()),
         }
     }
     Ok(phase)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
-}
-
-#[allow(clippy::cast_precision_loss)]
-fn rate(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
 /// One create on `cluster`, timed; `None` when it was denied (reported, not retried).
 async fn timed_create(fleet: &Fleet, cluster: &str, name: &str) -> Result<Option<Duration>> {
     let began = Instant::now();
-    match machines(fleet, cluster)
+    match machines::api(fleet, cluster)
         .create(&PostParams::default(), &machine(name))
         .await
     {
         Ok(_) => Ok(Some(began.elapsed())),
-        Err(e) if is_denial(&e) => {
+        Err(e) if is_quota_denial(&e, "demo") => {
             eprintln!("{name} on {cluster} denied: {e}");
             Ok(None)
         }
@@ -226,25 +186,11 @@ async fn grant_latency(setup: &FleetWithSystem) -> Result<(f64, f64)> {
         .next()
         .context("no master-controller")?;
     let text = master.scrape().await?;
-    let value = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
+    let value = |name: &str| sample(&text, name).unwrap_or(0.0);
     Ok((
         value("kkp_quota_share_grant_latency_seconds_sum"),
         value("kkp_quota_share_grant_latency_seconds_count"),
     ))
-}
-
-trait ZeroCheck {
-    fn is_empty_or_zero(&self) -> bool;
-}
-
-impl ZeroCheck for kkp_quota_crds::ResourceDetails {
-    fn is_empty_or_zero(&self) -> bool {
-        self.iter().all(|(_, q)| q == kkp_quota_crds::Quantity::ZERO)
-    }
 }
 
 fn arg(n: usize, default: usize) -> Result<usize> {
@@ -276,12 +222,6 @@ async fn main() -> Result<()> {
         .with_user_cluster("epsilon", "seed-b", "free");
     let setup = FleetWithSystem::start(spec).await?;
     let fleet = &setup.fleet;
-    for cluster in BOTH_SEEDS.iter().chain(&NO_QUOTA) {
-        let configs = Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
-            fleet.user_cluster(cluster).client(),
-        );
-        e2e::wait_for_object(&configs, "kkp-quota-machines", WAIT).await?;
-    }
 
     // Burst throughput, rounds interleaved.
     let mut phases = Vec::new();

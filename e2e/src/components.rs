@@ -21,20 +21,25 @@ pub struct ComponentSpec {
 impl ComponentSpec {
     /// A binary of this workspace, in the target directory the running executable is in.
     pub fn workspace_bin(name: &str, args: Vec<String>) -> Result<ComponentSpec> {
-        let exe = std::env::current_exe().context("locating the running executable")?;
-        let dir = exe.parent().context("executable without a directory")?;
-        // Test binaries and examples live one level deeper, in target/<profile>/{deps,examples}.
-        let dir = if dir.ends_with("deps") || dir.ends_with("examples") {
-            dir.parent().unwrap_or(dir)
-        } else {
-            dir
-        };
         Ok(ComponentSpec {
             name: name.to_owned(),
-            program: dir.join(name),
+            program: profile_dir()?.join(name),
             args,
         })
     }
+}
+
+/// The running executable's `target/<profile>` directory (test binaries and examples live one
+/// level deeper, in `deps` and `examples`).
+pub fn profile_dir() -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the running executable")?;
+    let dir = exe.parent().context("executable without a directory")?;
+    let dir = if dir.ends_with("deps") || dir.ends_with("examples") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    Ok(dir.to_path_buf())
 }
 
 /// A started component; dropping it kills (SIGKILL) and reaps the process.

@@ -43,19 +43,20 @@ pub fn cpu_quota(project: &str, cpu: &str) -> ResourceQuota {
     project_quota(project, &limits)
 }
 
+/// Writes `quota` on the master (server-side apply as `manager`, forced).
+pub async fn apply_quota(fleet: &Fleet, quota: &ResourceQuota, manager: &str) -> Result<()> {
+    let name = quota.metadata.name.clone().context("a quota without a name")?;
+    Api::<ResourceQuota>::all(fleet.master().client())
+        .patch(&name, &PatchParams::apply(manager).force(), &Patch::Apply(quota))
+        .await
+        .with_context(|| format!("writing the quota {name}"))?;
+    Ok(())
+}
+
 /// Writes (server-side apply) the demo project's quota on the master.
 pub async fn write_demo_project(fleet: &Fleet) -> Result<()> {
     let quota: ResourceDetails = serde_json::from_value(serde_json::json!({
         "cpu": "16", "memory": "64Gi", "storage": "1Ti"
     }))?;
-    let object = project_quota("demo", &quota);
-    Api::<ResourceQuota>::all(fleet.master().client())
-        .patch(
-            "project-demo",
-            &PatchParams::apply("kkp-quota-demo").force(),
-            &Patch::Apply(&object),
-        )
-        .await
-        .context("writing the demo project's quota")?;
-    Ok(())
+    apply_quota(fleet, &project_quota("demo", &quota), "kkp-quota-demo").await
 }

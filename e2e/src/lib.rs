@@ -56,6 +56,7 @@
 //!   machine-webhook per seed) as real processes beside a fleet, for the demo and end-to-end tests.
 
 pub mod assets;
+pub mod bench;
 pub mod certs;
 pub mod components;
 pub mod control_plane;

@@ -1,7 +1,10 @@
 //! Machines as users create them, for the end-to-end tests and the demo.
 
 use kkp_quota_crds::machine::Machine;
+use kube::Api;
 use serde_json::json;
+
+use crate::Fleet;
 
 /// The namespace machine-controller keeps a user cluster's Machines in.
 pub const NAMESPACE: &str = "kube-system";
@@ -36,4 +39,15 @@ pub fn vsphere(name: &str, cpus: i64) -> Machine {
         "vsphere",
         &json!({"templateVMName": "ubuntu", "cpus": cpus, "memoryMB": 1024, "diskSizeGB": 10}),
     )
+}
+
+/// The Machines of user cluster `cluster`, in [`NAMESPACE`].
+pub fn api(fleet: &Fleet, cluster: &str) -> Api<Machine> {
+    Api::namespaced(fleet.user_cluster(cluster).client(), NAMESPACE)
+}
+
+/// Whether `error` is the webhook denying a Machine of `project` for its quota or for share in
+/// transit (the message names what the project uses).
+pub fn is_quota_denial(error: &kube::Error, project: &str) -> bool {
+    matches!(error, kube::Error::Api(s) if s.message.contains(&format!("project {project:?} uses")))
 }

@@ -76,7 +76,7 @@ impl Component {
 
 /// A fleet with the whole system beside it, as the end-to-end tests use it: the components built
 /// (see [`build_components`]), the fleet started, its files written to a temporary directory,
-/// and every component ready. Dropping it stops the components, then the fleet, then removes the
+/// every component ready, and every user cluster's webhook configuration written. Dropping it stops the components, then the fleet, then removes the
 /// directory.
 pub struct FleetWithSystem {
     pub system: System,
@@ -99,8 +99,24 @@ impl FleetWithSystem {
         let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
         fleet.write_dir(dir.path())?;
         let system = System::start_with(&fleet, dir.path(), extra).await?;
+        // The system is in force once seed-controller has pointed every user cluster at the
+        // webhook; before that, Machines are created unchecked.
+        for cluster in &fleet.spec().user_clusters {
+            let configs = kube::Api::<
+                k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration,
+            >::all(fleet.user_cluster(&cluster.name).client());
+            crate::wait_for_object(&configs, "kkp-quota-machines", Duration::from_mins(2)).await?;
+        }
         Ok(FleetWithSystem { system, fleet, dir })
     }
+}
+
+/// The value of `series` (a metric name with its labels as exposed, e.g.
+/// `kkp_quota_master_leader` or `x_total{seed="a"}`) in Prometheus text `metrics`.
+pub fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// Set to keep the components' logs of every run, not only of failed ones.
@@ -179,8 +195,7 @@ pub fn build_components() -> Result<()> {
     let mut command = std::process::Command::new(cargo);
     command.args(["build", "--locked", "--bins"]);
     // The same profile as the running executable (a `--release` benchmark runs release builds).
-    let exe = std::env::current_exe().context("locating the running executable")?;
-    if exe.ancestors().any(|dir| dir.ends_with("release")) {
+    if crate::components::profile_dir()?.file_name() == Some(std::ffi::OsStr::new("release")) {
         command.arg("--release");
     }
     for krate in COMPONENT_CRATES {
@@ -298,22 +313,14 @@ impl System {
 
     /// Waits until every component answers `/readyz` with 200.
     pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
         for component in &self.components {
-            let url = format!("http://{}/readyz", component.metrics_address);
             let what = format!(
-                "{} ready at {url} (log: {})",
+                "{} ready at http://{}/readyz (log: {})",
                 component.name,
+                component.metrics_address,
                 component.log.display()
             );
-            crate::wait_for(timeout, &what, || {
-                let http = http.clone();
-                let url = url.clone();
-                async move { http.get(&url).send().await.is_ok_and(|r| r.status().is_success()) }
-            })
-            .await?;
+            crate::wait_for(timeout, &what, || component.is_ready()).await?;
         }
         Ok(())
     }
@@ -330,13 +337,9 @@ impl System {
 
     /// The text of every component's `/metrics`, concatenated.
     pub async fn scrape_all(&self) -> Result<String> {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()?;
         let mut text = String::new();
         for component in &self.components {
-            let url = format!("http://{}/metrics", component.metrics_address);
-            text.push_str(&http.get(&url).send().await?.error_for_status()?.text().await?);
+            text.push_str(&component.scrape().await?);
         }
         Ok(text)
     }

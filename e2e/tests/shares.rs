@@ -9,14 +9,16 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use e2e::system::FleetWithSystem;
-use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
+use e2e::machines::is_quota_denial;
+use e2e::system::{FleetWithSystem, sample};
+use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use futures::{StreamExt, stream};
 use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::shares::objects::{committed, demand, seed_share};
-use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::oneshot;
@@ -43,28 +45,16 @@ async fn setup() -> FleetWithSystem {
     let running = FleetWithSystem::start_with(spec, &extra).await.unwrap();
     let fleet = &running.fleet;
     let quota = e2e::demo::cpu_quota("demo", &LIMIT.to_string());
-    Api::<ResourceQuota>::all(fleet.master().client())
-        .patch(
-            NAME,
-            &PatchParams::apply("shares-test").force(),
-            &Patch::Apply(&quota),
-        )
+    e2e::demo::apply_quota(fleet, &quota, "shares-test")
         .await
         .unwrap();
-    for (seed, user) in [("seed-a", "alpha"), ("seed-a", "beta"), ("seed-b", "gamma")] {
+    for seed in ["seed-a", "seed-b"] {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        wait_for(WAIT, "the ledger under shares", || async {
+        wait_for(WAIT, &format!("{seed}'s ledger under shares"), || async {
             ledgers.get(NAME).await.ok()?.spec.shares
         })
         .await
         .unwrap();
-        let webhooks =
-            Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
-                fleet.user_cluster(user).client(),
-            );
-        wait_for_object(&webhooks, "kkp-quota-machines", WAIT)
-            .await
-            .unwrap();
     }
     running
 }
@@ -73,15 +63,11 @@ fn machine(name: &str) -> Machine {
     e2e::machines::vsphere(name, 1)
 }
 
-fn machines(fleet: &Fleet, user: &str) -> Api<Machine> {
-    Api::namespaced(fleet.user_cluster(user).client(), "kube-system")
-}
-
 /// Creates one Machine per entry of `users` (cluster names) at once; returns how many were
 /// admitted, and fails on anything but an admission or a denial for quota or share.
 async fn burst(fleet: &Fleet, users: &[&str], prefix: &str) -> usize {
     let creates = users.iter().enumerate().map(|(i, user)| {
-        let api = machines(fleet, user);
+        let api = e2e::machines::api(fleet, user);
         let name = format!("{prefix}-{i}");
         async move {
             (
@@ -94,7 +80,7 @@ async fn burst(fleet: &Fleet, users: &[&str], prefix: &str) -> usize {
     for (name, result) in join_all(creates).await {
         match result {
             Ok(_) => admitted += 1,
-            Err(kube::Error::Api(e)) if e.message.contains("project \"demo\" uses") => {}
+            Err(e) if is_quota_denial(&e, "demo") => {}
             Err(e) => panic!("{name}: {e}"),
         }
     }
@@ -103,7 +89,7 @@ async fn burst(fleet: &Fleet, users: &[&str], prefix: &str) -> usize {
 
 async fn delete_all(fleet: &Fleet, users: &[&str]) {
     for user in users {
-        let api = machines(fleet, user);
+        let api = e2e::machines::api(fleet, user);
         api.delete_collection(&DeleteParams::default(), &ListParams::default())
             .await
             .unwrap();
@@ -156,6 +142,35 @@ async fn describe(fleet: &Fleet) -> String {
         }
     }
     out
+}
+
+/// Denials for share in transit, counted apart from quota denials, over every component.
+async fn share_in_transit_denials(system: &e2e::system::System) -> f64 {
+    let metrics = system.scrape_all().await.unwrap();
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("kkp_quota_admissions_total{")
+                && l.contains("reason=\"share_in_transit\"")
+                && l.contains("result=\"denied\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until the master's `ProjectQuota` shows seed-b's figures as `ok` says.
+async fn wait_seed_b(fleet: &Fleet, what: &str, ok: impl Fn(&SeedFigures) -> bool) {
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_for(WAIT, what, || async {
+        let status = quotas.get(NAME).await.ok()?.status?;
+        status
+            .seeds
+            .iter()
+            .any(|s| s.name == "seed-b" && ok(s))
+            .then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 /// Waits until no seed has a live demand (what denied requests leave behind lapses).
@@ -303,14 +318,6 @@ async fn bursts_across_seeds_never_overrun() {
     let _ = stop.send(());
     let checked = watching.await.unwrap();
     assert!(checked > 20, "only {checked} versions checked");
-    // Denials for share were counted apart from quota denials.
-    let metrics = setup.system.scrape_all().await.unwrap();
-    assert!(
-        metrics.lines().any(|l| l
-            .starts_with("kkp_quota_admissions_total{reason=\"share_in_transit\",result=\"denied\"}")
-            || l.starts_with("kkp_quota_admissions_total{result=\"denied\",reason=\"share_in_transit\"}")),
-        "no share_in_transit series"
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -390,7 +397,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
         let leads = master
             .scrape()
             .await
-            .is_ok_and(|m| m.lines().any(|l| l == "kkp_quota_master_leader 1"));
+            .is_ok_and(|m| sample(&m, "kkp_quota_master_leader") == Some(1.0));
         leads && master.is_ready().await
     })
     .await
@@ -434,20 +441,15 @@ async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
 
     // Seed-b's API server stops: its share is stuck, and the master says so.
     fleet.seed("seed-b").stop_apiserver().await;
-    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
-    wait_for(WAIT, "seed-b's share shown stuck", || async {
-        let status = quotas.get(NAME).await.ok()?.status?;
-        status
-            .seeds
-            .iter()
-            .any(|s| s.name == "seed-b" && s.stuck)
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_seed_b(fleet, "seed-b's share shown stuck", |s| s.stuck).await;
 
-    // Seed-a never admits into seed-b's share: exactly the rest of the quota.
+    // Seed-a never admits into seed-b's share: exactly the rest of the quota. What fits the
+    // quota as last folded but not seed-a's share waits, and is denied as share in transit,
+    // counted apart from quota denials.
+    let transit_before = share_in_transit_denials(&setup.system).await;
     let on_a = burst(fleet, &["alpha"; 20], "a").await;
+    let transit = share_in_transit_denials(&setup.system).await - transit_before;
+    assert!(transit >= 1.0, "no share_in_transit denials counted");
     eprintln!("seed-b stopped: seed-a admitted {on_a} (quota {LIMIT}, seed-b's share {share_b})");
     assert_eq!(
         on_a,
@@ -459,16 +461,10 @@ async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
     // Seed-b back: no longer stuck, and its share is usable again: it admits exactly what it
     // held idle, and the project then uses its whole quota.
     fleet.seed("seed-b").start_apiserver().await.unwrap();
-    wait_for(WAIT, "seed-b's share no longer stuck", || async {
-        let status = quotas.get(NAME).await.ok()?.status?;
-        status
-            .seeds
-            .iter()
-            .any(|s| s.name == "seed-b" && !s.stuck && s.share.is_some())
-            .then_some(())
+    wait_seed_b(fleet, "seed-b's share no longer stuck", |s| {
+        !s.stuck && s.share.is_some()
     })
-    .await
-    .unwrap();
+    .await;
     let again = burst(fleet, &["gamma"; 10], "back").await;
     eprintln!("seed-b back: admitted {again} more");
     assert_eq!(

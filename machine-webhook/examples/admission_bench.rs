@@ -25,6 +25,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
+use e2e::bench::percentile;
 use e2e::certs::WebhookCerts;
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
@@ -261,19 +262,6 @@ async fn run_clients(
         all.extend(latencies);
     }
     Ok((failures, all))
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
 }
 
 /// Cumulative bucket counts of the decision-latency histogram: (upper bound, count).

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use common::{DEADLINE, Running, cpu_mem, create_quota, options, set_local_usage, set_quota};
+use e2e::bench::ms;
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::StreamExt;
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails, ResourceQuota};
@@ -97,10 +98,6 @@ fn stats(mut samples: Vec<Duration>) -> Stats {
         p99: at(0.99),
         max: samples[samples.len() - 1],
     }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

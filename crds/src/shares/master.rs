@@ -275,9 +275,10 @@ fn plan_resource(
     }
 
     // Demands compete: what is left to reclaim can only come from seeds that want more
-    // themselves. Their idle share moves to the seed met first, if it covers that seed's whole
-    // uncovered need, so that fragments too small for any one seed's request do not sit idle on
-    // several seeds that each wait for the others.
+    // themselves. Their idle share moves to the seed met first (as much as it still needs), so
+    // that fragments too small for any one seed's request do not sit idle on several seeds that
+    // each wait for the others. The seed met first stays first (its need only shrinks), so share
+    // never moves back and forth this way.
     let covered = asked.saturating_sub_to_zero(reclaim);
     if let Some(&first) = order.iter().find(|&&i| unmet_of[i] > Quantity::ZERO) {
         let uncovered = unmet_of[first].saturating_sub_to_zero(covered);
@@ -292,18 +293,12 @@ fn plan_resource(
                 Some(targets[i].saturating_sub_to_zero(record.committed_seen(resource)?))
             })
             .collect();
-        let available = idle
-            .iter()
-            .flatten()
-            .try_fold(Quantity::ZERO, |sum, q| sum.checked_add(*q))?;
-        if uncovered > Quantity::ZERO && available >= uncovered {
-            let mut take_total = uncovered;
-            for &i in order.iter().rev() {
-                let Some(idle) = idle[i] else { continue };
-                let take = idle.min(take_total);
-                targets[i] = targets[i].saturating_sub_to_zero(take);
-                take_total = take_total.saturating_sub_to_zero(take);
-            }
+        let mut take_total = uncovered;
+        for &i in order.iter().rev() {
+            let Some(idle) = idle[i] else { continue };
+            let take = idle.min(take_total);
+            targets[i] = targets[i].saturating_sub_to_zero(take);
+            take_total = take_total.saturating_sub_to_zero(take);
         }
     }
 
@@ -409,6 +404,21 @@ mod tests {
         let plan = v.plan(&cpu(1)).unwrap();
         assert_eq!(plan.grants["a"].amount(Resource::Cpu), half(1));
         assert_eq!(plan.targets["a"], cpu(7));
+    }
+
+    #[test]
+    fn competing_demands_consolidate_fragments_that_cover_no_whole_need() {
+        // Limit 10: a holds 8.5 and uses 8 (wants 15), b holds 1.5 and uses 1 (wants 5). b needs
+        // least (3.5) and a's idle half cannot cover it, but it goes to b all the same: one seed
+        // with a whole cpu idle can admit where two with a half each cannot.
+        let half = |n: i64| Quantity::from_nanos(i128::from(n) * 500_000_000);
+        let mut a = seed(0, 0, 8, Some(15));
+        a.granted.set(Resource::Cpu, Some(half(17)));
+        let mut b = seed(0, 0, 1, Some(5));
+        b.granted.set(Resource::Cpu, Some(half(3)));
+        let plan = view(10, vec![("a", a), ("b", b)]).plan(&cpu(1)).unwrap();
+        assert_eq!(plan.targets["a"], cpu(8));
+        assert_eq!(plan.targets["b"].amount(Resource::Cpu), half(3));
     }
 
     #[test]
