@@ -342,7 +342,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             &status,
             &decision,
             plan.project_unsettled,
-        )?;
+        );
         if usage_same
             && decision.drops.is_empty()
             && decision.expired.is_empty()
@@ -476,7 +476,8 @@ fn written(
 
 /// The share release the write of `decision` carries, if shares are in force on the ledger and
 /// one is due: computed from the status that write produces (its `localUsage`, the reservations,
-/// allotments and demands it keeps, the `released` read).
+/// allotments and demands it keeps, the `released` read). Share arithmetic that fails releases
+/// nothing (logged): it never holds up the write of `localUsage` and the reservations.
 fn share_release(
     shared: &Shared,
     project: &str,
@@ -484,10 +485,8 @@ fn share_release(
     status: &QuotaLedgerStatus,
     decision: &Decision,
     project_unsettled: bool,
-) -> Result<Option<Release>, Error> {
-    if spec.shares.is_none() {
-        return Ok(None);
-    }
+) -> Option<Release> {
+    spec.shares.as_ref()?;
     let settings = shared.config.shares();
     let now = Timestamp::now();
     let activity = shared.state().ledger_seen(project, status, now);
@@ -506,7 +505,10 @@ fn share_release(
         .covers(&decision.local_usage);
     let quiet = !grows && activity.quiet(&after, project_unsettled, settings.quiet_period, now);
     let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
-    Ok(shares::release(spec, &after, &slack, quiet)?)
+    shares::release(spec, &after, &slack, quiet).unwrap_or_else(|e| {
+        warn!(project = %project, error = %e, "share arithmetic failed; releasing nothing");
+        None
+    })
 }
 
 /// After a write that carried `release`: metrics and the log line.
