@@ -4,7 +4,7 @@
 //! Watch tasks update it under a short lock; the writer takes consistent snapshots
 //! ([`State::project_plan`], [`State::cluster_plan`]) and does the I/O outside the lock.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ struct MachineInfo {
     sizing: Result<ResourceDetails, SizingError>,
 }
 
-/// How long a deleted Machine's uid is remembered: longer than any sensible reservation TTL
+/// How long a gone Machine's uid is remembered: longer than any sensible reservation TTL
 /// (a reservation older than its TTL goes anyway).
 const GONE_KEPT: Duration = Duration::from_mins(10);
 
@@ -93,9 +93,11 @@ pub struct ClusterState {
     pub reachability: Reachability,
     /// Machines that appeared while the watch was running: checked for a reservation.
     appeared: BTreeMap<String, Appearance>,
-    /// Machines seen deleted, by uid, and when: a reservation recorded after its Machine was
-    /// deleted goes at once instead of at its TTL. Kept for [`GONE_KEPT`].
-    gone: HashMap<String, Instant>,
+    /// Machines seen gone (deleted, or missing from a complete listing): when, and their uid,
+    /// oldest first. A reservation recorded after its Machine was deleted goes at once instead of
+    /// at its TTL. Kept for [`GONE_KEPT`] (pruned from the front as new ones come, and at every
+    /// listing).
+    gone: VecDeque<(Instant, String)>,
     /// Events already sent (uid, reason): every Event is sent once per Machine.
     reported: HashSet<(String, &'static str)>,
     events: Option<UnboundedSender<MachineEvent>>,
@@ -120,6 +122,29 @@ impl ClusterState {
             self.usage.total().clone()
         } else {
             self.baseline.clone().unwrap_or_else(ResourceDetails::zero)
+        }
+    }
+
+    /// A Machine is gone (seen deleted, or missing from a complete listing) at `now`: forgets it
+    /// (its sizing, its appearance, the Events sent for it) and remembers its uid as gone for
+    /// [`GONE_KEPT`]. The count is the caller's to update (a deletion takes the Machine out, a
+    /// listing replaces the whole count and so sees the drift). Returns whether it was known.
+    fn forget_machine(&mut self, uid: &str, now: Instant) -> bool {
+        self.prune_gone(now);
+        self.gone.push_back((now, uid.to_owned()));
+        self.appeared.remove(uid);
+        self.reported.retain(|(u, _)| u != uid);
+        self.machines.remove(uid).is_some()
+    }
+
+    /// Forgets the gone uids older than [`GONE_KEPT`] (the oldest are in front).
+    fn prune_gone(&mut self, now: Instant) {
+        while self
+            .gone
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) >= GONE_KEPT)
+        {
+            self.gone.pop_front();
         }
     }
 }
@@ -321,19 +346,12 @@ impl State {
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
             return;
         };
-        let now = Instant::now();
-        cluster
-            .gone
-            .retain(|_, at| now.saturating_duration_since(*at) < GONE_KEPT);
-        cluster.gone.insert(uid.to_owned(), now);
-        if cluster.machines.remove(uid).is_none() {
+        if !cluster.forget_machine(uid, Instant::now()) {
             return;
         }
         if let Err(e) = cluster.usage.remove(uid) {
             error!(cluster = cluster_name, error = %e, "usage arithmetic failed");
         }
-        cluster.appeared.remove(uid);
-        cluster.reported.retain(|(u, _)| u != uid);
         self.mark(cluster_name);
     }
 
@@ -395,11 +413,13 @@ impl State {
                 infos.insert(uid, info);
             }
         }
-        // Machines left in the old map are gone; so are their bypass candidates.
-        for uid in cluster.machines.keys() {
-            cluster.appeared.remove(uid);
+        // Machines left in the old map are gone (the new count below takes them out).
+        let now = Instant::now();
+        let left = std::mem::replace(&mut cluster.machines, infos);
+        for uid in left.keys() {
+            cluster.forget_machine(uid, now);
         }
-        cluster.machines = infos;
+        cluster.prune_gone(now);
         let listing: HashMap<String, ResourceDetails> = cluster
             .machines
             .iter()
@@ -477,7 +497,7 @@ impl State {
             }
             counted
                 .gone
-                .extend(cluster.gone.keys().map(|uid| (name.clone(), uid.clone())));
+                .extend(cluster.gone.iter().map(|(_, uid)| (name.clone(), uid.clone())));
             appeared.extend(cluster.appeared.iter().map(|(uid, a)| Appeared {
                 cluster: name.clone(),
                 uid: uid.clone(),
@@ -925,6 +945,40 @@ mod tests {
                 .diff_listing("a", &[machine("1", "t3.medium"), machine("2", "t3.medium")])
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn machines_deleted_or_missing_from_a_listing_are_remembered_as_gone_for_a_while() {
+        let gone = |state: &State| -> BTreeSet<(String, String)> {
+            state
+                .project_plan("p")
+                .unwrap()
+                .counted
+                .gone
+                .into_iter()
+                .collect()
+        };
+        let key = |uid: &str| ("a".to_owned(), uid.to_owned());
+        let mut state = state_with(&[("a", "p")]);
+        state.cluster_listed("a", vec![machine("1", "t3.medium"), machine("2", "t3.medium")]);
+        assert!(gone(&state).is_empty());
+        state.machine_deleted("a", "1");
+        // Deleted before its create was ever seen (the reservation may still come).
+        state.machine_deleted("a", "0");
+        assert_eq!(gone(&state), BTreeSet::from([key("0"), key("1")]));
+        // A listing without a known Machine: its delete was missed, it is gone as well.
+        state.cluster_listed("a", vec![machine("3", "t3.medium")]);
+        assert_eq!(gone(&state), BTreeSet::from([key("0"), key("1"), key("2")]));
+        assert_eq!(
+            cpu(&state.project_plan("p").unwrap().local_usage),
+            Quantity::from_units(2)
+        );
+        // Kept for GONE_KEPT, the oldest pruned first.
+        let cluster = state.clusters.get_mut("a").unwrap();
+        let (last, _) = cluster.gone.back().unwrap().clone();
+        cluster.forget_machine("4", last + Duration::from_secs(1));
+        cluster.forget_machine("5", last + GONE_KEPT);
+        assert_eq!(gone(&state), BTreeSet::from([key("4"), key("5")]));
     }
 
     #[test]

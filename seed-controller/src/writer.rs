@@ -359,9 +359,12 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             .await
         {
             Ok(_) => {
-                let (counted, expired) =
-                    written(shared, project, &quota.spec, &status, &decision, release.as_ref());
-                debug!(local_usage = %decision.local_usage, counted, expired, allotments_expired = decision.expired.len(), held = decision.held.len(), "localUsage written");
+                let Dropped {
+                    counted,
+                    gone,
+                    expired,
+                } = written(shared, project, &quota.spec, &status, &decision, release.as_ref());
+                debug!(local_usage = %decision.local_usage, counted, gone, expired, allotments_expired = decision.expired.len(), held = decision.held.len(), "localUsage written");
                 judged(shared, project, &decision);
                 mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
                 return Ok(());
@@ -425,8 +428,15 @@ fn ledger_patch(
     patch
 }
 
+/// How many reservations a write dropped, by reason.
+struct Dropped {
+    counted: usize,
+    gone: usize,
+    expired: usize,
+}
+
 /// After a successful write: metrics and logs of what it dropped and released; returns the
-/// reservations counted and expired.
+/// reservations dropped.
 fn written(
     shared: &Shared,
     project: &str,
@@ -434,12 +444,17 @@ fn written(
     status: &QuotaLedgerStatus,
     decision: &Decision,
     release: Option<&Release>,
-) -> (usize, usize) {
+) -> Dropped {
     let drops = &decision.drops;
-    let expired = drops.iter().filter(|(_, r)| *r == DropReason::Expired).count();
-    let counted = drops.len() - expired;
-    shared.metrics.reservations_counted.inc_by(counted as u64);
-    shared.metrics.reservations_expired.inc_by(expired as u64);
+    let count = |reason: DropReason| drops.iter().filter(|(_, r)| *r == reason).count();
+    let dropped = Dropped {
+        counted: count(DropReason::Counted),
+        gone: count(DropReason::Gone),
+        expired: count(DropReason::Expired),
+    };
+    shared.metrics.reservations_counted.inc_by(dropped.counted as u64);
+    shared.metrics.reservations_gone.inc_by(dropped.gone as u64);
+    shared.metrics.reservations_expired.inc_by(dropped.expired as u64);
     shared
         .metrics
         .allotments_expired
@@ -471,7 +486,7 @@ fn written(
     if let Some(release) = release {
         released(shared, project, spec, status, release);
     }
-    (counted, expired)
+    dropped
 }
 
 /// The share release the write of `decision` carries, if shares are in force on the ledger and
