@@ -188,6 +188,10 @@ pub struct State {
     pub catalog_loaded: bool,
     /// Project -> when the grace of its earliest held-back Machine ends (a write is due then).
     pub grace_wakeups: BTreeMap<String, Instant>,
+    /// Project -> when the writer next looks at its ledger for shares although nothing changes
+    /// (the quiet period ends): set by the writer, for a project that settled without its ledger
+    /// changing (so the quota watch saw no event to set its own timer on).
+    pub share_wakeups: BTreeMap<String, Instant>,
     /// Project -> the usage last written onto KKP's `ResourceQuota` copy (KKP's resources only).
     pub kkp_usage_written: BTreeMap<String, ResourceDetails>,
     /// Project -> when its ledger last showed signs of admissions (for quiet share releases).
@@ -204,6 +208,7 @@ impl State {
             clusters_listed: false,
             catalog_loaded: false,
             grace_wakeups: BTreeMap::new(),
+            share_wakeups: BTreeMap::new(),
             kkp_usage_written: BTreeMap::new(),
             share_activity: BTreeMap::new(),
         }

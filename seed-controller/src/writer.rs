@@ -55,8 +55,17 @@ type Outcome = (Option<String>, Option<String>, Result<(), Error>);
 /// Waits for changes and writes them, until aborted.
 pub async fn run(shared: Arc<Shared>) {
     loop {
-        // Woken by a change, or when the grace of a held-back Machine ends.
-        let wakeup = shared.state().grace_wakeups.values().min().copied();
+        // Woken by a change, when the grace of a held-back Machine ends, or when a quiet period
+        // ends.
+        let wakeup = {
+            let state = shared.state();
+            state
+                .grace_wakeups
+                .values()
+                .chain(state.share_wakeups.values())
+                .min()
+                .copied()
+        };
         match wakeup {
             Some(at) => {
                 tokio::select! {
@@ -69,15 +78,17 @@ pub async fn run(shared: Arc<Shared>) {
         let (clusters, projects) = {
             let mut state = shared.state();
             let now = Instant::now();
-            let due: Vec<String> = state
-                .grace_wakeups
-                .iter()
-                .filter(|(_, at)| **at <= now)
-                .map(|(p, _)| p.clone())
-                .collect();
-            for project in due {
-                state.grace_wakeups.remove(&project);
-                state.dirty_projects.insert(project);
+            let state = &mut *state;
+            for wakeups in [&mut state.grace_wakeups, &mut state.share_wakeups] {
+                let due: Vec<String> = wakeups
+                    .iter()
+                    .filter(|(_, at)| **at <= now)
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                for project in due {
+                    wakeups.remove(&project);
+                    state.dirty_projects.insert(project);
+                }
             }
             if !(state.clusters_listed && state.catalog_loaded) {
                 continue;
@@ -520,10 +531,29 @@ fn share_release(
         .covers(&decision.local_usage);
     let quiet = !grows && activity.quiet(&after, project_unsettled, settings.quiet_period, now);
     let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
-    shares::release(spec, &after, &slack, quiet).unwrap_or_else(|e| {
+    let release = shares::release(spec, &after, &slack, quiet).unwrap_or_else(|e| {
         warn!(project = %project, error = %e, "share arithmetic failed; releasing nothing");
         None
-    })
+    });
+    // The quota watch sets no timer while a cluster of the project is unsettled, and a project
+    // that settles without its ledger changing gives it no event to set one on: the writer wakes
+    // itself when the quiet period ends. (A write that changes the ledger, such as a release,
+    // gives the watch its event.)
+    let wakeup = if release.is_none() {
+        shares::upkeep(spec, &after, &activity, project_unsettled, settings, now)
+            .ok()
+            .and_then(|u| u.next)
+            .and_then(|at| Duration::try_from(at.duration_since(now)).ok())
+            .and_then(|wait| Instant::now().checked_add(wait))
+    } else {
+        None
+    };
+    let mut state = shared.state();
+    match wakeup {
+        Some(at) => state.share_wakeups.insert(project.to_owned(), at),
+        None => state.share_wakeups.remove(project),
+    };
+    release
 }
 
 /// After a write that carried `release`: metrics and the log line.
@@ -658,7 +688,8 @@ fn ledger_due(status: &QuotaLedgerStatus, ttl: SignedDuration) -> Option<Timesta
 /// with reservations, with an expired demand or with share to release get a write; so does a copy
 /// when its oldest reservation's TTL ends, its earliest allotment or live demand expires, or its
 /// quiet period ends while it holds share above `committed + slack` (and again every little while
-/// as long as that stays due, e.g. while a cluster is unsettled).
+/// as long as a write stays due without changing the copy, e.g. a reservation past its TTL while
+/// its cluster is unsettled).
 pub async fn watch_quotas(shared: Arc<Shared>) {
     let api: Api<QuotaLedger> = Api::all(shared.seed.clone());
     let mut stream = watcher::watcher(api, watcher::Config::default())
