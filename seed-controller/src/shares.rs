@@ -133,7 +133,7 @@ impl Activity {
         }
     }
 
-    /// Takes in one read of the ledger at `now`.
+    /// Takes in one status of the ledger at `now`: one read, or the status a write produces.
     pub fn observe(&mut self, status: &QuotaLedgerStatus, now: Timestamp) {
         let usage = status.local_usage.clone().unwrap_or_default();
         if busy(status, now) || !self.usage_seen.covers(&usage) {

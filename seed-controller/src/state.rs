@@ -664,7 +664,8 @@ impl State {
         stale
     }
 
-    /// Takes in one read of a project's ledger at `now`; returns the project's activity since.
+    /// Takes in one status of a project's ledger at `now` (read, or produced by a write); returns
+    /// the project's activity since.
     pub fn ledger_seen(
         &mut self,
         project: &str,

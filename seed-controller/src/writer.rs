@@ -515,7 +515,6 @@ fn share_release(
     spec.shares.as_ref()?;
     let settings = shared.config.shares();
     let now = Timestamp::now();
-    let activity = shared.state().ledger_seen(project, status, now);
     let after = QuotaLedgerStatus {
         local_usage: Some(decision.local_usage.clone()),
         reservations: remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i)),
@@ -523,13 +522,14 @@ fn share_release(
         demands: remaining(&status.demands, decision.demands_expired.iter().copied()),
         ..status.clone()
     };
-    // A write that counts more than the ledger had is a sign of admissions itself.
-    let grows = !status
-        .local_usage
-        .clone()
-        .unwrap_or_default()
-        .covers(&decision.local_usage);
-    let quiet = !grows && activity.quiet(&after, project_unsettled, settings.quiet_period, now);
+    // The status read, then the one the write produces: a write that makes `localUsage` grow is a
+    // sign of admissions itself.
+    let activity = {
+        let mut state = shared.state();
+        state.ledger_seen(project, status, now);
+        state.ledger_seen(project, &after, now)
+    };
+    let quiet = activity.quiet(&after, project_unsettled, settings.quiet_period, now);
     let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
     let release = shares::release(spec, &after, &slack, quiet).unwrap_or_else(|e| {
         warn!(project = %project, error = %e, "share arithmetic failed; releasing nothing");
