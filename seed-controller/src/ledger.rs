@@ -43,7 +43,7 @@ pub struct Counted {
     pub machines: HashMap<(String, String), ResourceDetails>,
     /// Clusters whose Machines may exist uncounted (unreachable, not synced yet).
     pub unsettled: HashSet<String>,
-    /// `(cluster, uid)` of Machines seen deleted lately.
+    /// `(cluster, uid)` of Machines seen deleted (or missing from a complete listing) lately.
     pub gone: HashSet<(String, String)>,
 }
 

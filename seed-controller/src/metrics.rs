@@ -28,6 +28,8 @@ pub struct Metrics {
     pub reservations_expired: IntCounter,
     /// `kkp_quota_reservations_counted_total`
     pub reservations_counted: IntCounter,
+    /// `kkp_quota_reservations_gone_total`
+    pub reservations_gone: IntCounter,
     /// `kkp_quota_allotments_expired_total`
     pub allotments_expired: IntCounter,
     /// `kkp_quota_demands_expired_total`
@@ -102,7 +104,11 @@ impl Metrics {
             )?,
             reservations_counted: IntCounter::new(
                 "kkp_quota_reservations_counted_total",
-                "Admission reservations dropped in the same write that counted their Machine, or because their Machine was seen deleted",
+                "Admission reservations dropped in the same write that counted their Machine",
+            )?,
+            reservations_gone: IntCounter::new(
+                "kkp_quota_reservations_gone_total",
+                "Admission reservations dropped because their Machine was seen deleted before it was counted",
             )?,
             allotments_expired: IntCounter::new(
                 "kkp_quota_allotments_expired_total",
@@ -152,6 +158,7 @@ impl Metrics {
         m.registry.register(Box::new(m.drift_corrections.clone()))?;
         m.registry.register(Box::new(m.reservations_expired.clone()))?;
         m.registry.register(Box::new(m.reservations_counted.clone()))?;
+        m.registry.register(Box::new(m.reservations_gone.clone()))?;
         m.registry.register(Box::new(m.allotments_expired.clone()))?;
         m.registry.register(Box::new(m.demands_expired.clone()))?;
         m.registry.register(Box::new(m.share_released.clone()))?;

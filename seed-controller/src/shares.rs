@@ -133,7 +133,7 @@ impl Activity {
         }
     }
 
-    /// Takes in one read of the ledger at `now`.
+    /// Takes in one status of the ledger at `now`: one read, or the status a write produces.
     pub fn observe(&mut self, status: &QuotaLedgerStatus, now: Timestamp) {
         let usage = status.local_usage.clone().unwrap_or_default();
         if busy(status, now) || !self.usage_seen.covers(&usage) {
@@ -171,7 +171,8 @@ pub struct Upkeep {
     pub due_now: bool,
     /// When one will be next without any event: the earliest live demand expires, or the quiet
     /// period of an idle ledger (no reservations, allotments, live demands) ends while a quiet
-    /// release would then be due.
+    /// release would then be due. Not while a cluster of the project is unsettled: settling
+    /// marks the project for a write anyway.
     pub next: Option<Timestamp>,
 }
 
@@ -184,28 +185,21 @@ pub fn upkeep(
     settings: Settings,
     now: Timestamp,
 ) -> Result<Upkeep, QuantityError> {
-    let mut due_now = status.demands.iter().any(|d| d.expires_at <= now);
+    let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
+    let quiet = activity.quiet(status, project_unsettled, settings.quiet_period, now);
+    let releasing = release(spec, status, &slack, quiet)?.is_some();
+    let due_now = releasing || !demands_to_expire(&status.demands, now).is_empty();
     let mut next = live_demands(status, now).map(|d| d.expires_at).min();
-    if let Some(share) = seed_share(spec, Some(status)) {
-        let committed = committed(status)?;
-        let slack = kkp_quota_crds::shares::slack(&spec.quota, settings.slack_percent);
-        let quiet = activity.quiet(status, project_unsettled, settings.quiet_period, now);
-        if !share
-            .release_due(&spec.quota, &committed, &slack, quiet)
-            .is_empty()
-        {
-            due_now = true;
-        } else if !quiet
-            && !busy(status, now)
-            && !share
-                .release_due(&spec.quota, &committed, &slack, true)
-                .is_empty()
-        {
-            // A busy ledger needs a change (an event) before it can be quiet; an idle one is
-            // looked at again when its quiet period ends (and, as long as a cluster of the project
-            // stays unsettled, every little while after).
-            next = Some(activity.quiet_from(settings.quiet_period));
-        }
+    // A busy ledger needs a change (an event) before it can be quiet, an unsettled project its
+    // settling (which marks it for a write); an idle one is looked at again when its quiet period
+    // ends.
+    if !releasing
+        && !quiet
+        && !project_unsettled
+        && !busy(status, now)
+        && release(spec, status, &slack, true)?.is_some()
+    {
+        next = Some(activity.quiet_from(settings.quiet_period));
     }
     Ok(Upkeep { due_now, next })
 }
@@ -402,13 +396,13 @@ mod tests {
         );
         let u = upkeep(&spec(16, 10, Some(10)), &idle, &a, false, SETTINGS, at(30)).unwrap();
         assert!(u.due_now);
-        // An unsettled cluster: not quiet, but looked at again when the period ends.
+        // An unsettled cluster: not quiet, and no timer (its settling marks the project).
         let u = upkeep(&spec(16, 10, Some(10)), &idle, &a, true, SETTINGS, at(30)).unwrap();
         assert_eq!(
             u,
             Upkeep {
                 due_now: false,
-                next: Some(at(30))
+                next: None
             }
         );
         // Busy (a reservation): no timer; the change that ends it is an event.

@@ -9,7 +9,9 @@
 //! - a ledger without `spec.shares` never gets `status.released` (its writes still happen);
 //! - with the target back at the share and a short quiet period, the share above
 //!   `committed + slack` is released once the period has passed, the writer woken by the quiet
-//!   period's end alone.
+//!   period's end alone;
+//! - a ledger last seen while a cluster of its project was unsettled, the cluster then settling
+//!   without the ledger changing, still gets its quiet release when the period ends.
 
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
@@ -257,5 +259,55 @@ async fn share_is_released_in_the_ledger_write_down_to_the_target_then_when_quie
     wait_local_usage(&seed, "demo", &s0).await;
     check_versions(&recorder);
     assert_eq!(status_of(&seed, "project-plain").await.released, None);
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_release_comes_when_the_project_settled_without_its_ledger_changing() {
+    init_logs();
+    let (seed_cp, alpha_cp) = seed_with_alpha("10").await;
+    let seed = seed_cp.client();
+    set_shares(&seed, "project-demo", 1, "10", "10").await;
+    alpha_cp.pause_apiserver().unwrap();
+    let mut config = Config::for_tests("seed");
+    let quiet_period = Duration::from_secs(20);
+    config.share_quiet_period = quiet_period;
+    config.user_cluster_timeout = Duration::from_secs(2);
+    let started = std::time::Instant::now();
+    let running = start_controller(&seed_cp, config).await;
+    running.wait_ready().await;
+    wait_condition(&seed, "alpha", "False", "UserClusterUnreachable").await;
+    // A ledger change seen while alpha is unsettled: an expired demand, which the controller
+    // removes (another change). The quota watch sets no timer on these.
+    write_status(
+        &seed,
+        "project-demo",
+        |_| json!({ "demands": [demand("webhook-gone", "1", SignedDuration::from_secs(-1))] }),
+    )
+    .await;
+    e2e::wait_for(WAIT, "the expired demand removed", || async {
+        status_of(&seed, "project-demo").await.demands.is_empty()
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        released_cpu(&seed).await,
+        None,
+        "not quiet while alpha is unsettled"
+    );
+    // alpha settles (listed, nothing in it): localUsage stays 0, the ledger does not change.
+    alpha_cp.resume_apiserver().unwrap();
+    wait_condition(&seed, "alpha", "True", "AllMachinesCounted").await;
+    if started.elapsed() >= quiet_period {
+        eprintln!("alpha settled only after the quiet period: this run does not test the wakeup");
+    }
+    // Nothing committed, slack 1 (10% of the quota): 9 of 10 released.
+    wait_released(&seed, Quantity::from_units(9)).await;
+    e2e::wait_for(WAIT, "metrics of the quiet release", || async {
+        metric_of(&running, "kkp_quota_share_released_total", "demo") == Some(9.0)
+            && metric_of(&running, "kkp_quota_share_held", "demo") == Some(1.0)
+    })
+    .await
+    .unwrap();
     running.stop().await;
 }

@@ -112,7 +112,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     // --- Created in two clusters of one project, and in another project. ---
     let (m1_spec, m2_spec, m3_spec) = (aws("t3.large"), hetzner("cx22"), vsphere(4, 8192, 50));
     create_machine(&alpha, "m1", &m1_spec).await;
-    create_machine(&beta, "m2", &m2_spec).await;
+    let m2 = create_machine(&beta, "m2", &m2_spec).await;
     create_machine(&gamma, "m3", &m3_spec).await;
     let (s1, s2, s3) = (size_of(&m1_spec), size_of(&m2_spec), size_of(&m3_spec));
     wait_cluster_usage(&seed, "alpha", &sum(&[&s0, &s1])).await;
@@ -146,6 +146,21 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     wait_cluster_usage(&seed, "beta", &ResourceDetails::zero()).await;
     wait_local_usage(&seed, "demo", &sum(&[&s0, &s1])).await;
     wait_local_usage(&seed, "other", &s3).await;
+    // A reservation recorded only after its Machine was deleted goes at once, not at its TTL
+    // (2m, longer than WAIT).
+    let m2_uid = uid(&m2);
+    add_reservations(
+        &seed,
+        "demo",
+        vec![reservation("beta", &m2_uid, &s2, SignedDuration::ZERO)],
+    )
+    .await;
+    e2e::wait_for(WAIT, "m2's late reservation dropped", || async {
+        !reservation_uids(&seed, "demo").await.contains(&m2_uid)
+    })
+    .await
+    .unwrap();
+    assert!(metric(&running.metrics, "kkp_quota_reservations_gone_total", &[]).unwrap_or(0.0) >= 1.0);
 
     // --- A Machine being deleted counts until it is gone. ---
     let held_spec = aws("m5.large");

@@ -1,0 +1,186 @@
+//! The controller's in-memory picture of the seed: user clusters, their Machines (sized), and
+//! which clusters and projects have changed since they were last written.
+//!
+//! Watch tasks update it under a short lock; the writer takes consistent snapshots
+//! ([`State::project_plan`], [`State::cluster_plan`]) and does the I/O outside the lock.
+//!
+//! This file holds [`State`] itself and the changes to its set of clusters. The rest, one idea a
+//! file:
+//! - `cluster`: one user cluster ([`ClusterState`], [`Reachability`]) and the write of its
+//!   `Cluster` status ([`ClusterPlan`], the `ResourceQuotaUsage` condition);
+//! - `machines`: a cluster's Machines: sizing, the count, listings, the size catalog, the Machines
+//!   remembered as gone, and the Events published on Machines ([`MachineEvent`]);
+//! - `admission`: bypass detection: Machines that appeared while watched, held back, judged;
+//! - `project`: the snapshot of one project for its ledger write ([`ProjectPlan`]) and its share
+//!   activity record.
+
+mod admission;
+mod cluster;
+mod machines;
+mod project;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::kkp::ClusterStatus;
+use provider_sizes::SizeCatalog;
+use tokio::sync::mpsc::UnboundedSender;
+
+pub use cluster::{CONDITION_TYPE, CONDITION_WRITER, ClusterPlan, ClusterState, Reachability};
+pub use machines::{MachineEvent, REASON_UNADMITTED, REASON_UNSIZEABLE};
+pub use project::ProjectPlan;
+
+/// The whole picture.
+pub struct State {
+    catalog: Arc<SizeCatalog>,
+    pub clusters: BTreeMap<String, ClusterState>,
+    pub dirty_clusters: BTreeSet<String>,
+    pub dirty_projects: BTreeSet<String>,
+    /// Set once the Cluster list and the size catalog were read: writes before that could
+    /// report a partial seed.
+    pub clusters_listed: bool,
+    pub catalog_loaded: bool,
+    /// Project -> when the grace of its earliest held-back Machine ends (a write is due then).
+    pub grace_wakeups: BTreeMap<String, Instant>,
+    /// Project -> when the writer next looks at its ledger for shares although nothing changes
+    /// (the quiet period ends): set by the writer, for a project that settled without its ledger
+    /// changing (so the quota watch saw no event to set its own timer on).
+    pub share_wakeups: BTreeMap<String, Instant>,
+    /// Project -> the usage last written onto KKP's `ResourceQuota` copy (KKP's resources only).
+    pub kkp_usage_written: BTreeMap<String, ResourceDetails>,
+    /// Project -> when its ledger last showed signs of admissions (for quiet share releases).
+    pub share_activity: BTreeMap<String, crate::shares::Activity>,
+}
+
+impl State {
+    pub fn new(catalog: SizeCatalog) -> State {
+        State {
+            catalog: Arc::new(catalog),
+            clusters: BTreeMap::new(),
+            dirty_clusters: BTreeSet::new(),
+            dirty_projects: BTreeSet::new(),
+            clusters_listed: false,
+            catalog_loaded: false,
+            grace_wakeups: BTreeMap::new(),
+            share_wakeups: BTreeMap::new(),
+            kkp_usage_written: BTreeMap::new(),
+            share_activity: BTreeMap::new(),
+        }
+    }
+
+    fn mark(&mut self, cluster: &str) {
+        self.dirty_clusters.insert(cluster.to_owned());
+        if let Some(project) = self.clusters.get(cluster).and_then(|c| c.project.clone()) {
+            self.dirty_projects.insert(project);
+        }
+    }
+
+    /// A `Cluster` was seen on the seed.
+    pub fn upsert_cluster(&mut self, name: &str, project: Option<String>, status: Option<ClusterStatus>) {
+        let entry = self.clusters.entry(name.to_owned()).or_default();
+        if entry.baseline.is_none() && entry.observed.is_none() {
+            entry.baseline = status.as_ref().and_then(|s| s.resource_usage.clone());
+        }
+        let changed = entry.project != project;
+        let old_project = std::mem::replace(&mut entry.project, project);
+        entry.observed = status;
+        if changed {
+            if let Some(old) = old_project {
+                self.dirty_projects.insert(old);
+            }
+            self.mark(name);
+        }
+    }
+
+    /// A `Cluster` is gone from the seed: its usage no longer counts for its project.
+    pub fn remove_cluster(&mut self, name: &str) {
+        if let Some(project) = self.clusters.remove(name).and_then(|c| c.project) {
+            self.dirty_projects.insert(project);
+        }
+        self.dirty_clusters.remove(name);
+    }
+
+    pub fn set_events_sender(&mut self, cluster: &str, sender: Option<UnboundedSender<MachineEvent>>) {
+        if let Some(c) = self.clusters.get_mut(cluster) {
+            c.events = sender;
+        }
+    }
+
+    /// Returns whether reachability changed.
+    pub fn set_reachability(&mut self, cluster: &str, reachability: Reachability) -> bool {
+        let Some(c) = self.clusters.get_mut(cluster) else {
+            return false;
+        };
+        if c.reachability == reachability {
+            return false;
+        }
+        c.reachability = reachability;
+        self.mark(cluster);
+        true
+    }
+
+    /// The projects with a cluster on this seed.
+    pub fn projects(&self) -> BTreeSet<String> {
+        self.clusters.values().filter_map(|c| c.project.clone()).collect()
+    }
+
+    /// Start-up is complete: clusters and catalog read, every cluster listed or unreachable.
+    pub fn initially_synced(&self) -> bool {
+        self.clusters_listed
+            && self.catalog_loaded
+            && self.clusters.values().all(ClusterState::settled_for_readiness)
+    }
+
+    /// Marks every cluster and project for a write (after a catalog change or at resync).
+    pub fn mark_all(&mut self) {
+        self.dirty_clusters.extend(self.clusters.keys().cloned());
+        let projects = self.projects();
+        self.dirty_projects.extend(projects);
+    }
+}
+
+/// What the tests of the state's parts share.
+#[cfg(test)]
+mod fixtures {
+    use kkp_quota_crds::machine::Machine;
+    use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
+    use provider_sizes::SizeCatalog;
+    use serde_json::json;
+
+    use super::State;
+    use crate::ledger::Appeared;
+
+    /// `(cluster, uid)` of the project's appeared Machines.
+    pub(super) fn appeared_keys(state: &State, project: &str) -> Vec<(String, String)> {
+        state
+            .project_plan(project)
+            .unwrap()
+            .appeared
+            .iter()
+            .map(Appeared::key)
+            .collect()
+    }
+
+    pub(super) fn machine(uid: &str, instance_type: &str) -> Machine {
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": format!("m-{uid}"), "namespace": "kube-system", "uid": uid},
+            "spec": {"providerSpec": {"value": {"cloudProvider": "aws", "cloudProviderSpec": {"instanceType": instance_type, "diskSize": 10}}}},
+        }))
+        .unwrap()
+    }
+
+    pub(super) fn cpu(usage: &ResourceDetails) -> Quantity {
+        usage.amount(Resource::Cpu)
+    }
+
+    pub(super) fn state_with(clusters: &[(&str, &str)]) -> State {
+        let mut state = State::new(SizeCatalog::shipped());
+        for (name, project) in clusters {
+            state.upsert_cluster(name, Some((*project).to_owned()), None);
+        }
+        state
+    }
+}

@@ -1,0 +1,111 @@
+//! One project's snapshot for the write of its ledger ([`State::project_plan`], [`ProjectPlan`]:
+//! its usage, counted and gone Machines, appeared Machines, whether it is unsettled), and the
+//! record of its ledger's share activity.
+
+use kkp_quota_crds::ResourceDetails;
+
+use super::State;
+use crate::ledger::{Appeared, Counted};
+use crate::usage::project_usage;
+
+/// What to write to one project's seed quota copy, from one snapshot.
+#[derive(Debug, Clone)]
+pub struct ProjectPlan {
+    pub project: String,
+    pub local_usage: ResourceDetails,
+    pub counted: Counted,
+    /// Machines that appeared while watched, to check for reservations.
+    pub appeared: Vec<Appeared>,
+    /// One of the project's own clusters is unsettled: its allotments must not expire.
+    pub project_unsettled: bool,
+}
+
+impl State {
+    /// One consistent snapshot for a project's write.
+    pub fn project_plan(&self, project: &str) -> Result<ProjectPlan, kkp_quota_crds::QuantityError> {
+        let mut counted = Counted::default();
+        let mut usages = Vec::new();
+        let mut appeared = Vec::new();
+        let mut project_unsettled = false;
+        for (name, cluster) in &self.clusters {
+            if cluster.unsettled() {
+                counted.unsettled.insert(name.clone());
+            }
+            if cluster.project.as_deref() != Some(project) {
+                continue;
+            }
+            project_unsettled |= cluster.unsettled();
+            usages.push(cluster.reported_usage());
+            if cluster.synced {
+                for (uid, size) in cluster.usage.iter() {
+                    counted
+                        .machines
+                        .insert((name.clone(), uid.to_owned()), size.clone());
+                }
+            }
+            counted
+                .gone
+                .extend(cluster.gone.iter().map(|(_, uid)| (name.clone(), uid.clone())));
+            appeared.extend(cluster.appeared.iter().map(|(uid, a)| Appeared {
+                cluster: name.clone(),
+                uid: uid.clone(),
+                at: a.at,
+            }));
+        }
+        Ok(ProjectPlan {
+            project: project.to_owned(),
+            local_usage: project_usage(usages.iter())?,
+            counted,
+            appeared,
+            project_unsettled,
+        })
+    }
+
+    /// Takes in one status of a project's ledger at `now` (read, or produced by a write); returns
+    /// the project's activity since.
+    pub fn ledger_seen(
+        &mut self,
+        project: &str,
+        status: &kkp_quota_crds::QuotaLedgerStatus,
+        now: jiff::Timestamp,
+    ) -> crate::shares::Activity {
+        if let Some(activity) = self.share_activity.get_mut(project) {
+            activity.observe(status, now);
+            activity.clone()
+        } else {
+            let activity = crate::shares::Activity::first(status, now);
+            self.share_activity.insert(project.to_owned(), activity.clone());
+            activity
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kkp_quota_crds::Quantity;
+
+    use crate::state::fixtures::{cpu, machine, state_with};
+
+    #[test]
+    fn projects_sum_their_clusters_only() {
+        let mut state = state_with(&[("a", "p"), ("b", "p"), ("c", "q")]);
+        state.cluster_listed("a", vec![machine("1", "t3.medium")]);
+        state.cluster_listed("b", vec![machine("2", "t3.xlarge")]);
+        state.cluster_listed("c", vec![machine("3", "t3.large")]);
+        assert_eq!(
+            cpu(&state.project_plan("p").unwrap().local_usage),
+            Quantity::from_units(6)
+        );
+        assert_eq!(
+            cpu(&state.project_plan("q").unwrap().local_usage),
+            Quantity::from_units(2)
+        );
+        state.machine_deleted("b", "2");
+        assert_eq!(
+            cpu(&state.project_plan("p").unwrap().local_usage),
+            Quantity::from_units(2)
+        );
+        state.remove_cluster("a");
+        assert!(state.project_plan("p").unwrap().local_usage.is_empty());
+    }
+}

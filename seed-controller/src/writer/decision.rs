@@ -1,0 +1,163 @@
+//! What one write of a project's quota copy does, decided without I/O from one snapshot of the
+//! state and one read of the copy: the `localUsage`, the reservations, allotments and demands it
+//! drops, the Machines held back or judged ([`decide`]); the status that write produces
+//! ([`status_after`], from which the share release is computed); its compare-and-swap patch
+//! ([`ledger_patch`]); and when the ledger next needs a write although nothing changes
+//! ([`ledger_due`]).
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::ledger::group;
+use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
+use kkp_quota_crds::{QuantityError, QuotaLedger, QuotaLedgerStatus, ResourceDetails};
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use crate::Config;
+use crate::ledger::{
+    DropReason, allotments_to_expire, grace_ends, held_back, remaining, reservations_to_drop, unadmitted,
+    usage_without_held,
+};
+use crate::shares::{self, Release};
+use crate::state::ProjectPlan;
+
+/// What one write of a project's quota copy does, from one snapshot and one read of the copy.
+pub(super) struct Decision {
+    /// `localUsage`: the plan's usage without the held-back Machines.
+    pub(super) local_usage: ResourceDetails,
+    /// Reservations dropped (by index).
+    pub(super) drops: Vec<(usize, DropReason)>,
+    /// Allotments removed (by index).
+    pub(super) expired: Vec<usize>,
+    /// Share demands removed (by index): their `expiresAt` has passed.
+    pub(super) demands_expired: Vec<usize>,
+    /// The copy read had allotments: a Machine judged unadmitted had its grace to be recorded.
+    pub(super) had_allotments: bool,
+    /// `(cluster, uid)` of Machines held back (not counted, not judged).
+    pub(super) held: Vec<(String, String)>,
+    /// When the earliest held-back Machine's grace ends.
+    pub(super) grace_end: Option<Instant>,
+    /// `(cluster, uid)` of appeared Machines judged now, and those of them with no reservation.
+    pub(super) checked: Vec<(String, String)>,
+    pub(super) bypassed: Vec<(String, String)>,
+}
+
+pub(super) fn decide(
+    plan: &ProjectPlan,
+    status: &QuotaLedgerStatus,
+    config: &Config,
+) -> Result<Decision, QuantityError> {
+    let ttl = SignedDuration::try_from(config.reservation_ttl).unwrap_or(SignedDuration::MAX);
+    let grace = config.admission_record_grace;
+    let now = Timestamp::now();
+    let instant = Instant::now();
+    let drops = reservations_to_drop(&status.reservations, &plan.counted, now, ttl);
+    let expired = allotments_to_expire(&status.allotments, plan.project_unsettled, now);
+    let demands_expired = shares::demands_to_expire(&status.demands, now);
+    // A Machine is left out of the count only while an allotment that stays in the written copy
+    // may cover it. In a write that removes an expired allotment nothing is held back: the
+    // removed one may have covered it (its holder died), and a Machine counted twice for a moment
+    // is safe where one counted nowhere is not. An allotment granting nothing covers nothing
+    // (its holder admits nothing from it).
+    let has_allotments = expired.is_empty() && status.allotments.iter().any(|a| !a.granted.is_empty());
+    let held = held_back(
+        &plan.appeared,
+        &status.reservations,
+        has_allotments,
+        instant,
+        grace,
+    );
+    let local_usage = usage_without_held(&plan.local_usage, &plan.counted, &plan.appeared, &held)?;
+    let held_set: HashSet<usize> = held.iter().copied().collect();
+    let judged: Vec<_> = plan
+        .appeared
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !held_set.contains(i))
+        .map(|(_, a)| a)
+        .collect();
+    Ok(Decision {
+        local_usage,
+        drops,
+        expired,
+        demands_expired,
+        had_allotments: !status.allotments.is_empty(),
+        grace_end: grace_ends(&plan.appeared, &held, grace),
+        held: held.iter().map(|&i| plan.appeared[i].key()).collect(),
+        checked: judged.iter().map(|a| a.key()).collect(),
+        bypassed: unadmitted(judged.iter().copied(), &status.reservations),
+    })
+}
+
+/// The status the write of `decision` produces from `status` as read: its `localUsage`, the
+/// reservations, allotments and demands it keeps, the rest (`released` among it) as read.
+pub(super) fn status_after(status: &QuotaLedgerStatus, decision: &Decision) -> QuotaLedgerStatus {
+    QuotaLedgerStatus {
+        local_usage: Some(decision.local_usage.clone()),
+        reservations: remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i)),
+        allotments: remaining(&status.allotments, decision.expired.iter().copied()),
+        demands: remaining(&status.demands, decision.demands_expired.iter().copied()),
+        ..status.clone()
+    }
+}
+
+/// The compare-and-swap merge patch of a write: `localUsage`, and what the write drops or
+/// releases, conditioned on the `resourceVersion` read.
+pub(super) fn ledger_patch(
+    quota: &QuotaLedger,
+    status: &QuotaLedgerStatus,
+    decision: &Decision,
+    release: Option<&Release>,
+) -> Value {
+    let mut patch = json!({
+        "metadata": { "resourceVersion": quota.resource_version() },
+        "status": { "formatVersion": LEDGER_FORMAT, "localUsage": decision.local_usage },
+    });
+    if !decision.drops.is_empty() {
+        let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
+        patch["status"]["reservations"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            json!(group(&kept))
+        };
+    }
+    // Written only when some go, so an unchanged list (the holders' to change) is never
+    // rewritten.
+    if !decision.expired.is_empty() {
+        let kept = remaining(&status.allotments, decision.expired.iter().copied());
+        patch["status"]["allotments"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(&kept).unwrap_or(Value::Null)
+        };
+    }
+    // Likewise the demands (each holder's own to write).
+    if !decision.demands_expired.is_empty() {
+        let kept = remaining(&status.demands, decision.demands_expired.iter().copied());
+        patch["status"]["demands"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(&kept).unwrap_or(Value::Null)
+        };
+    }
+    // The release rides on this compare-and-swap: it was computed from the status this very
+    // write produces, so nothing can be admitted against share on its way out.
+    if let Some(release) = release {
+        patch["status"]["released"] = json!(release.released);
+    }
+    patch
+}
+
+/// When a quota copy's ledger next needs a write although nothing changes: its oldest
+/// reservation's TTL ends, or its earliest allotment expires.
+pub(super) fn ledger_due(status: &QuotaLedgerStatus, ttl: SignedDuration) -> Option<Timestamp> {
+    let reservation = status
+        .reservations
+        .iter()
+        .map(|r| r.created_at.saturating_add(ttl).unwrap_or(Timestamp::MAX))
+        .min();
+    let allotment = status.allotments.iter().map(|a| a.expires_at).min();
+    reservation.into_iter().chain(allotment).min()
+}

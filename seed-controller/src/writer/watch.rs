@@ -1,0 +1,114 @@
+//! The watch of the seed's quota copies ([`watch_quotas`]): which copy needs a write now, and
+//! when the others next will although nothing changes.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::{QuotaLedger, Resource};
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use tracing::warn;
+
+use super::decision::{decide, ledger_due};
+use super::report::set_share_gauges;
+use crate::Shared;
+use crate::shares;
+use crate::usage::same_usage;
+
+/// Watches the seed's quota copies: a new copy, a copy whose `localUsage` is not ours, copies
+/// with reservations, with an expired demand or with share to release get a write; so does a copy
+/// when its oldest reservation's TTL ends, its earliest allotment or live demand expires, or its
+/// quiet period ends while it holds share above `committed + slack` (and again every little while
+/// as long as a write stays due without changing the copy, e.g. a reservation past its TTL while
+/// its cluster is unsettled).
+pub async fn watch_quotas(shared: Arc<Shared>) {
+    let api: Api<QuotaLedger> = Api::all(shared.seed.clone());
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    // Project -> when its ledger is next due for a write.
+    let mut due: HashMap<String, Timestamp> = HashMap::new();
+    let ttl = SignedDuration::try_from(shared.config.reservation_ttl).unwrap_or(SignedDuration::MAX);
+    let again =
+        (shared.config.reservation_ttl / 4).clamp(Duration::from_millis(200), Duration::from_secs(10));
+    let again_signed = SignedDuration::try_from(again).unwrap_or(SignedDuration::from_secs(10));
+    let settings = shared.config.shares();
+    loop {
+        let now = Timestamp::now();
+        let wait = due.values().min().map_or(Duration::from_hours(1), |t| {
+            Duration::try_from(t.duration_since(now)).unwrap_or(Duration::ZERO)
+        });
+        tokio::select! {
+            event = stream.next() => match event {
+                Some(Ok(Event::InitApply(quota) | Event::Apply(quota))) => {
+                    let project = quota.project().to_owned();
+                    let status = quota.status.clone().unwrap_or_default();
+                    set_share_gauges(&shared, &project, &quota.spec, Some(&status));
+                    let now = Timestamp::now();
+                    let (stale, share_next) = {
+                        let mut state = shared.state();
+                        let activity = state.ledger_seen(&project, &status, now);
+                        let ours = state.projects().contains(&project);
+                        let plan = state.project_plan(&project).ok();
+                        let usage = plan
+                            .as_ref()
+                            .and_then(|plan| decide(plan, &status, &shared.config).ok())
+                            .map(|d| d.local_usage);
+                        let differs = match (&status.local_usage, &usage) {
+                            (Some(a), Some(b)) => !same_usage(a, b),
+                            _ => true,
+                        };
+                        let unsettled = plan.as_ref().is_some_and(|p| p.project_unsettled);
+                        let upkeep = shares::upkeep(&quota.spec, &status, &activity, unsettled, settings, now)
+                            .unwrap_or_else(|e| {
+                                warn!(project = %project, error = %e, "share arithmetic failed; releasing nothing");
+                                shares::Upkeep::default()
+                            });
+                        let write_due = (ours || status.local_usage.is_some()) && differs
+                            || !status.reservations.is_empty()
+                            || upkeep.due_now;
+                        (write_due, upkeep.next)
+                    };
+                    match ledger_due(&status, ttl).into_iter().chain(share_next).min() {
+                        Some(t) => { due.insert(project.clone(), t); }
+                        None => { due.remove(&project); }
+                    }
+                    if stale {
+                        shared.state().dirty_projects.insert(project);
+                        shared.wake_writer();
+                    }
+                }
+                Some(Ok(Event::Delete(quota))) => {
+                    let project = quota.project();
+                    due.remove(project);
+                    shared.state().share_activity.remove(project);
+                    for &resource in Resource::ALL {
+                        let _ = shared.metrics.share_held.remove_label_values(&[project, resource.name()]);
+                    }
+                }
+                Some(Ok(Event::Init | Event::InitDone)) => {}
+                Some(Err(e)) => warn!(error = %e, "QuotaLedger watch on the seed failed; retrying"),
+                None => return,
+            },
+            () = tokio::time::sleep(wait) => {
+                let now = Timestamp::now();
+                let mut fired = Vec::new();
+                for (project, at) in &mut due {
+                    if *at <= now {
+                        fired.push(project.clone());
+                        // Due again a little later, unless a write changes the copy meanwhile.
+                        *at = now.saturating_add(again_signed).unwrap_or(Timestamp::MAX);
+                    }
+                }
+                if !fired.is_empty() {
+                    shared.state().dirty_projects.extend(fired);
+                    shared.wake_writer();
+                }
+            }
+        }
+    }
+}
