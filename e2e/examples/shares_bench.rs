@@ -28,11 +28,12 @@ use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::shares::objects::committed;
-use kkp_quota_crds::{QuotaLedger, Resource, ResourceDetails};
+use kkp_quota_crds::{ProjectQuota, QuotaLedger, Resource, ResourceDetails};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 
 const NAME: &str = "project-demo";
+const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
 const WAIT: Duration = Duration::from_mins(2);
 /// Clusters of project `demo` (with the quota) and of project `free` (without).
 const ONE_SEED: [&str; 2] = ["alpha", "beta"];
@@ -95,28 +96,55 @@ async fn set_quota(fleet: &Fleet, cpu: i64) -> Result<()> {
     Ok(())
 }
 
-/// Deletes every Machine of `clusters`, then waits until no seed has anything committed.
+/// Deletes every Machine of `clusters`, then waits, in causal order, until no seed has anything
+/// committed, the master's view shows every seed without usage, and every seed's fold of the
+/// others (by which the webhook tells a wait for share from a full quota) caught up with it.
+/// Checking the folds first would race a fold of the deleted Machines still on its way.
 async fn clean(fleet: &Fleet, clusters: &[&str]) -> Result<()> {
     for cluster in clusters {
         machines::api(fleet, cluster)
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await?;
     }
-    for seed in ["seed-a", "seed-b"] {
+    for seed in SEEDS {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
         wait_for(WAIT, &format!("{seed} idle"), || async {
             // No ledger yet (no quota written yet): nothing committed.
             let Some(ledger) = ledgers.get_opt(NAME).await.ok()? else {
                 return Some(());
             };
-            // Nothing committed here, and the master's fold of the other seed caught up (the
-            // webhook tells a wait for share from a full quota by it).
+            committed(&ledger.status.unwrap_or_default())
+                .ok()?
+                .is_empty()
+                .then_some(())
+        })
+        .await?;
+    }
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_for(WAIT, "the master's view of the seeds idle", || async {
+        let Some(quota) = quotas.get_opt(NAME).await.ok()? else {
+            return Some(());
+        };
+        let status = quota.status.unwrap_or_default();
+        let idle = status
+            .seeds
+            .iter()
+            .all(|s| s.usage.as_ref().is_none_or(ResourceDetails::is_empty));
+        idle.then_some(())
+    })
+    .await?;
+    for seed in SEEDS {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        wait_for(WAIT, &format!("{seed}'s fold of the others"), || async {
+            let Some(ledger) = ledgers.get_opt(NAME).await.ok()? else {
+                return Some(());
+            };
             let status = ledger.status.unwrap_or_default();
-            let others_idle = status
+            status
                 .other_seeds_usage
                 .as_ref()
-                .is_none_or(ResourceDetails::is_empty);
-            (committed(&status).ok()?.is_empty() && others_idle).then_some(())
+                .is_none_or(ResourceDetails::is_empty)
+                .then_some(())
         })
         .await?;
     }

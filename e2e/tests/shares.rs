@@ -31,6 +31,8 @@ const WAIT: Duration = Duration::from_mins(1);
 /// A demand left by denied requests keeps its seed's idle share the seed's own until it lapses
 /// (30 s by default); shorter here, so that the scenarios that need it gone wait less.
 const DEMAND_TTL_FLAG: &str = "--share-demand-ttl-seconds=6";
+/// A frozen seed API server is found by the master's probe (10 s by default).
+const SEED_PROBE_FLAG: &str = "--seed-probe-seconds=2";
 
 /// The fleet (two seeds) and the system, with the quota written and every ledger under shares.
 async fn setup() -> FleetWithSystem {
@@ -41,7 +43,10 @@ async fn setup() -> FleetWithSystem {
         .with_user_cluster("alpha", "seed-a", "demo")
         .with_user_cluster("beta", "seed-a", "demo")
         .with_user_cluster("gamma", "seed-b", "demo");
-    let extra = [("machine-webhook", DEMAND_TTL_FLAG)];
+    let extra = [
+        ("machine-webhook", DEMAND_TTL_FLAG),
+        ("master-controller", SEED_PROBE_FLAG),
+    ];
     let running = FleetWithSystem::start_with(spec, &extra).await.unwrap();
     let fleet = &running.fleet;
     let quota = e2e::demo::cpu_quota("demo", &LIMIT.to_string());
@@ -106,6 +111,14 @@ fn figures(ledger: &QuotaLedger) -> Option<(i64, i64)> {
         cpu(committed(&status).ok()?.amount(Resource::Cpu)),
         cpu(share.share().amount(Resource::Cpu)),
     ))
+}
+
+/// What a ledger says the seed committed, in cpu, exactly: allotments are fractions, and whole
+/// cpus rounded up would add up to more than was committed.
+fn committed_cpu(ledger: &QuotaLedger) -> Option<Quantity> {
+    let status = ledger.status.clone().unwrap_or_default();
+    seed_share(&ledger.spec, Some(&status))?;
+    Some(committed(&status).ok()?.amount(Resource::Cpu))
 }
 
 /// [`figures`] of a seed's ledger as it is now.
@@ -173,9 +186,9 @@ async fn wait_seed_b(fleet: &Fleet, what: &str, ok: impl Fn(&SeedFigures) -> boo
     .unwrap();
 }
 
-/// Waits until no seed has a live demand (what denied requests leave behind lapses).
-async fn wait_no_demands(fleet: &Fleet) {
-    for seed in ["seed-a", "seed-b"] {
+/// Waits until none of `seeds` has a live demand (what denied requests leave behind lapses).
+async fn wait_no_demands(fleet: &Fleet, seeds: &[&str]) {
+    for &seed in seeds {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
         wait_for(WAIT, &format!("{seed}'s demand lapsed"), || async {
             let status = ledgers.get(NAME).await.ok()?.status.unwrap_or_default();
@@ -235,7 +248,7 @@ fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::J
     );
     let mut seen = stream::select_all(streams);
     tokio::spawn(async move {
-        let mut committed: [Option<i64>; 2] = [None, None];
+        let mut committed: [Option<Quantity>; 2] = [None, None];
         let mut checked = 0;
         tokio::pin!(stop);
         loop {
@@ -245,12 +258,13 @@ fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::J
             };
             match next {
                 Some(Seen::Ledger(i, ledger)) => {
-                    if let Some((c, _)) = figures(&ledger) {
+                    if let Some(c) = committed_cpu(&ledger) {
                         committed[i] = Some(c);
                     }
                     if let [Some(a), Some(b)] = committed {
                         assert!(
-                            a + b <= LIMIT,
+                            a.checked_add(b)
+                                .is_ok_and(|sum| sum <= Quantity::from_units(LIMIT)),
                             "the seeds committed {a} + {b} cpu, over the limit {LIMIT}"
                         );
                     }
@@ -297,7 +311,7 @@ async fn bursts_across_seeds_never_overrun() {
     // Skewed demand: seed-b holds the whole headroom, idle (its Machines just deleted, long
     // before its quiet period); a burst on seed-a alone still gets all of it, because the master
     // asks seed-b for it back at once. (What the rounds' denials left behind lapses first.)
-    wait_no_demands(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
     let on_b = burst(fleet, &["gamma"; 10], "hold").await;
     assert_eq!(
         on_b,
@@ -404,7 +418,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     .unwrap();
     // Seed-b's burst left a demand (so that a retry there would find share): while it lives,
     // seed-b's idle share is its own. Once it lapses, seed-a can have everything.
-    wait_no_demands(&setup.fleet).await;
+    wait_no_demands(&setup.fleet, &["seed-a", "seed-b"]).await;
     let on_a = ["alpha"; 20];
     let admitted_a = burst(&setup.fleet, &on_a, "after").await;
     eprintln!(
@@ -420,7 +434,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
+async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
     let setup = setup().await;
     let fleet = &setup.fleet;
     let (stop, stopped) = oneshot::channel();
@@ -439,9 +453,11 @@ async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
     .unwrap();
     eprintln!("seed-b holds {share_b} and uses {committed_b}");
 
-    // Seed-b's API server stops: its share is stuck, and the master says so.
-    fleet.seed("seed-b").stop_apiserver().await;
-    wait_seed_b(fleet, "seed-b's share shown stuck", |s| s.stuck).await;
+    // Seed-b's API server freezes (SIGSTOP): it accepts connections and answers nothing, as
+    // behind a partition that drops packets, so the master's watch neither ends nor fails. The
+    // master's probe finds it: its share is stuck, and the master says so.
+    fleet.seed("seed-b").pause_apiserver().unwrap();
+    wait_seed_b(fleet, "frozen seed-b's share shown stuck", |s| s.stuck).await;
 
     // Seed-a never admits into seed-b's share: exactly the rest of the quota. What fits the
     // quota as last folded but not seed-a's share waits, and is denied as share in transit,
@@ -450,7 +466,7 @@ async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
     let on_a = burst(fleet, &["alpha"; 20], "a").await;
     let transit = share_in_transit_denials(&setup.system).await - transit_before;
     assert!(transit >= 1.0, "no share_in_transit denials counted");
-    eprintln!("seed-b stopped: seed-a admitted {on_a} (quota {LIMIT}, seed-b's share {share_b})");
+    eprintln!("seed-b frozen: seed-a admitted {on_a} (quota {LIMIT}, seed-b's share {share_b})");
     assert_eq!(
         on_a,
         usize::try_from(LIMIT - share_b).unwrap(),
@@ -459,8 +475,10 @@ async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
     );
 
     // Seed-b back: no longer stuck, and its share is usable again: it admits exactly what it
-    // held idle, and the project then uses its whole quota.
-    fleet.seed("seed-b").start_apiserver().await.unwrap();
+    // held idle, and the project then uses its whole quota. (Seed-a's denied requests left a
+    // demand: while it lives, seed-b's idle share would rightly move to seed-a.)
+    wait_no_demands(fleet, &["seed-a"]).await;
+    fleet.seed("seed-b").resume_apiserver().unwrap();
     wait_seed_b(fleet, "seed-b's share no longer stuck", |s| {
         !s.stuck && s.share.is_some()
     })
@@ -473,6 +491,17 @@ async fn a_stopped_seed_keeps_its_share_and_gets_it_back() {
         "{}",
         describe(fleet).await
     );
+
+    // The API server killed instead ("connection refused", found by the watch itself): stuck
+    // while it is down, its own again once it is back.
+    fleet.seed("seed-b").stop_apiserver().await;
+    wait_seed_b(fleet, "stopped seed-b's share shown stuck", |s| s.stuck).await;
+    assert_eq!(burst(fleet, &["alpha"; 2], "a-full").await, 0);
+    fleet.seed("seed-b").start_apiserver().await.unwrap();
+    wait_seed_b(fleet, "restarted seed-b's share no longer stuck", |s| {
+        !s.stuck && s.share.is_some()
+    })
+    .await;
     delete_all(fleet, &["alpha", "gamma"]).await;
     wait_idle(fleet).await;
 

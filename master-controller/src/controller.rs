@@ -43,6 +43,9 @@ pub struct Options {
     pub concurrency: u16,
     /// Longest wait between two attempts to reach an unreachable seed.
     pub seed_max_backoff: Duration,
+    /// How often a watched seed is asked whether it still answers, and how long it has to
+    /// answer before it counts as unreachable (its share then shows as stuck).
+    pub seed_probe_every: Duration,
     /// Per limited resource, the percent of the limit a seed keeps as slack above what it
     /// committed before it is asked to release idle share (docs/shares.md).
     pub share_slack_percent: u32,
@@ -56,6 +59,7 @@ impl Options {
             lease: None,
             concurrency: 16,
             seed_max_backoff: Duration::from_secs(2),
+            seed_probe_every: Duration::from_secs(10),
             share_slack_percent: 10,
         }
     }
@@ -272,7 +276,10 @@ async fn run_as_leader(
         seeds,
         triggers,
         metrics,
-        options.seed_max_backoff,
+        seeds::SeedLink {
+            max_backoff: options.seed_max_backoff,
+            probe_every: options.seed_probe_every,
+        },
     );
 
     tokio::select! {

@@ -65,6 +65,15 @@ struct Args {
         value_parser = clap::value_parser!(u32).range(0..=100)
     )]
     share_slack_percent: u32,
+    /// How often, in seconds, each seed's API server is asked whether it still answers, and how
+    /// long it has to answer before the seed counts as unreachable.
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_SEED_PROBE_SECONDS",
+        default_value_t = 10,
+        value_parser = clap::value_parser!(u64).range(1..)
+    )]
+    seed_probe_seconds: u64,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -88,6 +97,7 @@ async fn main() -> anyhow::Result<()> {
     options.resync_period = Duration::from_secs(args.resync_period.max(1));
     options.concurrency = args.concurrency.max(1);
     options.share_slack_percent = args.share_slack_percent;
+    options.seed_probe_every = Duration::from_secs(args.seed_probe_seconds);
     if !args.no_leader_election {
         options.lease = Some(LeaseConfig::new(
             args.leader_election_namespace,

@@ -27,6 +27,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc};
+use tokio::time::{Instant, MissedTickBehavior};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fold::Health;
@@ -182,7 +183,7 @@ pub async fn manage(
     seeds: Seeds,
     triggers: Triggers,
     metrics: Metrics,
-    max_backoff: Duration,
+    link: SeedLink,
 ) {
     let seed_api: Api<Seed> = Api::namespaced(master.clone(), &namespace);
     let secret_api: Api<PartialObjectMeta<Secret>> = Api::namespaced(master.clone(), &namespace);
@@ -227,7 +228,7 @@ pub async fn manage(
         let mut changed = false;
         for (name, (secret_ns, secret_name)) in &wanted {
             let text = kubeconfig_from_secret(&master, secret_ns, secret_name, KUBECONFIG_KEY).await;
-            changed |= configure(name, text, &mut running, &seeds, &triggers, &metrics, max_backoff).await;
+            changed |= configure(name, text, &mut running, &seeds, &triggers, &metrics, link).await;
         }
         let gone: Vec<String> = seeds
             .names()
@@ -260,7 +261,7 @@ async fn configure(
     seeds: &Seeds,
     triggers: &Triggers,
     metrics: &Metrics,
-    max_backoff: Duration,
+    link: SeedLink,
 ) -> bool {
     let new_state = || SeedState {
         client: None,
@@ -311,7 +312,7 @@ async fn configure(
             seeds.clone(),
             triggers.clone(),
             metrics.clone(),
-            max_backoff,
+            link,
         )
         .instrument(info_span!("seed", seed = %name)),
     );
@@ -332,14 +333,33 @@ async fn watch_seed(
     seeds: Seeds,
     triggers: Triggers,
     metrics: Metrics,
-    max_backoff: Duration,
+    link: SeedLink,
 ) {
-    let api: Api<QuotaLedger> = Api::all(client);
-    let mut backoff = SeedBackoff::new(max_backoff);
+    let api: Api<QuotaLedger> = Api::all(client.clone());
+    let mut backoff = SeedBackoff::new(link.max_backoff);
     loop {
         let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
         let mut buffer: BTreeMap<String, QuotaLedger> = BTreeMap::new();
-        while let Some(event) = events.next().await {
+        let mut probes = tokio::time::interval_at(Instant::now() + link.probe_every, link.probe_every);
+        probes.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            let event = tokio::select! {
+                event = events.next() => match event {
+                    Some(event) => event,
+                    None => break,
+                },
+                _ = probes.tick() => {
+                    // A watch on a server that stopped answering (frozen, or a network that
+                    // drops packets) neither ends nor fails for minutes: ask it something.
+                    match probe(&client, link.probe_every).await {
+                        Ok(()) => continue,
+                        Err(why) => {
+                            unreachable_seed(&seed, &seeds, &triggers, &metrics, "probe", &why);
+                            break;
+                        }
+                    }
+                }
+            };
             let now = Timestamp::now();
             match event {
                 Ok(Event::Init) => buffer.clear(),
@@ -396,27 +416,53 @@ async fn watch_seed(
                     triggers.quota(&name);
                 }
                 Err(e) => {
-                    let became_stale = seeds.write(|s| {
-                        s.get_mut(&seed).is_some_and(|state| {
-                            let before = state.health;
-                            state.health = state.health.failed(now);
-                            !matches!(before, Health::Stale { .. })
-                        })
-                    });
-                    metrics.sync_error(&seed, "watch");
-                    metrics.seed_stale.with_label_values(&[&seed]).set(1.0);
-                    if became_stale {
-                        warn!(error = %e, "seed unreachable; keeping its last known usage");
-                        triggers.everything();
-                    } else {
-                        debug!(error = %e, "seed still unreachable");
-                    }
+                    unreachable_seed(&seed, &seeds, &triggers, &metrics, "watch", &e.to_string());
                     break;
                 }
             }
         }
-        tokio::time::sleep(backoff.next().unwrap_or(max_backoff)).await;
+        tokio::time::sleep(backoff.next().unwrap_or(link.max_backoff)).await;
     }
+}
+
+/// Asks the seed's API server for its version, failing when no answer comes within `within`.
+async fn probe(client: &Client, within: Duration) -> Result<(), String> {
+    match tokio::time::timeout(within, client.apiserver_version()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {within:?}")),
+    }
+}
+
+/// The seed cannot be reached (`how`: by its watch or by the probe): its last known usage and
+/// share stay, marked stale, until a fresh list.
+fn unreachable_seed(seed: &str, seeds: &Seeds, triggers: &Triggers, metrics: &Metrics, how: &str, why: &str) {
+    let now = Timestamp::now();
+    let became_stale = seeds.write(|s| {
+        s.get_mut(seed).is_some_and(|state| {
+            let before = state.health;
+            state.health = state.health.failed(now);
+            !matches!(before, Health::Stale { .. })
+        })
+    });
+    metrics.sync_error(seed, how);
+    metrics.seed_stale.with_label_values(&[seed]).set(1.0);
+    if became_stale {
+        warn!(error = %why, by = how, "seed unreachable; keeping its last known usage");
+        triggers.everything();
+    } else {
+        debug!(error = %why, by = how, "seed still unreachable");
+    }
+}
+
+/// How the master keeps in touch with a seed.
+#[derive(Clone, Copy, Debug)]
+pub struct SeedLink {
+    /// Longest wait between two attempts to reach an unreachable seed.
+    pub max_backoff: Duration,
+    /// How often a watched seed's API server is asked whether it still answers, and how long
+    /// it has to answer before the seed counts as unreachable.
+    pub probe_every: Duration,
 }
 
 #[allow(clippy::cast_precision_loss)]

@@ -149,7 +149,12 @@ impl Reserver {
             if idle || waiting_elsewhere || wants.is_some() || self.inner.stopping.load(Ordering::SeqCst) {
                 return None;
             }
-            state.allotment_room(admitted).ok()
+            // No room is no allotment: an entry of zero would cost a write now and another to
+            // give it back.
+            state
+                .allotment_room(admitted)
+                .ok()
+                .filter(|room| !room.is_empty())
         });
         let demands = demands_after(
             copy.status.as_ref(),
