@@ -150,7 +150,7 @@ async fn run_as_leader(
         let (defaults, quotas, one_tx) = (defaults.clone(), quotas.clone(), one_tx.clone());
         reflector::reflector(
             project_writer,
-            watcher::watcher(Api::<Project>::all(master.clone()), wc.clone()),
+            watcher::watcher(Api::<Project>::all(master.clone()), wc.clone()).modify(forget_managed_fields),
         )
         .default_backoff()
         .applied_objects()
@@ -173,7 +173,8 @@ async fn run_as_leader(
         let one_tx = one_tx.clone();
         reflector::reflector(
             pq_writer,
-            watcher::watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone()),
+            watcher::watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone())
+                .modify(forget_managed_fields),
         )
         .default_backoff()
         .applied_objects()
@@ -675,4 +676,11 @@ where
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(true),
         Err(e) => Err(e),
     }
+}
+
+/// Drops `managedFields` from a cached object: server-side apply's bookkeeping is often most of
+/// an object's size, and with 10,000 quotas the caches hold tens of thousands of objects. Not for
+/// the master's KKP quotas, whose `managedFields` tell who else writes their usage.
+pub(crate) fn forget_managed_fields<K: kube::Resource>(object: &mut K) {
+    object.meta_mut().managed_fields = None;
 }

@@ -1,11 +1,15 @@
 //! Prometheus metrics (names agreed across the project; base units: cores, bytes).
 
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
+
+/// The (seed, resource) label pairs of one project's share series.
+type ShareSeries = BTreeSet<(String, Resource)>;
 
 /// Every metric this controller exports.
 #[derive(Clone)]
@@ -48,6 +52,9 @@ pub struct Metrics {
     /// `kkp_quota_share_record_conflicts_total`: share record writes that lost their
     /// compare-and-swap (the record is read again and the round planned again).
     pub share_record_conflicts: IntCounter,
+    /// Per project, the (seed, resource) series of `share` and `share_stuck` last set, so that
+    /// those no longer wanted are removed without scanning every project's series.
+    share_series: Arc<Mutex<HashMap<String, ShareSeries>>>,
 }
 
 fn must<T>(r: Result<T, prometheus::Error>) -> T {
@@ -179,6 +186,7 @@ impl Metrics {
             share_grant_latency,
             share_releases,
             share_record_conflicts,
+            share_series: Arc::default(),
         }
     }
 
@@ -228,19 +236,21 @@ impl Metrics {
         shares: &BTreeMap<String, ResourceDetails>,
         stuck: &BTreeMap<String, ResourceDetails>,
     ) {
-        for gauge in [&self.share, &self.share_stuck] {
-            for labels in series(gauge) {
-                let (Some(p), Some(seed), Some(resource)) =
-                    (labels.get("project"), labels.get("seed"), labels.get("resource"))
-                else {
-                    continue;
-                };
-                let kept = shares
-                    .get(seed)
-                    .is_some_and(|s| s.iter().any(|(r, _)| r.name() == resource));
-                if p == project && !kept {
-                    let _ = gauge.remove_label_values(&[project, seed, resource]);
-                }
+        let wanted: ShareSeries = shares
+            .iter()
+            .flat_map(|(seed, share)| share.iter().map(|(r, _)| (seed.clone(), r)))
+            .collect();
+        let before = {
+            let mut all = self.share_series.lock().unwrap_or_else(PoisonError::into_inner);
+            if wanted.is_empty() {
+                all.remove(project)
+            } else {
+                all.insert(project.to_owned(), wanted.clone())
+            }
+        };
+        for (seed, r) in before.unwrap_or_default().difference(&wanted) {
+            for gauge in [&self.share, &self.share_stuck] {
+                let _ = gauge.remove_label_values(&[project, seed, r.name()]);
             }
         }
         for (seed, share) in shares {
@@ -303,20 +313,6 @@ impl Default for Metrics {
 }
 
 /// The label sets of every series of `gauge`.
-fn series(gauge: &GaugeVec) -> Vec<BTreeMap<String, String>> {
-    prometheus::core::Collector::collect(gauge)
-        .iter()
-        .flat_map(|family| family.get_metric().iter())
-        .map(|metric| {
-            metric
-                .get_label()
-                .iter()
-                .map(|l| (l.name().to_owned(), l.value().to_owned()))
-                .collect()
-        })
-        .collect()
-}
-
 /// A quantity in base units as a float (for metrics only; decisions never use floats).
 #[allow(clippy::cast_precision_loss)]
 pub fn as_f64(q: Quantity) -> f64 {

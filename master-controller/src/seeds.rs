@@ -92,14 +92,23 @@ impl Seeds {
         self.read(|seeds| seeds.keys().cloned().collect())
     }
 
-    /// Fresh seeds with their client and the names of their copies.
-    pub fn fresh_copies(&self) -> Vec<(String, Client, Vec<QuotaLedger>)> {
+    /// Fresh seeds with their client and their copies that are not being deleted and have no
+    /// name in `masters` (only those are cloned: the copies of every quota are many).
+    pub fn fresh_orphans(&self, masters: &BTreeSet<String>) -> Vec<(String, Client, Vec<QuotaLedger>)> {
         self.read(|seeds| {
             seeds
                 .iter()
                 .filter(|(_, s)| s.health.is_fresh())
                 .filter_map(|(n, s)| {
-                    Some((n.clone(), s.client.clone()?, s.copies.values().cloned().collect()))
+                    let orphans = s
+                        .copies
+                        .iter()
+                        .filter(|(name, copy)| {
+                            !masters.contains(*name) && copy.metadata.deletion_timestamp.is_none()
+                        })
+                        .map(|(_, copy)| copy.clone())
+                        .collect();
+                    Some((n.clone(), s.client.clone()?, orphans))
                 })
                 .collect()
         })
@@ -363,7 +372,8 @@ async fn watch_seed(
             let now = Timestamp::now();
             match event {
                 Ok(Event::Init) => buffer.clear(),
-                Ok(Event::InitApply(rq)) => {
+                Ok(Event::InitApply(mut rq)) => {
+                    crate::controller::forget_managed_fields(&mut rq);
                     buffer.insert(rq.name_any(), rq);
                 }
                 Ok(Event::InitDone) => {
@@ -392,7 +402,8 @@ async fn watch_seed(
                         triggers.everything();
                     }
                 }
-                Ok(Event::Apply(rq)) => {
+                Ok(Event::Apply(mut rq)) => {
+                    crate::controller::forget_managed_fields(&mut rq);
                     let name = rq.name_any();
                     seeds.write(|s| {
                         if let Some(state) = s.get_mut(&seed) {

@@ -32,14 +32,11 @@ pub(crate) async fn orphan_sweep(
     loop {
         wake.notified().await;
         let masters: BTreeSet<String> = quotas.state().iter().map(|q| q.name_any()).collect();
-        for (seed, client, copies) in seeds.fresh_copies() {
+        for (seed, client, copies) in seeds.fresh_orphans(&masters) {
             let api: Api<QuotaLedger> = Api::all(client.clone());
             let kkp_api: Api<ResourceQuota> = Api::all(client);
             for copy in copies {
                 let name = copy.name_any();
-                if masters.contains(&name) || copy.metadata.deletion_timestamp.is_some() {
-                    continue;
-                }
                 // Conditioned on the copy's UID: a copy re-created meanwhile is not touched.
                 let dp = DeleteParams {
                     preconditions: Some(kube::api::Preconditions {
@@ -66,8 +63,14 @@ pub(crate) async fn orphan_sweep(
             }
         }
         sweep_project_quotas(&master, &project_quotas, &masters, &metrics).await;
+        // Every copy written wakes the sweep, and a sweep looks at every quota: at most one
+        // sweep per pause, or a cold start over 10,000 quotas spends its time sweeping.
+        tokio::time::sleep(PAUSE).await;
     }
 }
+
+/// The shortest time between two sweeps; an orphan waits at most this long longer.
+const PAUSE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Deletes `ProjectQuota`s owned by a KKP quota that no longer exists (an admin's own
 /// `ProjectQuota`, owned by nothing, is left alone until a KKP quota adopts it).

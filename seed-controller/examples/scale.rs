@@ -114,22 +114,6 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     }
 }
 
-fn peak_rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
-
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
@@ -297,7 +281,7 @@ async fn main() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let rss_converged = e2e::procfs::rss_bytes(pid).unwrap_or(0);
-    let cpu_converged = cpu_seconds(pid).unwrap_or(0.0);
+    let cpu_converged = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
     eprintln!(
         "converged in {:.2}s, RSS {:.1} MiB, CPU {:.1}s",
         converged.as_secs_f64(),
@@ -347,7 +331,7 @@ async fn main() -> Result<()> {
     };
     let (median, p99, max) = (pct(0.5), pct(0.99), pct(1.0));
     let rss_end = e2e::procfs::rss_bytes(pid).unwrap_or(0);
-    let peak = peak_rss_bytes(pid).unwrap_or(0);
+    let peak = e2e::procfs::peak_rss_bytes(pid).unwrap_or(0);
     eprintln!("latency median {median:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
 
     let profile = if bin_dir.ends_with("release") {

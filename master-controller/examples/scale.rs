@@ -1,0 +1,321 @@
+//! master-controller at KKP scale: many projects with quotas over several seeds, each a real
+//! kube-apiserver + etcd, the controller as its own process (so its memory is its own).
+//!
+//! Measured, and written to `master-controller/results/scale.md`:
+//! - cold start (every quota on the master, no seed copy yet) until every seed has both copies
+//!   of every quota and every master quota has its `globalUsage`;
+//! - the controller's resident memory then, and after the latency runs;
+//! - one quota edit on the master → the new limit in every seed's ledger (p50/p99);
+//! - one seed's `localUsage` change → the master's `globalUsage` (p50/p99).
+//!
+//! No seed-controllers run: the benchmark writes `localUsage` itself, as they would.
+//!
+//! ```sh
+//! cargo build --release -p master-controller && \
+//!     cargo run --release -p master-controller --example scale -- --projects 10000 --seeds 3
+//! ```
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, ensure};
+use clap::Parser;
+use common::{cpu_mem, create_quota, set_local_usage, set_quota};
+use e2e::bench::{ms, percentile};
+use e2e::components::{ComponentSpec, spawn};
+use e2e::{Fleet, FleetSpec};
+use futures::{StreamExt, stream};
+use kkp_quota_crds::kkp::{Project, ProjectSpec};
+use kkp_quota_crds::{Quantity, QuotaLedger, Resource, ResourceQuota};
+use kube::api::{ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 10_000)]
+    projects: usize,
+    #[arg(long, default_value_t = 3)]
+    seeds: usize,
+    /// Edits (and usage changes) timed, one at a time.
+    #[arg(long, default_value_t = 50)]
+    samples: usize,
+    #[arg(long, default_value = "master-controller/results/scale.md")]
+    out: PathBuf,
+}
+
+const CONVERGE_WITHIN: Duration = Duration::from_mins(20);
+const SAMPLE_WITHIN: Duration = Duration::from_secs(30);
+
+fn quota_name(i: usize) -> String {
+    format!("project-p{i}")
+}
+
+/// Counts the objects of `api` for which `done` holds (one list, from the API server's cache).
+async fn count<K>(api: &Api<K>, done: impl Fn(&K) -> bool) -> Result<usize>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api.list(&ListParams::default().match_any()).await?;
+    Ok(list.items.iter().filter(|o| done(o)).count())
+}
+
+/// How many objects `api` has (names only, from the API server's cache).
+async fn count_names<K>(api: &Api<K>) -> Result<usize>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api
+        .list_metadata(&ListParams::default().match_any())
+        .await?
+        .items
+        .len())
+}
+
+/// A watch of one object, established (its first event, the object as it is, seen).
+struct Watch<K>(futures::stream::BoxStream<'static, Result<K, watcher::Error>>);
+
+impl<K> Watch<K>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    async fn start(api: Api<K>, name: &str) -> Result<Watch<K>> {
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+        let mut events = watcher::watcher(api, config).applied_objects().boxed();
+        events.next().await.context("watch ended")??;
+        Ok(Watch(events))
+    }
+
+    /// When the object was first seen satisfying `done`.
+    async fn until(mut self, done: impl Fn(&K) -> bool) -> Result<Instant> {
+        tokio::time::timeout(SAMPLE_WITHIN, async {
+            while let Some(object) = self.0.next().await {
+                if done(&object?) {
+                    return Ok(Instant::now());
+                }
+            }
+            anyhow::bail!("watch ended")
+        })
+        .await
+        .with_context(|| format!("no change seen within {SAMPLE_WITHIN:?}"))?
+    }
+}
+
+/// `started` until every quota is on every seed (both copies, the master's limits) and has its
+/// `globalUsage` on the master; prints progress.
+async fn converge(fleet: &Fleet, seeds: &[String], projects: usize, started: Instant) -> Result<Duration> {
+    let master: Api<ResourceQuota> = Api::all(fleet.master().client());
+    loop {
+        let mut pending = Vec::new();
+        let folded = count(&master, |rq| {
+            rq.status.as_ref().and_then(|s| s.global_usage.as_ref()).is_some()
+        })
+        .await?;
+        if folded < projects {
+            pending.push(format!("master {folded}"));
+        }
+        for seed in seeds {
+            // Metadata only: a copy is created with its spec (server-side apply), and full lists
+            // of every copy each second would load the API servers being measured.
+            let client = fleet.seed(seed).client();
+            let ledgers = count_names(&Api::<QuotaLedger>::all(client.clone())).await?;
+            let copies = count_names(&Api::<ResourceQuota>::all(client)).await?;
+            if ledgers < projects || copies < projects {
+                pending.push(format!("{seed} {ledgers}/{copies}"));
+            }
+        }
+        if pending.is_empty() {
+            return Ok(started.elapsed());
+        }
+        ensure!(started.elapsed() < CONVERGE_WITHIN, "no convergence: {pending:?}");
+        eprintln!(
+            "{:>6.1} s: {}",
+            started.elapsed().as_secs_f64(),
+            pending.join(", ")
+        );
+        // The master's list is full objects (for the status): look less often the more there are.
+        let pause = Duration::from_millis(u64::try_from(projects).unwrap_or(u64::MAX).max(1000));
+        tokio::time::sleep(pause.min(Duration::from_secs(5))).await;
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    #[allow(clippy::cast_precision_loss)]
+    let b = bytes as f64;
+    b / (1024.0 * 1024.0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)] // one measurement run, top to bottom
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    let seeds: Vec<String> = (0..args.seeds).map(|i| format!("seed-{i}")).collect();
+    let spec = seeds.iter().fold(FleetSpec::empty(), |spec, s| spec.with_seed(s));
+    let fleet = Fleet::start(spec).await?;
+    let dir = tempfile::tempdir()?;
+    fleet.write_dir(dir.path())?;
+
+    // Every project and quota, before the controller starts.
+    let creating = Instant::now();
+    let master = fleet.master().client();
+    stream::iter(0..args.projects)
+        .map(|i| {
+            let master = master.clone();
+            async move {
+                let project = format!("p{i}");
+                Api::<Project>::all(master.clone())
+                    .create(
+                        &PostParams::default(),
+                        &Project::new(
+                            &project,
+                            ProjectSpec {
+                                name: project.clone(),
+                            },
+                        ),
+                    )
+                    .await?;
+                create_quota(&Api::all(master), &quota_name(i), &project, cpu_mem(100, 100)).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(32)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<()>>>()?;
+    eprintln!(
+        "{} projects and quotas created in {:.1} s",
+        args.projects,
+        creating.elapsed().as_secs_f64()
+    );
+
+    // The controller, as its own process, built in the same profile as this program.
+    let component = ComponentSpec::workspace_bin(
+        "master-controller",
+        vec![
+            format!("--kubeconfig={}", dir.path().join("master.kubeconfig").display()),
+            "--metrics-address=127.0.0.1:0".to_owned(),
+            "--no-leader-election".to_owned(),
+        ],
+    )?;
+    let started = Instant::now();
+    let controller = spawn(&component, &dir.path().join("logs"))?;
+    let pid = controller.pid();
+    let cold = converge(&fleet, &seeds, args.projects, started).await?;
+    let cpu_cold = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
+    eprintln!("converged in {:.1} s", cold.as_secs_f64());
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss_idle = e2e::procfs::rss_bytes(pid).unwrap_or(0);
+
+    // One quota edit → every seed's ledger; one seed's usage → the master's globalUsage.
+    let mut edits = Vec::new();
+    let mut folds = Vec::new();
+    for i in 0..args.samples {
+        let project = (i * 7919) % args.projects;
+        let name = quota_name(project);
+        let cpu = 1000 + i64::try_from(i)?;
+        let master_rqs: Api<ResourceQuota> = Api::all(master.clone());
+        let mut watches = Vec::new();
+        for seed in &seeds {
+            watches.push(Watch::start(Api::<QuotaLedger>::all(fleet.seed(seed).client()), &name).await?);
+        }
+        let began = Instant::now();
+        set_quota(&master_rqs, &name, &cpu_mem(cpu, 100)).await?;
+        let seen = futures::future::try_join_all(watches.into_iter().map(|w| {
+            w.until(move |l: &QuotaLedger| l.spec.quota.amount(Resource::Cpu) == Quantity::from_units(cpu))
+        }))
+        .await?;
+        edits.push(seen.into_iter().max().unwrap_or(began) - began);
+
+        let writer = &seeds[i % seeds.len()];
+        let used = 1 + i64::try_from(i)?;
+        let seed_client: Client = fleet.seed(writer).client();
+        let watch = Watch::start(master_rqs, &name).await?;
+        let began = Instant::now();
+        set_local_usage(&seed_client, &name, &cpu_mem(used, 1)).await?;
+        let seen = watch
+            .until(move |rq: &ResourceQuota| {
+                rq.status
+                    .as_ref()
+                    .and_then(|s| s.global_usage.as_ref())
+                    .is_some_and(|g| g.amount(Resource::Cpu) == Quantity::from_units(used))
+            })
+            .await?;
+        folds.push(seen - began);
+        set_local_usage(&seed_client, &name, &cpu_mem(0, 0)).await?;
+    }
+    let rss_end = e2e::procfs::rss_bytes(pid).unwrap_or(0);
+    let peak = e2e::procfs::peak_rss_bytes(pid).unwrap_or(0);
+    drop(controller);
+    edits.sort();
+    folds.sort();
+
+    let mut out = String::new();
+    let host = std::process::Command::new("uname").arg("-srm").output()?;
+    writeln!(out, "# master-controller at scale\n")?;
+    writeln!(
+        out,
+        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}` on {} (2 cores, shared), control plane `{}`, {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
+        args.projects,
+        args.seeds,
+        args.samples,
+        String::from_utf8_lossy(&host.stdout).trim(),
+        std::env::var("KUBEBUILDER_ASSETS")
+            .unwrap_or_default()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default(),
+        jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
+        args.seeds,
+    )?;
+    writeln!(out, "| figure | value | target |\n| --- | ---: | --- |")?;
+    writeln!(
+        out,
+        "| cold start → every seed has both copies of every quota, every master quota its `globalUsage` | {:.1} s | < 30 s |",
+        cold.as_secs_f64()
+    )?;
+    writeln!(
+        out,
+        "| CPU time of the controller until then | {cpu_cold:.1} s | |"
+    )?;
+    writeln!(
+        out,
+        "| resident memory 10 s after convergence | {:.1} MiB | < 256 MiB |",
+        mib(rss_idle)
+    )?;
+    writeln!(
+        out,
+        "| resident memory after the latency runs / peak | {:.1} / {:.1} MiB | |",
+        mib(rss_end),
+        mib(peak)
+    )?;
+    writeln!(
+        out,
+        "| one quota edit → the new limit in every seed's ledger, p50 / p99 ({} edits) | {} / {} | p99 < 100 ms |",
+        edits.len(),
+        ms(percentile(&edits, 0.5)),
+        ms(percentile(&edits, 0.99))
+    )?;
+    writeln!(
+        out,
+        "| one seed's `localUsage` change → the master's `globalUsage`, p50 / p99 ({} changes) | {} / {} | |",
+        folds.len(),
+        ms(percentile(&folds, 0.5)),
+        ms(percentile(&folds, 0.99))
+    )?;
+    let projects = args.projects;
+    writeln!(
+        out,
+        "\nThe cold start writes, per quota: the master object's metadata and status, its `ProjectQuota` and status, and on every seed a KKP `ResourceQuota` copy and a `QuotaLedger` with their statuses: about {} writes for {projects} quotas over {} seeds.",
+        projects * (4 + 4 * args.seeds),
+        args.seeds
+    )?;
+    std::fs::write(&args.out, &out).with_context(|| format!("writing {}", args.out.display()))?;
+    print!("{out}");
+    eprintln!("written to {}", args.out.display());
+    Ok(())
+}
