@@ -28,7 +28,7 @@ use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::shares::objects::committed;
-use kkp_quota_crds::{ProjectQuota, QuotaLedger, Resource, ResourceDetails};
+use kkp_quota_crds::{ProjectQuota, QuotaLedger, QuotaLedgerStatus, Resource, ResourceDetails};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 
@@ -106,20 +106,11 @@ async fn clean(fleet: &Fleet, clusters: &[&str]) -> Result<()> {
             .delete_collection(&DeleteParams::default(), &ListParams::default())
             .await?;
     }
-    for seed in SEEDS {
-        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        wait_for(WAIT, &format!("{seed} idle"), || async {
-            // No ledger yet (no quota written yet): nothing committed.
-            let Some(ledger) = ledgers.get_opt(NAME).await.ok()? else {
-                return Some(());
-            };
-            committed(&ledger.status.unwrap_or_default())
-                .ok()?
-                .is_empty()
-                .then_some(())
-        })
-        .await?;
-    }
+    // No ledger yet (no quota written yet): nothing committed, nothing folded.
+    each_ledger(fleet, "idle", |status| {
+        committed(status).is_ok_and(|c| c.is_empty())
+    })
+    .await?;
     let quotas = Api::<ProjectQuota>::all(fleet.master().client());
     wait_for(WAIT, "the master's view of the seeds idle", || async {
         let Some(quota) = quotas.get_opt(NAME).await.ok()? else {
@@ -133,18 +124,26 @@ async fn clean(fleet: &Fleet, clusters: &[&str]) -> Result<()> {
         idle.then_some(())
     })
     .await?;
+    each_ledger(fleet, "fold of the others caught up", |status| {
+        status
+            .other_seeds_usage
+            .as_ref()
+            .is_none_or(ResourceDetails::is_empty)
+    })
+    .await?;
+    Ok(())
+}
+
+/// Waits, seed after seed, until the project's ledger status satisfies `ok` (a seed without the
+/// ledger yet counts as satisfying it).
+async fn each_ledger(fleet: &Fleet, what: &str, ok: impl Fn(&QuotaLedgerStatus) -> bool) -> Result<()> {
     for seed in SEEDS {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        wait_for(WAIT, &format!("{seed}'s fold of the others"), || async {
-            let Some(ledger) = ledgers.get_opt(NAME).await.ok()? else {
-                return Some(());
-            };
-            let status = ledger.status.unwrap_or_default();
-            status
-                .other_seeds_usage
-                .as_ref()
-                .is_none_or(ResourceDetails::is_empty)
-                .then_some(())
+        wait_for(WAIT, &format!("{seed}: {what}"), || async {
+            match ledgers.get_opt(NAME).await.ok()? {
+                None => Some(()),
+                Some(ledger) => ok(&ledger.status.unwrap_or_default()).then_some(()),
+            }
         })
         .await?;
     }
@@ -310,19 +309,15 @@ async fn main() -> Result<()> {
 
     // The results file.
     let mut out = String::new();
-    let host = std::process::Command::new("uname").arg("-srm").output()?;
-    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
-    let assets = std::env::var("KUBEBUILDER_ASSETS").unwrap_or_default();
     writeln!(
         out,
         "# Per-seed shares: burst throughput and share transfer latency\n"
     )?;
     writeln!(
         out,
-        "Measured by `cargo run --release -p e2e --example shares_bench -- {rounds} {clients} {creates} {transfers}` on {} ({cores} cores, {}), control plane `{}`, rounds interleaved, each mode measured once per round. The whole system runs as real release-built processes beside a fleet of real API servers: master, seed-a (user clusters alpha, beta of project `demo`; delta of project `free`), seed-b (gamma of `demo`; epsilon of `free`). Every Machine is 1 cpu.\n",
+        "Measured by `cargo run --release -p e2e --example shares_bench -- {rounds} {clients} {creates} {transfers}` on {} ({}), rounds interleaved, each mode measured once per round. The whole system runs as real release-built processes beside a fleet of real API servers: master, seed-a (user clusters alpha, beta of project `demo`; delta of project `free`), seed-b (gamma of `demo`; epsilon of `free`). Every Machine is 1 cpu.\n",
         jiff::Zoned::now().date(),
-        String::from_utf8_lossy(&host.stdout).trim(),
-        assets.rsplit('/').next().unwrap_or_default(),
+        e2e::bench::host(),
     )?;
     writeln!(out, "## Burst throughput\n")?;
     writeln!(

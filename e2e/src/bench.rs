@@ -29,6 +29,27 @@ pub fn rate(n: usize, d: Duration) -> f64 {
     n as f64 / d.as_secs_f64()
 }
 
+/// `bytes` in MiB.
+#[allow(clippy::cast_precision_loss)]
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+/// Where a benchmark ran, for its results file: kernel and architecture, cores, and the control
+/// plane in use (`KUBEBUILDER_ASSETS`' last path component), e.g.
+/// "`Linux 6.18 x86_64`, 2 cores, control plane `kube-v1.36.3_etcd-v3.6.16`".
+pub fn host() -> String {
+    let uname = std::process::Command::new("uname")
+        .arg("-srm")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let assets = std::env::var("KUBEBUILDER_ASSETS").unwrap_or_default();
+    let plane = assets.rsplit('/').next().unwrap_or_default();
+    format!("{uname}, {cores} cores, control plane `{plane}`")
+}
+
 /// The median of `values` (the upper one of an even count); zero when empty.
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);

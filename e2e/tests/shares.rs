@@ -102,23 +102,21 @@ async fn delete_all(fleet: &Fleet, users: &[&str]) {
 }
 
 /// What a ledger says the seed committed (`localUsage + reservations + allotments`) and the
-/// share it holds, in cpus; `None` while it is not under shares.
-fn figures(ledger: &QuotaLedger) -> Option<(i64, i64)> {
+/// share it holds, in cpu, exactly (allotments are fractions); `None` while it is not under
+/// shares.
+fn exact_figures(ledger: &QuotaLedger) -> Option<(Quantity, Quantity)> {
     let status = ledger.status.clone().unwrap_or_default();
     let share = seed_share(&ledger.spec, Some(&status))?;
-    let cpu = |q: Quantity| i64::try_from(q.ceil_units()).unwrap();
     Some((
-        cpu(committed(&status).ok()?.amount(Resource::Cpu)),
-        cpu(share.share().amount(Resource::Cpu)),
+        committed(&status).ok()?.amount(Resource::Cpu),
+        share.share().amount(Resource::Cpu),
     ))
 }
 
-/// What a ledger says the seed committed, in cpu, exactly: allotments are fractions, and whole
-/// cpus rounded up would add up to more than was committed.
-fn committed_cpu(ledger: &QuotaLedger) -> Option<Quantity> {
-    let status = ledger.status.clone().unwrap_or_default();
-    seed_share(&ledger.spec, Some(&status))?;
-    Some(committed(&status).ok()?.amount(Resource::Cpu))
+/// [`exact_figures`] in whole cpus, rounded up (what the scenarios count in Machines).
+fn figures(ledger: &QuotaLedger) -> Option<(i64, i64)> {
+    let cpu = |q: Quantity| i64::try_from(q.ceil_units()).unwrap();
+    exact_figures(ledger).map(|(committed, share)| (cpu(committed), cpu(share)))
 }
 
 /// [`figures`] of a seed's ledger as it is now.
@@ -258,7 +256,8 @@ fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::J
             };
             match next {
                 Some(Seen::Ledger(i, ledger)) => {
-                    if let Some(c) = committed_cpu(&ledger) {
+                    // Exact: whole cpus rounded up would add up to more than was committed.
+                    if let Some((c, _)) = exact_figures(&ledger) {
                         committed[i] = Some(c);
                     }
                     if let [Some(a), Some(b)] = committed {

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, ensure};
 use clap::Parser;
 use common::{cpu_mem, create_quota, set_local_usage, set_quota};
-use e2e::bench::{ms, percentile};
+use e2e::bench::{mib, ms, percentile};
 use e2e::components::{ComponentSpec, spawn};
 use e2e::{Fleet, FleetSpec};
 use futures::{StreamExt, stream};
@@ -143,12 +143,6 @@ async fn converge(fleet: &Fleet, seeds: &[String], projects: usize, started: Ins
     }
 }
 
-fn mib(bytes: u64) -> f64 {
-    #[allow(clippy::cast_precision_loss)]
-    let b = bytes as f64;
-    b / (1024.0 * 1024.0)
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // one measurement run, top to bottom
 async fn main() -> Result<()> {
@@ -255,20 +249,14 @@ async fn main() -> Result<()> {
     folds.sort();
 
     let mut out = String::new();
-    let host = std::process::Command::new("uname").arg("-srm").output()?;
     writeln!(out, "# master-controller at scale\n")?;
     writeln!(
         out,
-        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}` on {} (2 cores, shared), control plane `{}`, {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
+        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}` on {} (shared), {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
         args.projects,
         args.seeds,
         args.samples,
-        String::from_utf8_lossy(&host.stdout).trim(),
-        std::env::var("KUBEBUILDER_ASSETS")
-            .unwrap_or_default()
-            .rsplit('/')
-            .next()
-            .unwrap_or_default(),
+        e2e::bench::host(),
         jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
         args.seeds,
     )?;

@@ -43,8 +43,8 @@ pub struct Options {
     pub concurrency: u16,
     /// Longest wait between two attempts to reach an unreachable seed.
     pub seed_max_backoff: Duration,
-    /// How often a watched seed is asked whether it still answers, and how long it has to
-    /// answer before it counts as unreachable (its share then shows as stuck).
+    /// After how long without a watch event a seed is asked whether it still answers, and how
+    /// long it has to answer before it counts as unreachable (its share then shows as stuck).
     pub seed_probe_every: Duration,
     /// Per limited resource, the percent of the limit a seed keeps as slack above what it
     /// committed before it is asked to release idle share (docs/shares.md).

@@ -65,8 +65,8 @@ struct Args {
         value_parser = clap::value_parser!(u32).range(0..=100)
     )]
     share_slack_percent: u32,
-    /// How often, in seconds, each seed's API server is asked whether it still answers, and how
-    /// long it has to answer before the seed counts as unreachable.
+    /// Seconds without a watch event after which a seed's API server is asked whether it still
+    /// answers, and how long it has to answer before the seed counts as unreachable.
     #[arg(
         long,
         env = "MASTER_CONTROLLER_SEED_PROBE_SECONDS",

@@ -347,7 +347,9 @@ async fn watch_seed(
     let api: Api<QuotaLedger> = Api::all(client.clone());
     let mut backoff = SeedBackoff::new(link.max_backoff);
     loop {
-        let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+        let mut events = watcher::watcher(api.clone(), watcher::Config::default())
+            .modify(crate::controller::forget_managed_fields)
+            .boxed();
         let mut buffer: BTreeMap<String, QuotaLedger> = BTreeMap::new();
         let mut probes = tokio::time::interval_at(Instant::now() + link.probe_every, link.probe_every);
         probes.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -359,7 +361,8 @@ async fn watch_seed(
                 },
                 _ = probes.tick() => {
                     // A watch on a server that stopped answering (frozen, or a network that
-                    // drops packets) neither ends nor fails for minutes: ask it something.
+                    // drops packets) neither ends nor fails for minutes: after a quiet period,
+                    // ask it something.
                     match probe(&client, link.probe_every).await {
                         Ok(()) => continue,
                         Err(why) => {
@@ -369,11 +372,14 @@ async fn watch_seed(
                     }
                 }
             };
+            // An event is an answer: the next probe is due a whole period after it.
+            if event.is_ok() {
+                probes.reset();
+            }
             let now = Timestamp::now();
             match event {
                 Ok(Event::Init) => buffer.clear(),
-                Ok(Event::InitApply(mut rq)) => {
-                    crate::controller::forget_managed_fields(&mut rq);
+                Ok(Event::InitApply(rq)) => {
                     buffer.insert(rq.name_any(), rq);
                 }
                 Ok(Event::InitDone) => {
@@ -402,8 +408,7 @@ async fn watch_seed(
                         triggers.everything();
                     }
                 }
-                Ok(Event::Apply(mut rq)) => {
-                    crate::controller::forget_managed_fields(&mut rq);
+                Ok(Event::Apply(rq)) => {
                     let name = rq.name_any();
                     seeds.write(|s| {
                         if let Some(state) = s.get_mut(&seed) {
@@ -471,8 +476,8 @@ fn unreachable_seed(seed: &str, seeds: &Seeds, triggers: &Triggers, metrics: &Me
 pub struct SeedLink {
     /// Longest wait between two attempts to reach an unreachable seed.
     pub max_backoff: Duration,
-    /// How often a watched seed's API server is asked whether it still answers, and how long
-    /// it has to answer before the seed counts as unreachable.
+    /// After how long without a watch event the seed's API server is asked whether it still
+    /// answers, and how long it has to answer before the seed counts as unreachable.
     pub probe_every: Duration,
 }
 
