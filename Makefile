@@ -9,6 +9,7 @@ FLEET_DIR ?= .fleet
 
 help:
 	@echo "make demo   - start a local fleet (master, 2 seeds, 3 user clusters) with the quota system"
+	@echo "              (CHART_RBAC=1: every component as its ServiceAccount from the Helm chart)"
 	@echo "make test   - everything CI runs: fmt, clippy, CRD drift, unit, property and fleet tests"
 	@echo "make crds   - regenerate deploy/crds/ from the Rust types"
 
@@ -41,9 +42,20 @@ rules-test: system-deps
 	deploy/prometheus/gen-prometheusrule.sh --check
 	deploy/check-metric-names.sh
 
-test: system-deps control-plane lint rules-test
+# The Helm chart: copies in sync with deploy/, helm lint and template for both roles, and wrong
+# values refused (helm built from its Go module by e2e/helm/build.sh, cached).
+.PHONY: chart-check
+chart-check:
+	deploy/charts/check.sh
+
+test: system-deps control-plane lint rules-test chart-check
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) test --workspace --locked --no-fail-fast
 
 demo: control-plane
 	$(CARGO) build --locked --bins -p e2e -p master-controller -p seed-controller -p machine-webhook
-	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR)
+	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR) $(if $(CHART_RBAC),--chart-rbac)
+
+# Container images without a daemon or base image: target/images/kkp-quota-<component>.oci.tar (umoci).
+.PHONY: images
+images: system-deps
+	deploy/images/build.sh

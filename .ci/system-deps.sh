@@ -3,6 +3,7 @@
 set -euo pipefail
 need=()
 command -v promtool >/dev/null || need+=(prometheus) # promtool, and the real Prometheus for the live alert test
+command -v umoci >/dev/null || need+=(umoci) # daemonless OCI image assembly for `make images`
 command -v go >/dev/null || { echo "the Go toolchain is required to build kube-apiserver and etcd" >&2; exit 1; }
 if ((${#need[@]})); then
   echo "installing: ${need[*]}" >&2

@@ -19,14 +19,33 @@ pub struct ComponentSpec {
 }
 
 impl ComponentSpec {
-    /// A binary of this workspace, in the target directory the running executable is in.
+    /// A binary of this workspace, in the target directory the running executable is in (or in
+    /// the directory given to [`use_binaries_from`]).
     pub fn workspace_bin(name: &str, args: Vec<String>) -> Result<ComponentSpec> {
+        let dir = match BINARY_DIR.get() {
+            Some(dir) => dir.clone(),
+            None => profile_dir()?,
+        };
         Ok(ComponentSpec {
             name: name.to_owned(),
-            program: profile_dir()?.join(name),
+            program: dir.join(name),
             args,
         })
     }
+}
+
+static BINARY_DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+
+/// From now on, this process runs the components from `dir` (`<dir>/<name>`; e.g. links into
+/// unpacked images) instead of the workspace's target directory, and builds nothing. Once per
+/// process: the first directory given stays.
+pub fn use_binaries_from(dir: PathBuf) {
+    let _ = BINARY_DIR.set(dir);
+}
+
+/// Whether [`use_binaries_from`] was called.
+pub fn binaries_overridden() -> bool {
+    BINARY_DIR.get().is_some()
 }
 
 /// The running executable's `target/<profile>` directory (test binaries and examples live one

@@ -43,6 +43,8 @@ pub struct ControlPlane {
     config: kube::Config,
     certs: ClusterCerts,
     binaries: PathBuf,
+    /// Whether kube-apiserver writes an audit log ([`ControlPlane::audit_log`]).
+    audit: bool,
     /// Declared before `etcd` and `dir`: fields drop in order, so kube-apiserver dies first,
     /// then etcd, then the directory goes.
     apiserver: Mutex<Option<Proc>>,
@@ -64,6 +66,13 @@ impl ControlPlane {
     /// installs every CRD and waits until each is established and served. `name` labels the
     /// temp dir, the logs and the kubeconfig's context.
     pub async fn start(name: &str) -> Result<ControlPlane> {
+        ControlPlane::start_with(name, false).await
+    }
+
+    /// [`ControlPlane::start`], with kube-apiserver recording every request (metadata level:
+    /// who, verb, resource, namespace, name, response code) in [`ControlPlane::audit_log`] when
+    /// `audit` is set. The RBAC test reads it to see which permissions each component used.
+    pub async fn start_with(name: &str, audit: bool) -> Result<ControlPlane> {
         let started = Instant::now();
         let _ = rustls::crypto::ring::default_provider().install_default();
         let binaries = control_plane_binaries()?;
@@ -92,6 +101,7 @@ impl ControlPlane {
                 config,
                 certs,
                 binaries: binaries.clone(),
+                audit,
                 apiserver: Mutex::new(None),
                 etcd,
                 dir,
@@ -176,6 +186,25 @@ impl ControlPlane {
         kubeconfig_yaml(&self.name, self.port, self.certs.ca.cert_pem(), &cert, user)
     }
 
+    /// A kubeconfig that authenticates with a bearer `token` (a service account's, for running a
+    /// component as that account); `user` names the kubeconfig's user entry.
+    pub fn kubeconfig_for_token(&self, user: &str, token: &str) -> Result<String> {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let name = &self.name;
+        let doc = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": name, "cluster": {
+                "server": self.url(),
+                "certificate-authority-data": b64(self.certs.ca.cert_pem()),
+            }}],
+            "users": [{"name": user, "user": {"token": token}}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
+            "current-context": name,
+        });
+        Ok(serde_saphyr::to_string(&doc)?)
+    }
+
     /// The cluster's CA certificate (PEM): it signed the serving certificate and client certs.
     pub fn ca_pem(&self) -> &str {
         self.certs.ca.cert_pem()
@@ -189,6 +218,11 @@ impl ControlPlane {
     /// Log file of kube-apiserver (stdout and stderr; appended across restarts).
     pub fn apiserver_log(&self) -> PathBuf {
         self.dir.path().join("kube-apiserver.log")
+    }
+
+    /// The audit log (JSON lines, one `audit.k8s.io/v1` Event each) when started with `audit`.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.path().join("audit.log")
     }
 
     /// Log file of etcd.
@@ -296,7 +330,7 @@ impl ControlPlane {
     async fn spawn_apiserver(&self) -> Result<(), StartError> {
         let pki = self.dir.path().join("pki");
         let p = |f: &str| pki.join(f).display().to_string();
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
             format!("--tls-cert-file={}", p("apiserver.crt")),
@@ -313,6 +347,17 @@ impl ControlPlane {
             "--disable-admission-plugins=ServiceAccount".to_owned(),
             "--authorization-mode=RBAC".to_owned(),
         ];
+        if self.audit {
+            let policy = self.dir.path().join("audit-policy.yaml");
+            std::fs::write(&policy, AUDIT_POLICY).map_err(|e| StartError::Other(e.into()))?;
+            args.extend([
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", self.audit_log().display()),
+                "--audit-log-format=json".to_owned(),
+                // Written before the response is sent, so a reader after the fact misses nothing.
+                "--audit-log-mode=blocking".to_owned(),
+            ]);
+        }
         let mut proc = Proc::spawn(
             "kube-apiserver",
             &self.binaries.join("kube-apiserver"),
@@ -538,6 +583,15 @@ async fn etcd_request(port: u16, request_line: &str, body: &str) -> Result<Strin
     );
     Ok(body.to_owned())
 }
+
+/// Every request at metadata level, once when its response is complete (a watch also when it
+/// starts, so a watch still open at the end is recorded).
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+";
 
 /// A free port on 127.0.0.1, never the same twice in this process. Another process may still
 /// take it before our child binds it; callers retry on "address already in use".

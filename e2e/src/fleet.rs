@@ -72,6 +72,9 @@ pub struct FleetSpec {
     pub seeds: Vec<String>,
     pub projects: Vec<String>,
     pub user_clusters: Vec<UserClusterSpec>,
+    /// The master's and the seeds' API servers write an audit log
+    /// ([`ControlPlane::audit_log`]); user clusters never (only the platform's roles are audited).
+    pub audit: bool,
 }
 
 impl Default for FleetSpec {
@@ -94,7 +97,15 @@ impl FleetSpec {
             seeds: Vec::new(),
             projects: Vec::new(),
             user_clusters: Vec::new(),
+            audit: false,
         }
+    }
+
+    /// The master's and seeds' API servers record every request (see [`FleetSpec::audit`]).
+    #[must_use]
+    pub fn with_audit_log(mut self) -> FleetSpec {
+        self.audit = true;
+        self
     }
 
     #[must_use]
@@ -203,9 +214,15 @@ impl Fleet {
             .chain(spec.seeds.iter().map(String::as_str))
             .chain(spec.user_clusters.iter().map(|u| u.name.as_str()))
             .collect();
-        let mut planes = try_join_all(names.iter().map(|name| ControlPlane::start(name)))
-            .await?
-            .into_iter();
+        let audited = 1 + spec.seeds.len();
+        let mut planes = try_join_all(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| ControlPlane::start_with(name, spec.audit && i < audited)),
+        )
+        .await?
+        .into_iter();
         let master = planes.next().context("master missing")?;
         let seeds = spec.seeds.iter().cloned().zip(planes.by_ref()).collect();
         let users = spec
@@ -489,7 +506,7 @@ fn kubeconfig_secret(name: &str, namespace: &str, cp: &ControlPlane) -> Secret {
     }
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
+pub(crate) fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create(true)

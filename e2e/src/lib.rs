@@ -54,10 +54,16 @@
 //! - [`components`]: child processes beside a fleet, logged and killed on drop.
 //! - [`system`]: the whole quota system (master-controller, a seed-controller and a
 //!   machine-webhook per seed) as real processes beside a fleet, for the demo and end-to-end tests.
+//!   [`system::Credentials::Chart`] runs each under the Helm chart's service account instead of the
+//!   fleet's admin ([`chart`]).
+//! - [`audit`]: the master's and seeds' audit logs ([`FleetSpec::with_audit_log`]) read back, and
+//!   the chart's grants compared with what each identity used.
 
 pub mod assets;
+pub mod audit;
 pub mod bench;
 pub mod certs;
+pub mod chart;
 pub mod components;
 pub mod control_plane;
 pub mod demo;

@@ -92,13 +92,38 @@ impl FleetWithSystem {
     /// [`FleetWithSystem::start`], with `extra` flags appended to every component of a kind:
     /// `(kind, flag)`.
     pub async fn start_with(spec: crate::FleetSpec, extra: &[(&str, &str)]) -> Result<FleetWithSystem> {
+        FleetWithSystem::start_as(spec, extra, false).await
+    }
+
+    /// [`FleetWithSystem::start_with`], every component running as its service account from the
+    /// Helm chart (only the chart's RBAC, installed by [`crate::chart::install_identities`]).
+    pub async fn start_under_chart(
+        spec: crate::FleetSpec,
+        extra: &[(&str, &str)],
+    ) -> Result<FleetWithSystem> {
+        FleetWithSystem::start_as(spec, extra, true).await
+    }
+
+    async fn start_as(
+        spec: crate::FleetSpec,
+        extra: &[(&str, &str)],
+        chart: bool,
+    ) -> Result<FleetWithSystem> {
         tokio::task::spawn_blocking(build_components)
             .await
             .context("building the components")??;
         let fleet = Fleet::start(spec).await?;
         let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
         fleet.write_dir(dir.path())?;
-        let system = System::start_with(&fleet, dir.path(), extra).await?;
+        let credentials = if chart {
+            let identities = crate::chart::install_identities(&fleet, &dir.path().join("identities"))
+                .await
+                .context("installing the chart's RBAC and minting its tokens")?;
+            Credentials::Chart(identities)
+        } else {
+            Credentials::Admin
+        };
+        let system = System::start_as(&fleet, dir.path(), extra, &credentials).await?;
         // The system is in force once seed-controller has pointed every user cluster at the
         // webhook; before that, Machines are created unchecked.
         for cluster in &fleet.spec().user_clusters {
@@ -149,6 +174,31 @@ impl Drop for FleetWithSystem {
     }
 }
 
+/// Whose credentials the components run with.
+#[derive(Clone, Debug, Default)]
+pub enum Credentials {
+    /// The fleet's admin kubeconfigs (`system:masters`).
+    #[default]
+    Admin,
+    /// The Helm chart's service accounts; master-controller reads each seed's credentials from the
+    /// Secrets the install docs name ([`crate::chart::SEED_KUBECONFIG_SECRET`]).
+    Chart(crate::chart::ChartKubeconfigs),
+}
+
+impl Credentials {
+    /// The kubeconfig file `component` uses for `cluster` (fleet files in `dir`).
+    fn kubeconfig(&self, dir: &Path, component: &str, cluster: &str) -> Result<String> {
+        let path = match self {
+            Credentials::Admin => dir.join(format!("{cluster}.kubeconfig")),
+            Credentials::Chart(files) => files
+                .get(component, cluster)
+                .with_context(|| format!("no chart identity for {component} on {cluster}"))?
+                .to_path_buf(),
+        };
+        Ok(path.display().to_string())
+    }
+}
+
 /// The running system; dropping it kills every component.
 #[derive(Debug)]
 pub struct System {
@@ -188,7 +238,7 @@ pub fn free_port() -> Result<u16> {
 /// Builds the component binaries (a no-op when they are fresh), so tests run the current code
 /// even under `cargo test -p e2e`. Set `KKP_QUOTA_SKIP_BUILD=1` to use what is there.
 pub fn build_components() -> Result<()> {
-    if std::env::var_os("KKP_QUOTA_SKIP_BUILD").is_some() {
+    if std::env::var_os("KKP_QUOTA_SKIP_BUILD").is_some() || crate::components::binaries_overridden() {
         return Ok(());
     }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
@@ -221,26 +271,43 @@ impl System {
     /// [`System::start`], with `extra` flags appended to every component of a kind:
     /// `(kind, flag)`.
     pub async fn start_with(fleet: &Fleet, dir: &Path, extra: &[(&str, &str)]) -> Result<System> {
+        System::start_as(fleet, dir, extra, &Credentials::Admin).await
+    }
+
+    /// [`System::start_with`], with `credentials` choosing whose identity each component uses.
+    pub async fn start_as(
+        fleet: &Fleet,
+        dir: &Path,
+        extra: &[(&str, &str)],
+        credentials: &Credentials,
+    ) -> Result<System> {
         let logs = dir.join("logs");
         let certs = WebhookCerts::generate()?.write_to(&dir.join("webhook"))?;
         let url_signing_keys = dir.join("webhook").join("url-signing-keys");
         write_url_signing_keys(&url_signing_keys, &[&generate_url_signing_key()?])?;
         let mut specs = Vec::new();
-        let kubeconfig = |name: &str| dir.join(format!("{name}.kubeconfig")).display().to_string();
+        let kubeconfig = |component: &str, cluster: &str| credentials.kubeconfig(dir, component, cluster);
 
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let mut master_args = vec![
+            format!(
+                "--kubeconfig={}",
+                kubeconfig("master-controller", crate::fleet::MASTER)?
+            ),
+            format!("--metrics-address={metrics}"),
+            "--resync-period=30".to_owned(),
+        ];
+        if let Credentials::Chart(_) = credentials {
+            master_args.push(format!(
+                "--seed-kubeconfig-secret={}",
+                crate::chart::SEED_KUBECONFIG_SECRET
+            ));
+        }
         specs.push((
             "master-controller",
             None,
             metrics,
-            ComponentSpec::workspace_bin(
-                "master-controller",
-                vec![
-                    format!("--kubeconfig={}", kubeconfig(crate::fleet::MASTER)),
-                    format!("--metrics-address={metrics}"),
-                    "--resync-period=30".to_owned(),
-                ],
-            )?,
+            ComponentSpec::workspace_bin("master-controller", master_args)?,
         ));
         for member in fleet.members().into_iter().filter(|m| m.role == Role::Seed) {
             let seed = member.name;
@@ -249,7 +316,7 @@ impl System {
             let mut webhook = ComponentSpec::workspace_bin(
                 "machine-webhook",
                 vec![
-                    format!("--kubeconfig={}", kubeconfig(&seed)),
+                    format!("--kubeconfig={}", kubeconfig("machine-webhook", &seed)?),
                     format!("--listen-address=127.0.0.1:{webhook_port}"),
                     format!("--tls-cert-file={}", certs.cert.display()),
                     format!("--tls-key-file={}", certs.key.display()),
@@ -264,7 +331,7 @@ impl System {
             let mut controller = ComponentSpec::workspace_bin(
                 "seed-controller",
                 vec![
-                    format!("--kubeconfig={}", kubeconfig(&seed)),
+                    format!("--kubeconfig={}", kubeconfig("seed-controller", &seed)?),
                     format!("--seed-name={seed}"),
                     format!("--metrics-address={seed_metrics}"),
                     format!("--webhook-url=https://127.0.0.1:{webhook_port}"),

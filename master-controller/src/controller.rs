@@ -49,6 +49,10 @@ pub struct Options {
     /// Per limited resource, the percent of the limit a seed keeps as slack above what it
     /// committed before it is asked to release idle share (docs/shares.md).
     pub share_slack_percent: u32,
+    /// Where each seed's kubeconfig is read from: the Secret of this name in `seed_namespace`,
+    /// `{seed}` replaced by the seed's name. `None`: the `Seed`'s own `spec.kubeconfig` (KKP's
+    /// admin credential). Lets admins give the master a least-privilege identity on each seed.
+    pub seed_kubeconfig_secret: Option<String>,
 }
 
 impl Options {
@@ -61,6 +65,7 @@ impl Options {
             seed_max_backoff: Duration::from_secs(2),
             seed_probe_every: Duration::from_secs(10),
             share_slack_percent: 10,
+            seed_kubeconfig_secret: None,
         }
     }
 }
@@ -281,6 +286,7 @@ async fn run_as_leader(
             max_backoff: options.seed_max_backoff,
             probe_every: options.seed_probe_every,
         },
+        options.seed_kubeconfig_secret.clone(),
     );
 
     tokio::select! {

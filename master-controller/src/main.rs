@@ -74,9 +74,25 @@ struct Args {
         value_parser = clap::value_parser!(u64).range(1..)
     )]
     seed_probe_seconds: u64,
+    /// Read each seed's kubeconfig from the Secret of this name in --seed-namespace, `{seed}`
+    /// replaced by the seed's name (e.g. `kkp-quota-seed-{seed}`), instead of from the `Seed`'s
+    /// `spec.kubeconfig`: a least-privilege credential for the master on each seed.
+    #[arg(long, env = "MASTER_CONTROLLER_SEED_KUBECONFIG_SECRET", value_parser = seed_secret_template)]
+    seed_kubeconfig_secret: Option<String>,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     log_json: bool,
+}
+
+/// A Secret name template must name a different Secret per seed.
+fn seed_secret_template(value: &str) -> Result<String, String> {
+    if value.contains("{seed}") {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} does not contain {{seed}}: every seed needs its own Secret"
+        ))
+    }
 }
 
 #[tokio::main]
@@ -98,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
     options.concurrency = args.concurrency.max(1);
     options.share_slack_percent = args.share_slack_percent;
     options.seed_probe_every = Duration::from_secs(args.seed_probe_seconds);
+    options.seed_kubeconfig_secret = args.seed_kubeconfig_secret;
     if !args.no_leader_election {
         options.lease = Some(LeaseConfig::new(
             args.leader_election_namespace,

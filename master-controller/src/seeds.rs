@@ -179,6 +179,22 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The Secret (namespace, name) holding `seed`'s kubeconfig: the one named by `template`
+/// (`{seed}` replaced by the seed's name) in `namespace` when given, else the `Seed`'s own
+/// `spec.kubeconfig` (its namespace defaulting to `namespace`).
+pub fn kubeconfig_secret(seed: &Seed, namespace: &str, template: Option<&str>) -> (String, String) {
+    if let Some(template) = template {
+        return (namespace.to_owned(), template.replace("{seed}", &seed.name_any()));
+    }
+    let r = &seed.spec.kubeconfig;
+    let ns = r
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| namespace.to_owned());
+    (ns, r.name.clone().unwrap_or_default())
+}
+
 struct Running {
     kubeconfig: String,
     _task: AbortOnDrop,
@@ -193,6 +209,7 @@ pub async fn manage(
     triggers: Triggers,
     metrics: Metrics,
     link: SeedLink,
+    kubeconfig_secret_template: Option<String>,
 ) {
     let seed_api: Api<Seed> = Api::namespaced(master.clone(), &namespace);
     let secret_api: Api<PartialObjectMeta<Secret>> = Api::namespaced(master.clone(), &namespace);
@@ -225,13 +242,8 @@ pub async fn manage(
             .state()
             .iter()
             .map(|s| {
-                let r = &s.spec.kubeconfig;
-                let ns = r
-                    .namespace
-                    .clone()
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| namespace.clone());
-                (s.name_any(), (ns, r.name.clone().unwrap_or_default()))
+                let secret = kubeconfig_secret(s, &namespace, kubeconfig_secret_template.as_deref());
+                (s.name_any(), secret)
             })
             .collect();
         let mut changed = false;
@@ -502,5 +514,27 @@ mod tests {
         assert_eq!(first[5], Duration::from_secs(2));
         b.reset();
         assert_eq!(b.next(), Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn the_kubeconfig_secret_is_the_seeds_own_unless_a_template_names_one() {
+        use k8s_openapi::api::core::v1::ObjectReference;
+        use kkp_quota_crds::kkp::SeedSpec;
+        let mut seed = Seed::new(
+            "europe",
+            SeedSpec {
+                kubeconfig: ObjectReference {
+                    name: Some("kubeconfig-europe".into()),
+                    ..ObjectReference::default()
+                },
+            },
+        );
+        let own = kubeconfig_secret(&seed, "kubermatic", None);
+        assert_eq!(own, ("kubermatic".into(), "kubeconfig-europe".into()));
+        seed.spec.kubeconfig.namespace = Some("elsewhere".into());
+        assert_eq!(kubeconfig_secret(&seed, "kubermatic", None).0, "elsewhere");
+        // A template always reads from the seed namespace, whatever the Seed says.
+        let named = kubeconfig_secret(&seed, "kubermatic", Some("kkp-quota-seed-{seed}"));
+        assert_eq!(named, ("kubermatic".into(), "kkp-quota-seed-europe".into()));
     }
 }

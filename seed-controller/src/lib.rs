@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod shares;
 pub mod state;
 pub mod usage;
+pub mod webhook_cert;
 pub mod webhook_config;
 pub mod writer;
 
@@ -150,6 +151,34 @@ pub struct Config {
         conflicts_with = "url_signing_keys"
     )]
     pub insecure_no_auth: bool,
+    /// Manage the webhook's serving certificate in this Secret (it must exist; the chart
+    /// creates it empty): a CA and a certificate for --webhook-certificate-dns-names, rotated
+    /// in two steps (see `webhook_cert`). Mount it into machine-webhook (`tls.crt`, `tls.key`)
+    /// and into seed-controller (`ca.crt`, as --webhook-ca-file).
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_SECRET",
+        requires = "webhook_certificate_dns_names"
+    )]
+    pub webhook_certificate_secret: Option<String>,
+    /// Namespace of --webhook-certificate-secret (default: --kubermatic-namespace).
+    #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_NAMESPACE")]
+    pub webhook_certificate_namespace: Option<String>,
+    /// The DNS names the webhook's certificate is for (comma-separated), e.g. its Service's
+    /// `<name>.<namespace>.svc`.
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_DNS_NAMES",
+        value_delimiter = ','
+    )]
+    pub webhook_certificate_dns_names: Vec<String>,
+    /// Lifetime of each self-managed CA and certificate; the next is made after two thirds.
+    #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_VALIDITY", default_value = "2160h", value_parser = parse_duration)]
+    pub webhook_certificate_validity: Duration,
+    /// How long a new certificate's CA is trusted before the certificate is served: longer than
+    /// a mounted Secret takes to reach the pods (the kubelet syncs about every minute).
+    #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_OVERLAP", default_value = "10m", value_parser = parse_duration)]
+    pub webhook_certificate_overlap: Duration,
     /// Run only while holding the leader Lease (several replicas may run).
     #[arg(long, env = "SEED_CONTROLLER_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
@@ -206,8 +235,9 @@ pub struct Shared {
     state: Mutex<state::State>,
     /// Wakes the writer after a change.
     pub notify: Notify,
-    /// The webhook CA bundle (PEM), when --webhook-url is set.
-    pub webhook_ca: Option<Vec<u8>>,
+    /// The webhook CA bundle (PEM) as last read from --webhook-ca-file (re-read when it
+    /// changes: a rotated CA); `None` without the flag, or while the file is empty.
+    pub webhook_ca: tokio::sync::watch::Sender<Option<Arc<Vec<u8>>>>,
     /// The URL-signing keys as last read (`None`: no keys, URLs without a token); changes when
     /// the first key does.
     pub url_keys: tokio::sync::watch::Sender<Option<Arc<machine_webhook::auth::SigningKeys>>>,
@@ -248,12 +278,26 @@ pub struct Controller {
 impl Controller {
     pub async fn new(config: Config, seed: kube::Client) -> Result<Controller, Error> {
         let webhook_ca = match &config.webhook_ca_file {
-            Some(path) => Some(tokio::fs::read(path).await.map_err(|source| Error::ReadFile {
-                path: path.clone(),
-                source,
-            })?),
+            Some(path) => webhook_config::read_ca(path)
+                .await
+                .map_err(|source| Error::ReadFile {
+                    path: path.clone(),
+                    source,
+                })?,
             None => None,
         };
+        let (webhook_ca, _) = tokio::sync::watch::channel(webhook_ca);
+        if config.webhook_certificate_secret.is_some() && config.webhook_certificate_dns_names.is_empty() {
+            return Err(Error::Config(
+                "--webhook-certificate-secret needs --webhook-certificate-dns-names".to_owned(),
+            ));
+        }
+        if config.webhook_certificate_overlap * 2 >= config.webhook_certificate_validity {
+            return Err(Error::Config(
+                "--webhook-certificate-overlap must be under half of --webhook-certificate-validity"
+                    .to_owned(),
+            ));
+        }
         if let Some(url) = &config.webhook_url
             && !url.starts_with("https://")
         {
@@ -312,6 +356,30 @@ impl Controller {
             AbortOnDrop(tokio::spawn(webhook_config::follow_keys(
                 Arc::clone(keys),
                 Arc::clone(&shared),
+            )))
+        });
+        let _ca = shared
+            .config
+            .webhook_ca_file
+            .clone()
+            .map(|path| AbortOnDrop(tokio::spawn(webhook_config::follow_ca(path, Arc::clone(&shared)))));
+        let _certificate = shared.config.webhook_certificate_secret.clone().map(|name| {
+            let config = &shared.config;
+            let namespace = config
+                .webhook_certificate_namespace
+                .clone()
+                .unwrap_or_else(|| config.kubermatic_namespace.clone());
+            let seconds = |d: Duration| i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            let settings = webhook_cert::Settings {
+                dns_names: config.webhook_certificate_dns_names.clone(),
+                validity: seconds(config.webhook_certificate_validity).max(1),
+                overlap: seconds(config.webhook_certificate_overlap),
+            };
+            AbortOnDrop(tokio::spawn(webhook_cert::run(
+                Arc::clone(&shared),
+                namespace,
+                name,
+                settings,
             )))
         });
         // None of these loops ends on its own: if one does (a panic), stop everything so the

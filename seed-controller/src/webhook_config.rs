@@ -118,6 +118,41 @@ pub async fn follow_keys(keys: Arc<ReloadingKeys>, shared: Arc<Shared>) {
     }
 }
 
+/// The CA bundle in `path`; `None` while it is empty (a Secret not yet filled).
+pub async fn read_ca(path: &std::path::Path) -> std::io::Result<Option<Arc<Vec<u8>>>> {
+    match tokio::fs::read(path).await {
+        Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => Ok(None),
+        Ok(bytes) => Ok(Some(Arc::new(bytes))),
+        // A mounted Secret without the key yet: the same as empty.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Re-reads the CA bundle file every [`KEY_POLL`]; a change (a rotated CA reaching the mounted
+/// file) rewrites every user cluster's configuration.
+pub async fn follow_ca(path: std::path::PathBuf, shared: Arc<Shared>) {
+    let mut ticker = tokio::time::interval(KEY_POLL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match read_ca(&path).await {
+            Ok(current) => {
+                shared.webhook_ca.send_if_modified(|held| {
+                    // A file briefly empty (a Secret being rewritten) never takes the CA away.
+                    let changed = current.is_some() && *held != current;
+                    if changed {
+                        info!(file = %path.display(), "webhook CA bundle changed: rewriting every user cluster's configuration");
+                        held.clone_from(&current);
+                    }
+                    changed
+                });
+            }
+            Err(e) => warn!(file = %path.display(), error = %e, "cannot read the webhook CA bundle"),
+        }
+    }
+}
+
 /// The user cluster's `Cluster` UID on the seed (retried until it is read).
 async fn cluster_uid(seed: &Client, cluster: &str) -> String {
     let api: Api<Cluster> = Api::all(seed.clone());
@@ -142,11 +177,25 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
         return;
     };
     let mut keys = shared.url_keys.subscribe();
+    let mut ca = shared.webhook_ca.subscribe();
+    // With a CA file that is still empty (a certificate not issued yet), a configuration
+    // without a CA would make the API server distrust the webhook: wait for the CA.
+    if shared.config.webhook_ca_file.is_some() {
+        while ca.borrow_and_update().is_none() {
+            if ca.changed().await.is_err() {
+                return;
+            }
+        }
+    }
     let mut uid = cluster_uid(&shared.seed, &cluster).await;
-    let build = |uid: &str, keys: Option<&SigningKeys>| {
-        desired(&url(&cluster, uid, &base, keys), shared.webhook_ca.as_deref())
+    let build = |uid: &str, keys: Option<&SigningKeys>, ca: Option<&[u8]>| {
+        desired(&url(&cluster, uid, &base, keys), ca)
     };
-    let mut wanted = build(&uid, keys.borrow_and_update().as_deref());
+    let mut wanted = build(
+        &uid,
+        keys.borrow_and_update().as_deref(),
+        ca.borrow_and_update().as_deref().map(Vec::as_slice),
+    );
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
     let mut stream = watcher::watcher(api.clone(), config).default_backoff().boxed();
@@ -156,6 +205,7 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
     recheck.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recheck.tick().await;
     let mut keys_open = true;
+    let mut ca_open = true;
     loop {
         let needs_apply = tokio::select! {
             event = stream.next() => match event {
@@ -185,7 +235,16 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                     keys_open = false;
                     false
                 } else {
-                    wanted = build(&uid, keys.borrow_and_update().as_deref());
+                    wanted = build(&uid, keys.borrow_and_update().as_deref(), ca.borrow().as_deref().map(Vec::as_slice));
+                    seen && !actual.as_ref().is_some_and(|a| contains(a, &wanted))
+                }
+            }
+            changed = ca.changed(), if ca_open => {
+                if changed.is_err() {
+                    ca_open = false;
+                    false
+                } else {
+                    wanted = build(&uid, keys.borrow().as_deref(), ca.borrow_and_update().as_deref().map(Vec::as_slice));
                     seen && !actual.as_ref().is_some_and(|a| contains(a, &wanted))
                 }
             }
@@ -196,7 +255,7 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                 } else {
                     info!(cluster, "the Cluster was recreated (new UID): new webhook URL");
                     uid = now;
-                    wanted = build(&uid, keys.borrow().as_deref());
+                    wanted = build(&uid, keys.borrow().as_deref(), ca.borrow().as_deref().map(Vec::as_slice));
                     true
                 }
             }

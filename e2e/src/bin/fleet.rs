@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
-use e2e::system::System;
+use e2e::system::{Credentials, System};
 use e2e::{Fleet, FleetSpec, demo};
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -17,6 +17,25 @@ struct Args {
     /// Where to write `<cluster>.kubeconfig` and `fleet.json`.
     #[arg(long, default_value = ".fleet")]
     dir: PathBuf,
+    /// Run every component as its service account from the Helm chart (deploy/charts/kkp-quota),
+    /// with only the chart's RBAC, instead of as the fleet's admin: what you try is what you
+    /// install. Needs helm (built and cached by e2e/helm/build.sh).
+    #[arg(long, env = "KKP_QUOTA_CHART_RBAC")]
+    chart_rbac: bool,
+}
+
+/// The fleet's admin, or with `--chart-rbac` the chart's service accounts (RBAC installed,
+/// tokens minted).
+async fn credentials(fleet: &Fleet, args: &Args) -> Result<Credentials> {
+    if !args.chart_rbac {
+        return Ok(Credentials::Admin);
+    }
+    let identities = e2e::chart::install_identities(fleet, &args.dir.join("identities")).await?;
+    tracing::info!(
+        "components run as the chart's service accounts (kubeconfigs in {}/identities)",
+        args.dir.display()
+    );
+    Ok(Credentials::Chart(identities))
 }
 
 #[tokio::main]
@@ -52,8 +71,9 @@ async fn main() -> Result<()> {
     };
     let elapsed = started.elapsed();
     fleet.write_dir(&args.dir)?;
+    let credentials = credentials(&fleet, &args).await?;
     let running = tokio::select! {
-        system = System::start(&fleet, &args.dir) => system?,
+        system = System::start_as(&fleet, &args.dir, &[], &credentials) => system?,
         signal = &mut shutdown => {
             tracing::info!(signal, "interrupted during startup; stopped");
             return Ok(());
