@@ -176,7 +176,8 @@ pub struct Config {
     #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_VALIDITY", default_value = "2160h", value_parser = parse_duration)]
     pub webhook_certificate_validity: Duration,
     /// How long a new certificate's CA is trusted before the certificate is served: longer than
-    /// a mounted Secret takes to reach the pods (the kubelet syncs about every minute).
+    /// a mounted Secret takes to reach every pod (the kubelet syncs about every minute), plus
+    /// the second seed-controller takes to notice the new CA in its file.
     #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CERTIFICATE_OVERLAP", default_value = "10m", value_parser = parse_duration)]
     pub webhook_certificate_overlap: Duration,
     /// Run only while holding the leader Lease (several replicas may run).
@@ -441,7 +442,19 @@ pub async fn run(config: Config) -> Result<(), Error> {
                 LeaseConfig::default_identity(),
             )
         };
-        LeaderElector::new(seed, lease).run(controller.run()).await?
+        // A standby is ready (so rolling updates and drains proceed); the leader is ready only
+        // after its first complete count. One round first tells which this replica is.
+        let elector = LeaderElector::new(seed, lease);
+        let readiness = controller.readiness();
+        if matches!(elector.try_acquire_or_renew().await, Ok(false)) {
+            info!("standby: another replica holds the lease");
+            readiness.set(true);
+        }
+        let work = async move {
+            readiness.set(false);
+            controller.run().await
+        };
+        elector.run(work).await?
     } else {
         controller.run().await
     };

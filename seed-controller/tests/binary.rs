@@ -73,5 +73,40 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"kkp_quota_cluster_usage{cluster="alpha",project="demo",resource="cpu"} 2"#));
+
+    // A second replica waits for the lease and is ready meanwhile (a rolling update or a node
+    // drain under the chart's PodDisruptionBudget waits for readiness); it never counts.
+    let standby_port = e2e::system::free_port().unwrap();
+    let mut standby = tokio::process::Command::new(env!("CARGO_BIN_EXE_seed-controller"))
+        .args([
+            &format!("--kubeconfig={}", seed_cp.kubeconfig_path().display()),
+            "--seed-name=seed",
+            &format!("--metrics-address=127.0.0.1:{standby_port}"),
+            "--lease-duration=6s",
+        ])
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    e2e::wait_for(WAIT, "the standby's /readyz", || async {
+        http.get(format!("http://127.0.0.1:{standby_port}/readyz"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    })
+    .await
+    .unwrap();
+    let standby_metrics = http
+        .get(format!("http://127.0.0.1:{standby_port}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        !standby_metrics.contains("kkp_quota_local_usage{"),
+        "the standby counts: {standby_metrics}"
+    );
+    standby.kill().await.unwrap();
     child.kill().await.unwrap();
 }

@@ -20,7 +20,9 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use seed_controller::AbortOnDrop;
 use seed_controller::webhook_cert::{CA_KEY, CERT_KEY, NEXT_CERT_KEY};
+use serde_json::json;
 
 const DNS_NAME: &str = "kkp-quota-machine-webhook.kubermatic.svc";
 const OVERLAP: Duration = Duration::from_secs(3);
@@ -134,4 +136,153 @@ async fn the_webhook_certificate_is_issued_and_rotated_without_a_distrusted_mome
             served.push(cert.0.clone());
         }
     }
+}
+
+/// A TLS handshake with the server on 127.0.0.1:`port`, as a client that trusts the CAs in
+/// `bundle` does it (a fresh connection, so the certificate served now is the one checked).
+fn handshake(port: u16, bundle: &[u8]) -> Result<(), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in pems(bundle) {
+        roots.add(ca).map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let name = ServerName::try_from("127.0.0.1").unwrap();
+    let mut connection = rustls::ClientConnection::new(Arc::new(config), name).map_err(|e| e.to_string())?;
+    let mut socket = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    while connection.is_handshaking() {
+        connection.complete_io(&mut socket).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// A kubelet's part, played by the test: every version of the Secret reaches the files `delay`
+/// later (each file replaced whole, as the kubelet's atomic writer does).
+fn sync_secret_to_files(secrets: Api<Secret>, dir: std::path::PathBuf, delay: Duration) -> AbortOnDrop<()> {
+    AbortOnDrop(tokio::spawn(async move {
+        let config = watcher::Config::default().fields("metadata.name=kkp-quota-webhook-tls");
+        let mut versions = watcher::watcher(secrets, config).applied_objects().boxed();
+        while let Some(Ok(secret)) = versions.next().await {
+            tokio::time::sleep(delay).await;
+            for (key, value) in secret.data.unwrap_or_default() {
+                let tmp = dir.join(format!(".{key}.tmp"));
+                std::fs::write(&tmp, &value.0).unwrap();
+                std::fs::rename(&tmp, dir.join(&key)).unwrap();
+            }
+        }
+    }))
+}
+
+/// The whole path of a rotation: seed-controller rotates the certificate in the Secret, a
+/// stand-in kubelet brings it to each pod's files (to the webhook's at once, to
+/// seed-controller's 2 s later: kubelets sync pods at different times), machine-webhook serves
+/// the new certificate from its files and seed-controller writes the new CA into the user
+/// cluster's webhook configuration. The user cluster's API server calls the webhook for every
+/// Machine throughout two rotations, and not one call fails. The API server keeps its
+/// connections, so the test also opens a new one each round and checks the certificate served
+/// then against the CA bundle the user cluster has then. (With no overlap, that fails: the
+/// webhook would serve a certificate whose CA the user cluster does not trust yet.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_goes_on_through_rotations_of_the_self_managed_certificate() {
+    init_logs();
+    let (seed_cp, alpha_cp) = seed_with_alpha("1000").await;
+    let seed = seed_cp.client();
+    let secrets: Api<Secret> = Api::namespaced(seed.clone(), "kubermatic");
+    let empty = Secret {
+        metadata: ObjectMeta {
+            name: Some("kkp-quota-webhook-tls".into()),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    secrets.create(&PostParams::default(), &empty).await.unwrap();
+    let (files, controller_files) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let _webhook_pod = sync_secret_to_files(secrets.clone(), files.path().to_path_buf(), Duration::ZERO);
+    // The overlap has to cover the slower pod's sync, seed-controller's 1 s look at the CA file
+    // and the write to the user clusters; the chart's default is 10 minutes against a kubelet's
+    // minute or so. (3 s against 2 s + 1 s here failed: too thin.)
+    let (slow, overlap) = (Duration::from_secs(2), Duration::from_secs(4));
+    let _controller_pod = sync_secret_to_files(secrets.clone(), controller_files.path().to_path_buf(), slow);
+    let keys = files.path().join("url-signing-keys");
+    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+
+    let port = e2e::system::free_port().unwrap();
+    let mut config = seed_controller::Config::for_tests("seed");
+    config.webhook_url = Some(format!("https://127.0.0.1:{port}"));
+    config.webhook_ca_file = Some(controller_files.path().join(CA_KEY));
+    config.url_signing_keys = Some(keys.clone());
+    config.webhook_certificate_secret = Some("kkp-quota-webhook-tls".into());
+    config.webhook_certificate_dns_names = vec!["127.0.0.1".into()];
+    config.webhook_certificate_validity = Duration::from_secs(16);
+    config.webhook_certificate_overlap = overlap;
+    let _controller = start_controller(&seed_cp, config).await;
+
+    // The webhook starts once its files exist (a pod would restart until then).
+    let (cert, key) = (files.path().join(CERT_KEY), files.path().join("tls.key"));
+    e2e::wait_for(WAIT, "the first certificate in the files", || async {
+        cert.exists() && key.exists()
+    })
+    .await
+    .unwrap();
+    let mut webhook_config =
+        machine_webhook::Config::new(format!("127.0.0.1:{port}").parse().unwrap(), cert, key);
+    webhook_config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(keys));
+    let webhook = machine_webhook::Webhook::start(webhook_config, seed.clone())
+        .await
+        .unwrap();
+    let _webhook = AbortOnDrop(tokio::spawn(webhook.run()));
+
+    // Machines are created one after another until the Secret has served three certificates;
+    // each is decided by the webhook (a Machine it cannot size is refused by it, by name).
+    let machines: Api<kkp_quota_crds::machine::Machine> = Api::namespaced(alpha_cp.client(), "kube-system");
+    let unsizeable = json!({"cloudProvider": "aws", "cloudProviderSpec": {"instanceType": "t9.none"}});
+    e2e::wait_for(WAIT, "the webhook configuration in effect", || async {
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let probe = common::machine("probe", &unsizeable);
+        matches!(machines.create(&dry, &probe).await, Err(kube::Error::Api(e)) if e.message.contains("sized"))
+    })
+    .await
+    .unwrap();
+    let configurations =
+        Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(
+            alpha_cp.client(),
+        );
+    let mut served = Vec::new();
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let mut calls = 0;
+    while served.len() < 3 {
+        assert!(Instant::now() < deadline, "two rotations within a minute");
+        let dry = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let refused = machines
+            .create(&dry, &common::machine("probe", &unsizeable))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&refused, kube::Error::Api(e) if e.message.contains("sized")),
+            "call {calls} did not reach the webhook: {refused}"
+        );
+        calls += 1;
+        let configuration = configurations.get("kkp-quota-machines").await.unwrap();
+        let bundle = configuration.webhooks.unwrap()[0]
+            .client_config
+            .ca_bundle
+            .clone()
+            .unwrap();
+        handshake(port, &bundle.0).unwrap_or_else(|e| panic!("a new connection after {calls} calls: {e}"));
+        let current = std::fs::read(files.path().join(CERT_KEY)).unwrap();
+        if served.last() != Some(&current) {
+            served.push(current);
+        }
+    }
+    tracing::info!(calls, "admission calls through two rotations");
 }
