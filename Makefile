@@ -12,6 +12,7 @@ help:
 	@echo "              (CHART_RBAC=1: every component as its ServiceAccount from the Helm chart)"
 	@echo "make test   - everything CI runs: fmt, clippy, CRD drift, unit, property and fleet tests"
 	@echo "make crds   - regenerate deploy/crds/ from the Rust types"
+	@echo "make bench  - every benchmark, one after another, into results/benchmarks.md (long: see e2e/bench.sh)"
 
 # Debian packages the tests need (promtool for the alert rule tests).
 system-deps:
@@ -59,3 +60,8 @@ demo: control-plane
 .PHONY: images
 images: system-deps
 	deploy/images/build.sh
+
+# Every benchmark in release, one after another (never two at once), into results/benchmarks.md.
+.PHONY: bench
+bench: control-plane
+	e2e/bench.sh

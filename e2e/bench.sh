@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# `make bench`: every benchmark, one after another on this machine (never two at once: they
+# would measure each other), release builds, then results/benchmarks.md assembled from what this
+# run wrote, under a header naming the machine, the versions and the date.
+#
+# Parameters (environment; the defaults are the figures the issues ask for):
+#   BENCH_ADMISSION="80 3 16 500"      admission_bench: creates per client, rounds, clients, record ms
+#   BENCH_SHARES="3 16 15 20"          shares_bench: rounds, clients, creates per client, transfers
+#   BENCH_STORM="--updates 100"        update_storm flags
+#   BENCH_CHAIN="--samples 100"        chain_latency flags
+#   BENCH_PROPAGATION="120"            propagation: changes
+#   BENCH_SEED_SCALE="--clusters 1000 --machines-per-cluster 100"
+#   BENCH_MASTER_SCALE="--projects 10000 --seeds 3 --samples 50"
+#   BENCH_OUT=results/benchmarks.md
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export KUBEBUILDER_ASSETS="${KUBEBUILDER_ASSETS:-$(e2e/control-plane/build.sh)}"
+out=${BENCH_OUT:-results/benchmarks.md}
+run_dir=$(mktemp -d)
+trap 'rm -rf "$run_dir"' EXIT
+
+# The components the benches start as processes, in release.
+cargo build --release --locked --bins -p master-controller -p seed-controller -p machine-webhook >&2
+
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+sections=()
+# run <title> <file the bench writes> <command...>: runs it, keeps a copy of what it wrote.
+run() {
+  local title=$1 file=$2
+  shift 2
+  echo "bench: $title: $*" >&2
+  local t0=$SECONDS
+  "$@" >&2
+  cp "$file" "$run_dir/${#sections[@]}.md"
+  sections+=("$title|$((SECONDS - t0))|$*")
+}
+# ex <crate> <example>: runs a release build of it (two crates have an example named `scale`,
+# so each is built on its own).
+ex() { echo "cargo run -q --release --locked -p $1 --example $2 --"; }
+
+# shellcheck disable=SC2086 # the parameters are word lists on purpose
+{
+  run "Admission, far from the limit (one seed)" machine-webhook/results/admission.md \
+    $(ex machine-webhook admission_bench) ${BENCH_ADMISSION:-80 3 16 500}
+  run "Admission across seeds, tight, and share transfers" e2e/results/shares.md \
+    $(ex e2e shares_bench) ${BENCH_SHARES:-3 16 15 20}
+  run "Update storm (matchConditions)" "$run_dir/storm.md" \
+    $(ex seed-controller update_storm) ${BENCH_STORM:---updates 100} --out "$run_dir/storm.md"
+  run "Counting chain latency" "$run_dir/chain.md" \
+    $(ex seed-controller chain_latency) ${BENCH_CHAIN:---samples 100} --out "$run_dir/chain.md"
+  run "Master propagation" master-controller/results/propagation.md \
+    $(ex master-controller propagation) ${BENCH_PROPAGATION:-120}
+  run "seed-controller at scale" "$run_dir/seed-scale.md" \
+    $(ex seed-controller scale) ${BENCH_SEED_SCALE:---clusters 1000 --machines-per-cluster 100} --out "$run_dir/seed-scale.md"
+  run "master-controller at scale" "$run_dir/master-scale.md" \
+    $(ex master-controller scale) ${BENCH_MASTER_SCALE:---projects 10000 --seeds 3 --samples 50} --out "$run_dir/master-scale.md"
+}
+
+mkdir -p "$(dirname "$out")"
+{
+  echo "# Benchmarks"
+  echo
+  echo "Written by \`make bench\` (e2e/bench.sh); every benchmark ran one after another in this run."
+  echo
+  echo "| | |"
+  echo "| --- | --- |"
+  echo "| started | $started |"
+  echo "| finished | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
+  echo "| commit | $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)') |"
+  echo "| cpu | $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo) |"
+  echo "| memory | $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) |"
+  echo "| kernel | $(uname -r) |"
+  echo "| rustc | $(rustc --version) |"
+  echo "| control plane | $(basename "$KUBEBUILDER_ASSETS") |"
+  echo
+  i=0
+  for section in "${sections[@]}"; do
+    IFS='|' read -r title seconds command <<<"$section"
+    echo "## $title"
+    echo
+    echo "\`${command}\` ($seconds s of wall time, build included)"
+    echo
+    # Each bench's own file, its top-level heading dropped (this file has one).
+    sed '1{/^# /d}' "$run_dir/$i.md" | sed 's/^#/##/'
+    echo
+    i=$((i + 1))
+  done
+} >"$out"
+echo "bench: wrote $out" >&2
