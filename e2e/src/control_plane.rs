@@ -183,26 +183,26 @@ impl ControlPlane {
     /// the user is `user`, its groups are `groups`.
     pub fn kubeconfig_for_user(&self, user: &str, groups: &[&str]) -> Result<String> {
         let cert = self.certs.ca.client_cert(user, groups)?;
-        kubeconfig_yaml(&self.name, self.port, self.certs.ca.cert_pem(), &cert, user)
+        kubeconfig_yaml(
+            &self.name,
+            self.port,
+            self.certs.ca.cert_pem(),
+            &format!("{}-{user}", self.name),
+            &client_cert_credentials(&cert),
+        )
     }
 
     /// A kubeconfig that authenticates with a bearer `token` (a service account's, for running a
     /// component as that account); `user` names the kubeconfig's user entry.
     pub fn kubeconfig_for_token(&self, user: &str, token: &str) -> Result<String> {
-        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-        let name = &self.name;
-        let doc = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": name, "cluster": {
-                "server": self.url(),
-                "certificate-authority-data": b64(self.certs.ca.cert_pem()),
-            }}],
-            "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
-            "current-context": name,
-        });
-        Ok(serde_saphyr::to_string(&doc)?)
+        let credentials = serde_json::json!({ "token": token });
+        kubeconfig_yaml(
+            &self.name,
+            self.port,
+            self.certs.ca.cert_pem(),
+            user,
+            &credentials,
+        )
     }
 
     /// The cluster's CA certificate (PEM): it signed the serving certificate and client certs.
@@ -625,12 +625,37 @@ fn write_pki(dir: &Path, certs: &ClusterCerts) -> Result<()> {
 }
 
 fn admin_kubeconfig(name: &str, port: u16, certs: &ClusterCerts) -> Result<String> {
-    kubeconfig_yaml(name, port, certs.ca.cert_pem(), &certs.admin, "admin")
+    let credentials = client_cert_credentials(&certs.admin);
+    kubeconfig_yaml(
+        name,
+        port,
+        certs.ca.cert_pem(),
+        &format!("{name}-admin"),
+        &credentials,
+    )
 }
 
-fn kubeconfig_yaml(name: &str, port: u16, ca_pem: &str, client: &CertPem, user: &str) -> Result<String> {
-    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
-    let user_name = format!("{name}-{user}");
+fn b64(s: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(s)
+}
+
+/// A kubeconfig user entry that presents a client certificate.
+fn client_cert_credentials(client: &CertPem) -> serde_json::Value {
+    serde_json::json!({
+        "client-certificate-data": b64(&client.cert),
+        "client-key-data": b64(&client.key),
+    })
+}
+
+/// A kubeconfig for the API server on 127.0.0.1:`port`, trusting `ca_pem`, as the user entry
+/// `user` with `credentials` (a client certificate, or a token).
+fn kubeconfig_yaml(
+    name: &str,
+    port: u16,
+    ca_pem: &str,
+    user: &str,
+    credentials: &serde_json::Value,
+) -> Result<String> {
     let doc = serde_json::json!({
         "apiVersion": "v1",
         "kind": "Config",
@@ -638,11 +663,8 @@ fn kubeconfig_yaml(name: &str, port: u16, ca_pem: &str, client: &CertPem, user: 
             "server": format!("https://127.0.0.1:{port}"),
             "certificate-authority-data": b64(ca_pem),
         }}],
-        "users": [{"name": user_name, "user": {
-            "client-certificate-data": b64(&client.cert),
-            "client-key-data": b64(&client.key),
-        }}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": user_name}}],
+        "users": [{"name": user, "user": credentials}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
         "current-context": name,
     });
     Ok(serde_saphyr::to_string(&doc)?)

@@ -44,7 +44,8 @@
 //!
 //! Never sleep in a test: [`wait_for`]`(timeout, what, || async { ... })` polls every 25 ms until
 //! the check answers `true`, `Some(v)` or `Ok(v)`, and fails with `what` (and the last error) at
-//! the deadline.
+//! the deadline. For one object, [`wait_for_object`] and [`wait_for_gone`] follow it with a watch
+//! instead, and see each change as it happens.
 //!
 //! # Other helpers
 //!
@@ -76,4 +77,4 @@ pub mod wait;
 
 pub use control_plane::{ControlPlane, client_from_kubeconfig};
 pub use fleet::{Fleet, FleetSpec, Member, Role, UserClusterSpec};
-pub use wait::{wait_for, wait_for_object};
+pub use wait::{wait_for, wait_for_gone, wait_for_object};

@@ -2,36 +2,52 @@
 
 use std::path::Path;
 
-/// Resident memory of a process in bytes (`VmRSS` in `/proc/<pid>/status`), `None` if it is gone.
-pub fn rss_bytes(pid: u32) -> Option<u64> {
+/// A `kB` field of `/proc/<pid>/status` in bytes, `None` if the process is gone.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    let kib: u64 = line.split_whitespace().next()?.parse().ok()?;
     Some(kib * 1024)
+}
+
+/// Resident memory of a process in bytes (`VmRSS`), `None` if it is gone.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    status_bytes(pid, "VmRSS")
 }
 
 /// Peak resident memory of a process in bytes (`VmHWM`), `None` if it is gone.
 pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    status_bytes(pid, "VmHWM")
 }
 
-/// CPU time (user + system) a process has used, in seconds (clock ticks of 1/100 s).
-pub fn cpu_seconds(pid: u32) -> Option<f64> {
+/// CPU time (user + system) a process has used, in clock ticks (`/proc/<pid>/stat`; `self`
+/// for this process), `None` if it is gone.
+pub fn cpu_ticks(pid: &str) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: fields are counted after its closing parenthesis;
+    // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
     let rest = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11)?.parse().ok()?;
-    let stime: f64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) / 100.0)
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100, the Linux value, if it cannot be asked).
+pub fn ticks_per_second() -> f64 {
+    std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// CPU time (user + system) a process has used, in seconds.
+#[allow(clippy::cast_precision_loss)]
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    Some(cpu_ticks(&pid.to_string())? as f64 / ticks_per_second())
 }
 
 /// Whether `pid` is a live (not zombie) process. A reaped process has no `/proc/<pid>`.

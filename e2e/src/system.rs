@@ -115,14 +115,7 @@ impl FleetWithSystem {
         let fleet = Fleet::start(spec).await?;
         let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
         fleet.write_dir(dir.path())?;
-        let credentials = if chart {
-            let identities = crate::chart::install_identities(&fleet, &dir.path().join("identities"))
-                .await
-                .context("installing the chart's RBAC and minting its tokens")?;
-            Credentials::Chart(identities)
-        } else {
-            Credentials::Admin
-        };
+        let credentials = Credentials::for_fleet(&fleet, dir.path(), chart).await?;
         let system = System::start_as(&fleet, dir.path(), extra, &credentials).await?;
         // The system is in force once seed-controller has pointed every user cluster at the
         // webhook; before that, Machines are created unchecked.
@@ -186,6 +179,22 @@ pub enum Credentials {
 }
 
 impl Credentials {
+    /// The fleet's admin, or with `chart` the chart's service accounts: its RBAC installed on
+    /// the master and seeds, tokens minted, kubeconfigs written to `<dir>/identities`.
+    pub async fn for_fleet(fleet: &Fleet, dir: &Path, chart: bool) -> Result<Credentials> {
+        if !chart {
+            return Ok(Credentials::Admin);
+        }
+        let identities = crate::chart::install_identities(fleet, &dir.join("identities"))
+            .await
+            .context("installing the chart's RBAC and minting its tokens")?;
+        tracing::info!(
+            "components run as the chart's service accounts (kubeconfigs in {}/identities)",
+            dir.display()
+        );
+        Ok(Credentials::Chart(identities))
+    }
+
     /// The kubeconfig file `component` uses for `cluster` (fleet files in `dir`).
     fn kubeconfig(&self, dir: &Path, component: &str, cluster: &str) -> Result<String> {
         let path = match self {

@@ -85,14 +85,78 @@ where
 }
 
 /// Waits until the object `name` exists behind `api` (e.g. a quota copy reaching a seed, or the
-/// webhook configuration reaching a user cluster).
+/// webhook configuration reaching a user cluster), and returns it.
 pub async fn wait_for_object<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> Result<K>
 where
-    K: kube::Resource<DynamicType: Default> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    K: kube::Resource<DynamicType: Default>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
 {
     let what = format!("{} {name} to exist", K::kind(&K::DynamicType::default()));
-    wait_for(timeout, &what, || async {
-        api.get_opt(name).await.ok().flatten()
-    })
-    .await
+    let found = wait_for_state(api, name, timeout, &what, Option::is_some).await?;
+    found.ok_or_else(|| anyhow::anyhow!("{what}: the object went away again"))
+}
+
+/// Waits until the object `name` is gone from behind `api` (deleted, finalizers done).
+pub async fn wait_for_gone<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> Result<()>
+where
+    K: kube::Resource<DynamicType: Default>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + 'static,
+{
+    let what = format!("{} {name} to be gone", K::kind(&K::DynamicType::default()));
+    wait_for_state(api, name, timeout, &what, Option::is_none).await?;
+    Ok(())
+}
+
+/// Follows the object `name` with a watch (no polling: every change is seen as it happens;
+/// watch errors are retried with backoff) until `done` holds for what the API server has, and
+/// returns that; fails naming `what` (and the last watch error) after `timeout`.
+async fn wait_for_state<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&Option<K>) -> bool,
+) -> Result<Option<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt as _;
+    use kube::runtime::WatchStreamExt as _;
+    use kube::runtime::watcher::{self, Event};
+
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher::watcher(api.clone(), config).default_backoff().boxed();
+    let mut last_error: Option<String> = None;
+    let follow = async {
+        // The object as the API server has it, once the first listing is complete.
+        let (mut current, mut listed) = (None, false);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => (current, listed) = (None, false),
+                Ok(Event::InitApply(object) | Event::Apply(object)) => current = Some(object),
+                Ok(Event::InitDone) => listed = true,
+                Ok(Event::Delete(_)) => current = None,
+                Err(e) => last_error = Some(e.to_string()),
+            }
+            if listed && done(&current) {
+                return Some(current);
+            }
+        }
+        None
+    };
+    match tokio::time::timeout(timeout, follow).await {
+        Ok(Some(state)) => Ok(state),
+        _ => match last_error {
+            Some(why) => bail!("timed out after {timeout:?} waiting for {what}; last: {why}"),
+            None => bail!("timed out after {timeout:?} waiting for {what}"),
+        },
+    }
 }

@@ -74,20 +74,10 @@ async fn the_install_section_installs_upgrades_and_uninstalls_keeping_quotas() {
         let crds = Api::<CustomResourceDefinition>::all(plane.client());
         for name in ["projectquotas.kkp-quota.dev", "quotaledgers.kkp-quota.dev"] {
             crds.delete(name, &DeleteParams::default()).await.unwrap();
+            e2e::wait_for_gone(&crds, name, std::time::Duration::from_mins(1))
+                .await
+                .unwrap();
         }
-        e2e::wait_for(std::time::Duration::from_mins(1), "CRDs gone", || async {
-            let left = crds.list(&kube::api::ListParams::default()).await.ok()?;
-            (!left.items.iter().any(|c| {
-                c.metadata
-                    .name
-                    .as_deref()
-                    .unwrap_or_default()
-                    .ends_with("kkp-quota.dev")
-            }))
-            .then_some(())
-        })
-        .await
-        .unwrap();
     }
 
     // Install: the master role on the master, the seed role on the seed.

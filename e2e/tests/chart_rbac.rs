@@ -13,7 +13,7 @@ use e2e::audit::{self, Request};
 use e2e::chart::{self, IDENTITIES};
 use e2e::machines::{is_quota_denial, vsphere};
 use e2e::system::FleetWithSystem;
-use e2e::{Fleet, FleetSpec, wait_for, wait_for_object};
+use e2e::{Fleet, FleetSpec, wait_for, wait_for_gone, wait_for_object};
 use futures::future::join_all;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
@@ -204,16 +204,9 @@ async fn scenarios(running: &FleetWithSystem) {
         )
         .await
         .unwrap();
-    wait_for(WAIT, "the default quota deleted", || async {
-        master_quotas
-            .get_opt("project-other")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_for_gone(&master_quotas, "project-other", WAIT)
+        .await
+        .unwrap();
 
     // Deletion: the demo quota goes from the master, and its copies from every seed.
     master_quotas
@@ -223,24 +216,10 @@ async fn scenarios(running: &FleetWithSystem) {
     for seed in ["seed-a", "seed-b"] {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
         let quotas = Api::<ResourceQuota>::all(fleet.seed(seed).client());
-        wait_for(WAIT, &format!("project-demo gone from {seed}"), || async {
-            let ledger = ledgers.get_opt("project-demo").await.ok()?;
-            let quota = quotas.get_opt("project-demo").await.ok()?;
-            (ledger.is_none() && quota.is_none()).then_some(())
-        })
-        .await
-        .unwrap();
+        wait_for_gone(&ledgers, "project-demo", WAIT).await.unwrap();
+        wait_for_gone(&quotas, "project-demo", WAIT).await.unwrap();
     }
-    wait_for(WAIT, "project-demo gone from the master", || async {
-        master_quotas
-            .get_opt("project-demo")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_for_gone(&master_quotas, "project-demo", WAIT).await.unwrap();
 
     // Leader election: every lease renewed at least once (not only taken).
     let leases = [
@@ -272,6 +251,20 @@ async fn the_system_runs_under_the_charts_rbac_and_uses_every_permission_it_gran
         by_cluster.insert(seed, audit::read(&fleet.seed(seed).audit_log()).unwrap());
     }
 
+    // Each role's RBAC as the chart renders it.
+    let rbac: BTreeMap<&str, Vec<serde_json::Value>> = ["master", "seed"]
+        .into_iter()
+        .map(|role| {
+            (
+                role,
+                chart::render(role, &[])
+                    .unwrap()
+                    .into_iter()
+                    .filter(chart::is_rbac)
+                    .collect(),
+            )
+        })
+        .collect();
     let mut report = String::new();
     let mut failures = Vec::new();
     for identity in IDENTITIES {
@@ -296,12 +289,7 @@ async fn the_system_runs_under_the_charts_rbac_and_uses_every_permission_it_gran
                 identity.component, refused.access, refused.name
             ));
         }
-        let docs: Vec<serde_json::Value> = chart::render(identity.role, &[])
-            .unwrap()
-            .into_iter()
-            .filter(chart::is_rbac)
-            .collect();
-        let grants = audit::grants(&docs, &user, chart::NAMESPACE);
+        let grants = audit::grants(&rbac[identity.role], &user, chart::NAMESPACE);
         let allowed: Vec<(&str, &str, &str)> = ALLOWED_UNUSED
             .iter()
             .filter(|(component, _)| *component == identity.component)

@@ -171,19 +171,9 @@ impl Mode {
     }
 }
 
-/// CPU time of a process (user + system), from `/proc/<pid>/stat`, in clock ticks.
+/// CPU time of a process (user + system) in clock ticks; 0 once it is gone.
 fn cpu_ticks(pid: &str) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // The command name may hold spaces: fields are counted after its closing parenthesis.
-    let Some(after) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
-        return 0;
-    };
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    // utime and stime are fields 14 and 15 of the whole line: 12 and 13 after the name.
-    fields.get(11).and_then(|u| u.parse::<u64>().ok()).unwrap_or(0)
-        + fields.get(12).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0)
+    e2e::procfs::cpu_ticks(pid).unwrap_or(0)
 }
 
 /// CPU used so far, in ticks: the user clusters' API servers and etcds, the seed's, and this
@@ -412,13 +402,7 @@ async fn main() -> Result<()> {
         .map_or(Ok(AllotmentConfig::default().record_after), |a| {
             a.parse().map(Duration::from_millis)
         })?;
-    let tick_hz: f64 = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0);
+    let tick_hz = e2e::procfs::ticks_per_second();
     let mut spec = FleetSpec::empty().with_seed("seed-a").with_project(PROJECT);
     for user in USERS {
         spec = spec.with_user_cluster(user, "seed-a", PROJECT);

@@ -82,19 +82,17 @@ pub async fn run(
         metrics.leader.set(1);
         return Box::pin(run_as_leader(master, options, metrics, readiness)).await;
     };
-    // A standby replica is healthy and ready; it becomes not-ready while taking over.
-    readiness.set(true);
+    // Ready as a standby; as the leader, once its caches are synced.
     let elector = LeaderElector::new(master.clone(), lease.clone());
     let work = {
         let (metrics, readiness) = (metrics.clone(), readiness.clone());
         async move {
             info!(identity = %lease.identity, "became leader");
             metrics.leader.set(1);
-            readiness.set(false);
             Box::pin(run_as_leader(master, options, metrics, readiness)).await
         }
     };
-    let result = Box::pin(elector.run(work)).await;
+    let result = Box::pin(elector.run(&readiness, work)).await;
     metrics.leader.set(0);
     readiness.set(false);
     result?

@@ -312,7 +312,6 @@ impl Default for Metrics {
     }
 }
 
-/// The label sets of every series of `gauge`.
 /// A quantity in base units as a float (for metrics only; decisions never use floats).
 #[allow(clippy::cast_precision_loss)]
 pub fn as_f64(q: Quantity) -> f64 {

@@ -442,19 +442,11 @@ pub async fn run(config: Config) -> Result<(), Error> {
                 LeaseConfig::default_identity(),
             )
         };
-        // A standby is ready (so rolling updates and drains proceed); the leader is ready only
-        // after its first complete count. One round first tells which this replica is.
-        let elector = LeaderElector::new(seed, lease);
+        // Ready as a standby; as the leader, after the first complete count.
         let readiness = controller.readiness();
-        if matches!(elector.try_acquire_or_renew().await, Ok(false)) {
-            info!("standby: another replica holds the lease");
-            readiness.set(true);
-        }
-        let work = async move {
-            readiness.set(false);
-            controller.run().await
-        };
-        elector.run(work).await?
+        LeaderElector::new(seed, lease)
+            .run(&readiness, controller.run())
+            .await?
     } else {
         controller.run().await
     };

@@ -93,30 +93,45 @@ pub fn contains(actual: &Value, wanted: &Value) -> bool {
     }
 }
 
-/// The keys the webhook URLs are signed with, as a channel that changes when the first
-/// (signing) key does: checks the file every [`KEY_POLL`] until the sender is dropped.
-pub async fn follow_keys(keys: Arc<ReloadingKeys>, shared: Arc<Shared>) {
-    let sender: &watch::Sender<Option<Arc<SigningKeys>>> = &shared.url_keys;
+/// Every [`KEY_POLL`], `read`s a file into `sender` when what it holds now differs from what
+/// was sent by `same`; what a read cannot give (`None`) never replaces what was sent. Each
+/// change is logged as `what` and makes every user cluster's configuration be written again.
+async fn follow_file<T, F, Fut>(
+    sender: &watch::Sender<Option<T>>,
+    what: &str,
+    mut read: F,
+    same: impl Fn(&T, &T) -> bool,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
     let mut ticker = tokio::time::interval(KEY_POLL);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticker.tick().await;
-        let current = keys.current();
+        let Some(current) = read().await else { continue };
         sender.send_if_modified(|held| {
-            let changed = held
-                .as_ref()
-                .is_none_or(|h| h.signing_fingerprint() != current.signing_fingerprint());
+            let changed = held.as_ref().is_none_or(|h| !same(h, &current));
             if changed {
-                info!(
-                    key = current.signing_fingerprint(),
-                    "URL-signing key changed: rewriting every user cluster's webhook URL"
-                );
-                *held = Some(Arc::clone(&current));
+                info!("{what} changed: rewriting every user cluster's webhook configuration");
+                *held = Some(current);
             }
             changed
         });
     }
 }
+
+/// The keys the webhook URLs are signed with, as a channel that changes when the first
+/// (signing) key does, until the task is aborted.
+pub async fn follow_keys(keys: Arc<ReloadingKeys>, shared: Arc<Shared>) {
+    let read = || std::future::ready(Some(keys.current()));
+    follow_file(&shared.url_keys, "URL-signing key", read, |a, b| {
+        a.signing_fingerprint() == b.signing_fingerprint()
+    })
+    .await;
+}
+
+type CaReceiver = watch::Receiver<Option<Arc<Vec<u8>>>>;
 
 /// The CA bundle in `path`; `None` while it is empty (a Secret not yet filled).
 pub async fn read_ca(path: &std::path::Path) -> std::io::Result<Option<Arc<Vec<u8>>>> {
@@ -129,28 +144,17 @@ pub async fn read_ca(path: &std::path::Path) -> std::io::Result<Option<Arc<Vec<u
     }
 }
 
-/// Re-reads the CA bundle file every [`KEY_POLL`]; a change (a rotated CA reaching the mounted
-/// file) rewrites every user cluster's configuration.
+/// The CA bundle of `path` as a channel that changes when the file does (a rotated CA reaching
+/// the mounted file), until the task is aborted. A file briefly empty (a Secret being
+/// rewritten) never takes the CA away.
 pub async fn follow_ca(path: std::path::PathBuf, shared: Arc<Shared>) {
-    let mut ticker = tokio::time::interval(KEY_POLL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticker.tick().await;
-        match read_ca(&path).await {
-            Ok(current) => {
-                shared.webhook_ca.send_if_modified(|held| {
-                    // A file briefly empty (a Secret being rewritten) never takes the CA away.
-                    let changed = current.is_some() && *held != current;
-                    if changed {
-                        info!(file = %path.display(), "webhook CA bundle changed: rewriting every user cluster's configuration");
-                        held.clone_from(&current);
-                    }
-                    changed
-                });
-            }
-            Err(e) => warn!(file = %path.display(), error = %e, "cannot read the webhook CA bundle"),
-        }
-    }
+    let read = || async {
+        read_ca(&path).await.unwrap_or_else(|e| {
+            warn!(file = %path.display(), error = %e, "cannot read the webhook CA bundle");
+            None
+        })
+    };
+    follow_file(&shared.webhook_ca, "webhook CA bundle", read, |a, b| a == b).await;
 }
 
 /// The user cluster's `Cluster` UID on the seed (retried until it is read).
@@ -180,22 +184,19 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
     let mut ca = shared.webhook_ca.subscribe();
     // With a CA file that is still empty (a certificate not issued yet), a configuration
     // without a CA would make the API server distrust the webhook: wait for the CA.
-    if shared.config.webhook_ca_file.is_some() {
-        while ca.borrow_and_update().is_none() {
-            if ca.changed().await.is_err() {
-                return;
-            }
-        }
+    if shared.config.webhook_ca_file.is_some() && ca.wait_for(Option::is_some).await.is_err() {
+        return;
     }
     let mut uid = cluster_uid(&shared.seed, &cluster).await;
-    let build = |uid: &str, keys: Option<&SigningKeys>, ca: Option<&[u8]>| {
-        desired(&url(&cluster, uid, &base, keys), ca)
+    // What the configuration should be now, from the latest keys and CA.
+    let build = |uid: &str, keys: &watch::Receiver<Option<Arc<SigningKeys>>>, ca: &CaReceiver| {
+        let ca = ca.borrow();
+        desired(
+            &url(&cluster, uid, &base, keys.borrow().as_deref()),
+            ca.as_deref().map(Vec::as_slice),
+        )
     };
-    let mut wanted = build(
-        &uid,
-        keys.borrow_and_update().as_deref(),
-        ca.borrow_and_update().as_deref().map(Vec::as_slice),
-    );
+    let mut wanted = build(&uid, &keys, &ca);
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
     let mut stream = watcher::watcher(api.clone(), config).default_backoff().boxed();
@@ -235,7 +236,7 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                     keys_open = false;
                     false
                 } else {
-                    wanted = build(&uid, keys.borrow_and_update().as_deref(), ca.borrow().as_deref().map(Vec::as_slice));
+                    wanted = build(&uid, &keys, &ca);
                     seen && !actual.as_ref().is_some_and(|a| contains(a, &wanted))
                 }
             }
@@ -244,7 +245,7 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                     ca_open = false;
                     false
                 } else {
-                    wanted = build(&uid, keys.borrow().as_deref(), ca.borrow_and_update().as_deref().map(Vec::as_slice));
+                    wanted = build(&uid, &keys, &ca);
                     seen && !actual.as_ref().is_some_and(|a| contains(a, &wanted))
                 }
             }
@@ -255,7 +256,7 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                 } else {
                     info!(cluster, "the Cluster was recreated (new UID): new webhook URL");
                     uid = now;
-                    wanted = build(&uid, keys.borrow().as_deref(), ca.borrow().as_deref().map(Vec::as_slice));
+                    wanted = build(&uid, &keys, &ca);
                     true
                 }
             }

@@ -40,22 +40,8 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
 
     let http = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    e2e::wait_for(WAIT, "/healthz", || async {
-        http.get(format!("{base}/healthz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await
-    .unwrap();
-    e2e::wait_for(WAIT, "/readyz", || async {
-        http.get(format!("{base}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await
-    .unwrap();
+    answers_ok(&http, &format!("{base}/healthz")).await;
+    answers_ok(&http, &format!("{base}/readyz")).await;
     let leases: Api<Lease> = Api::namespaced(seed.clone(), "kubermatic");
     let lease = leases.get("kkp-quota-seed-controller").await.unwrap();
     assert!(lease.spec.unwrap().holder_identity.is_some_and(|h| !h.is_empty()));
@@ -87,14 +73,7 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    e2e::wait_for(WAIT, "the standby's /readyz", || async {
-        http.get(format!("http://127.0.0.1:{standby_port}/readyz"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status().is_success())
-    })
-    .await
-    .unwrap();
+    answers_ok(&http, &format!("http://127.0.0.1:{standby_port}/readyz")).await;
     let standby_metrics = http
         .get(format!("http://127.0.0.1:{standby_port}/metrics"))
         .send()
@@ -109,4 +88,13 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
     );
     standby.kill().await.unwrap();
     child.kill().await.unwrap();
+}
+
+/// Waits until `url` answers with a success status.
+async fn answers_ok(http: &reqwest::Client, url: &str) {
+    e2e::wait_for(WAIT, url, || async {
+        http.get(url).send().await.is_ok_and(|r| r.status().is_success())
+    })
+    .await
+    .unwrap();
 }

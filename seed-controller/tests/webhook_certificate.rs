@@ -33,6 +33,20 @@ fn pems(bytes: &[u8]) -> Vec<CertificateDer<'static>> {
         .collect()
 }
 
+/// The Secret `kkp-quota-webhook-tls` in `kubermatic`, created empty (as the chart does).
+async fn empty_certificate_secret(seed: &kube::Client) -> Api<Secret> {
+    let secrets: Api<Secret> = Api::namespaced(seed.clone(), "kubermatic");
+    let empty = Secret {
+        metadata: ObjectMeta {
+            name: Some("kkp-quota-webhook-tls".into()),
+            ..ObjectMeta::default()
+        },
+        ..Secret::default()
+    };
+    secrets.create(&PostParams::default(), &empty).await.unwrap();
+    secrets
+}
+
 /// Whether `cert` (PEM) is valid for [`DNS_NAME`] under the CAs in `bundle` (PEM).
 fn trusted(bundle: &[u8], cert: &[u8]) -> Result<(), String> {
     trusted_by(pems(bundle), cert)
@@ -62,15 +76,7 @@ async fn the_webhook_certificate_is_issued_and_rotated_without_a_distrusted_mome
     let seed_cp = e2e::ControlPlane::start("seed").await.unwrap();
     let seed = seed_cp.client();
     ensure_namespace(&seed, "kubermatic").await;
-    let secrets: Api<Secret> = Api::namespaced(seed.clone(), "kubermatic");
-    let empty = Secret {
-        metadata: ObjectMeta {
-            name: Some("kkp-quota-webhook-tls".into()),
-            ..ObjectMeta::default()
-        },
-        ..Secret::default()
-    };
-    secrets.create(&PostParams::default(), &empty).await.unwrap();
+    let secrets = empty_certificate_secret(&seed).await;
 
     let ca_file = tempfile::NamedTempFile::new().unwrap();
     let _child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seed-controller"))
@@ -161,7 +167,8 @@ fn handshake(port: u16, bundle: &[u8]) -> Result<(), String> {
 }
 
 /// A kubelet's part, played by the test: every version of the Secret reaches the files `delay`
-/// later (each file replaced whole, as the kubelet's atomic writer does).
+/// later (each file replaced whole, as the kubelet's atomic writer does). The delay is the
+/// propagation lag being simulated, not a wait for a condition.
 fn sync_secret_to_files(secrets: Api<Secret>, dir: std::path::PathBuf, delay: Duration) -> AbortOnDrop<()> {
     AbortOnDrop(tokio::spawn(async move {
         let config = watcher::Config::default().fields("metadata.name=kkp-quota-webhook-tls");
@@ -191,15 +198,7 @@ async fn admission_goes_on_through_rotations_of_the_self_managed_certificate() {
     init_logs();
     let (seed_cp, alpha_cp) = seed_with_alpha("1000").await;
     let seed = seed_cp.client();
-    let secrets: Api<Secret> = Api::namespaced(seed.clone(), "kubermatic");
-    let empty = Secret {
-        metadata: ObjectMeta {
-            name: Some("kkp-quota-webhook-tls".into()),
-            ..ObjectMeta::default()
-        },
-        ..Secret::default()
-    };
-    secrets.create(&PostParams::default(), &empty).await.unwrap();
+    let secrets = empty_certificate_secret(&seed).await;
     let (files, controller_files) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let _webhook_pod = sync_secret_to_files(secrets.clone(), files.path().to_path_buf(), Duration::ZERO);
     // The overlap has to cover the slower pod's sync, seed-controller's 1 s look at the CA file

@@ -17,6 +17,7 @@ use kube::{Api, Client};
 use tracing::{debug, info, warn};
 
 use super::RuntimeError;
+use super::ops::Readiness;
 
 /// Conflicting writes retried (each after a fresh read) within one round.
 const CONFLICT_RETRIES: usize = 3;
@@ -140,18 +141,23 @@ impl LeaderElector {
     /// Waits until we hold the lease, then runs `work` while renewing. Returns `work`'s result,
     /// or [`RuntimeError::LostLease`] (after cancelling `work`) when renewal fails for a whole
     /// lease duration or another holder took over.
-    pub async fn run<F, T>(&self, work: F) -> Result<T, RuntimeError>
+    ///
+    /// `readiness` follows the rule every replicated component here keeps: a standby (another
+    /// replica holds the lease) is ready, so rolling updates and node drains proceed; on taking
+    /// the lease it turns not ready until `work` sets it (caches synced, first count done).
+    pub async fn run<F, T>(&self, readiness: &Readiness, work: F) -> Result<T, RuntimeError>
     where
         F: Future<Output = T>,
     {
         loop {
             match self.try_acquire_or_renew().await {
                 Ok(true) => break,
-                Ok(false) => {}
+                Ok(false) => readiness.set(true),
                 Err(e) => warn!(error = %e, lease = %self.config.name, "leader election round failed"),
             }
             tokio::time::sleep(self.config.renew_every).await;
         }
+        readiness.set(false);
         tokio::pin!(work);
         let mut last_renewed = tokio::time::Instant::now();
         let mut ticker = tokio::time::interval(self.config.renew_every);

@@ -24,20 +24,6 @@ struct Args {
     chart_rbac: bool,
 }
 
-/// The fleet's admin, or with `--chart-rbac` the chart's service accounts (RBAC installed,
-/// tokens minted).
-async fn credentials(fleet: &Fleet, args: &Args) -> Result<Credentials> {
-    if !args.chart_rbac {
-        return Ok(Credentials::Admin);
-    }
-    let identities = e2e::chart::install_identities(fleet, &args.dir.join("identities")).await?;
-    tracing::info!(
-        "components run as the chart's service accounts (kubeconfigs in {}/identities)",
-        args.dir.display()
-    );
-    Ok(Credentials::Chart(identities))
-}
-
 #[tokio::main]
 async fn main() -> Result<()> {
     tracing_subscriber::fmt()
@@ -71,7 +57,7 @@ async fn main() -> Result<()> {
     };
     let elapsed = started.elapsed();
     fleet.write_dir(&args.dir)?;
-    let credentials = credentials(&fleet, &args).await?;
+    let credentials = Credentials::for_fleet(&fleet, &args.dir, args.chart_rbac).await?;
     let running = tokio::select! {
         system = System::start_as(&fleet, &args.dir, &[], &credentials) => system?,
         signal = &mut shutdown => {
@@ -95,8 +81,7 @@ async fn main() -> Result<()> {
         demo::DEMO_QUOTA,
         dir = args.dir.display()
     );
-    #[allow(clippy::cast_precision_loss)]
-    let rss_mib = fleet.rss_bytes() as f64 / (1024.0 * 1024.0);
+    let rss_mib = e2e::bench::mib(fleet.rss_bytes());
     tracing::info!(
         clusters = fleet.members().len(),
         processes = fleet.pids().len(),
