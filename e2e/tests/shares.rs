@@ -125,7 +125,8 @@ async fn seed_figures(client: &Client) -> Option<(i64, i64)> {
 }
 
 /// The share state of the project, for assertion messages: the master's record and per-seed
-/// figures, and each seed ledger's shares, release, demands and what is committed.
+/// figures, and each seed ledger's shares, release, demands, what is committed and what it
+/// counts on the other seeds.
 async fn describe(fleet: &Fleet) -> String {
     let mut out = String::new();
     if let Ok(pq) = Api::<ProjectQuota>::all(fleet.master().client()).get(NAME).await {
@@ -142,11 +143,12 @@ async fn describe(fleet: &Fleet) -> String {
             let status = l.status.clone().unwrap_or_default();
             let _ = writeln!(
                 out,
-                "{seed}: shares {} released {} demands {} localUsage {} reservations {} allotments {}",
+                "{seed}: shares {} released {} demands {} localUsage {} otherSeedsUsage {} reservations {} allotments {}",
                 serde_json::to_string(&l.spec.shares).unwrap_or_default(),
                 serde_json::to_string(&status.released).unwrap_or_default(),
                 serde_json::to_string(&status.demands).unwrap_or_default(),
                 serde_json::to_string(&status.local_usage).unwrap_or_default(),
+                serde_json::to_string(&status.other_seeds_usage).unwrap_or_default(),
                 status.reservations.len(),
                 serde_json::to_string(&status.allotments).unwrap_or_default(),
             );
@@ -195,6 +197,18 @@ async fn wait_no_demands(fleet: &Fleet, seeds: &[&str]) {
         .await
         .unwrap();
     }
+}
+
+/// Waits until `seed`'s ledger counts `cpu` for the other seeds (the master's fold reached it).
+async fn wait_others_folded(fleet: &Fleet, seed: &str, cpu: i64) {
+    let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+    wait_for(WAIT, &format!("{seed} counting {cpu} cpu on the other seeds"), || async {
+        let status = ledgers.get(NAME).await.ok()?.status.unwrap_or_default();
+        let others = status.other_seeds_usage.unwrap_or_default().amount(Resource::Cpu);
+        (others == Quantity::from_units(cpu)).then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 /// Waits until both seeds have nothing committed.
@@ -418,6 +432,9 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     // Seed-b's burst left a demand (so that a retry there would find share): while it lives,
     // seed-b's idle share is its own. Once it lapses, seed-a can have everything.
     wait_no_demands(&setup.fleet, &["seed-a", "seed-b"]).await;
+    // Ready means caches synced, not folded: until the new leader's first round, seed-a still
+    // counts seed-b's usage as the killed master last wrote it, and denies against that for good.
+    wait_others_folded(&setup.fleet, "seed-a", 0).await;
     let on_a = ["alpha"; 20];
     let admitted_a = burst(&setup.fleet, &on_a, "after").await;
     eprintln!(
