@@ -21,7 +21,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use e2e::bench::{median, ms, percentile, rate};
+use e2e::bench::{Buckets, add, growth, histogram_buckets, histogram_quantile, median, ms, percentile, rate};
 use e2e::machines::{self, is_quota_denial};
 use e2e::system::{FleetWithSystem, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
@@ -75,6 +75,8 @@ struct Phase {
     denied: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
+    /// What the webhooks' decision-latency histogram counted during the phase.
+    decisions: Buckets,
 }
 
 fn machine(name: &str) -> Machine {
@@ -177,6 +179,7 @@ async fn phase(fleet: &Fleet, mode: Mode, tag: &str, clients: usize, creates: us
         denied: 0,
         elapsed,
         latencies: Vec::with_capacity(results.len()),
+        decisions: Buckets::new(),
     };
     for (latency, result) in results {
         phase.latencies.push(latency);
@@ -203,6 +206,15 @@ async fn timed_create(fleet: &Fleet, cluster: &str, name: &str) -> Result<Option
         }
         Err(e) => Err(e).with_context(|| format!("{name} on {cluster}")),
     }
+}
+
+/// Every webhook's decision-latency histogram (request received to answer sent), summed.
+async fn decision_buckets(setup: &FleetWithSystem) -> Result<Buckets> {
+    let mut text = String::new();
+    for webhook in setup.system.of_kind("machine-webhook") {
+        text.push_str(&webhook.scrape().await?);
+    }
+    Ok(histogram_buckets(&text, "kkp_quota_admission_duration_seconds"))
 }
 
 /// The master's `kkp_quota_share_grant_latency_seconds` sum and count.
@@ -257,7 +269,8 @@ async fn main() -> Result<()> {
             if mode != Mode::NoQuota {
                 set_quota(fleet, if mode == Mode::Tight { tight } else { far }).await?;
             }
-            let p = phase(
+            let before = decision_buckets(&setup).await?;
+            let mut p = phase(
                 fleet,
                 mode,
                 &format!("r{round}-{}", phases.len()),
@@ -265,6 +278,7 @@ async fn main() -> Result<()> {
                 creates,
             )
             .await?;
+            p.decisions = growth(&before, &decision_buckets(&setup).await?);
             eprintln!(
                 "round {round}: {}: {} of {} admitted in {:.2} s",
                 mode.label(),
@@ -322,13 +336,13 @@ async fn main() -> Result<()> {
     writeln!(out, "## Burst throughput\n")?;
     writeln!(
         out,
-        "{clients} clients each create {creates} Machines one after another ({total} per phase), spread over the mode's clusters. \"Far from the limit\" is a quota of {far} cpu; \"tight\" is {tight} cpu, so at most {tight} of {total} may be admitted (over would fail the run; the table gives what was admitted in each round) and the rest are denied, many only after waiting up to the webhook's share wait (3 s) for share the other seed holds. Rates are medians over the rounds; the ratio is to the project without quota in the same run.\n"
+        "{clients} clients each create {creates} Machines one after another ({total} per phase), spread over the mode's clusters. \"Far from the limit\" is a quota of {far} cpu; \"tight\" is {tight} cpu, so at most {tight} of {total} may be admitted (over would fail the run; the table gives what was admitted in each round) and the rest are denied, many only after waiting up to the webhook's share wait (3 s) for share the other seed holds. Rates are medians over the rounds; the ratio is to the project without quota in the same run (the webhooks are called and decide nothing). Decision latency is request received to answer sent inside the webhooks (`kkp_quota_admission_duration_seconds` of both seeds' webhooks, interpolated within buckets); a request that waits for share counts its wait.\n"
     )?;
     writeln!(
         out,
-        "| mode | creates decided/s | ratio | admitted per phase | create p50 | create p99 |"
+        "| mode | creates decided/s | ratio | admitted per phase | create p50 | create p99 | decision p50 | decision p99 |"
     )?;
-    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
+    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
     let base = median(
         phases
             .iter()
@@ -342,14 +356,21 @@ async fn main() -> Result<()> {
         let mut lat: Vec<Duration> = of.iter().flat_map(|p| p.latencies.iter().copied()).collect();
         lat.sort();
         let admitted: Vec<String> = of.iter().map(|p| p.admitted.to_string()).collect();
+        let mut decisions = Buckets::new();
+        for p in &of {
+            add(&mut decisions, &p.decisions);
+        }
+        let decision = |q: f64| format!("{:.2} ms", histogram_quantile(&decisions, q) * 1000.0);
         writeln!(
             out,
-            "| {} | {r:.1} | {:.2} | {} | {} | {} |",
+            "| {} | {r:.1} | {:.2} | {} | {} | {} | {} | {} |",
             mode.label(),
             r / base,
             admitted.join(", "),
             ms(percentile(&lat, 0.5)),
-            ms(percentile(&lat, 0.99))
+            ms(percentile(&lat, 0.99)),
+            decision(0.5),
+            decision(0.99),
         )?;
     }
     writeln!(out, "\nPer phase:\n")?;

@@ -56,9 +56,120 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// Cumulative bucket counts of a histogram: (upper bound, count), ascending.
+pub type Buckets = Vec<(f64, u64)>;
+
+/// The buckets of histogram `name` in Prometheus text `text`, summed over every series (so
+/// several processes' scrapes, concatenated, give one histogram).
+pub fn histogram_buckets(text: &str, name: &str) -> Buckets {
+    let prefix = format!("{name}_bucket{{");
+    let mut sums: Vec<(f64, u64)> = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+        let Some((labels, value)) = line[prefix.len()..].split_once("} ") else {
+            continue;
+        };
+        let bound = labels.split(',').find_map(|l| l.trim().strip_prefix("le=\""));
+        let bound = match bound.map(|b| b.trim_end_matches('"')) {
+            Some("+Inf") => f64::INFINITY,
+            Some(b) => match b.parse::<f64>() {
+                Ok(b) => b,
+                Err(_) => continue,
+            },
+            None => continue,
+        };
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        match sums.iter_mut().find(|(b, _)| b.total_cmp(&bound).is_eq()) {
+            Some(slot) => slot.1 += count,
+            None => sums.push((bound, count)),
+        }
+    }
+    sums.sort_by(|a, b| a.0.total_cmp(&b.0));
+    sums
+}
+
+/// What a histogram observed between two snapshots of it.
+pub fn growth(before: &[(f64, u64)], after: &[(f64, u64)]) -> Buckets {
+    after
+        .iter()
+        .zip(before)
+        .map(|((bound, a), (_, b))| (*bound, a.saturating_sub(*b)))
+        .collect()
+}
+
+/// Adds `more` (same bounds) to `into`; an empty `into` becomes `more`.
+pub fn add(into: &mut Buckets, more: &[(f64, u64)]) {
+    if into.is_empty() {
+        into.extend_from_slice(more);
+    } else {
+        for (slot, (_, n)) in into.iter_mut().zip(more) {
+            slot.1 += n;
+        }
+    }
+}
+
+/// The `q` quantile of what `buckets` counted, interpolated linearly within its bucket (as
+/// Prometheus' `histogram_quantile` does); zero when nothing was counted.
+#[allow(clippy::cast_precision_loss)]
+pub fn histogram_quantile(buckets: &[(f64, u64)], q: f64) -> f64 {
+    let total = buckets.last().map_or(0, |d| d.1);
+    if total == 0 {
+        return 0.0;
+    }
+    let rank = q * total as f64;
+    let mut lower = (0.0, 0u64);
+    for &(bound, count) in buckets {
+        if count as f64 >= rank {
+            if bound.is_infinite() {
+                return lower.0;
+            }
+            let in_bucket = (count - lower.1) as f64;
+            let fraction = if in_bucket > 0.0 {
+                (rank - lower.1 as f64) / in_bucket
+            } else {
+                1.0
+            };
+            return lower.0 + (bound - lower.0) * fraction;
+        }
+        lower = (bound, count);
+    }
+    lower.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histograms_from_several_scrapes() {
+        let text = "# HELP x_seconds x\n\
+                    x_seconds_bucket{le=\"0.001\"} 2\n\
+                    x_seconds_bucket{le=\"0.01\"} 8\n\
+                    x_seconds_bucket{le=\"+Inf\"} 10\n\
+                    x_seconds_count 10\n\
+                    other_bucket{le=\"0.001\"} 99\n\
+                    x_seconds_bucket{le=\"0.001\"} 0\n\
+                    x_seconds_bucket{le=\"0.01\"} 2\n\
+                    x_seconds_bucket{le=\"+Inf\"} 2\n";
+        let b = histogram_buckets(text, "x_seconds");
+        assert_eq!(b, vec![(0.001, 2), (0.01, 10), (f64::INFINITY, 12)]);
+        // 12 observed: the median (rank 6) lies in (0.001, 0.01], 4 of its 8.
+        let median = histogram_quantile(&b, 0.5);
+        assert!((median - (0.001 + 0.009 * 0.5)).abs() < 1e-9, "{median}");
+        // Above the last finite bound: that bound, not infinity.
+        assert!((histogram_quantile(&b, 0.99) - 0.01).abs() < 1e-9);
+        let mut grown = Buckets::new();
+        add(
+            &mut grown,
+            &growth(&[(0.001, 1), (0.01, 1)], &[(0.001, 3), (0.01, 4)]),
+        );
+        add(
+            &mut grown,
+            &growth(&[(0.001, 0), (0.01, 0)], &[(0.001, 1), (0.01, 1)]),
+        );
+        assert_eq!(grown, vec![(0.001, 3), (0.01, 4)]);
+        assert!(histogram_quantile(&[], 0.5).abs() < f64::EPSILON);
+    }
 
     #[test]
     fn percentiles_and_medians() {

@@ -202,11 +202,15 @@ async fn wait_no_demands(fleet: &Fleet, seeds: &[&str]) {
 /// Waits until `seed`'s ledger counts `cpu` for the other seeds (the master's fold reached it).
 async fn wait_others_folded(fleet: &Fleet, seed: &str, cpu: i64) {
     let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-    wait_for(WAIT, &format!("{seed} counting {cpu} cpu on the other seeds"), || async {
-        let status = ledgers.get(NAME).await.ok()?.status.unwrap_or_default();
-        let others = status.other_seeds_usage.unwrap_or_default().amount(Resource::Cpu);
-        (others == Quantity::from_units(cpu)).then_some(())
-    })
+    wait_for(
+        WAIT,
+        &format!("{seed} counting {cpu} cpu on the other seeds"),
+        || async {
+            let status = ledgers.get(NAME).await.ok()?.status.unwrap_or_default();
+            let others = status.other_seeds_usage.unwrap_or_default().amount(Resource::Cpu);
+            (others == Quantity::from_units(cpu)).then_some(())
+        },
+    )
     .await
     .unwrap();
 }

@@ -1,11 +1,13 @@
 //! Benchmark (run by hand, not a test): Machine create throughput through real API servers,
-//! 16 concurrent clients over three user clusters of one project, in four modes measured in the
+//! 16 concurrent clients over three user clusters of one project, in five modes measured in the
 //! same run, phases interleaved:
 //!
 //! - no webhook at all;
 //! - the webhook called, but the project has no quota (what any webhook costs here);
 //! - the webhook enforcing, every admission waiting for its batch's ledger write (allotments off);
-//! - the webhook enforcing with allotments (the default).
+//! - the webhook enforcing with allotments (the default);
+//! - the same, tight: the quota leaves room for 5% of the phase's creates, so every request is
+//!   contested; exactly that many must be admitted (more fails the run).
 //!
 //! Also the decision latency, ledger writes, and the CPU each process group used per create.
 //!
@@ -25,7 +27,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
-use e2e::bench::percentile;
+use e2e::bench::{Buckets, add, growth, histogram_quantile, percentile};
 use e2e::certs::WebhookCerts;
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
@@ -34,7 +36,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
+use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, Resource, ResourceDetails};
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use machine_webhook::metrics::Metrics;
@@ -151,14 +153,16 @@ enum Mode {
     NoQuota,
     EveryAdmissionWritten,
     Allotments,
+    Tight,
 }
 
 impl Mode {
-    const ALL: [Mode; 4] = [
+    const ALL: [Mode; 5] = [
         Mode::NoWebhook,
         Mode::NoQuota,
         Mode::EveryAdmissionWritten,
         Mode::Allotments,
+        Mode::Tight,
     ];
 
     fn label(self) -> &'static str {
@@ -167,6 +171,7 @@ impl Mode {
             Mode::NoQuota => "webhook, project without quota",
             Mode::EveryAdmissionWritten => "webhook enforcing, allotments off",
             Mode::Allotments => "webhook enforcing, allotments on",
+            Mode::Tight => "webhook enforcing, allotments on, tight (room for 5% of the creates)",
         }
     }
 }
@@ -216,6 +221,7 @@ struct Phase {
     mode: Mode,
     creates: usize,
     failures: usize,
+    admitted: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
     cpu: Cpu,
@@ -254,9 +260,6 @@ async fn run_clients(
     Ok((failures, all))
 }
 
-/// Cumulative bucket counts of the decision-latency histogram: (upper bound, count).
-type Buckets = Vec<(f64, u64)>;
-
 fn buckets(webhook: &Metrics) -> Buckets {
     webhook
         .duration
@@ -266,36 +269,6 @@ fn buckets(webhook: &Metrics) -> Buckets {
         .iter()
         .map(|b| (b.upper_bound(), b.cumulative_count()))
         .collect()
-}
-
-/// A quantile from histogram buckets (difference of two snapshots), interpolated linearly
-/// within the bucket.
-#[allow(clippy::cast_precision_loss)]
-fn histogram_quantile(before: &[(f64, u64)], after: &[(f64, u64)], q: f64) -> f64 {
-    let deltas: Vec<(f64, u64)> = after
-        .iter()
-        .zip(before)
-        .map(|((b, a), (_, z))| (*b, a - z))
-        .collect();
-    let total = deltas.last().map_or(0, |d| d.1);
-    if total == 0 {
-        return 0.0;
-    }
-    let rank = q * total as f64;
-    let mut lower = (0.0, 0u64);
-    for &(bound, count) in &deltas {
-        if count as f64 >= rank {
-            let in_bucket = (count - lower.1) as f64;
-            let fraction = if in_bucket > 0.0 {
-                (rank - lower.1 as f64) / in_bucket
-            } else {
-                1.0
-            };
-            return lower.0 + (bound - lower.0) * fraction;
-        }
-        lower = (bound, count);
-    }
-    lower.0
 }
 
 /// A webhook instance served in-process.
@@ -390,6 +363,67 @@ async fn label_quota(seed: &Client, project: &str) -> Result<()> {
     Ok(())
 }
 
+/// The cpu of every bench Machine (see [`machine`]).
+const MACHINE_CPU: i64 = 2;
+/// The quota far from the limit.
+const LOOSE_CPU: i64 = 1_000_000;
+
+/// Sets the quota's cpu limit.
+async fn set_cpu_limit(seed: &Client, cpu: i64) -> Result<()> {
+    Api::<QuotaLedger>::all(seed.clone())
+        .patch(
+            "project-demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"quota": {"cpu": cpu.to_string()}}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Waits until the ledger holds nothing but counted usage (no reservation, no allotment: the
+/// emulated seed-controller drained the last phase, and the webhook gave its allotment back
+/// after its idle time), and returns that usage's cpu.
+async fn settled_cpu(seed: &Client) -> Result<i64> {
+    let api: Api<QuotaLedger> = Api::all(seed.clone());
+    let cpu = wait_for(Duration::from_mins(1), "the ledger settled", || {
+        let api = api.clone();
+        async move {
+            let status = api.get("project-demo").await.ok()?.status.unwrap_or_default();
+            if !status.reservations.is_empty() || !status.allotments.is_empty() {
+                return None;
+            }
+            let cpu = status.local_usage.unwrap_or_default().amount(Resource::Cpu);
+            i64::try_from(cpu.ceil_units()).ok()
+        }
+    })
+    .await?;
+    Ok(cpu)
+}
+
+/// Waits until the webhook judges against a limit with less than `room` cpu left: a dry-run
+/// Machine one size above `room` is refused.
+async fn wait_limit_seen(user: &Client, room: i64) -> Result<()> {
+    let api: Api<Machine> = Api::namespaced(user.clone(), NS);
+    wait_for(Duration::from_mins(1), "the webhook to see the new limit", || {
+        let api = api.clone();
+        async move {
+            let mut probe = machine("limit-probe")?;
+            probe.spec.provider_spec.value = Some(json!({
+                "cloudProvider": "vsphere",
+                "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": room + 1, "memoryMB": 4096, "diskSizeGB": 20},
+                "operatingSystem": "ubuntu"
+            }));
+            let dry = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            anyhow::Ok(api.create(&dry, &probe).await.is_err())
+        }
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread")]
 #[allow(clippy::too_many_lines, clippy::cast_precision_loss)]
 async fn main() -> Result<()> {
@@ -426,7 +460,9 @@ async fn main() -> Result<()> {
         "project-demo",
         QuotaLedgerSpec {
             subject: LedgerSubject::project(PROJECT),
-            quota: serde_json::from_value::<ResourceDetails>(json!({"cpu": "1000000", "memory": "1Ei"}))?,
+            quota: serde_json::from_value::<ResourceDetails>(
+                json!({"cpu": LOOSE_CPU.to_string(), "memory": "1Ei"}),
+            )?,
             shares: None,
         },
     );
@@ -471,7 +507,17 @@ async fn main() -> Result<()> {
             let instance = match mode {
                 Mode::NoWebhook => None,
                 Mode::EveryAdmissionWritten => Some(&written),
-                Mode::NoQuota | Mode::Allotments => Some(&allotted),
+                Mode::NoQuota | Mode::Allotments | Mode::Tight => Some(&allotted),
+            };
+            // Tight: room for 5% of the phase's creates over what is counted now.
+            let room_machines = (clients * per_client).div_ceil(20);
+            let tight = if mode == Mode::Tight {
+                let used = settled_cpu(&seed).await?;
+                let room = i64::try_from(room_machines)? * MACHINE_CPU;
+                set_cpu_limit(&seed, used + room).await?;
+                Some(used)
+            } else {
+                None
             };
             label_quota(&seed, if mode == Mode::NoQuota { "parked" } else { PROJECT }).await?;
             for (user, name) in users.iter().zip(USERS) {
@@ -487,13 +533,34 @@ async fn main() -> Result<()> {
             wait_switched(&users, mode, instance)
                 .await
                 .with_context(|| format!("switching to {}", mode.label()))?;
+            if tight.is_some() {
+                wait_limit_seen(&users[0], i64::try_from(room_machines)? * MACHINE_CPU).await?;
+            }
             let histogram_before = instance.map(|i| buckets(&i.metrics));
             let writes_before = instance.map_or(0, |i| i.metrics.writes.get());
             let cpu_before = Cpu::now(&user_pids, &seed_pids);
             let started = Instant::now();
-            let (failures, latencies) = run_clients(&users, round * 4 + m, clients, per_client).await?;
+            let (failures, latencies) =
+                run_clients(&users, round * Mode::ALL.len() + m, clients, per_client).await?;
             let elapsed = started.elapsed();
             let cpu = Cpu::now(&user_pids, &seed_pids).since(cpu_before);
+            let admitted = latencies.len() - failures;
+            if let Some(used) = tight {
+                // The side condition: exactly the room, checked against the API servers' count
+                // once the phase is drained (the ledger's usage grew by what was admitted).
+                let counted = settled_cpu(&seed).await?;
+                set_cpu_limit(&seed, LOOSE_CPU).await?;
+                let admitted_cpu = i64::try_from(admitted)? * MACHINE_CPU;
+                anyhow::ensure!(
+                    counted - used == admitted_cpu,
+                    "tight phase: {admitted} Machines created but the ledger counted {} cpu more",
+                    counted - used
+                );
+                anyhow::ensure!(
+                    admitted <= room_machines,
+                    "tight phase: {admitted} admitted with room for {room_machines}: the quota was overrun"
+                );
+            }
             if let (Some(i), Some(before)) = (instance, histogram_before) {
                 histograms.push((mode, before, buckets(&i.metrics)));
             }
@@ -501,6 +568,7 @@ async fn main() -> Result<()> {
                 mode,
                 creates: latencies.len(),
                 failures,
+                admitted,
                 elapsed,
                 latencies,
                 cpu,
@@ -531,7 +599,14 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     let base = rate(Mode::NoWebhook);
-    let failures: usize = phases.iter().map(|p| p.failures).sum();
+    // Denials are the point of the tight phases; anywhere else a failed create is a failure.
+    let failures: usize = phases
+        .iter()
+        .filter(|p| p.mode != Mode::Tight)
+        .map(|p| p.failures)
+        .sum();
+    let tight_admitted: Vec<String> = of(Mode::Tight).map(|p| p.admitted.to_string()).collect();
+    let room_machines = (clients * per_client).div_ceil(20);
 
     let mut md = String::new();
     writeln!(md, "# machine-webhook: admission throughput and latency\n")?;
@@ -541,21 +616,25 @@ async fn main() -> Result<()> {
          on the shared 2-core build machine, with everything on it: one seed and {} user clusters (each a real etcd + \
          kube-apiserver, plus the fleet's master), the webhook in-process, and an emulated seed-controller draining \
          the ledger every 100 ms with compare-and-swap writes. {clients} concurrent clients, spread over the user \
-         clusters, each creating {per_client} Machines one after another. Four modes, phases interleaved ({rounds} \
-         rounds of each, same run). The quota is never reached, so every enforced create is decided and reserved. \
-         With allotments on, admissions from the allotment are recorded as reservations {} ms after the first \
-         unrecorded one.\n",
+         clusters, each creating {per_client} Machines one after another. Five modes, phases interleaved ({rounds} \
+         rounds of each, same run). Far from the limit the quota is never reached, so every enforced create is \
+         decided and reserved. Tight, the quota leaves room for {room_machines} Machines (5% of the phase's \
+         creates) over what is counted when the phase starts, so every create is contested; admitted per tight \
+         phase: {} (checked: never more than the room, and the ledger's count grew by exactly what the API servers \
+         created). With allotments on, admissions from the allotment are recorded as reservations {} ms after the \
+         first unrecorded one.\n",
         record_after.as_millis(),
         USERS.len(),
+        tight_admitted.join(", "),
         record_after.as_millis(),
     )?;
     writeln!(
         md,
-        "| mode | creates/s | ratio to no webhook | create p50 | create p99 | decision p50 | decision p99 | ledger writes per 100 creates | CPU ms per create: user clusters / seed / bench process |"
+        "| mode | creates decided/s | ratio to no webhook | ratio to a webhook deciding nothing | create p50 | create p99 | decision p50 | decision p99 | ledger writes per 100 creates | CPU ms per create: user clusters / seed / bench process |"
     )?;
     writeln!(
         md,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )?;
     let mut ratios = Vec::new();
     for mode in Mode::ALL {
@@ -568,31 +647,29 @@ async fn main() -> Result<()> {
         // Two modes share one webhook instance: sum the histogram's growth over each phase of
         // this mode rather than taking one difference over the whole run.
         let decision = |q: f64| {
-            let mut before: Vec<(f64, u64)> = Vec::new();
-            let mut after: Vec<(f64, u64)> = Vec::new();
-            for (_, b, a) in histograms.iter().filter(|(m, _, _)| *m == mode) {
-                if after.is_empty() {
-                    before = b.iter().map(|(bound, _)| (*bound, 0)).collect();
-                    after.clone_from(&before);
-                }
-                for (slot, ((_, b), (_, a))) in after.iter_mut().zip(b.iter().zip(a)) {
-                    slot.1 += a - b;
-                }
+            let mut grown = Buckets::new();
+            for (_, before, after) in histograms.iter().filter(|(m, _, _)| *m == mode) {
+                add(&mut grown, &growth(before, after));
             }
-            if after.is_empty() {
+            if grown.is_empty() {
                 "-".to_owned()
             } else {
-                format!("{:.2} ms", histogram_quantile(&before, &after, q) * 1000.0)
+                format!("{:.2} ms", histogram_quantile(&grown, q) * 1000.0)
             }
         };
         let ratio = rate(mode) / base;
         ratios.push((mode, ratio));
         writeln!(
             md,
-            "| {} | {:.1} | {:.2} | {:.1?} | {:.1?} | {} | {} | {} | {:.2} / {:.2} / {:.2} |",
+            "| {} | {:.1} | {:.2} | {} | {:.1?} | {:.1?} | {} | {} | {} | {:.2} / {:.2} / {:.2} |",
             mode.label(),
             rate(mode),
             ratio,
+            if mode == Mode::NoWebhook {
+                "-".to_owned()
+            } else {
+                format!("{:.2}", rate(mode) / rate(Mode::NoQuota))
+            },
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99),
             decision(0.5),
@@ -617,10 +694,14 @@ async fn main() -> Result<()> {
     };
     writeln!(
         md,
-        "\n**Ratio, webhook enforcing (allotments on, recorded after {} ms) / no webhook: {:.2}** (target >= 0.9). \
-         A webhook that decides nothing and writes nothing reaches {:.2} here; allotments off, {:.2}.\n",
+        "\n**Enforcing (allotments on, recorded after {} ms) / a webhook deciding nothing: {:.2} far from the limit \
+         (target >= 0.97), {:.2} tight (target >= 0.80).** Against no webhook: {:.2} and {:.2}; a webhook that decides \
+         nothing and writes nothing reaches {:.2} of no webhook here; allotments off, {:.2}.\n",
         record_after.as_millis(),
+        rate(Mode::Allotments) / rate(Mode::NoQuota),
+        rate(Mode::Tight) / rate(Mode::NoQuota),
         ratio_of(Mode::Allotments),
+        ratio_of(Mode::Tight),
         ratio_of(Mode::NoQuota),
         ratio_of(Mode::EveryAdmissionWritten),
     )?;
@@ -644,7 +725,7 @@ async fn main() -> Result<()> {
         "Where the throughput goes: every process shares the same 2 cores, so creates/s follows the CPU \
          each create costs in all processes together ({:.2} ms without a webhook). Calling a webhook that \
          decides nothing adds {:.2} ms (user clusters' API servers {:+.2}, this process {:+.2}, seed {:+.2}); \
-         that is the cost of any validating webhook here, and why even it stays below 0.9. Enforcing \
+         that is the cost of any validating webhook here. Enforcing \
          with allotments adds {:.2} ms more over that (seed {:+.2}: the ledger writes, the emulated \
          seed-controller's reads and writes of the growing status, and the watch events they cause; user \
          clusters {:+.2}; this process {:+.2}). With allotments off, each create also waits for its batch's \
@@ -662,15 +743,16 @@ async fn main() -> Result<()> {
     writeln!(md, "Per phase:\n")?;
     writeln!(
         md,
-        "| phase | mode | creates | seconds | creates/s | ledger writes |"
+        "| phase | mode | creates | admitted | seconds | creates/s | ledger writes |"
     )?;
-    writeln!(md, "| ---: | --- | ---: | ---: | ---: | ---: |")?;
+    writeln!(md, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")?;
     for (i, p) in phases.iter().enumerate() {
         writeln!(
             md,
-            "| {i} | {} | {} | {:.2} | {:.1} | {} |",
+            "| {i} | {} | {} | {} | {:.2} | {:.1} | {} |",
             p.mode.label(),
             p.creates,
+            p.admitted,
             p.elapsed.as_secs_f64(),
             p.creates as f64 / p.elapsed.as_secs_f64(),
             p.writes
