@@ -24,6 +24,8 @@ trap 'rm -rf "$run_dir"' EXIT
 cargo build --release --locked --bins -p master-controller -p seed-controller -p machine-webhook >&2
 
 started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+# Taken before the benches run: each rewrites its own results file in the tree.
+commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)')"
 sections=()
 # run <title> <file the bench writes> <command...>: runs it, keeps a copy of what it wrote.
 run() {
@@ -41,7 +43,7 @@ ex() { echo "cargo run -q --release --locked -p $1 --example $2 --"; }
 
 # shellcheck disable=SC2086 # the parameters are word lists on purpose
 {
-  run "Admission, far from the limit (one seed)" machine-webhook/results/admission.md \
+  run "Admission on one seed: far from the limit and tight" machine-webhook/results/admission.md \
     $(ex machine-webhook admission_bench) ${BENCH_ADMISSION:-80 3 16 500}
   run "Admission across seeds, tight, and share transfers" e2e/results/shares.md \
     $(ex e2e shares_bench) ${BENCH_SHARES:-3 16 15 20}
@@ -67,7 +69,7 @@ mkdir -p "$(dirname "$out")"
   echo "| --- | --- |"
   echo "| started | $started |"
   echo "| finished | $(date -u +%Y-%m-%dT%H:%M:%SZ) |"
-  echo "| commit | $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with local changes)') |"
+  echo "| commit | $commit |"
   echo "| cpu | $(nproc) x $(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo) |"
   echo "| memory | $(awk '/MemTotal/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo) |"
   echo "| kernel | $(uname -r) |"

@@ -50,6 +50,15 @@ pub fn host() -> String {
     format!("{uname}, {cores} cores, control plane `{plane}`")
 }
 
+/// The cargo profile this benchmark was built with, for its results file.
+pub fn profile() -> &'static str {
+    if cfg!(debug_assertions) {
+        "dev profile"
+    } else {
+        "release profile"
+    }
+}
+
 /// The median of `values` (the upper one of an even count); zero when empty.
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);

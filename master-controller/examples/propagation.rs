@@ -185,8 +185,9 @@ async fn main() -> Result<()> {
     writeln!(
         out,
         "Measured by `cargo run -p master-controller --example propagation` on a real local fleet (master, seed-a, seed-b: \
-         kube-apiserver + etcd each, loopback), controller in-process (dev profile, dependencies at opt-level 2), on a \
-         shared 2-core machine. Times come from watch events on the observed cluster, one change at a time.\n"
+         kube-apiserver + etcd each, loopback), controller in-process ({}), on a shared 2-core machine. Times come \
+         from watch events on the observed cluster, one change at a time.\n",
+        e2e::bench::profile(),
     )?;
     writeln!(out, "| path | changes | median | p90 | p99 | max |")?;
     writeln!(out, "| --- | --- | --- | --- | --- | --- |")?;

@@ -174,13 +174,14 @@ async fn main() -> Result<()> {
     let report = format!(
         "# Counting-chain latency\n\n\
          Measured by `cargo run -p seed-controller --example chain_latency -- --samples {n}` on the shared 2-core \
-         development machine (other engineers' builds and tests running meanwhile), dev profile. Real fleet: master, \
+         development machine, {}. Real fleet: master, \
          seed-a, user cluster alpha (one kube-apiserver + etcd each); master-controller and seed-controller in one \
          process. {n} Machines (hetzner cx22) created one after another; each is timed from just before its create \
          call to the watch event that shows it counted.\n\n\
          | Machine created -> | median | p99 | max |\n| --- | --- | --- | --- |\n\
          | seed `QuotaLedger` `localUsage` (seed-controller) | {s50:.1} ms | {s99:.1} ms | {smax:.1} ms |\n\
-         | master `ProjectQuota` `globalUsage` (then master-controller) | {m50:.1} ms | {m99:.1} ms | {mmax:.1} ms |\n"
+         | master `ProjectQuota` `globalUsage` (then master-controller) | {m50:.1} ms | {m99:.1} ms | {mmax:.1} ms |\n",
+        e2e::bench::profile(),
     );
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
