@@ -33,6 +33,11 @@ pub fn cpu_ticks(pid: &str) -> Option<u64> {
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
+/// CPU ticks [`cpu_ticks`] of every process in `pids` together; a process gone counts 0.
+pub fn total_cpu_ticks(pids: &[u32]) -> u64 {
+    pids.iter().map(|p| cpu_ticks(&p.to_string()).unwrap_or(0)).sum()
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`; 100, the Linux value, if it cannot be asked).
 pub fn ticks_per_second() -> f64 {
     std::process::Command::new("getconf")

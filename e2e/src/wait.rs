@@ -84,16 +84,27 @@ where
     }
 }
 
-/// Waits until the object `name` exists behind `api` (e.g. a quota copy reaching a seed, or the
-/// webhook configuration reaching a user cluster), and returns it.
-pub async fn wait_for_object<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> Result<K>
-where
+/// What a watch can follow: a kube resource with a default dynamic type.
+pub trait Watched:
+    kube::Resource<DynamicType: Default> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static
+{
+}
+
+impl<K> Watched for K where
     K: kube::Resource<DynamicType: Default>
         + Clone
         + serde::de::DeserializeOwned
         + std::fmt::Debug
         + Send
-        + 'static,
+        + 'static
+{
+}
+
+/// Waits until the object `name` exists behind `api` (e.g. a quota copy reaching a seed, or the
+/// webhook configuration reaching a user cluster), and returns it.
+pub async fn wait_for_object<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> Result<K>
+where
+    K: Watched,
 {
     let what = format!("{} {name} to exist", K::kind(&K::DynamicType::default()));
     let found = wait_for_state(api, name, timeout, &what, Option::is_some).await?;
@@ -103,12 +114,7 @@ where
 /// Waits until the object `name` is gone from behind `api` (deleted, finalizers done).
 pub async fn wait_for_gone<K>(api: &kube::Api<K>, name: &str, timeout: Duration) -> Result<()>
 where
-    K: kube::Resource<DynamicType: Default>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + 'static,
+    K: Watched,
 {
     let what = format!("{} {name} to be gone", K::kind(&K::DynamicType::default()));
     wait_for_state(api, name, timeout, &what, Option::is_none).await?;

@@ -51,14 +51,23 @@ const PROJECT: &str = "demo";
 const NS: &str = "kube-system";
 const VWC: &str = "kkp-quota-machines";
 
+/// The cpu of every bench Machine.
+const MACHINE_CPU: i64 = 2;
+
+/// A bench Machine: [`MACHINE_CPU`] cpu.
 fn machine(name: &str) -> Result<Machine> {
+    sized_machine(name, MACHINE_CPU)
+}
+
+/// A vSphere Machine of `cpus` cpu and 4 GiB.
+fn sized_machine(name: &str, cpus: i64) -> Result<Machine> {
     Ok(serde_json::from_value(json!({
         "apiVersion": "cluster.k8s.io/v1alpha1",
         "kind": "Machine",
         "metadata": {"name": name, "namespace": NS},
         "spec": {"providerSpec": {"value": {
             "cloudProvider": "vsphere",
-            "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": 2, "memoryMB": 4096, "diskSizeGB": 20},
+            "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": cpus, "memoryMB": 4096, "diskSizeGB": 20},
             "operatingSystem": "ubuntu"
         }}}
     }))?)
@@ -176,11 +185,6 @@ impl Mode {
     }
 }
 
-/// CPU time of a process (user + system) in clock ticks; 0 once it is gone.
-fn cpu_ticks(pid: &str) -> u64 {
-    e2e::procfs::cpu_ticks(pid).unwrap_or(0)
-}
-
 /// CPU used so far, in ticks: the user clusters' API servers and etcds, the seed's, and this
 /// process (clients, webhooks, emulated seed-controller).
 #[derive(Debug, Clone, Copy, Default)]
@@ -192,11 +196,10 @@ struct Cpu {
 
 impl Cpu {
     fn now(users: &[Vec<u32>], seed: &[u32]) -> Cpu {
-        let sum = |pids: &[u32]| pids.iter().map(|p| cpu_ticks(&p.to_string())).sum::<u64>();
         Cpu {
-            users: users.iter().map(|p| sum(p)).sum(),
-            seed: sum(seed),
-            bench: cpu_ticks("self"),
+            users: users.iter().map(|p| e2e::procfs::total_cpu_ticks(p)).sum(),
+            seed: e2e::procfs::total_cpu_ticks(seed),
+            bench: e2e::procfs::cpu_ticks("self").unwrap_or(0),
         }
     }
 
@@ -363,8 +366,6 @@ async fn label_quota(seed: &Client, project: &str) -> Result<()> {
     Ok(())
 }
 
-/// The cpu of every bench Machine (see [`machine`]).
-const MACHINE_CPU: i64 = 2;
 /// The quota far from the limit.
 const LOOSE_CPU: i64 = 1_000_000;
 
@@ -407,12 +408,7 @@ async fn wait_limit_seen(user: &Client, room: i64) -> Result<()> {
     wait_for(Duration::from_mins(1), "the webhook to see the new limit", || {
         let api = api.clone();
         async move {
-            let mut probe = machine("limit-probe")?;
-            probe.spec.provider_spec.value = Some(json!({
-                "cloudProvider": "vsphere",
-                "cloudProviderSpec": {"templateVMName": "ubuntu", "cpus": room + 1, "memoryMB": 4096, "diskSizeGB": 20},
-                "operatingSystem": "ubuntu"
-            }));
+            let probe = sized_machine("limit-probe", room + 1)?;
             let dry = PostParams {
                 dry_run: true,
                 ..PostParams::default()

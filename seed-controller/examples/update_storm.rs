@@ -144,12 +144,7 @@ async fn main() -> Result<()> {
     let alpha = fleet.user_cluster("alpha").client();
     let alpha_pids = fleet.user_cluster("alpha").pids();
     // CPU ticks of alpha's kube-apiserver and etcd so far.
-    let alpha_cpu = || {
-        alpha_pids
-            .iter()
-            .map(|p| e2e::procfs::cpu_ticks(&p.to_string()).unwrap_or(0))
-            .sum::<u64>()
-    };
+    let alpha_cpu = || e2e::procfs::total_cpu_ticks(&alpha_pids);
 
     let mut ledger = QuotaLedger::new(
         "project-demo",
@@ -270,11 +265,7 @@ async fn main() -> Result<()> {
         }
     }
 
-    let median = |v: &[f64]| {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
+    let median = |v: &[f64]| e2e::bench::median(v.to_vec());
     let base = median(&rates[&Mode::NoWebhook]);
     let tick_hz = e2e::procfs::ticks_per_second();
     let mut rows = String::new();

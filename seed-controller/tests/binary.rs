@@ -46,14 +46,7 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
     let lease = leases.get("kkp-quota-seed-controller").await.unwrap();
     assert!(lease.spec.unwrap().holder_identity.is_some_and(|h| !h.is_empty()));
     wait_local_usage(&seed, "demo", &size_of(&spec)).await;
-    let metrics = http
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = text_of(&http, &format!("{base}/metrics")).await;
     assert!(
         metrics.contains(r#"kkp_quota_local_usage{project="demo",resource="cpu"} 2"#),
         "{metrics}"
@@ -74,20 +67,18 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
         .spawn()
         .unwrap();
     answers_ok(&http, &format!("http://127.0.0.1:{standby_port}/readyz")).await;
-    let standby_metrics = http
-        .get(format!("http://127.0.0.1:{standby_port}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let standby_metrics = text_of(&http, &format!("http://127.0.0.1:{standby_port}/metrics")).await;
     assert!(
         !standby_metrics.contains("kkp_quota_local_usage{"),
         "the standby counts: {standby_metrics}"
     );
     standby.kill().await.unwrap();
     child.kill().await.unwrap();
+}
+
+/// The body of a GET of `url`.
+async fn text_of(http: &reqwest::Client, url: &str) -> String {
+    http.get(url).send().await.unwrap().text().await.unwrap()
 }
 
 /// Waits until `url` answers with a success status.
