@@ -21,20 +21,9 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
     let spec = aws("t3.medium");
     create_machine(&user_cp.client(), "m0", &spec).await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_seed-controller"))
-        .args([
-            &format!("--kubeconfig={}", seed_cp.kubeconfig_path().display()),
-            "--seed-name=seed",
-            &format!("--metrics-address=127.0.0.1:{port}"),
-            "--lease-duration=6s",
-        ])
+    let port = e2e::system::free_port().unwrap();
+    let mut child = replica(&seed_cp, port)
         .env("SEED_CONTROLLER_RESYNC_PERIOD", "30s")
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
 
@@ -56,16 +45,7 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
     // A second replica waits for the lease and is ready meanwhile (a rolling update or a node
     // drain under the chart's PodDisruptionBudget waits for readiness); it never counts.
     let standby_port = e2e::system::free_port().unwrap();
-    let mut standby = tokio::process::Command::new(env!("CARGO_BIN_EXE_seed-controller"))
-        .args([
-            &format!("--kubeconfig={}", seed_cp.kubeconfig_path().display()),
-            "--seed-name=seed",
-            &format!("--metrics-address=127.0.0.1:{standby_port}"),
-            "--lease-duration=6s",
-        ])
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut standby = replica(&seed_cp, standby_port).spawn().unwrap();
     answers_ok(&http, &format!("http://127.0.0.1:{standby_port}/readyz")).await;
     let standby_metrics = text_of(&http, &format!("http://127.0.0.1:{standby_port}/metrics")).await;
     assert!(
@@ -74,6 +54,20 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
     );
     standby.kill().await.unwrap();
     child.kill().await.unwrap();
+}
+
+/// A seed-controller replica against `seed`, serving its ops endpoints on `port`.
+fn replica(seed: &e2e::ControlPlane, port: u16) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_seed-controller"));
+    command
+        .args([
+            &format!("--kubeconfig={}", seed.kubeconfig_path().display()),
+            "--seed-name=seed",
+            &format!("--metrics-address=127.0.0.1:{port}"),
+            "--lease-duration=6s",
+        ])
+        .kill_on_drop(true);
+    command
 }
 
 /// The body of a GET of `url`.
