@@ -2,6 +2,7 @@
 //! and a machine-webhook per seed, each a real child process built from this workspace, with its
 //! ops endpoint on a free loopback port. Used by `make demo` and by the end-to-end tests.
 
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -409,6 +410,27 @@ impl System {
     /// The components of one kind.
     pub fn of_kind<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a Component> + 'a {
         self.components.iter().filter(move |c| c.kind == kind)
+    }
+
+    /// The last `lines` lines of every component's log (what a failure report on CI needs: the
+    /// logs kept under `target/e2e-logs/` do not leave the machine).
+    pub fn log_tails(&self, lines: usize) -> String {
+        let mut out = String::new();
+        for component in &self.components {
+            let text = std::fs::read_to_string(&component.log).unwrap_or_default();
+            let all: Vec<&str> = text.lines().collect();
+            let _ = writeln!(
+                out,
+                "--- {} (last {} lines)",
+                component.name,
+                lines.min(all.len())
+            );
+            for line in &all[all.len().saturating_sub(lines)..] {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+        out
     }
 
     /// The text of every component's `/metrics`, concatenated.

@@ -127,7 +127,8 @@ async fn seed_figures(client: &Client) -> Option<(i64, i64)> {
 /// The share state of the project, for assertion messages: the master's record and per-seed
 /// figures, and each seed ledger's shares, release, demands, what is committed and what it
 /// counts on the other seeds.
-async fn describe(fleet: &Fleet) -> String {
+async fn describe(setup: &FleetWithSystem) -> String {
+    let fleet = &setup.fleet;
     let mut out = String::new();
     if let Ok(pq) = Api::<ProjectQuota>::all(fleet.master().client()).get(NAME).await {
         let status = pq.status.unwrap_or_default();
@@ -154,6 +155,8 @@ async fn describe(fleet: &Fleet) -> String {
             );
         }
     }
+    // The components' own account, since their kept logs do not leave a CI machine.
+    out.push_str(&setup.system.log_tails(40));
     out
 }
 
@@ -319,10 +322,13 @@ async fn bursts_across_seeds_never_overrun() {
             admitted,
             LIMIT_MACHINES,
             "round {round}\n{}",
-            describe(fleet).await
+            describe(&setup).await
         );
         delete_all(fleet, &["alpha", "beta", "gamma"]).await;
         wait_idle(fleet).await;
+        // The next round starts once each seed no longer counts the other's deleted Machines.
+        wait_others_folded(fleet, "seed-a", 0).await;
+        wait_others_folded(fleet, "seed-b", 0).await;
     }
 
     // Skewed demand: seed-b holds the whole headroom, idle (its Machines just deleted, long
@@ -334,15 +340,23 @@ async fn bursts_across_seeds_never_overrun() {
         on_b,
         LIMIT_MACHINES,
         "seed-b takes it all\n{}",
-        describe(fleet).await
+        describe(&setup).await
     );
     delete_all(fleet, &["gamma"]).await;
     wait_idle(fleet).await;
     let (_, held_b) = seed_figures(&fleet.seed("seed-b").client()).await.unwrap();
     assert_eq!(held_b, LIMIT, "seed-b holds the whole quota, idle");
+    // seed-a judges requests beside the other seeds' usage as the master last folded it: until
+    // seed-b's deletions are folded back, every request there is over the quota for good
+    // (docs/shares.md, rule 4), and none asks for share.
+    wait_others_folded(fleet, "seed-a", 0).await;
+    let began = jiff::Timestamp::now();
     let skewed = burst(fleet, &["alpha"; 30], "skewed").await;
-    eprintln!("skewed: seed-a admitted {skewed} of {LIMIT} that seed-b held idle");
-    assert_eq!(skewed, LIMIT_MACHINES, "{}", describe(fleet).await);
+    eprintln!(
+        "skewed: seed-a admitted {skewed} of {LIMIT} that seed-b held idle (burst {began} to {})",
+        jiff::Timestamp::now()
+    );
+    assert_eq!(skewed, LIMIT_MACHINES, "{}", describe(&setup).await);
     delete_all(fleet, &["alpha"]).await;
     wait_idle(fleet).await;
 
@@ -362,7 +376,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     let a0 = burst(&setup.fleet, &["alpha"; 6], "a0").await;
     eprintln!(
         "seed-b admitted {b0} of 4, then seed-a {a0} of 6\n{}",
-        describe(&setup.fleet).await
+        describe(&setup).await
     );
     assert_eq!((b0, a0), (4, 6), "both seeds get what they ask for");
     delete_all(&setup.fleet, &["alpha", "gamma"]).await;
@@ -414,7 +428,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
         admitted_b,
         usize::try_from(share_b).unwrap(),
         "seed-b, idle, admits exactly its share\n{}",
-        describe(&setup.fleet).await
+        describe(&setup).await
     );
     delete_all(&setup.fleet, &["gamma"]).await;
     wait_idle(&setup.fleet).await;
@@ -443,7 +457,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     let admitted_a = burst(&setup.fleet, &on_a, "after").await;
     eprintln!(
         "after the master's restart seed-a admitted {admitted_a} of {LIMIT}\n{}",
-        describe(&setup.fleet).await
+        describe(&setup).await
     );
     assert_eq!(admitted_a, LIMIT_MACHINES, "rebalancing resumed");
     delete_all(&setup.fleet, &["alpha"]).await;
@@ -491,7 +505,7 @@ async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
         on_a,
         usize::try_from(LIMIT - share_b).unwrap(),
         "{}",
-        describe(fleet).await
+        describe(&setup).await
     );
 
     // Seed-b back: no longer stuck, and its share is usable again: it admits exactly what it
@@ -509,7 +523,7 @@ async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
         again,
         usize::try_from(share_b - committed_b).unwrap(),
         "{}",
-        describe(fleet).await
+        describe(&setup).await
     );
 
     // The API server killed instead ("connection refused", found by the watch itself): stuck
