@@ -263,15 +263,103 @@ async fn run_clients(
     Ok((failures, all))
 }
 
-fn buckets(webhook: &Metrics) -> Buckets {
-    webhook
-        .duration
-        .metric()
-        .get_histogram()
+/// A histogram's cumulative buckets, `+Inf` (every observation) last.
+fn buckets_of(histogram: &prometheus::proto::Histogram) -> Buckets {
+    let mut buckets: Buckets = histogram
         .get_bucket()
         .iter()
         .map(|b| (b.upper_bound(), b.cumulative_count()))
-        .collect()
+        .collect();
+    buckets.push((f64::INFINITY, histogram.get_sample_count()));
+    buckets
+}
+
+/// The webhook's latency histograms at one moment: the whole decision, and the reserver's part
+/// of it by path (from the allotment in memory, or queued for a ledger write).
+#[derive(Clone, Default)]
+struct Snapshot {
+    decision: Buckets,
+    allotment: Buckets,
+    write: Buckets,
+}
+
+impl Snapshot {
+    fn of(webhook: &Metrics) -> Snapshot {
+        let path = |p: &str| {
+            buckets_of(
+                &webhook
+                    .reservation_wait
+                    .with_label_values(&[p])
+                    .metric()
+                    .get_histogram()
+                    .clone(),
+            )
+        };
+        Snapshot {
+            decision: buckets_of(webhook.duration.metric().get_histogram()),
+            allotment: path("allotment"),
+            write: path("write"),
+        }
+    }
+
+    /// What was observed since `before`.
+    fn since(&self, before: &Snapshot) -> Snapshot {
+        Snapshot {
+            decision: growth(&before.decision, &self.decision),
+            allotment: growth(&before.allotment, &self.allotment),
+            write: growth(&before.write, &self.write),
+        }
+    }
+
+    fn add(&mut self, more: &Snapshot) {
+        add(&mut self.decision, &more.decision);
+        add(&mut self.allotment, &more.allotment);
+        add(&mut self.write, &more.write);
+    }
+}
+
+/// What the webhook's histograms observed over every phase of `mode` (two modes share one
+/// instance, so each phase's growth is summed rather than one difference over the run).
+fn observed(histograms: &[(Mode, Snapshot)], mode: Mode) -> Snapshot {
+    let mut sum = Snapshot::default();
+    for (_, grown) in histograms.iter().filter(|(m, _)| *m == mode) {
+        sum.add(grown);
+    }
+    sum
+}
+
+/// Per enforcing mode: how many growing requests took each reserver path, and its p50/p99
+/// (the profile of the decision's tail: which requests wait, and for what).
+fn write_paths(md: &mut String, histograms: &[(Mode, Snapshot)]) -> Result<()> {
+    writeln!(
+        md,
+        "Where an enforced decision's time goes (`kkp_quota_reservation_wait_seconds{{path}}`: the part spent in the \
+         reserver, admitted from the allotment in memory or queued for a batch's ledger write):\n"
+    )?;
+    writeln!(
+        md,
+        "| mode | from the allotment: requests / p50 / p99 | queued for a write: requests / p50 / p99 | whole decision p99 |"
+    )?;
+    writeln!(md, "| --- | ---: | ---: | ---: |")?;
+    let ms = |b: &Buckets, q: f64| format!("{:.3} ms", histogram_quantile(b, q) * 1000.0);
+    let count = |b: &Buckets| b.last().map_or(0, |(_, n)| *n);
+    for mode in [Mode::EveryAdmissionWritten, Mode::Allotments, Mode::Tight] {
+        let o = observed(histograms, mode);
+        writeln!(
+            md,
+            "| {} | {} / {} / {} | {} / {} / {} | {} |",
+            mode.label(),
+            count(&o.allotment),
+            ms(&o.allotment, 0.5),
+            ms(&o.allotment, 0.99),
+            count(&o.write),
+            ms(&o.write, 0.5),
+            ms(&o.write, 0.99),
+            ms(&o.decision, 0.99),
+        )?;
+    }
+    writeln!(md)?;
+    Ok(())
 }
 
 /// A webhook instance served in-process.
@@ -494,7 +582,7 @@ async fn main() -> Result<()> {
     let drainer = tokio::spawn(drain_ledger(seed.clone()));
 
     let mut phases = Vec::new();
-    let mut histograms: Vec<(Mode, Buckets, Buckets)> = Vec::new();
+    let mut histograms: Vec<(Mode, Snapshot)> = Vec::new();
     for round in 0..rounds {
         for (m, mode) in Mode::ALL.into_iter().enumerate() {
             if only.as_deref().is_some_and(|o| !mode.label().contains(o)) {
@@ -532,7 +620,7 @@ async fn main() -> Result<()> {
             if tight.is_some() {
                 wait_limit_seen(&users[0], i64::try_from(room_machines)? * MACHINE_CPU).await?;
             }
-            let histogram_before = instance.map(|i| buckets(&i.metrics));
+            let histogram_before = instance.map(|i| Snapshot::of(&i.metrics));
             let writes_before = instance.map_or(0, |i| i.metrics.writes.get());
             let cpu_before = Cpu::now(&user_pids, &seed_pids);
             let started = Instant::now();
@@ -558,7 +646,7 @@ async fn main() -> Result<()> {
                 );
             }
             if let (Some(i), Some(before)) = (instance, histogram_before) {
-                histograms.push((mode, before, buckets(&i.metrics)));
+                histograms.push((mode, Snapshot::of(&i.metrics).since(&before)));
             }
             let phase = Phase {
                 mode,
@@ -642,15 +730,12 @@ async fn main() -> Result<()> {
         let per_create = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates as f64;
         // Two modes share one webhook instance: sum the histogram's growth over each phase of
         // this mode rather than taking one difference over the whole run.
+        let grown = observed(&histograms, mode);
         let decision = |q: f64| {
-            let mut grown = Buckets::new();
-            for (_, before, after) in histograms.iter().filter(|(m, _, _)| *m == mode) {
-                add(&mut grown, &growth(before, after));
-            }
-            if grown.is_empty() {
+            if grown.decision.is_empty() {
                 "-".to_owned()
             } else {
-                format!("{:.2} ms", histogram_quantile(&grown, q) * 1000.0)
+                format!("{:.2} ms", histogram_quantile(&grown.decision, q) * 1000.0)
             }
         };
         let ratio = rate(mode) / base;
@@ -713,6 +798,7 @@ async fn main() -> Result<()> {
         written.metrics.conflicts.get(),
         allotted.metrics.conflicts.get(),
     )?;
+    write_paths(&mut md, &histograms)?;
     let (base_users, base_seed, base_bench) = cpu_of(Mode::NoWebhook);
     let (free_users, free_seed, free_bench) = cpu_of(Mode::NoQuota);
     let (on_users, on_seed, on_bench) = cpu_of(Mode::Allotments);

@@ -40,6 +40,10 @@ pub struct Metrics {
     /// `kkp_quota_share_wait_seconds{result}`: how long a request waited for share before it was
     /// admitted (`allowed`) or denied as `share_in_transit` (`denied`).
     pub share_wait: HistogramVec,
+    /// `kkp_quota_reservation_wait_seconds{path}`: the part of a growing request's decision
+    /// spent in the reserver, by path: `allotment` (admitted from this process's allotment in
+    /// memory) or `write` (queued for a batch's compare-and-swap write, share waits included).
+    pub reservation_wait: HistogramVec,
     /// `kkp_quota_webhook_auth_failures_total{reason}`: calls refused before any decision
     /// (`missing_token`, `unknown_cluster`, `invalid_token`, `not_ready`).
     pub auth_failures: IntCounterVec,
@@ -130,6 +134,17 @@ impl Metrics {
             .buckets(vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0]),
             &["result"],
         )?;
+        let reservation_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "kkp_quota_reservation_wait_seconds",
+                "Time a growing request spent in the reserver, by path (allotment: admitted from this process's allotment in memory; write: queued for a batch's ledger write)",
+            )
+            .buckets(vec![
+                0.000_01, 0.000_025, 0.000_05, 0.0001, 0.000_25, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02,
+                0.05, 0.1, 0.5, 1.0, 5.0,
+            ]),
+            &["path"],
+        )?;
         let events = IntCounterVec::new(
             Opts::new(
                 "kkp_quota_denial_events_total",
@@ -151,6 +166,10 @@ impl Metrics {
         registry.register(Box::new(allotment_admissions.clone()))?;
         registry.register(Box::new(share_demands.clone()))?;
         registry.register(Box::new(share_wait.clone()))?;
+        registry.register(Box::new(reservation_wait.clone()))?;
+        for path in ["allotment", "write"] {
+            reservation_wait.with_label_values(&[path]);
+        }
         // Every label value up front, so dashboards see zeros rather than gaps.
         for reason in Reason::ALL {
             for result in ["allowed", "denied"] {
@@ -172,6 +191,7 @@ impl Metrics {
             allotment_admissions,
             share_demands,
             share_wait,
+            reservation_wait,
             auth_failures,
             authenticated,
             invalid_requests,

@@ -72,6 +72,7 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
         "kkp_quota_admission_duration_seconds",
         "kkp_quota_reservation_conflicts_total",
         "kkp_quota_reservation_writes_total",
+        "kkp_quota_reservation_wait_seconds",
     ] {
         assert!(metrics.contains(name), "{name} missing from /metrics");
     }

@@ -188,9 +188,26 @@ impl Reserver {
     /// behind the project's other waiting requests until its verdict (which, when it admits, is
     /// already written to the ledger).
     pub async fn submit(&self, project: &str, machine: MachineRef, request: Request) -> Verdict {
+        let started = Instant::now();
         if let Some(verdict) = self.admit_from_allotment(project, &machine, &request) {
+            self.observe_wait("allotment", started);
             return verdict;
         }
+        let verdict = self.submit_to_writer(project, machine, request).await;
+        self.observe_wait("write", started);
+        verdict
+    }
+
+    fn observe_wait(&self, path: &str, started: Instant) {
+        self.inner
+            .metrics
+            .reservation_wait
+            .with_label_values(&[path])
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    /// Queues `request` behind the project's other waiting requests until its verdict.
+    async fn submit_to_writer(&self, project: &str, machine: MachineRef, request: Request) -> Verdict {
         let (reply, answer) = oneshot::channel();
         let machine_name = request.machine.clone();
         let pending = Pending {

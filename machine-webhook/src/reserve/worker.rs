@@ -43,14 +43,20 @@ impl Reserver {
                     received = rx.recv() => {
                         let Some(first) = received else { return };
                         let mut batch = std::mem::take(&mut waiting);
-                        batch.push(first);
-                        while batch.len() < self.inner.config.max_batch.max(1) {
+                        let mut queued = 1;
+                        self.admit_or_batch(&project, first, &mut batch);
+                        while queued < self.inner.config.max_batch.max(1) {
                             match rx.try_recv() {
-                                Ok(p) => batch.push(p),
+                                Ok(p) => {
+                                    queued += 1;
+                                    self.admit_or_batch(&project, p, &mut batch);
+                                }
                                 Err(_) => break,
                             }
                         }
-                        waiting = self.process(&project, batch).await;
+                        if !batch.is_empty() {
+                            waiting = self.process(&project, batch).await;
+                        }
                     }
                     () = wake.notified() => {}
                     () = upkeep => waiting = self.process(&project, std::mem::take(&mut waiting)).await,
@@ -82,6 +88,18 @@ impl Reserver {
         }
         .instrument(span)
         .await;
+    }
+
+    /// Answers a queued request from the allotment when it now fits there (it was queued while
+    /// there was none, or while the write that takes one was in flight: the first wave of a
+    /// burst), else adds it to the batch for the next write.
+    fn admit_or_batch(&self, project: &str, pending: Pending, batch: &mut Vec<Pending>) {
+        match self.admit_from_allotment(project, &pending.machine, &pending.request) {
+            Some(verdict) => {
+                let _ = pending.reply.send(verdict);
+            }
+            None => batch.push(pending),
+        }
     }
 
     /// The resourceVersion of the project's ledger as the cache has it.
