@@ -139,13 +139,16 @@ async fn run_as_leader(
     let (quotas, quota_writer) = reflector::store();
     let quota_events = {
         let (defaults, orphans) = (defaults.clone(), orphans.clone());
-        reflector::reflector(quota_writer, watcher::watcher(quota_api.clone(), wc.clone()))
-            .default_backoff()
-            .inspect(move |_| {
-                defaults.notify_one();
-                orphans.notify_one();
-            })
-            .applied_objects()
+        reflector::reflector(
+            quota_writer,
+            watcher::watcher(quota_api.clone(), wc.clone()).modify(status::keep_usage_writers),
+        )
+        .default_backoff()
+        .inspect(move |_| {
+            defaults.notify_one();
+            orphans.notify_one();
+        })
+        .applied_objects()
     };
 
     let (projects, project_writer) = reflector::store();
@@ -684,7 +687,8 @@ where
 
 /// Drops `managedFields` from a cached object: server-side apply's bookkeeping is often most of
 /// an object's size, and with 10,000 quotas the caches hold tens of thousands of objects. Not for
-/// the master's KKP quotas, whose `managedFields` tell who else writes their usage.
+/// the master's KKP quotas, whose `managedFields` tell who else writes their usage (trimmed to
+/// that: [`status::keep_usage_writers`]).
 pub(crate) fn forget_managed_fields<K: kube::Resource>(object: &mut K) {
     object.meta_mut().managed_fields = None;
 }

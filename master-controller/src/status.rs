@@ -94,6 +94,37 @@ pub fn foreign_usage_writers(rq: &kkp_quota_crds::ResourceQuota, ours: &[&str]) 
     writers
 }
 
+/// Shrinks the `managedFields` of a cached KKP `ResourceQuota` to what
+/// [`foreign_usage_writers`] reads: the entries that wrote its usage, each reduced to those
+/// fields. Server-side apply's bookkeeping is often most of an object's size, and the master
+/// caches one such object per project.
+pub fn keep_usage_writers(rq: &mut kkp_quota_crds::ResourceQuota) {
+    let Some(entries) = rq.metadata.managed_fields.take() else {
+        return;
+    };
+    let kept: Vec<_> = entries
+        .into_iter()
+        .filter_map(|mut entry| {
+            let status = entry.fields_v1.as_ref()?.0.get("f:status")?;
+            let mut usage = serde_json::Map::new();
+            for field in ["f:globalUsage", "f:localUsage"] {
+                if status.get(field).is_some() {
+                    usage.insert(field.to_owned(), serde_json::json!({}));
+                }
+            }
+            if usage.is_empty() {
+                return None;
+            }
+            entry.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
+                serde_json::json!({ "f:status": usage }),
+            ));
+            entry.time = None;
+            Some(entry)
+        })
+        .collect();
+    rq.metadata.managed_fields = (!kept.is_empty()).then_some(kept);
+}
+
 /// `ForeignQuotaController` for the writers [`foreign_usage_writers`] found.
 pub fn foreign_quota_controller(writers: &[String]) -> Desired {
     if writers.is_empty() {
@@ -228,6 +259,24 @@ mod tests {
             foreign_usage_writers(&rq, &["kkp-quota-master", "kubermatic-master-controller-manager"])
                 .is_empty()
         );
+        // The cache's trimmed copy tells the same, and keeps nothing else.
+        let mut trimmed = rq.clone();
+        keep_usage_writers(&mut trimmed);
+        for ours in [&["kkp-quota-master"][..], &["kubectl"], &[]] {
+            assert_eq!(
+                foreign_usage_writers(&trimmed, ours),
+                foreign_usage_writers(&rq, ours)
+            );
+        }
+        let kept = trimmed.metadata.managed_fields.unwrap();
+        assert_eq!(kept.len(), 2, "the spec writer is dropped");
+        assert!(kept.iter().all(
+            |m| m.fields_v1.as_ref().unwrap().0 == serde_json::json!({"f:status": {"f:globalUsage": {}}})
+        ));
+        let mut untouched = rq.clone();
+        untouched.metadata.managed_fields = None;
+        keep_usage_writers(&mut untouched);
+        assert!(untouched.metadata.managed_fields.is_none());
     }
 
     #[test]
