@@ -49,11 +49,7 @@ impl Component {
 
     /// The text of its `/metrics`.
     pub async fn scrape(&self) -> Result<String> {
-        let url = format!("http://{}/metrics", self.metrics_address);
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()?;
-        Ok(http.get(&url).send().await?.error_for_status()?.text().await?)
+        scrape_metrics(self.metrics_address).await
     }
 
     /// Whether it answers `/readyz` with 200 (a master-controller only once it leads and its
@@ -128,6 +124,15 @@ impl FleetWithSystem {
         }
         Ok(FleetWithSystem { system, fleet, dir })
     }
+}
+
+/// The text of the `/metrics` served at `address` (any component's ops endpoint).
+pub async fn scrape_metrics(address: SocketAddr) -> Result<String> {
+    let url = format!("http://{address}/metrics");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    Ok(http.get(&url).send().await?.error_for_status()?.text().await?)
 }
 
 /// The value of `series` (a metric name with its labels as exposed, e.g.

@@ -287,12 +287,11 @@ impl Snapshot {
     fn of(webhook: &Metrics) -> Snapshot {
         let path = |p: &str| {
             buckets_of(
-                &webhook
+                webhook
                     .reservation_wait
                     .with_label_values(&[p])
                     .metric()
-                    .get_histogram()
-                    .clone(),
+                    .get_histogram(),
             )
         };
         Snapshot {
@@ -728,8 +727,6 @@ async fn main() -> Result<()> {
         let writes: u64 = of(mode).map(|p| p.writes).sum();
         let cpu = of(mode).fold(Cpu::default(), |acc, p| acc.add(p.cpu));
         let per_create = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates as f64;
-        // Two modes share one webhook instance: sum the histogram's growth over each phase of
-        // this mode rather than taking one difference over the whole run.
         let grown = observed(&histograms, mode);
         let decision = |q: f64| {
             if grown.decision.is_empty() {

@@ -325,12 +325,11 @@ async fn raw(
         String::from_utf8_lossy(&answer).into_owned()
     });
     writer.write_all(head.as_bytes()).await?;
-    // The pause between chunks is the slow client being simulated, not a wait for a condition;
-    // the server answering (and closing) ends it at once.
+    // Before each chunk, wait up to `delay` for the server's answer: a slow client that stops
+    // sending as soon as it is answered (and closed).
     for chunk in chunks {
-        tokio::select! {
-            answer = &mut read => return Ok((answer?, started.elapsed())),
-            () = tokio::time::sleep(delay) => {}
+        if let Ok(answer) = tokio::time::timeout(delay, &mut read).await {
+            return Ok((answer?, started.elapsed()));
         }
         if writer.write_all(chunk.as_bytes()).await.is_err() {
             break;

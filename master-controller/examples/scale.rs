@@ -144,16 +144,6 @@ async fn converge(fleet: &Fleet, seeds: &[String], projects: usize, started: Ins
     }
 }
 
-/// The text of the controller's `/metrics`.
-async fn scrape(address: std::net::SocketAddr) -> Result<String> {
-    let text = reqwest::get(format!("http://{address}/metrics"))
-        .await?
-        .error_for_status()?
-        .text()
-        .await?;
-    Ok(text)
-}
-
 /// The controller's writes until now, by (target, operation), from its
 /// `kkp_quota_master_writes_total{target,operation}` (every seed summed as "all seeds").
 fn writes(metrics: &str) -> BTreeMap<(String, String), f64> {
@@ -265,7 +255,7 @@ async fn main() -> Result<()> {
     let pid = controller.pid();
     let cold = converge(&fleet, &seeds, args.projects, started).await?;
     let cpu_cold = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
-    let cold_writes = writes(&scrape(metrics_address).await?);
+    let cold_writes = writes(&e2e::system::scrape_metrics(metrics_address).await?);
     eprintln!("converged in {:.1} s", cold.as_secs_f64());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_idle = e2e::procfs::rss_bytes(pid).unwrap_or(0);

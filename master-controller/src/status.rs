@@ -78,10 +78,9 @@ pub fn foreign_usage_writers(rq: &kkp_quota_crds::ResourceQuota, ours: &[&str]) 
         .flatten()
         .filter(|m| m.manager.as_deref().is_none_or(|name| !ours.contains(&name)))
         .filter(|m| {
-            m.fields_v1.as_ref().is_some_and(|f| {
-                let status = &f.0["f:status"];
-                status.get("f:globalUsage").is_some() || status.get("f:localUsage").is_some()
-            })
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| !usage_fields_written(f).is_empty())
         })
         .map(|m| {
             m.manager
@@ -92,6 +91,19 @@ pub fn foreign_usage_writers(rq: &kkp_quota_crds::ResourceQuota, ours: &[&str]) 
     writers.sort();
     writers.dedup();
     writers
+}
+
+/// The usage fields of KKP's `ResourceQuota` (another quota controller writes these too).
+const USAGE_FIELDS: [&str; 2] = ["f:globalUsage", "f:localUsage"];
+
+/// Which of [`USAGE_FIELDS`] one `managedFields` entry wrote.
+fn usage_fields_written(
+    fields: &k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1,
+) -> Vec<&'static str> {
+    USAGE_FIELDS
+        .into_iter()
+        .filter(|field| fields.0.get("f:status").is_some_and(|s| s.get(field).is_some()))
+        .collect()
 }
 
 /// Shrinks the `managedFields` of a cached KKP `ResourceQuota` to what
@@ -105,16 +117,14 @@ pub fn keep_usage_writers(rq: &mut kkp_quota_crds::ResourceQuota) {
     let kept: Vec<_> = entries
         .into_iter()
         .filter_map(|mut entry| {
-            let status = entry.fields_v1.as_ref()?.0.get("f:status")?;
-            let mut usage = serde_json::Map::new();
-            for field in ["f:globalUsage", "f:localUsage"] {
-                if status.get(field).is_some() {
-                    usage.insert(field.to_owned(), serde_json::json!({}));
-                }
-            }
-            if usage.is_empty() {
+            let written = usage_fields_written(entry.fields_v1.as_ref()?);
+            if written.is_empty() {
                 return None;
             }
+            let usage: serde_json::Map<String, serde_json::Value> = written
+                .into_iter()
+                .map(|field| (field.to_owned(), serde_json::json!({})))
+                .collect();
             entry.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
                 serde_json::json!({ "f:status": usage }),
             ));
