@@ -47,6 +47,11 @@ struct Args {
     samples: usize,
     #[arg(long, default_value = "master-controller/results/scale.md")]
     out: PathBuf,
+    /// Runs the controller under heaptrack (a heap profiler; Debian's `heaptrack`), its profile
+    /// written to this file (`heaptrack_print FILE.zst` reads it). A profiling run, not a
+    /// measurement: heaptrack slows every allocation.
+    #[arg(long)]
+    heaptrack: Option<PathBuf>,
 }
 
 const CONVERGE_WITHIN: Duration = Duration::from_mins(20);
@@ -144,12 +149,13 @@ async fn converge(fleet: &Fleet, seeds: &[String], projects: usize, started: Ins
     }
 }
 
-/// The controller's writes until now, by (target, operation), from its
-/// `kkp_quota_master_writes_total{target,operation}` (every seed summed as "all seeds").
-fn writes(metrics: &str) -> BTreeMap<(String, String), f64> {
+/// A series of the controller's by (target, operation), every seed's summed as "all seeds":
+/// `kkp_quota_master_writes_total` for its writes, `..._write_duration_seconds_sum` and
+/// `_count` for their time.
+fn by_write_kind(metrics: &str, series: &str) -> BTreeMap<(String, String), f64> {
     let mut by_kind = BTreeMap::new();
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("kkp_quota_master_writes_total{") else {
+        let Some(rest) = line.strip_prefix(series).and_then(|r| r.strip_prefix('{')) else {
             continue;
         };
         let Some((labels, value)) = rest.split_once("} ") else {
@@ -176,6 +182,96 @@ fn writes(metrics: &str) -> BTreeMap<(String, String), f64> {
     by_kind
 }
 
+/// The controller's reconciles of quotas: (how many, seconds in all), from its histogram.
+fn reconciles(metrics: &str) -> (f64, f64) {
+    let value = |series: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix("{controller=\"quota\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (
+        value("kkp_quota_reconcile_duration_seconds_count"),
+        value("kkp_quota_reconcile_duration_seconds_sum"),
+    )
+}
+
+/// What the controller's histograms say of a window: `before` and `after` are scrapes.
+struct WriteTimes {
+    /// Per (target, operation): writes, seconds in all.
+    writes: BTreeMap<(String, String), (f64, f64)>,
+    /// Reconciles, seconds in all.
+    reconciles: (f64, f64),
+}
+
+impl WriteTimes {
+    fn between(before: &str, after: &str) -> WriteTimes {
+        let diff = |series: &str| {
+            let (b, a) = (by_write_kind(before, series), by_write_kind(after, series));
+            a.into_iter()
+                .map(|(k, v)| {
+                    let was = b.get(&k).copied().unwrap_or(0.0);
+                    (k, v - was)
+                })
+                .collect::<BTreeMap<_, _>>()
+        };
+        let counts = diff("kkp_quota_master_write_duration_seconds_count");
+        let sums = diff("kkp_quota_master_write_duration_seconds_sum");
+        let writes = counts
+            .into_iter()
+            .filter(|(_, n)| *n > 0.0)
+            .map(|(k, n)| {
+                let sum = sums.get(&k).copied().unwrap_or(0.0);
+                (k, (n, sum))
+            })
+            .collect();
+        let (b, a) = (reconciles(before), reconciles(after));
+        WriteTimes {
+            writes,
+            reconciles: (a.0 - b.0, a.1 - b.1),
+        }
+    }
+}
+
+/// Where the edits' time went, from the controller's histograms.
+fn write_edit_times(
+    out: &mut String,
+    times: &WriteTimes,
+    edits: usize,
+    latencies: &[Duration],
+) -> Result<()> {
+    #[allow(clippy::cast_precision_loss)]
+    let (per_edit, mean_ms) = (
+        |n: f64| n / edits.max(1) as f64,
+        |n: f64, sum: f64| if n > 0.0 { sum * 1000.0 / n } else { 0.0 },
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let edit_mean =
+        latencies.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0 / latencies.len().max(1) as f64;
+    writeln!(
+        out,
+        "\nWhere the edits' time went (the controller's `kkp_quota_master_write_duration_seconds` and `kkp_quota_reconcile_duration_seconds`, their growth over the {edits} edits; an edit's mean latency was {edit_mean:.1} ms):\n"
+    )?;
+    writeln!(out, "| | per edit | mean |\n| --- | ---: | ---: |")?;
+    let (n, sum) = times.reconciles;
+    writeln!(
+        out,
+        "| reconciles (each: its reads, its decisions, its writes) | {:.2} | {:.1} ms |",
+        per_edit(n),
+        mean_ms(n, sum)
+    )?;
+    for ((target, operation), (n, sum)) in &times.writes {
+        writeln!(
+            out,
+            "| write: {target}, {operation} | {:.2} | {:.1} ms |",
+            per_edit(*n),
+            mean_ms(*n, *sum)
+        )?;
+    }
+    Ok(())
+}
+
 /// The cold start's writes per quota, measured (the controller's own count).
 fn write_writes(out: &mut String, writes: &BTreeMap<(String, String), f64>, projects: usize) -> Result<()> {
     #[allow(clippy::cast_precision_loss)]
@@ -192,6 +288,60 @@ fn write_writes(out: &mut String, writes: &BTreeMap<(String, String), f64>, proj
     )?;
     for ((target, operation), n) in writes {
         writeln!(out, "| {target} | {operation} | {:.2} |", per_quota(*n))?;
+    }
+    Ok(())
+}
+
+/// `component` run by heaptrack, its profile written to `file`.
+fn heaptracked(component: ComponentSpec, file: &std::path::Path) -> ComponentSpec {
+    let mut args = vec![
+        "-o".to_owned(),
+        file.display().to_string(),
+        component.program.display().to_string(),
+    ];
+    args.extend(component.args);
+    ComponentSpec {
+        name: component.name,
+        program: PathBuf::from("heaptrack"),
+        args,
+    }
+}
+
+/// The process heaptrack's script started (its child running the controller).
+async fn traced_child(script: u32) -> Result<u32> {
+    let began = Instant::now();
+    loop {
+        // Its command line, not its `comm` (which the kernel cuts at 15 bytes).
+        let found = e2e::procfs::children(script).into_iter().find(|c| {
+            std::fs::read(format!("/proc/{c}/cmdline")).is_ok_and(|cmd| {
+                cmd.split(|b| *b == 0)
+                    .next()
+                    .is_some_and(|p| p.ends_with(b"/master-controller"))
+            })
+        });
+        if let Some(pid) = found {
+            return Ok(pid);
+        }
+        ensure!(
+            began.elapsed() < SAMPLE_WITHIN,
+            "heaptrack started no master-controller"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// SIGTERM to the traced controller, then waits for heaptrack's script to finish its profile.
+async fn stop_traced(script: &mut e2e::components::RunningComponent, traced: u32) -> Result<()> {
+    std::process::Command::new("kill")
+        .args(["-TERM", &traced.to_string()])
+        .status()?;
+    let began = Instant::now();
+    while script.exit_status().is_none() {
+        ensure!(
+            began.elapsed() < Duration::from_mins(10),
+            "heaptrack did not finish its profile"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
 }
@@ -250,24 +400,33 @@ async fn main() -> Result<()> {
             "--no-leader-election".to_owned(),
         ],
     )?;
+    let component = match &args.heaptrack {
+        Some(file) => heaptracked(component, file),
+        None => component,
+    };
     let started = Instant::now();
-    let controller = spawn(&component, &dir.path().join("logs"))?;
-    let pid = controller.pid();
+    let mut controller = spawn(&component, &dir.path().join("logs"))?;
+    let pid = match args.heaptrack {
+        Some(_) => traced_child(controller.pid()).await?,
+        None => controller.pid(),
+    };
     let cold = converge(&fleet, &seeds, args.projects, started).await?;
     let cpu_cold = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
-    let cold_writes = writes(&e2e::system::scrape_metrics(metrics_address).await?);
+    let cold_writes = by_write_kind(
+        &e2e::system::scrape_metrics(metrics_address).await?,
+        "kkp_quota_master_writes_total",
+    );
     eprintln!("converged in {:.1} s", cold.as_secs_f64());
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_idle = e2e::procfs::rss_bytes(pid).unwrap_or(0);
 
-    // One quota edit → every seed's ledger; one seed's usage → the master's globalUsage.
+    // One quota edit → every seed's ledger, with the controller's own timing of its writes.
+    let master_rqs: Api<ResourceQuota> = Api::all(master.clone());
+    let before_edits = e2e::system::scrape_metrics(metrics_address).await?;
     let mut edits = Vec::new();
-    let mut folds = Vec::new();
     for i in 0..args.samples {
-        let project = (i * 7919) % args.projects;
-        let name = quota_name(project);
+        let name = quota_name((i * 7919) % args.projects);
         let cpu = 1000 + i64::try_from(i)?;
-        let master_rqs: Api<ResourceQuota> = Api::all(master.clone());
         let mut watches = Vec::new();
         for seed in &seeds {
             watches.push(Watch::start(Api::<QuotaLedger>::all(fleet.seed(seed).client()), &name).await?);
@@ -279,11 +438,23 @@ async fn main() -> Result<()> {
         }))
         .await?;
         edits.push(seen.into_iter().max().unwrap_or(began) - began);
+    }
+    // The edits' writes have all been answered once every seed showed the last one, save the
+    // statuses that follow: a moment for those.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let edit_times = WriteTimes::between(
+        &before_edits,
+        &e2e::system::scrape_metrics(metrics_address).await?,
+    );
 
+    // One seed's usage → the master's globalUsage.
+    let mut folds = Vec::new();
+    for i in 0..args.samples {
+        let name = quota_name((i * 7919) % args.projects);
         let writer = &seeds[i % seeds.len()];
         let used = 1 + i64::try_from(i)?;
         let seed_client: Client = fleet.seed(writer).client();
-        let watch = Watch::start(master_rqs, &name).await?;
+        let watch = Watch::start(master_rqs.clone(), &name).await?;
         let began = Instant::now();
         set_local_usage(&seed_client, &name, &cpu_mem(used, 1)).await?;
         let seen = watch
@@ -299,6 +470,10 @@ async fn main() -> Result<()> {
     }
     let rss_end = e2e::procfs::rss_bytes(pid).unwrap_or(0);
     let peak = e2e::procfs::peak_rss_bytes(pid).unwrap_or(0);
+    if args.heaptrack.is_some() {
+        // heaptrack writes its profile once the traced process ends.
+        stop_traced(&mut controller, pid).await?;
+    }
     drop(controller);
     edits.sort();
     folds.sort();
@@ -350,6 +525,7 @@ async fn main() -> Result<()> {
         ms(percentile(&folds, 0.5)),
         ms(percentile(&folds, 0.99))
     )?;
+    write_edit_times(&mut out, &edit_times, edits.len(), &edits)?;
     write_writes(&mut out, &cold_writes, args.projects)?;
     std::fs::write(&args.out, &out).with_context(|| format!("writing {}", args.out.display()))?;
     print!("{out}");

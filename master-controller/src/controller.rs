@@ -23,7 +23,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fanout::{self, FIELD_MANAGER};
 use crate::fold::{self, Health, SeedUsage};
-use crate::kkp_copies::KkpCopies;
+use crate::kkp_copies::{Fingerprint, KkpCopies};
 use crate::metrics::Metrics;
 use crate::seeds::{self, SeedView, Seeds, Triggers};
 use crate::shares::{self, Round, ShareMemory};
@@ -369,27 +369,35 @@ async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action,
 
     if !fanout::master_metadata_in_sync(master_rq, project.as_deref()) {
         let patch = fanout::master_metadata_patch(master_rq, project.as_deref(), true);
-        match api.patch(&name, &ours(), &Patch::Merge(&patch)).await {
+        let written = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "apply",
+                api.patch(&name, &ours(), &Patch::Merge(&patch)),
+            )
+            .await;
+        match written {
             Ok(_) => {}
             // Deleted meanwhile, or changed: the watch brings the new state.
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Action::await_change()),
             Err(e) => return Err(e.into()),
         }
-        ctx.metrics.wrote("master", "apply");
         debug!("master metadata written");
     }
 
     let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
     if !fanout::project_quota_in_sync(master_rq, project_quota.as_deref()) {
         let body = fanout::project_quota_apply_body(master_rq);
-        let applied = pq_api
-            .patch(
-                &name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let applied = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "apply",
+                pq_api.patch(&name, &params, &Patch::Apply(&body)),
             )
             .await?;
-        ctx.metrics.wrote("master", "apply");
         debug!("ProjectQuota applied");
         ctx.memory.wrote(&name, applied.clone());
         project_quota = Some(Arc::new(applied));
@@ -520,18 +528,28 @@ async fn write_master_status(
         conditions,
     };
     if let Some(patch) = fanout::project_quota_status_patch(pq, &figures) {
-        let written = pq_api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        let params = PatchParams::default();
+        let written = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "status",
+                pq_api.patch_status(&name, &params, &Patch::Merge(&patch)),
+            )
             .await?;
         ctx.memory.wrote(&name, written);
-        ctx.metrics.wrote("master", "status");
     }
     let current = master_rq.status.as_ref().and_then(|s| s.global_usage.as_ref());
     if foreign.is_empty()
         && let Some(patch) = fanout::kkp_status_patch(current, folded.global.as_ref())
     {
-        api.patch_status(&name, &ours(), &Patch::Merge(&patch)).await?;
-        ctx.metrics.wrote("master", "status");
+        ctx.metrics
+            .timed_write(
+                "master",
+                "status",
+                api.patch_status(&name, &ours(), &Patch::Merge(&patch)),
+            )
+            .await?;
         debug!(global = ?folded.global.as_ref().map(ToString::to_string), "master status written");
     }
     Ok(())
@@ -561,16 +579,30 @@ async fn write_seed_statuses(
             let written = async {
                 if let Some(patch) = ledger_patch {
                     let api: Api<QuotaLedger> = Api::all(client.clone());
+                    let params = PatchParams::default();
                     ignore_missing(
-                        bounded(api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))).await,
+                        ctx.metrics
+                            .timed_write(
+                                &seed,
+                                "status",
+                                bounded(api.patch_status(name, &params, &Patch::Merge(&patch))),
+                            )
+                            .await,
                     )?;
-                    ctx.metrics.wrote(&seed, "status");
                 }
                 if let Some(patch) = kkp_patch {
                     let api: Api<ResourceQuota> = Api::all(client);
-                    ignore_missing(bounded(api.patch_status(name, &ours(), &Patch::Merge(&patch))).await)?;
+                    let params = ours();
+                    ignore_missing(
+                        ctx.metrics
+                            .timed_write(
+                                &seed,
+                                "status",
+                                bounded(api.patch_status(name, &params, &Patch::Merge(&patch))),
+                            )
+                            .await,
+                    )?;
                     ctx.kkp_copies.update(&seed, name, |c| c.global = global);
-                    ctx.metrics.wrote(&seed, "status");
                 }
                 Ok::<(), kube::Error>(())
             }
@@ -627,7 +659,8 @@ async fn fan_out(
     }
     let name = master_rq.name_any();
     let kkp_body = fanout::copy_apply_body(master_rq);
-    let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied.as_ref() != Some(&kkp_body);
+    let kkp_fingerprint = Fingerprint::of(&kkp_body);
+    let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied != Some(kkp_fingerprint);
     let ledger_due = !view
         .copy
         .as_ref()
@@ -636,22 +669,49 @@ async fn fan_out(
         return (view, Ok(()));
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let result = async {
+    let seed = view.name.as_str();
+    // Boxed: two API calls held at once make a large future.
+    let kkp = Box::pin(async {
         if kkp_due {
             let api: Api<ResourceQuota> = Api::all(client.clone());
-            bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))).await?;
+            ctx.metrics
+                .timed_write(
+                    seed,
+                    "apply",
+                    bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))),
+                )
+                .await?;
             ctx.kkp_copies
-                .update(&view.name, &name, |c| c.applied = Some(kkp_body.clone()));
-            ctx.metrics.wrote(&view.name, "apply");
+                .update(seed, &name, |c| c.applied = Some(kkp_fingerprint));
         }
-        if ledger_due {
-            let api: Api<QuotaLedger> = Api::all(client);
-            let body = fanout::ledger_apply_body(master_rq, limits, shares.as_ref());
-            let ledger = bounded(api.patch(&name, &params, &Patch::Apply(&body))).await?;
-            ctx.metrics.wrote(&view.name, "apply");
-            return Ok(Some(ledger));
+        Ok::<_, kube::Error>(())
+    });
+    let ledger = Box::pin(async {
+        if !ledger_due {
+            return Ok(None);
         }
-        Ok::<_, kube::Error>(None)
+        let api: Api<QuotaLedger> = Api::all(client.clone());
+        let body = fanout::ledger_apply_body(master_rq, limits, shares.as_ref());
+        ctx.metrics
+            .timed_write(
+                seed,
+                "apply",
+                bounded(api.patch(&name, &params, &Patch::Apply(&body))),
+            )
+            .await
+            .map(Some)
+    });
+    let result = async {
+        if view.copy.is_some() {
+            // Both exist: neither waits for the other (a quota edit reaches the ledger one
+            // write sooner).
+            let ((), ledger) = futures::try_join!(kkp, ledger)?;
+            Ok(ledger)
+        } else {
+            // KKP's copy first, so the seed-controller finds it when the ledger appears.
+            kkp.await?;
+            ledger.await
+        }
     }
     .instrument(info_span!("apply", seed = %view.name))
     .await;

@@ -76,8 +76,7 @@ pub(crate) async fn finalize(
             Err(e) => return Err(e.into()),
         }
         ctx.metrics.wrote("master", "finalize");
-        ctx.metrics
-            .forget_project(master_rq.project(), &ctx.seeds.names());
+        ctx.metrics.forget_project(master_rq.project());
         ctx.kkp_copies.forget(&name);
         ctx.memory.forget(&name);
         info!("seed copies deleted; finalizer released");

@@ -9,7 +9,8 @@
 //!   compare-and-swap write of the record; what each ledger's `spec.shares` carries.
 //! - [`default_quota`]: `globalsettings` `spec.defaultQuota` → default project quotas.
 //! - [`status`]: the master object's conditions (pure).
-//! - [`metrics`]: Prometheus metrics.
+//! - [`metrics`]: Prometheus metrics; [`project_series`]: the per-project ones, written
+//!   straight into `/metrics` (too many for the registry at 10,000 projects).
 //! - `finalize`: deleting a quota, seeds first. `sweep`: orphaned seed copies and `ProjectQuota`s are deleted; `kkp_copies`: what was last
 //!   written onto KKP's seed copies.
 //! - [`controller`]: the wiring and [`controller::run`].
@@ -21,6 +22,7 @@ mod finalize;
 pub mod fold;
 mod kkp_copies;
 pub mod metrics;
+pub mod project_series;
 pub mod seeds;
 pub mod shares;
 pub mod status;

@@ -1,26 +1,24 @@
 //! Prometheus metrics (names agreed across the project; base units: cores, bytes).
 
-use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, PoisonError};
+use kkp_quota_crds::{Quantity, ResourceDetails};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
+use crate::project_series::ProjectSeries;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
 };
-
-/// The (seed, resource) label pairs of one project's share series.
-type ShareSeries = BTreeSet<(String, Resource)>;
 
 /// Every metric this controller exports.
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
-    /// `kkp_quota_limit{project,resource}`: only limited resources.
-    pub limit: GaugeVec,
-    /// `kkp_quota_usage{project,resource,scope}`: scope `global` or a seed name.
-    pub usage: GaugeVec,
-    /// `kkp_quota_over_limit{project,resource}`: 1 while usage is above the limit.
-    pub over_limit: GaugeVec,
+    /// Per project: `kkp_quota_limit{project,resource}` (limited resources only),
+    /// `kkp_quota_usage{project,resource,scope}` (scope `global` or a seed name),
+    /// `kkp_quota_over_limit{project,resource}`, `kkp_quota_share{project,seed,resource}` and
+    /// `kkp_quota_share_stuck{project,seed,resource}`; written into `/metrics` beside the
+    /// registry's (see [`ProjectSeries`] for why).
+    pub projects: Arc<ProjectSeries>,
     /// `kkp_quota_seed_stale{seed}`: 1 while the seed's usage is not current.
     pub seed_stale: GaugeVec,
     /// `kkp_quota_seed_last_sync_timestamp_seconds{seed}`.
@@ -34,14 +32,11 @@ pub struct Metrics {
     /// `kkp_quota_master_writes_total{target,operation}`: writes this replica made (target
     /// `master` or a seed name).
     pub writes: IntCounterVec,
+    /// `kkp_quota_master_write_duration_seconds{target,operation}`: how long the reconcile's
+    /// writes took, answered or failed (where a quota edit's time goes, per seed).
+    pub write_duration: HistogramVec,
     /// `kkp_quota_master_leader`: 1 while this replica holds the leader lease.
     pub leader: IntGauge,
-    /// `kkp_quota_share{project,seed,resource}`: the share of a limited resource a seed holds as
-    /// the master sees it (granted minus released).
-    pub share: GaugeVec,
-    /// `kkp_quota_share_stuck{project,seed,resource}`: share held by an unreachable seed (0
-    /// while the seed is reachable).
-    pub share_stuck: GaugeVec,
     /// `kkp_quota_share_grants_total{seed}`: grants persisted in the master's record.
     pub share_grants: IntCounterVec,
     /// `kkp_quota_share_grant_latency_seconds`: from the master first seeing a seed's demand
@@ -52,9 +47,6 @@ pub struct Metrics {
     /// `kkp_quota_share_record_conflicts_total`: share record writes that lost their
     /// compare-and-swap (the record is read again and the round planned again).
     pub share_record_conflicts: IntCounter,
-    /// Per project, the (seed, resource) series of `share` and `share_stuck` last set, so that
-    /// those no longer wanted are removed without scanning every project's series.
-    share_series: Arc<Mutex<HashMap<String, ShareSeries>>>,
 }
 
 fn must<T>(r: Result<T, prometheus::Error>) -> T {
@@ -77,21 +69,6 @@ impl Metrics {
             must(registry.register(Box::new(c.clone())));
             c
         };
-        let limit = gauge(
-            "kkp_quota_limit",
-            "Quota limit per project and resource (cores, bytes, count).",
-            &["project", "resource"],
-        );
-        let usage = gauge(
-            "kkp_quota_usage",
-            "Usage per project and resource; scope is \"global\" or the seed name.",
-            &["project", "resource", "scope"],
-        );
-        let over_limit = gauge(
-            "kkp_quota_over_limit",
-            "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
-            &["project", "resource"],
-        );
         let seed_stale = gauge(
             "kkp_quota_seed_stale",
             "1 while a seed's usage is not current (unreachable).",
@@ -117,6 +94,17 @@ impl Metrics {
             "Writes made by this replica; target is \"master\" or a seed name.",
             &["target", "operation"],
         );
+        let write_duration = must(HistogramVec::new(
+            HistogramOpts::new(
+                "kkp_quota_master_write_duration_seconds",
+                "Duration of one write of a reconcile, answered or failed; target is \"master\" or a seed name.",
+            )
+            .buckets(vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["target", "operation"],
+        ));
+        must(registry.register(Box::new(write_duration.clone())));
         let reconcile_duration = must(HistogramVec::new(
             HistogramOpts::new(
                 "kkp_quota_reconcile_duration_seconds",
@@ -133,16 +121,6 @@ impl Metrics {
             "1 while this replica holds the leader lease.",
         ));
         must(registry.register(Box::new(leader.clone())));
-        let share = gauge(
-            "kkp_quota_share",
-            "Share of a project's limit a seed holds as the master sees it (granted minus released).",
-            &["project", "seed", "resource"],
-        );
-        let share_stuck = gauge(
-            "kkp_quota_share_stuck",
-            "Share held by a seed that cannot be reached (0 while it can): it cannot be moved.",
-            &["project", "seed", "resource"],
-        );
         let share_grants = counter(
             "kkp_quota_share_grants_total",
             "Share grants persisted in the master's record, per seed.",
@@ -170,23 +148,19 @@ impl Metrics {
         must(registry.register(Box::new(share_grant_latency.clone())));
         Metrics {
             registry,
-            limit,
-            usage,
-            over_limit,
+            projects: Arc::default(),
             seed_stale,
             seed_last_sync,
             sync_errors,
             reconcile_duration,
             reconcile_errors,
             writes,
+            write_duration,
             leader,
-            share,
-            share_stuck,
             share_grants,
             share_grant_latency,
             share_releases,
             share_record_conflicts,
-            share_series: Arc::default(),
         }
     }
 
@@ -198,37 +172,36 @@ impl Metrics {
         self.writes.with_label_values(&[target, operation]).inc();
     }
 
-    /// Limit, global usage and over-limit gauges of one project.
-    pub fn set_quota(&self, project: &str, limit: &ResourceDetails, global: Option<&ResourceDetails>) {
-        for &r in Resource::ALL {
-            match limit.get(r) {
-                Some(l) => self.limit.with_label_values(&[project, r.name()]).set(as_f64(l)),
-                None => {
-                    let _ = self.limit.remove_label_values(&[project, r.name()]);
-                }
-            }
-            if let Some(g) = global {
-                self.usage
-                    .with_label_values(&[project, r.name(), "global"])
-                    .set(as_f64(g.amount(r)));
-                let over = limit.get(r).is_some_and(|l| g.amount(r) > l);
-                self.over_limit
-                    .with_label_values(&[project, r.name()])
-                    .set(if over { 1.0 } else { 0.0 });
-            }
+    /// Awaits `write`, timing it in `write_duration` and counting it in `writes` when it
+    /// succeeds.
+    pub async fn timed_write<T, E>(
+        &self,
+        target: &str,
+        operation: &str,
+        write: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let start = std::time::Instant::now();
+        let result = write.await;
+        self.write_duration
+            .with_label_values(&[target, operation])
+            .observe(start.elapsed().as_secs_f64());
+        if result.is_ok() {
+            self.wrote(target, operation);
         }
+        result
+    }
+
+    /// Limit, global usage and over-limit series of one project.
+    pub fn set_quota(&self, project: &str, limit: &ResourceDetails, global: Option<&ResourceDetails>) {
+        self.projects.set_quota(project, limit, global);
     }
 
     /// Per-seed usage of one project.
     pub fn set_seed_usage(&self, project: &str, seed: &str, local: &ResourceDetails) {
-        for &r in Resource::ALL {
-            self.usage
-                .with_label_values(&[project, r.name(), seed])
-                .set(as_f64(local.amount(r)));
-        }
+        self.projects.set_seed_usage(project, seed, local);
     }
 
-    /// The share gauges of one project: `shares` per seed in the record (limited resources
+    /// The share series of one project: `shares` per seed in the record (limited resources
     /// only), `stuck` for the unreachable ones. Series of seeds and resources no longer there go.
     pub fn set_shares(
         &self,
@@ -236,73 +209,19 @@ impl Metrics {
         shares: &BTreeMap<String, ResourceDetails>,
         stuck: &BTreeMap<String, ResourceDetails>,
     ) {
-        let wanted: ShareSeries = shares
-            .iter()
-            .flat_map(|(seed, share)| share.iter().map(|(r, _)| (seed.clone(), r)))
-            .collect();
-        let before = {
-            let mut all = self.share_series.lock().unwrap_or_else(PoisonError::into_inner);
-            if wanted.is_empty() {
-                all.remove(project)
-            } else {
-                all.insert(project.to_owned(), wanted.clone())
-            }
-        };
-        for (seed, r) in before.unwrap_or_default().difference(&wanted) {
-            for gauge in [&self.share, &self.share_stuck] {
-                let _ = gauge.remove_label_values(&[project, seed, r.name()]);
-            }
-        }
-        for (seed, share) in shares {
-            let held = stuck.get(seed);
-            for (r, amount) in share.iter() {
-                self.share
-                    .with_label_values(&[project, seed, r.name()])
-                    .set(as_f64(amount));
-                self.share_stuck
-                    .with_label_values(&[project, seed, r.name()])
-                    .set(held.map_or(0.0, |h| as_f64(h.amount(r))));
-            }
-        }
+        self.projects.set_shares(project, shares, stuck);
     }
 
     /// Drops every series of a project (its quota is gone).
-    pub fn forget_project(&self, project: &str, seeds: &[String]) {
-        self.set_shares(project, &BTreeMap::new(), &BTreeMap::new());
-        for &r in Resource::ALL {
-            let _ = self.limit.remove_label_values(&[project, r.name()]);
-            let _ = self.over_limit.remove_label_values(&[project, r.name()]);
-            let _ = self.usage.remove_label_values(&[project, r.name(), "global"]);
-            for seed in seeds {
-                let _ = self.usage.remove_label_values(&[project, r.name(), seed]);
-            }
-        }
+    pub fn forget_project(&self, project: &str) {
+        self.projects.forget_project(project);
     }
 
     /// Drops a seed's series (removed from the fleet), including its per-project usage.
     pub fn forget_seed(&self, seed: &str) {
         let _ = self.seed_stale.remove_label_values(&[seed]);
         let _ = self.seed_last_sync.remove_label_values(&[seed]);
-        let mut stale: Vec<(String, String)> = Vec::new();
-        for family in prometheus::core::Collector::collect(&self.usage) {
-            for metric in family.get_metric() {
-                let label = |name: &str| {
-                    metric
-                        .get_label()
-                        .iter()
-                        .find(|l| l.name() == name)
-                        .map(|l| l.value().to_owned())
-                };
-                if label("scope").as_deref() == Some(seed)
-                    && let (Some(project), Some(resource)) = (label("project"), label("resource"))
-                {
-                    stale.push((project, resource));
-                }
-            }
-        }
-        for (project, resource) in stale {
-            let _ = self.usage.remove_label_values(&[&project, &resource, seed]);
-        }
+        self.projects.forget_seed(seed);
     }
 }
 
@@ -370,11 +289,13 @@ mod tests {
         assert!(!text.contains("kkp_quota_seed_stale{seed=\"seed-a\"}"));
     }
 
+    /// What `/metrics` serves: the registry's series, then the per-project ones.
     fn exposition(m: &Metrics) -> String {
         let mut out = Vec::new();
         prometheus::TextEncoder::new()
             .encode(&m.registry.gather(), &mut out)
             .unwrap();
+        kkp_quota_crds::runtime::ops::ExtraSeries::encode(&*m.projects, &mut out);
         String::from_utf8(out).unwrap()
     }
 
@@ -414,7 +335,7 @@ mod tests {
         let text = exposition(&m);
         assert!(!text.contains("kkp_quota_share{project=\"demo\",resource=\"cpu\",seed=\"seed-b\"}"));
         assert!(text.contains("kkp_quota_share{project=\"other\",resource=\"cpu\",seed=\"seed-b\"} 4"));
-        m.forget_project("demo", &[]);
+        m.forget_project("demo");
         let text = exposition(&m);
         assert!(!text.contains("project=\"demo\""), "{text}");
         assert!(text.contains("project=\"other\""));

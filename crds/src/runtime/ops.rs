@@ -27,9 +27,17 @@ impl Readiness {
     }
 }
 
+/// Series a component writes into the `/metrics` text itself, after the registry's: for
+/// families with too many series for the registry's per-series cost.
+pub trait ExtraSeries: Send + Sync {
+    /// Appends whole families (`# HELP`, `# TYPE`, samples) in Prometheus' text format.
+    fn encode(&self, out: &mut Vec<u8>);
+}
+
 #[derive(Clone)]
 struct OpsState {
     registry: Registry,
+    extra: Option<Arc<dyn ExtraSeries>>,
     readiness: Readiness,
 }
 
@@ -40,11 +48,25 @@ pub async fn bind(
     registry: Registry,
     readiness: Readiness,
 ) -> Result<(SocketAddr, impl Future<Output = Result<(), RuntimeError>>), RuntimeError> {
+    bind_with_series(address, registry, None, readiness).await
+}
+
+/// [`bind`], with `extra` written after the registry's series.
+pub async fn bind_with_series(
+    address: SocketAddr,
+    registry: Registry,
+    extra: Option<Arc<dyn ExtraSeries>>,
+    readiness: Readiness,
+) -> Result<(SocketAddr, impl Future<Output = Result<(), RuntimeError>>), RuntimeError> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
-        .with_state(OpsState { registry, readiness });
+        .with_state(OpsState {
+            registry,
+            extra,
+            readiness,
+        });
     let listener = tokio::net::TcpListener::bind(address).await?;
     let bound = listener.local_addr()?;
     Ok((bound, async move {
@@ -56,11 +78,16 @@ async fn metrics(State(state): State<OpsState>) -> impl IntoResponse {
     let mut body = Vec::new();
     let encoder = TextEncoder::new();
     match encoder.encode(&state.registry.gather(), &mut body) {
-        Ok(()) => (
-            StatusCode::OK,
-            [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
-            body,
-        ),
+        Ok(()) => {
+            if let Some(extra) = &state.extra {
+                extra.encode(&mut body);
+            }
+            (
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, encoder.format_type().to_owned())],
+                body,
+            )
+        }
         Err(e) => (
             StatusCode::INTERNAL_SERVER_ERROR,
             [(header::CONTENT_TYPE, "text/plain".to_owned())],

@@ -138,12 +138,17 @@ pub(crate) async fn round(
             )));
         };
         let patch = record_patch(&resource_version, &objects::record(version, &view.seeds));
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        let params = PatchParams::default();
+        match ctx
+            .metrics
+            .timed_write(
+                "master",
+                "shares",
+                api.patch_status(&name, &params, &Patch::Merge(&patch)),
+            )
             .await
         {
             Ok(written) => {
-                ctx.metrics.wrote("master", "shares");
                 ctx.memory.wrote(&name, written.clone());
                 after_round(ctx, &name, &project, &before, Some((&view, version)), &plan, seen);
                 return Ok(Round {
