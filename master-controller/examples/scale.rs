@@ -185,11 +185,7 @@ fn by_write_kind(metrics: &str, series: &str) -> BTreeMap<(String, String), f64>
 /// The controller's reconciles of quotas: (how many, seconds in all), from its histogram.
 fn reconciles(metrics: &str) -> (f64, f64) {
     let value = |series: &str| {
-        metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(series)?.strip_prefix("{controller=\"quota\"} "))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0)
+        e2e::system::sample(metrics, &format!("{series}{{controller=\"quota\"}}")).unwrap_or(0.0)
     };
     (
         value("kkp_quota_reconcile_duration_seconds_count"),

@@ -12,7 +12,8 @@ use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
-use crate::controller::{Ctx, delete_gone, ignore_missing, ours};
+use crate::api::{delete_gone, ignore_missing, ours};
+use crate::controller::Ctx;
 use crate::seeds::SeedView;
 use crate::{Error, fanout, status};
 

@@ -13,8 +13,10 @@
 //!   straight into `/metrics` (too many for the registry at 10,000 projects).
 //! - `finalize`: deleting a quota, seeds first. `sweep`: orphaned seed copies and `ProjectQuota`s are deleted; `kkp_copies`: what was last
 //!   written onto KKP's seed copies.
-//! - [`controller`]: the wiring and [`controller::run`].
+//! - [`controller`]: the wiring and [`controller::run`]; `reconcile`: one quota's reconcile;
+//!   `seed_writes`: its applies and status writes on the seeds; `api`: helpers around API calls.
 
+mod api;
 pub mod controller;
 pub mod default_quota;
 pub mod fanout;
@@ -23,6 +25,8 @@ pub mod fold;
 mod kkp_copies;
 pub mod metrics;
 pub mod project_series;
+mod reconcile;
+mod seed_writes;
 pub mod seeds;
 pub mod shares;
 pub mod status;

@@ -295,8 +295,9 @@ mod tests {
         prometheus::TextEncoder::new()
             .encode(&m.registry.gather(), &mut out)
             .unwrap();
-        kkp_quota_crds::runtime::ops::ExtraSeries::encode(&*m.projects, &mut out);
-        String::from_utf8(out).unwrap()
+        let mut text = String::from_utf8(out).unwrap();
+        kkp_quota_crds::runtime::ops::ExtraSeries::encode(&*m.projects, &mut text);
+        text
     }
 
     #[test]

@@ -21,8 +21,10 @@ use crate::metrics::as_f64;
 struct Figures {
     /// The limit, for limited resources.
     limit: Vec<Option<f64>>,
-    /// Global usage and whether it is above the limit, once known.
-    global: Option<Vec<(f64, bool)>>,
+    /// Global usage, once known.
+    global: Option<Vec<f64>>,
+    /// Whether global usage is above the limit (compared as quantities, not floats), once known.
+    over: Option<Vec<bool>>,
     /// Per seed: its usage.
     seeds: BTreeMap<String, Vec<f64>>,
     /// Per seed in the share record: (resource, share, stuck share), limited resources only.
@@ -33,6 +35,7 @@ impl Figures {
     fn is_empty(&self) -> bool {
         self.limit.iter().all(Option::is_none)
             && self.global.is_none()
+            && self.over.is_none()
             && self.seeds.is_empty()
             && self.shares.is_empty()
     }
@@ -57,10 +60,11 @@ impl ProjectSeries {
         self.with(project, |f| {
             f.limit = Resource::ALL.iter().map(|&r| limit.get(r).map(as_f64)).collect();
             if let Some(g) = global {
-                f.global = Some(
+                f.global = Some(Resource::ALL.iter().map(|&r| as_f64(g.amount(r))).collect());
+                f.over = Some(
                     Resource::ALL
                         .iter()
-                        .map(|&r| (as_f64(g.amount(r)), limit.get(r).is_some_and(|l| g.amount(r) > l)))
+                        .map(|&r| limit.get(r).is_some_and(|l| g.amount(r) > l))
                         .collect(),
                 );
             }
@@ -145,10 +149,10 @@ impl ProjectSeries {
             let scopes = f
                 .global
                 .iter()
-                .map(|g| ("global", g.iter().map(|(used, _)| *used).collect::<Vec<_>>()))
-                .chain(f.seeds.iter().map(|(seed, usage)| (seed.as_str(), usage.clone())));
+                .map(|g| ("global", g))
+                .chain(f.seeds.iter().map(|(seed, usage)| (seed.as_str(), usage)));
             for (scope, usage) in scopes {
-                for (&r, used) in Resource::ALL.iter().zip(&usage) {
+                for (&r, used) in Resource::ALL.iter().zip(usage) {
                     let labels = [
                         ("project", project.as_str()),
                         ("resource", r.name()),
@@ -164,7 +168,7 @@ impl ProjectSeries {
             "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
         );
         for (project, f) in all.iter() {
-            for (&r, (_, over)) in Resource::ALL.iter().zip(f.global.iter().flatten()) {
+            for (&r, over) in Resource::ALL.iter().zip(f.over.iter().flatten()) {
                 let value = if *over { 1.0 } else { 0.0 };
                 sample(
                     out,
@@ -211,10 +215,8 @@ fn share_samples(
 }
 
 impl ExtraSeries for ProjectSeries {
-    fn encode(&self, out: &mut Vec<u8>) {
-        let mut text = String::new();
-        self.encode_text(&mut text);
-        out.extend_from_slice(text.as_bytes());
+    fn encode(&self, out: &mut String) {
+        self.encode_text(out);
     }
 }
 

@@ -360,7 +360,7 @@ async fn watch_seed(
     let mut backoff = SeedBackoff::new(link.max_backoff);
     loop {
         let mut events = watcher::watcher(api.clone(), watcher::Config::default())
-            .modify(crate::controller::forget_managed_fields)
+            .modify(crate::api::forget_managed_fields)
             .boxed();
         let mut buffer: BTreeMap<String, QuotaLedger> = BTreeMap::new();
         let mut probes = tokio::time::interval_at(Instant::now() + link.probe_every, link.probe_every);

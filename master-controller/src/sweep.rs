@@ -12,7 +12,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use crate::controller::{bounded, delete_gone};
+use crate::api::{bounded, delete_gone};
 use crate::metrics::Metrics;
 use crate::seeds::Seeds;
 

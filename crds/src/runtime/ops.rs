@@ -31,7 +31,7 @@ impl Readiness {
 /// families with too many series for the registry's per-series cost.
 pub trait ExtraSeries: Send + Sync {
     /// Appends whole families (`# HELP`, `# TYPE`, samples) in Prometheus' text format.
-    fn encode(&self, out: &mut Vec<u8>);
+    fn encode(&self, out: &mut String);
 }
 
 #[derive(Clone)]
@@ -79,9 +79,15 @@ async fn metrics(State(state): State<OpsState>) -> impl IntoResponse {
     let encoder = TextEncoder::new();
     match encoder.encode(&state.registry.gather(), &mut body) {
         Ok(()) => {
-            if let Some(extra) = &state.extra {
-                extra.encode(&mut body);
-            }
+            let body = match (&state.extra, String::from_utf8(body)) {
+                (Some(extra), Ok(mut text)) => {
+                    // Appended in place: the extra series can be most of the text.
+                    extra.encode(&mut text);
+                    text.into_bytes()
+                }
+                (_, Ok(text)) => text.into_bytes(),
+                (_, Err(e)) => e.into_bytes(),
+            };
             (
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, encoder.format_type().to_owned())],

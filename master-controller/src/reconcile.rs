@@ -1,0 +1,242 @@
+//! One reconcile of a master `ResourceQuota`: the master's own objects in order, the share
+//! round, the fan-out to every seed ([`crate::seed_writes`]), the fold of the seeds' usage,
+//! and the statuses and metrics that follow from it.
+
+use futures::future;
+use jiff::Timestamp;
+use kkp_quota_crds::project_quota::SeedFigures;
+use kkp_quota_crds::{ProjectQuota, ResourceQuota};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use std::sync::Arc;
+use tracing::{debug, warn};
+
+use crate::Error;
+use crate::api::ours;
+use crate::controller::Ctx;
+use crate::fanout::{self, FIELD_MANAGER};
+use crate::fold::{self, Health, SeedUsage};
+use crate::seed_writes::{fan_out, write_seed_statuses};
+use crate::seeds::SeedView;
+use crate::shares::{self, Round};
+use crate::status;
+
+pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action, Error> {
+    let name = master_rq.name_any();
+    let project_name = master_rq.project().to_owned();
+    let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
+    if !ctx.seeds.resolved() {
+        // Seeds not listed yet: an empty seed set here means "unknown", not "none".
+        return Ok(Action::await_change());
+    }
+    let views = ctx.seeds.views(&name);
+    let project = ctx
+        .projects
+        .get(&ObjectRef::new(&project_name))
+        .filter(|p| p.metadata.deletion_timestamp.is_none());
+    // The cache lags this process's own writes of the share record; the newer copy counts.
+    let mut project_quota = ctx
+        .memory
+        .newest(&name, ctx.project_quotas.get(&ObjectRef::new(&name)));
+
+    if master_rq.metadata.deletion_timestamp.is_some() {
+        return crate::finalize::finalize(
+            master_rq,
+            &api,
+            &views,
+            project.as_deref(),
+            project_quota.as_deref(),
+            ctx,
+        )
+        .await;
+    }
+
+    if !fanout::master_metadata_in_sync(master_rq, project.as_deref()) {
+        let patch = fanout::master_metadata_patch(master_rq, project.as_deref(), true);
+        let written = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "apply",
+                api.patch(&name, &ours(), &Patch::Merge(&patch)),
+            )
+            .await;
+        match written {
+            Ok(_) => {}
+            // Deleted meanwhile, or changed: the watch brings the new state.
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Action::await_change()),
+            Err(e) => return Err(e.into()),
+        }
+        debug!("master metadata written");
+    }
+
+    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    if !fanout::project_quota_in_sync(master_rq, project_quota.as_deref()) {
+        let body = fanout::project_quota_apply_body(master_rq);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let applied = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "apply",
+                pq_api.patch(&name, &params, &Patch::Apply(&body)),
+            )
+            .await?;
+        debug!("ProjectQuota applied");
+        ctx.memory.wrote(&name, applied.clone());
+        project_quota = Some(Arc::new(applied));
+    }
+    let Some(project_quota) = project_quota else {
+        // In sync means it exists; the watch brings it otherwise.
+        return Ok(Action::await_change());
+    };
+
+    // The share round first: grants and targets are persisted in the record before any of it
+    // reaches a seed. A round that fails (its write's outcome unknown) sends nothing.
+    let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
+    let round = shares::round(master_rq, project_quota, &views, settling, ctx).await?;
+    let limits = round.limits.clone();
+
+    // Fan out to every fresh seed, all at once; one seed's failure does not stop the others.
+    let applied = future::join_all(
+        views
+            .iter()
+            .map(|view| fan_out(master_rq, &limits, round.ledger_shares(&view.name), view, ctx)),
+    )
+    .await;
+    let mut failed: Vec<String> = Vec::new();
+    let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
+    for (view, result) in applied {
+        if let Err(seed) = result {
+            failed.push(seed);
+        }
+        views.push(view);
+    }
+
+    let usages = usages(&views);
+    let folded = fold::fold(&usages)?;
+
+    if !settling {
+        write_master_status(master_rq, &round, &folded, &usages, ctx).await?;
+    }
+
+    failed.extend(write_seed_statuses(&name, &views, &folded, ctx).await);
+
+    ctx.metrics
+        .set_quota(&project_name, &limits, folded.global.as_ref());
+    for u in &usages {
+        if u.health.is_known() {
+            ctx.metrics
+                .set_seed_usage(&project_name, &u.seed, &u.local.clone().unwrap_or_default());
+        }
+    }
+
+    if failed.is_empty() {
+        Ok(Action::await_change())
+    } else {
+        Err(Error::Seeds(failed.join(", ")))
+    }
+}
+
+/// Every seed's `localUsage` of the quota, as its ledger last showed it.
+fn usages(views: &[SeedView]) -> Vec<SeedUsage> {
+    views
+        .iter()
+        .map(|v| SeedUsage {
+            seed: v.name.clone(),
+            health: v.health,
+            local: v
+                .copy
+                .as_ref()
+                .and_then(|c| c.status.as_ref()?.local_usage.clone()),
+        })
+        .collect()
+}
+
+/// The master's statuses: the `ProjectQuota`'s limits, usage, per-seed usage and conditions, and
+/// KKP's `globalUsage` (unless another controller writes it). Not called while a seed is
+/// settling: a seed just added (or just started watching) is listed within moments and its first
+/// sync triggers every quota again; writing conditions before that would only flap.
+async fn write_master_status(
+    master_rq: &ResourceQuota,
+    round: &Round,
+    folded: &fold::Folded,
+    usages: &[SeedUsage],
+    ctx: &Ctx,
+) -> Result<(), Error> {
+    let name = master_rq.name_any();
+    let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
+    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    let (pq, limits) = (&*round.project_quota, &round.limits);
+    let pq_status = pq.status.clone().unwrap_or_default();
+    let usage_for_limit = folded
+        .global
+        .clone()
+        .or_else(|| pq_status.global_usage.clone())
+        .unwrap_or_default();
+    let foreign = status::foreign_usage_writers(master_rq, &[FIELD_MANAGER]);
+    if !foreign.is_empty() {
+        warn!(writers = %foreign.join(", "), "another controller writes the usage of KKP's ResourceQuota (KKP Enterprise's quota feature?); not writing it there");
+    }
+    let desired = [
+        status::seeds_stale(&folded.stale),
+        status::quota_exceeded(limits, &usage_for_limit),
+        status::foreign_quota_controller(&foreign),
+    ];
+    let mut existing = pq_status.conditions.clone();
+    existing.retain(|c| c.type_ != status::SEED_CLEANUP_PENDING);
+    let conditions = status::merge_conditions(
+        &existing,
+        &desired,
+        master_rq.metadata.generation,
+        Timestamp::now(),
+    );
+    let figures = fanout::ProjectFigures {
+        limits: limits.clone(),
+        global: folded.global.clone(),
+        seeds: usages
+            .iter()
+            .filter(|u| u.health.is_known())
+            .map(|u| {
+                let shares = round.figures(&u.seed);
+                SeedFigures {
+                    name: u.seed.clone(),
+                    usage: Some(u.local.clone().unwrap_or_default()),
+                    stale: !u.health.is_fresh(),
+                    share: shares.share,
+                    demand: shares.demand,
+                    stuck: shares.stuck,
+                }
+            })
+            .collect(),
+        conditions,
+    };
+    if let Some(patch) = fanout::project_quota_status_patch(pq, &figures) {
+        let params = PatchParams::default();
+        let written = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "status",
+                pq_api.patch_status(&name, &params, &Patch::Merge(&patch)),
+            )
+            .await?;
+        ctx.memory.wrote(&name, written);
+    }
+    let current = master_rq.status.as_ref().and_then(|s| s.global_usage.as_ref());
+    if foreign.is_empty()
+        && let Some(patch) = fanout::kkp_status_patch(current, folded.global.as_ref())
+    {
+        ctx.metrics
+            .timed_write(
+                "master",
+                "status",
+                api.patch_status(&name, &ours(), &Patch::Merge(&patch)),
+            )
+            .await?;
+        debug!(global = ?folded.global.as_ref().map(ToString::to_string), "master status written");
+    }
+    Ok(())
+}

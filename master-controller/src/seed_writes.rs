@@ -1,0 +1,175 @@
+//! The seed side of a reconcile: KKP's copy and the ledger applied on every fresh seed, and
+//! the folded usage written back onto them.
+
+use futures::future;
+use kkp_quota_crds::quota_ledger::LedgerShares;
+use kkp_quota_crds::{QuotaLedger, ResourceDetails, ResourceQuota};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::api::{bounded, ignore_missing, ours};
+use crate::controller::Ctx;
+use crate::fanout::{self, FIELD_MANAGER};
+use crate::fold;
+use crate::kkp_copies::Fingerprint;
+use crate::seeds::SeedView;
+
+/// `globalUsage` and `otherSeedsUsage` back onto every fresh seed's ledger, and `globalUsage`
+/// onto its KKP copy, where changed. Returns the seeds where a write failed.
+pub(crate) async fn write_seed_statuses(
+    name: &str,
+    views: &[SeedView],
+    folded: &fold::Folded,
+    ctx: &Ctx,
+) -> Vec<String> {
+    let writes = views.iter().filter(|v| v.health.is_fresh()).filter_map(|v| {
+        let ledger = v.copy.as_ref()?;
+        let client = v.client.clone()?;
+        let others = folded.others.get(&v.name).cloned().flatten();
+        let ledger_patch = fanout::ledger_status_patch(ledger, folded.global.as_ref(), others.as_ref());
+        let known = ctx.kkp_copies.get(&v.name, name).global;
+        let kkp_patch = fanout::kkp_status_patch(known.as_ref(), folded.global.as_ref());
+        if ledger_patch.is_none() && kkp_patch.is_none() {
+            return None;
+        }
+        let seed = v.name.clone();
+        let global = folded.global.clone();
+        Some(async move {
+            let written = async {
+                if let Some(patch) = ledger_patch {
+                    let api: Api<QuotaLedger> = Api::all(client.clone());
+                    patch_status(&api, name, &PatchParams::default(), &patch, &seed, ctx).await?;
+                }
+                if let Some(patch) = kkp_patch {
+                    let api: Api<ResourceQuota> = Api::all(client);
+                    patch_status(&api, name, &ours(), &patch, &seed, ctx).await?;
+                    ctx.kkp_copies.update(&seed, name, |c| c.global = global);
+                }
+                Ok::<(), kube::Error>(())
+            }
+            .await;
+            written.map_err(|e| {
+                warn!(seed = %seed, error = %e, "writing the seed copies' status failed");
+                ctx.metrics.sync_error(&seed, "status");
+                seed
+            })
+        })
+    });
+    future::join_all(writes)
+        .await
+        .into_iter()
+        .filter_map(Result::err)
+        .collect()
+}
+
+/// A merge patch of one seed object's `/status`, bounded, timed and counted; an object gone
+/// meanwhile is nothing to write.
+async fn patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &PatchParams,
+    patch: &serde_json::Value,
+    seed: &str,
+    ctx: &Ctx,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let patch = Patch::Merge(patch);
+    let write = bounded(api.patch_status(name, params, &patch));
+    ignore_missing(ctx.metrics.timed_write(seed, "status", write).await)
+}
+
+/// Applies KKP's copy and the ledger on one seed if it is fresh and they are out of date (KKP's
+/// first, so the seed-controller finds it when the ledger appears). `shares` is the seed's part
+/// of the persisted share record, never of an unpersisted plan. Returns the view with the
+/// ledger as it is now, or the seed's name on failure.
+pub(crate) async fn fan_out(
+    master_rq: &ResourceQuota,
+    limits: &ResourceDetails,
+    shares: Option<LedgerShares>,
+    view: &SeedView,
+    ctx: &Ctx,
+) -> (SeedView, Result<(), String>) {
+    let mut view = view.clone();
+    let Some(client) = view.client.clone() else {
+        return (view, Ok(()));
+    };
+    if !view.health.is_fresh() {
+        return (view, Ok(()));
+    }
+    let name = master_rq.name_any();
+    let kkp_body = fanout::copy_apply_body(master_rq);
+    let kkp_fingerprint = Fingerprint::of(&kkp_body);
+    let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied != Some(kkp_fingerprint);
+    let ledger_due = !view
+        .copy
+        .as_ref()
+        .is_some_and(|c| fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), c));
+    if !kkp_due && !ledger_due {
+        return (view, Ok(()));
+    }
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let seed = view.name.as_str();
+    // Boxed: two API calls held at once make a large future.
+    let kkp = Box::pin(async {
+        if kkp_due {
+            let api: Api<ResourceQuota> = Api::all(client.clone());
+            ctx.metrics
+                .timed_write(
+                    seed,
+                    "apply",
+                    bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))),
+                )
+                .await?;
+            ctx.kkp_copies
+                .update(seed, &name, |c| c.applied = Some(kkp_fingerprint));
+        }
+        Ok::<_, kube::Error>(())
+    });
+    let ledger = Box::pin(async {
+        if !ledger_due {
+            return Ok(None);
+        }
+        let api: Api<QuotaLedger> = Api::all(client.clone());
+        let body = fanout::ledger_apply_body(master_rq, limits, shares.as_ref());
+        ctx.metrics
+            .timed_write(
+                seed,
+                "apply",
+                bounded(api.patch(&name, &params, &Patch::Apply(&body))),
+            )
+            .await
+            .map(Some)
+    });
+    let result = async {
+        if view.copy.is_some() {
+            // Both exist: neither waits for the other (a quota edit reaches the ledger one
+            // write sooner).
+            let ((), ledger) = futures::try_join!(kkp, ledger)?;
+            Ok(ledger)
+        } else {
+            // KKP's copy first, so the seed-controller finds it when the ledger appears.
+            kkp.await?;
+            ledger.await
+        }
+    }
+    .instrument(info_span!("apply", seed = %view.name))
+    .await;
+    match result {
+        Ok(ledger) => {
+            debug!(seed = %view.name, "seed copies applied");
+            if let Some(ledger) = ledger {
+                view.copy = Some(ledger);
+            }
+            (view, Ok(()))
+        }
+        Err(e) => {
+            warn!(seed = %view.name, error = %e, "applying the seed copies failed");
+            ctx.metrics.sync_error(&view.name, "apply");
+            let seed = view.name.clone();
+            (view, Err(seed))
+        }
+    }
+}
