@@ -27,6 +27,9 @@ use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
+
+use crate::fingerprint::Fingerprint;
+use crate::seed_ledger::SeedLedger;
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
 
@@ -174,16 +177,34 @@ pub fn ledger_in_sync(
     master: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
-    ledger: &QuotaLedger,
+    ledger: &SeedLedger,
 ) -> bool {
-    ledger.metadata.deletion_timestamp.is_none()
-        && ledger.spec.subject == LedgerSubject::from(&master.spec.subject)
-        && &ledger.spec.quota == limits
-        && match (ledger.spec.shares.as_ref(), shares) {
-            (Some(have), Some(want)) => have.same_word(want),
-            (have, want) => have.is_none() && want.is_none(),
-        }
-        && ledger.labels() == &copy_labels(master)
+    !ledger.deleting
+        && ledger.word
+            == ledger_word(
+                &LedgerSubject::from(&master.spec.subject),
+                limits,
+                shares,
+                &copy_labels(master),
+            )
+}
+
+/// A fingerprint of what the master writes into a ledger: the subject, the limits, the share's
+/// word of the master (version, grants, target; `others` only rides along, see
+/// [`LedgerShares::same_word`]) and the labels. Two ledgers with the same word need no write.
+pub fn ledger_word(
+    subject: &LedgerSubject,
+    limits: &ResourceDetails,
+    shares: Option<&LedgerShares>,
+    labels: &BTreeMap<String, String>,
+) -> Fingerprint {
+    let shares = shares.map(|s| json!({"version": s.version, "granted": s.granted, "target": s.target}));
+    Fingerprint::of(&json!({
+        "subject": subject,
+        "quota": limits,
+        "shares": shares,
+        "labels": labels,
+    }))
 }
 
 /// The controller owner reference of a `ProjectQuota` to its KKP `ResourceQuota`, or `None`
@@ -238,19 +259,18 @@ pub fn project_quota_apply_body(master: &ResourceQuota) -> Value {
 /// The merge patch of a seed ledger's `/status`, or `None` when nothing changed.
 /// `global`/`others` of `None` mean "not known": that field is left alone.
 pub fn ledger_status_patch(
-    ledger: &QuotaLedger,
+    ledger: &SeedLedger,
     global: Option<&ResourceDetails>,
     others: Option<&ResourceDetails>,
 ) -> Option<Value> {
-    let status = ledger.status.clone().unwrap_or_default();
     let mut patch = serde_json::Map::new();
     if let Some(g) = global
-        && status.global_usage.as_ref() != Some(g)
+        && ledger.global_usage.as_ref() != Some(g)
     {
         patch.insert("globalUsage".into(), json!(g));
     }
     if let Some(o) = others
-        && status.other_seeds_usage.as_ref() != Some(o)
+        && ledger.other_seeds_usage.as_ref() != Some(o)
     {
         patch.insert("otherSeedsUsage".into(), json!(o));
     }
@@ -361,6 +381,7 @@ mod tests {
         assert_eq!(body["spec"]["quota"]["machines"], "3");
         assert!(body["spec"].get("shares").is_none(), "no record, no shares");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
+        let ledger = SeedLedger::from(&ledger);
         assert!(ledger_in_sync(&m, &limits(4), None, &ledger));
         assert!(
             !ledger_in_sync(&m, &limits(5), None, &ledger),
@@ -388,7 +409,14 @@ mod tests {
         assert_eq!(body["spec"]["shares"]["granted"]["cpu"], "3");
         assert_eq!(body["spec"]["shares"]["others"]["seed-b"]["cpu"], "1");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
+        let ledger = SeedLedger::from(&ledger);
         assert!(ledger_in_sync(&m, &limits(4), Some(&share(2, 3)), &ledger));
+        let mut others_moved = share(2, 3);
+        others_moved.others.insert("seed-c".to_owned(), limits(2));
+        assert!(
+            ledger_in_sync(&m, &limits(4), Some(&others_moved), &ledger),
+            "the other seeds' shares alone are no reason to write"
+        );
         assert!(
             !ledger_in_sync(&m, &limits(4), Some(&share(3, 3)), &ledger),
             "a newer record is sent"
@@ -440,12 +468,13 @@ mod tests {
         let mut ledger: QuotaLedger =
             serde_json::from_value(ledger_apply_body(&master(), &limits(4), None)).unwrap();
         let g = ResourceDetails::zero();
-        assert!(ledger_status_patch(&ledger, Some(&g), Some(&g)).is_some());
+        assert!(ledger_status_patch(&SeedLedger::from(&ledger), Some(&g), Some(&g)).is_some());
         ledger.status = Some(QuotaLedgerStatus {
             global_usage: Some(g.clone()),
             other_seeds_usage: Some(g.clone()),
             ..QuotaLedgerStatus::default()
         });
+        let ledger = SeedLedger::from(&ledger);
         assert_eq!(ledger_status_patch(&ledger, Some(&g), Some(&g)), None);
         assert_eq!(ledger_status_patch(&ledger, None, None), None);
         // KKP's status: only cpu, memory, storage are written, and compared.

@@ -296,7 +296,7 @@ mod tests {
             .encode(&m.registry.gather(), &mut out)
             .unwrap();
         let mut text = String::from_utf8(out).unwrap();
-        kkp_quota_crds::runtime::ops::ExtraSeries::encode(&*m.projects, &mut text);
+        kkp_quota_crds::runtime::ops::encode_all(&*m.projects, &mut text);
         text
     }
 

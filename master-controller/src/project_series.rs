@@ -9,9 +9,10 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::ops::Bound;
 use std::sync::{Mutex, PoisonError};
 
-use kkp_quota_crds::runtime::ops::ExtraSeries;
+use kkp_quota_crds::runtime::ops::{Cursor, ExtraSeries};
 use kkp_quota_crds::{Resource, ResourceDetails};
 
 use crate::metrics::as_f64;
@@ -120,32 +121,76 @@ impl ProjectSeries {
         all.retain(|_, f| !f.is_empty());
     }
 
-    /// The five families in Prometheus' text format.
-    fn encode_text(&self, out: &mut String) {
+    /// The next part of the five families, from `at`: at most [`PART`] projects of one family.
+    fn encode_part_text(&self, at: &mut Cursor, out: &mut String) -> bool {
+        let Some(&(name, help)) = FAMILIES.get(at.family) else {
+            return true;
+        };
+        if at.after.is_none() {
+            header(out, name, help);
+        }
         let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        header(
-            out,
-            "kkp_quota_limit",
-            "Quota limit per project and resource (cores, bytes, count).",
-        );
-        for (project, f) in all.iter() {
+        let from = match &at.after {
+            Some(last) => Bound::Excluded(last.as_str()),
+            None => Bound::Unbounded,
+        };
+        let mut written = 0;
+        let mut last = None;
+        for (project, figures) in all.range::<str, _>((from, Bound::Unbounded)).take(PART) {
+            samples(at.family, out, project, figures);
+            written += 1;
+            last = Some(project);
+        }
+        if written < PART {
+            at.family += 1;
+            at.after = None;
+        } else {
+            at.after = last.cloned();
+        }
+        at.family >= FAMILIES.len()
+    }
+}
+
+/// Projects per part of a scrape: a part is written under the lock, so the lock is held for
+/// a part at a time, and the body in flight is a part (~250 KB), not the whole text.
+const PART: usize = 256;
+
+/// The five families, in order: name and help.
+const FAMILIES: [(&str, &str); 5] = [
+    (
+        "kkp_quota_limit",
+        "Quota limit per project and resource (cores, bytes, count).",
+    ),
+    (
+        "kkp_quota_usage",
+        "Usage per project and resource; scope is \"global\" or the seed name.",
+    ),
+    (
+        "kkp_quota_over_limit",
+        "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
+    ),
+    (
+        "kkp_quota_share",
+        "Share of a project's limit a seed holds as the master sees it (granted minus released).",
+    ),
+    (
+        "kkp_quota_share_stuck",
+        "Share held by a seed that cannot be reached (0 while it can): it cannot be moved.",
+    ),
+];
+
+/// One project's samples of family `family` (an index into [`FAMILIES`]).
+fn samples(family: usize, out: &mut String, project: &str, f: &Figures) {
+    let name = FAMILIES[family].0;
+    match family {
+        0 => {
             for (&r, limit) in Resource::ALL.iter().zip(&f.limit) {
                 if let Some(limit) = limit {
-                    sample(
-                        out,
-                        "kkp_quota_limit",
-                        &[("project", project), ("resource", r.name())],
-                        *limit,
-                    );
+                    sample(out, name, &[("project", project), ("resource", r.name())], *limit);
                 }
             }
         }
-        header(
-            out,
-            "kkp_quota_usage",
-            "Usage per project and resource; scope is \"global\" or the seed name.",
-        );
-        for (project, f) in all.iter() {
+        1 => {
             let scopes = f
                 .global
                 .iter()
@@ -153,70 +198,32 @@ impl ProjectSeries {
                 .chain(f.seeds.iter().map(|(seed, usage)| (seed.as_str(), usage)));
             for (scope, usage) in scopes {
                 for (&r, used) in Resource::ALL.iter().zip(usage) {
-                    let labels = [
-                        ("project", project.as_str()),
-                        ("resource", r.name()),
-                        ("scope", scope),
-                    ];
-                    sample(out, "kkp_quota_usage", &labels, *used);
+                    let labels = [("project", project), ("resource", r.name()), ("scope", scope)];
+                    sample(out, name, &labels, *used);
                 }
             }
         }
-        header(
-            out,
-            "kkp_quota_over_limit",
-            "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
-        );
-        for (project, f) in all.iter() {
+        2 => {
             for (&r, over) in Resource::ALL.iter().zip(f.over.iter().flatten()) {
                 let value = if *over { 1.0 } else { 0.0 };
-                sample(
-                    out,
-                    "kkp_quota_over_limit",
-                    &[("project", project), ("resource", r.name())],
-                    value,
-                );
+                sample(out, name, &[("project", project), ("resource", r.name())], value);
             }
         }
-        header(
-            out,
-            "kkp_quota_share",
-            "Share of a project's limit a seed holds as the master sees it (granted minus released).",
-        );
-        share_samples(out, &all, |(_, share, _)| *share, "kkp_quota_share");
-        header(
-            out,
-            "kkp_quota_share_stuck",
-            "Share held by a seed that cannot be reached (0 while it can): it cannot be moved.",
-        );
-        share_samples(out, &all, |(_, _, stuck)| *stuck, "kkp_quota_share_stuck");
-    }
-}
-
-/// The share family `name`'s samples, `value` picking the figure from (resource, share, stuck).
-fn share_samples(
-    out: &mut String,
-    all: &BTreeMap<String, Figures>,
-    value: impl Fn(&(Resource, f64, f64)) -> f64,
-    name: &str,
-) {
-    for (project, f) in all {
-        for (seed, per_resource) in &f.shares {
-            for entry in per_resource {
-                let labels = [
-                    ("project", project.as_str()),
-                    ("resource", entry.0.name()),
-                    ("seed", seed),
-                ];
-                sample(out, name, &labels, value(entry));
+        _ => {
+            let stuck = family == 4;
+            for (seed, per_resource) in &f.shares {
+                for &(r, share, held) in per_resource {
+                    let labels = [("project", project), ("resource", r.name()), ("seed", seed)];
+                    sample(out, name, &labels, if stuck { held } else { share });
+                }
             }
         }
     }
 }
 
 impl ExtraSeries for ProjectSeries {
-    fn encode(&self, out: &mut String) {
-        self.encode_text(out);
+    fn encode_part(&self, at: &mut Cursor, out: &mut String) -> bool {
+        self.encode_part_text(at, out)
     }
 }
 
@@ -255,8 +262,42 @@ mod tests {
 
     fn text(series: &ProjectSeries) -> String {
         let mut out = String::new();
-        series.encode_text(&mut out);
+        kkp_quota_crds::runtime::ops::encode_all(series, &mut out);
         out
+    }
+
+    #[test]
+    fn a_scrape_in_parts_writes_each_family_once_and_whole() {
+        let series = ProjectSeries::default();
+        let cpu = ResourceDetails {
+            cpu: Some(Quantity::from_units(2)),
+            ..ResourceDetails::default()
+        };
+        let projects = 2 * PART + 7;
+        for i in 0..projects {
+            series.set_quota(&format!("p{i:04}"), &cpu, Some(&cpu));
+        }
+        let text = text(&series);
+        for (name, _) in FAMILIES {
+            assert_eq!(
+                text.matches(&format!("# TYPE {name} gauge\n")).count(),
+                1,
+                "{name}"
+            );
+        }
+        let limits: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("kkp_quota_limit{"))
+            .collect();
+        assert_eq!(limits.len(), projects, "every project once");
+        let mut sorted = limits.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted, limits, "in order, none twice");
+        // A family's samples follow its header, before the next family's.
+        let usage = text.find("# TYPE kkp_quota_usage").unwrap();
+        let last_limit = text.rfind("kkp_quota_limit{").unwrap();
+        assert!(last_limit < usage);
     }
 
     #[test]

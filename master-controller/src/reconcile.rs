@@ -147,10 +147,7 @@ fn usages(views: &[SeedView]) -> Vec<SeedUsage> {
         .map(|v| SeedUsage {
             seed: v.name.clone(),
             health: v.health,
-            local: v
-                .copy
-                .as_ref()
-                .and_then(|c| c.status.as_ref()?.local_usage.clone()),
+            local: v.copy.as_ref().and_then(|c| c.local_usage.clone()),
         })
         .collect()
 }

@@ -1,6 +1,8 @@
 //! The seed side of a reconcile: KKP's copy and the ledger applied on every fresh seed, and
 //! the folded usage written back onto them.
 
+use std::sync::Arc;
+
 use futures::future;
 use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::{QuotaLedger, ResourceDetails, ResourceQuota};
@@ -11,8 +13,9 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::api::{bounded, ignore_missing, ours};
 use crate::controller::Ctx;
 use crate::fanout::{self, FIELD_MANAGER};
+use crate::fingerprint::Fingerprint;
 use crate::fold;
-use crate::kkp_copies::Fingerprint;
+use crate::seed_ledger::SeedLedger;
 use crate::seeds::SeedView;
 
 /// `globalUsage` and `otherSeedsUsage` back onto every fresh seed's ledger, and `globalUsage`
@@ -28,23 +31,24 @@ pub(crate) async fn write_seed_statuses(
         let client = v.client.clone()?;
         let others = folded.others.get(&v.name).cloned().flatten();
         let ledger_patch = fanout::ledger_status_patch(ledger, folded.global.as_ref(), others.as_ref());
-        let known = ctx.kkp_copies.get(&v.name, name).global;
-        let kkp_patch = fanout::kkp_status_patch(known.as_ref(), folded.global.as_ref());
+        let known = ctx.kkp_copies.get(&v.name, name).status;
+        let kkp_patch = fanout::kkp_status_patch(None, folded.global.as_ref())
+            .map(|patch| (Fingerprint::of(&patch), patch))
+            .filter(|(written, _)| known != Some(*written));
         if ledger_patch.is_none() && kkp_patch.is_none() {
             return None;
         }
         let seed = v.name.clone();
-        let global = folded.global.clone();
         Some(async move {
             let written = async {
                 if let Some(patch) = ledger_patch {
                     let api: Api<QuotaLedger> = Api::all(client.clone());
                     patch_status(&api, name, &PatchParams::default(), &patch, &seed, ctx).await?;
                 }
-                if let Some(patch) = kkp_patch {
+                if let Some((written, patch)) = kkp_patch {
                     let api: Api<ResourceQuota> = Api::all(client);
                     patch_status(&api, name, &ours(), &patch, &seed, ctx).await?;
-                    ctx.kkp_copies.update(&seed, name, |c| c.global = global);
+                    ctx.kkp_copies.update(&seed, name, |c| c.status = Some(written));
                 }
                 Ok::<(), kube::Error>(())
             }
@@ -161,7 +165,7 @@ pub(crate) async fn fan_out(
         Ok(ledger) => {
             debug!(seed = %view.name, "seed copies applied");
             if let Some(ledger) = ledger {
-                view.copy = Some(ledger);
+                view.copy = Some(Arc::new(SeedLedger::from(&ledger)));
             }
             (view, Ok(()))
         }

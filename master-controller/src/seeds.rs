@@ -32,6 +32,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fold::Health;
 use crate::metrics::Metrics;
+use crate::seed_ledger::SeedLedger;
 
 /// What is known about one seed.
 #[derive(Clone)]
@@ -39,8 +40,8 @@ pub struct SeedState {
     /// `None` while its kubeconfig cannot be read.
     pub client: Option<Client>,
     pub health: Health,
-    /// The quota copies on the seed, as last seen.
-    pub copies: BTreeMap<String, QuotaLedger>,
+    /// The quota ledgers on the seed, as last seen (what the master reads of them), by name.
+    pub copies: BTreeMap<String, Arc<SeedLedger>>,
 }
 
 /// One seed's part of one quota, copied out of the shared state for a reconcile.
@@ -49,8 +50,11 @@ pub struct SeedView {
     pub name: String,
     pub client: Option<Client>,
     pub health: Health,
-    pub copy: Option<QuotaLedger>,
+    pub copy: Option<Arc<SeedLedger>>,
 }
+
+/// A ledger and its name (the quota's).
+pub type NamedLedger = (String, Arc<SeedLedger>);
 
 /// The shared seed state.
 #[derive(Clone, Default)]
@@ -92,9 +96,9 @@ impl Seeds {
         self.read(|seeds| seeds.keys().cloned().collect())
     }
 
-    /// Fresh seeds with their client and their copies that are not being deleted and have no
-    /// name in `masters` (only those are cloned: the copies of every quota are many).
-    pub fn fresh_orphans(&self, masters: &BTreeSet<String>) -> Vec<(String, Client, Vec<QuotaLedger>)> {
+    /// Fresh seeds with their client and their ledgers (by name) that are not being deleted and
+    /// have no name in `masters`.
+    pub fn fresh_orphans(&self, masters: &BTreeSet<String>) -> Vec<(String, Client, Vec<NamedLedger>)> {
         self.read(|seeds| {
             seeds
                 .iter()
@@ -103,10 +107,8 @@ impl Seeds {
                     let orphans = s
                         .copies
                         .iter()
-                        .filter(|(name, copy)| {
-                            !masters.contains(*name) && copy.metadata.deletion_timestamp.is_none()
-                        })
-                        .map(|(_, copy)| copy.clone())
+                        .filter(|(name, copy)| !masters.contains(*name) && !copy.deleting)
+                        .map(|(name, copy)| (name.clone(), copy.clone()))
                         .collect();
                     Some((n.clone(), s.client.clone()?, orphans))
                 })
@@ -359,10 +361,8 @@ async fn watch_seed(
     let api: Api<QuotaLedger> = Api::all(client.clone());
     let mut backoff = SeedBackoff::new(link.max_backoff);
     loop {
-        let mut events = watcher::watcher(api.clone(), watcher::Config::default())
-            .modify(crate::api::forget_managed_fields)
-            .boxed();
-        let mut buffer: BTreeMap<String, QuotaLedger> = BTreeMap::new();
+        let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+        let mut buffer: BTreeMap<String, Arc<SeedLedger>> = BTreeMap::new();
         let mut probes = tokio::time::interval_at(Instant::now() + link.probe_every, link.probe_every);
         probes.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
@@ -392,7 +392,7 @@ async fn watch_seed(
             match event {
                 Ok(Event::Init) => buffer.clear(),
                 Ok(Event::InitApply(rq)) => {
-                    buffer.insert(rq.name_any(), rq);
+                    buffer.insert(rq.name_any(), Arc::new(SeedLedger::from(&rq)));
                 }
                 Ok(Event::InitDone) => {
                     let listed = std::mem::take(&mut buffer);
@@ -422,9 +422,10 @@ async fn watch_seed(
                 }
                 Ok(Event::Apply(rq)) => {
                     let name = rq.name_any();
+                    let ledger = Arc::new(SeedLedger::from(&rq));
                     seeds.write(|s| {
                         if let Some(state) = s.get_mut(&seed) {
-                            state.copies.insert(name.clone(), rq);
+                            state.copies.insert(name.clone(), ledger);
                             state.health = state.health.touched(now);
                         }
                     });

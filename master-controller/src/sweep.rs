@@ -35,19 +35,18 @@ pub(crate) async fn orphan_sweep(
         for (seed, client, copies) in seeds.fresh_orphans(&masters) {
             let api: Api<QuotaLedger> = Api::all(client.clone());
             let kkp_api: Api<ResourceQuota> = Api::all(client);
-            for copy in copies {
-                let name = copy.name_any();
+            for (name, copy) in copies {
                 // Conditioned on the copy's UID: a copy re-created meanwhile is not touched.
                 let dp = DeleteParams {
                     preconditions: Some(kube::api::Preconditions {
-                        uid: copy.uid(),
+                        uid: copy.uid.clone(),
                         resource_version: None,
                     }),
                     ..DeleteParams::default()
                 };
                 match bounded(api.delete(&name, &dp)).await {
                     Ok(_) => {
-                        info!(seed = %seed, quota = %name, project = %copy.project(), "deleted seed copy without a master object");
+                        info!(seed = %seed, quota = %name, project = %copy.project, "deleted seed copy without a master object");
                         metrics.wrote(&seed, "delete");
                         if let Err(e) = delete_gone(&kkp_api, &name, &DeleteParams::default()).await {
                             warn!(seed = %seed, quota = %name, error = %e, "deleting an orphaned KKP copy failed");

@@ -135,6 +135,15 @@ impl World {
                     same_usage(&o, &others),
                     "{seed}: otherSeedsUsage {o}, want {others}"
                 );
+                let kkp = self.kkp_seed_api(seed).get(name).await?;
+                let k = status_of(&kkp)
+                    .global_usage
+                    .context(format!("{seed}: KKP copy has no globalUsage"))?;
+                ensure!(
+                    k.kkp_subset() == global.kkp_subset(),
+                    "{seed}: KKP copy's globalUsage {k}, want {}",
+                    global.kkp_subset()
+                );
             }
             Ok(())
         })

@@ -37,7 +37,12 @@ pub fn committed(status: &QuotaLedgerStatus) -> Result<ResourceDetails, Quantity
 
 /// The demands that have not expired at `now`.
 pub fn live_demands(status: &QuotaLedgerStatus, now: Timestamp) -> impl Iterator<Item = &ShareDemand> {
-    status.demands.iter().filter(move |d| d.expires_at > now)
+    status.demands.iter().filter(move |d| is_live(d, now))
+}
+
+/// Whether a demand still counts at `now`.
+fn is_live(demand: &ShareDemand, now: Timestamp) -> bool {
+    demand.expires_at > now
 }
 
 /// The seed's demand: per resource the largest live one; `None` when none is live.
@@ -48,20 +53,50 @@ pub fn demand(status: &QuotaLedgerStatus, now: Timestamp) -> Option<ResourceDeta
 /// What the master reads from a seed's ledger. Its version is the ledger's `resourceVersion`
 /// (it only orders reads of one object; an unreadable one counts as the oldest).
 pub fn report(ledger: &QuotaLedger, now: Timestamp) -> Result<SeedReport, QuantityError> {
-    let empty = QuotaLedgerStatus::default();
-    let status = ledger.status.as_ref().unwrap_or(&empty);
-    let version = ledger
-        .metadata
-        .resource_version
-        .as_deref()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    Ok(SeedReport {
-        version,
-        released: status.released.clone().unwrap_or_default(),
-        committed: committed(status)?,
-        demand: demand(status, now),
-    })
+    LedgerReading::of(ledger).report(now)
+}
+
+/// A seed's ledger as the master reads it, kept apart from the ledger: a master that caches
+/// thousands of ledgers keeps this instead of each whole object. The demand is not folded in,
+/// because whether a demand still counts depends on when the reading is used.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerReading {
+    pub version: u64,
+    /// `status.released`; absent is none released.
+    pub released: Option<ResourceDetails>,
+    /// [`committed`], or why it cannot be summed.
+    pub committed: Result<ResourceDetails, QuantityError>,
+    /// `status.demands`, expired or not.
+    pub demands: Vec<ShareDemand>,
+}
+
+impl LedgerReading {
+    pub fn of(ledger: &QuotaLedger) -> LedgerReading {
+        let empty = QuotaLedgerStatus::default();
+        let status = ledger.status.as_ref().unwrap_or(&empty);
+        LedgerReading {
+            version: ledger
+                .metadata
+                .resource_version
+                .as_deref()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            released: status.released.clone(),
+            committed: committed(status),
+            demands: status.demands.clone(),
+        }
+    }
+
+    /// The report as of `now` (demands expired by then do not count).
+    pub fn report(&self, now: Timestamp) -> Result<SeedReport, QuantityError> {
+        let live = self.demands.iter().filter(|d| is_live(d, now));
+        Ok(SeedReport {
+            version: self.version,
+            released: self.released.clone().unwrap_or_default(),
+            committed: self.committed.clone()?,
+            demand: super::largest(live.map(|d| &d.amount)),
+        })
+    }
 }
 
 /// The master's record as per-seed records (no reports yet; every seed reachable).

@@ -52,7 +52,7 @@ struct QuotaMemory {
     /// Per seed: when its demand was first seen unmet.
     unmet_since: BTreeMap<String, Instant>,
     /// Per seed: the last `released` read.
-    released: BTreeMap<String, ResourceDetails>,
+    released: Vec<(String, ResourceDetails)>,
     /// Seeds whose share was stuck in the last round.
     stuck: BTreeSet<String>,
 }

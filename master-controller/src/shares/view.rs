@@ -31,7 +31,7 @@ pub fn view(
         let record = records.entry(seed.name.clone()).or_insert_with(SeedRecord::new);
         record.reachable = seed.health.is_fresh();
         if let Some(ledger) = &seed.copy {
-            record.observe(objects::report(ledger, now)?);
+            record.observe(ledger.reading.report(now)?);
         }
     }
     for (name, record) in &mut records {
@@ -139,6 +139,7 @@ impl Round {
 pub(super) mod tests {
     use super::*;
     use crate::fold::Health;
+    use crate::seed_ledger::SeedLedger;
     use kkp_quota_crds::project_quota::SeedShareRecord;
     use kkp_quota_crds::quota_ledger::{QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
     use kkp_quota_crds::shares::SeedReport;
@@ -174,7 +175,7 @@ pub(super) mod tests {
             name: name.into(),
             client: None,
             health,
-            copy,
+            copy: copy.map(|c| Arc::new(SeedLedger::from(&c))),
         }
     }
 
