@@ -28,6 +28,7 @@ use clap::Parser;
 use common::{cpu_mem, create_quota, set_local_usage, set_quota};
 use e2e::bench::{mib, ms, percentile};
 use e2e::components::{ComponentSpec, spawn};
+use e2e::wait::wait_for;
 use e2e::{Fleet, FleetSpec};
 use futures::{StreamExt, stream};
 use kkp_quota_crds::kkp::{Project, ProjectSpec};
@@ -305,25 +306,17 @@ fn heaptracked(component: ComponentSpec, file: &std::path::Path) -> ComponentSpe
 
 /// The process heaptrack's script started (its child running the controller).
 async fn traced_child(script: u32) -> Result<u32> {
-    let began = Instant::now();
-    loop {
+    wait_for(SAMPLE_WITHIN, "heaptrack to start master-controller", || async {
         // Its command line, not its `comm` (which the kernel cuts at 15 bytes).
-        let found = e2e::procfs::children(script).into_iter().find(|c| {
+        e2e::procfs::children(script).into_iter().find(|c| {
             std::fs::read(format!("/proc/{c}/cmdline")).is_ok_and(|cmd| {
                 cmd.split(|b| *b == 0)
                     .next()
                     .is_some_and(|p| p.ends_with(b"/master-controller"))
             })
-        });
-        if let Some(pid) = found {
-            return Ok(pid);
-        }
-        ensure!(
-            began.elapsed() < SAMPLE_WITHIN,
-            "heaptrack started no master-controller"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        })
+    })
+    .await
 }
 
 /// SIGTERM to the traced controller, then waits for heaptrack's script to finish its profile.
@@ -331,16 +324,37 @@ async fn stop_traced(script: &mut e2e::components::RunningComponent, traced: u32
     std::process::Command::new("kill")
         .args(["-TERM", &traced.to_string()])
         .status()?;
-    let began = Instant::now();
-    while script.exit_status().is_none() {
-        ensure!(
-            began.elapsed() < Duration::from_mins(10),
-            "heaptrack did not finish its profile"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Ok(())
+    let script = std::sync::Mutex::new(script);
+    wait_for(Duration::from_mins(10), "heaptrack to finish its profile", || {
+        let exited = script.lock().is_ok_and(|mut s| s.exit_status().is_some());
+        async move { exited }
+    })
+    .await
 }
+
+/// Waits until the controller's writes have stopped: its `kkp_quota_master_writes_total` the
+/// same over [`QUIET`]. After the last edit reached every seed, the statuses that follow it are
+/// still being written; their timings belong to the edits.
+async fn writes_settled(metrics_address: std::net::SocketAddr) -> Result<()> {
+    let last = std::sync::Mutex::new((f64::NAN, Instant::now()));
+    wait_for(SAMPLE_WITHIN, "the controller's writes to stop", || async {
+        let text = e2e::system::scrape_metrics(metrics_address).await?;
+        let total: f64 = by_write_kind(&text, "kkp_quota_master_writes_total")
+            .values()
+            .sum();
+        let mut last = last.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
+        #[allow(clippy::float_cmp)] // a counter: whole numbers, exact in an f64
+        if total != last.0 {
+            *last = (total, Instant::now());
+        }
+        ensure!(last.1.elapsed() >= QUIET, "{total} writes so far");
+        Ok(())
+    })
+    .await
+}
+
+/// How long without a write counts as "the writes have stopped".
+const QUIET: Duration = Duration::from_millis(300);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // one measurement run, top to bottom
@@ -435,9 +449,7 @@ async fn main() -> Result<()> {
         .await?;
         edits.push(seen.into_iter().max().unwrap_or(began) - began);
     }
-    // The edits' writes have all been answered once every seed showed the last one, save the
-    // statuses that follow: a moment for those.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    writes_settled(metrics_address).await?;
     let edit_times = WriteTimes::between(
         &before_edits,
         &e2e::system::scrape_metrics(metrics_address).await?,

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::Parser;
 use kkp_quota_crds::runtime::kubeconfig::own_client;
 use kkp_quota_crds::runtime::leader::LeaseConfig;
-use kkp_quota_crds::runtime::ops::{Readiness, bind_with_series};
+use kkp_quota_crds::runtime::ops::Readiness;
 use kkp_quota_crds::runtime::telemetry::init_tracing;
 use master_controller::{Metrics, Options};
 
@@ -104,14 +104,10 @@ async fn main() -> anyhow::Result<()> {
         .context("building the master client")?;
     let metrics = Metrics::new();
     let readiness = Readiness::default();
-    let (address, serve) = bind_with_series(
-        args.metrics_address,
-        metrics.registry.clone(),
-        Some(metrics.projects.clone()),
-        readiness.clone(),
-    )
-    .await
-    .context("binding the metrics address")?;
+    let (address, serve) = metrics
+        .bind_ops(args.metrics_address, readiness.clone())
+        .await
+        .context("binding the metrics address")?;
     tracing::info!(%address, "serving /metrics, /healthz, /readyz");
     tokio::spawn(serve);
     let mut options = Options::new(args.seed_namespace);

@@ -1,7 +1,10 @@
 //! Prometheus metrics (names agreed across the project; base units: cores, bytes).
 
+use kkp_quota_crds::runtime::RuntimeError;
+use kkp_quota_crds::runtime::ops::{ExtraSeries, Readiness, bind_with_series};
 use kkp_quota_crds::{Quantity, ResourceDetails};
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use crate::project_series::ProjectSeries;
@@ -69,6 +72,18 @@ impl Metrics {
             must(registry.register(Box::new(c.clone())));
             c
         };
+        // A reconcile and one of its writes: milliseconds to the seed calls' 10 s bound.
+        let duration = |name: &str, help: &str, labels: &[&str]| {
+            let buckets = vec![
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+            ];
+            let h = must(HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets),
+                labels,
+            ));
+            must(registry.register(Box::new(h.clone())));
+            h
+        };
         let seed_stale = gauge(
             "kkp_quota_seed_stale",
             "1 while a seed's usage is not current (unreachable).",
@@ -94,28 +109,16 @@ impl Metrics {
             "Writes made by this replica; target is \"master\" or a seed name.",
             &["target", "operation"],
         );
-        let write_duration = must(HistogramVec::new(
-            HistogramOpts::new(
-                "kkp_quota_master_write_duration_seconds",
-                "Duration of one write of a reconcile, answered or failed; target is \"master\" or a seed name.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-            ]),
+        let write_duration = duration(
+            "kkp_quota_master_write_duration_seconds",
+            "Duration of one write of a reconcile, answered or failed; target is \"master\" or a seed name.",
             &["target", "operation"],
-        ));
-        must(registry.register(Box::new(write_duration.clone())));
-        let reconcile_duration = must(HistogramVec::new(
-            HistogramOpts::new(
-                "kkp_quota_reconcile_duration_seconds",
-                "Duration of one reconcile.",
-            )
-            .buckets(vec![
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
-            ]),
+        );
+        let reconcile_duration = duration(
+            "kkp_quota_reconcile_duration_seconds",
+            "Duration of one reconcile.",
             &["controller"],
-        ));
-        must(registry.register(Box::new(reconcile_duration.clone())));
+        );
         let leader = must(IntGauge::new(
             "kkp_quota_master_leader",
             "1 while this replica holds the leader lease.",
@@ -170,6 +173,17 @@ impl Metrics {
 
     pub fn wrote(&self, target: &str, operation: &str) {
         self.writes.with_label_values(&[target, operation]).inc();
+    }
+
+    /// Binds the operations server (`/metrics`: the registry's series, then the per-project
+    /// ones) on `address`; see [`bind_with_series`].
+    pub async fn bind_ops(
+        &self,
+        address: SocketAddr,
+        readiness: Readiness,
+    ) -> Result<(SocketAddr, impl Future<Output = Result<(), RuntimeError>> + use<>), RuntimeError> {
+        let projects: Arc<dyn ExtraSeries> = self.projects.clone();
+        bind_with_series(address, self.registry.clone(), Some(projects), readiness).await
     }
 
     /// Awaits `write`, timing it in `write_duration` and counting it in `writes` when it

@@ -120,77 +120,36 @@ impl ProjectSeries {
         }
         all.retain(|_, f| !f.is_empty());
     }
-
-    /// The next part of the five families, from `at`: at most [`PART`] projects of one family.
-    fn encode_part_text(&self, at: &mut Cursor, out: &mut String) -> bool {
-        let Some(&(name, help)) = FAMILIES.get(at.family) else {
-            return true;
-        };
-        if at.after.is_none() {
-            header(out, name, help);
-        }
-        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let from = match &at.after {
-            Some(last) => Bound::Excluded(last.as_str()),
-            None => Bound::Unbounded,
-        };
-        let mut written = 0;
-        let mut last = None;
-        for (project, figures) in all.range::<str, _>((from, Bound::Unbounded)).take(PART) {
-            samples(at.family, out, project, figures);
-            written += 1;
-            last = Some(project);
-        }
-        if written < PART {
-            at.family += 1;
-            at.after = None;
-        } else {
-            at.after = last.cloned();
-        }
-        at.family >= FAMILIES.len()
-    }
 }
 
 /// Projects per part of a scrape: a part is written under the lock, so the lock is held for
 /// a part at a time, and the body in flight is a part (~250 KB), not the whole text.
 const PART: usize = 256;
 
-/// The five families, in order: name and help.
-const FAMILIES: [(&str, &str); 5] = [
-    (
-        "kkp_quota_limit",
-        "Quota limit per project and resource (cores, bytes, count).",
-    ),
-    (
-        "kkp_quota_usage",
-        "Usage per project and resource; scope is \"global\" or the seed name.",
-    ),
-    (
-        "kkp_quota_over_limit",
-        "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
-    ),
-    (
-        "kkp_quota_share",
-        "Share of a project's limit a seed holds as the master sees it (granted minus released).",
-    ),
-    (
-        "kkp_quota_share_stuck",
-        "Share held by a seed that cannot be reached (0 while it can): it cannot be moved.",
-    ),
-];
+/// One family: its name, help, and how one project's samples of it are written.
+struct Family {
+    name: &'static str,
+    help: &'static str,
+    samples: fn(&mut String, &'static str, &str, &Figures),
+}
 
-/// One project's samples of family `family` (an index into [`FAMILIES`]).
-fn samples(family: usize, out: &mut String, project: &str, f: &Figures) {
-    let name = FAMILIES[family].0;
-    match family {
-        0 => {
+/// The five families, in the order a scrape writes them.
+const FAMILIES: [Family; 5] = [
+    Family {
+        name: "kkp_quota_limit",
+        help: "Quota limit per project and resource (cores, bytes, count).",
+        samples: |out, name, project, f| {
             for (&r, limit) in Resource::ALL.iter().zip(&f.limit) {
                 if let Some(limit) = limit {
                     sample(out, name, &[("project", project), ("resource", r.name())], *limit);
                 }
             }
-        }
-        1 => {
+        },
+    },
+    Family {
+        name: "kkp_quota_usage",
+        help: "Usage per project and resource; scope is \"global\" or the seed name.",
+        samples: |out, name, project, f| {
             let scopes = f
                 .global
                 .iter()
@@ -202,28 +161,75 @@ fn samples(family: usize, out: &mut String, project: &str, f: &Figures) {
                     sample(out, name, &labels, *used);
                 }
             }
-        }
-        2 => {
+        },
+    },
+    Family {
+        name: "kkp_quota_over_limit",
+        help: "1 while a project's usage is above its limit (e.g. after the quota was lowered).",
+        samples: |out, name, project, f| {
             for (&r, over) in Resource::ALL.iter().zip(f.over.iter().flatten()) {
                 let value = if *over { 1.0 } else { 0.0 };
                 sample(out, name, &[("project", project), ("resource", r.name())], value);
             }
-        }
-        _ => {
-            let stuck = family == 4;
-            for (seed, per_resource) in &f.shares {
-                for &(r, share, held) in per_resource {
-                    let labels = [("project", project), ("resource", r.name()), ("seed", seed)];
-                    sample(out, name, &labels, if stuck { held } else { share });
-                }
-            }
+        },
+    },
+    Family {
+        name: "kkp_quota_share",
+        help: "Share of a project's limit a seed holds as the master sees it (granted minus released).",
+        samples: |out, name, project, f| share_samples(out, name, project, f, |(_, share, _)| share),
+    },
+    Family {
+        name: "kkp_quota_share_stuck",
+        help: "Share held by a seed that cannot be reached (0 while it can): it cannot be moved.",
+        samples: |out, name, project, f| share_samples(out, name, project, f, |(_, _, stuck)| stuck),
+    },
+];
+
+/// One project's samples of a share family, `value` picking the figure from (resource, share,
+/// stuck share).
+fn share_samples(
+    out: &mut String,
+    name: &str,
+    project: &str,
+    f: &Figures,
+    value: fn((Resource, f64, f64)) -> f64,
+) {
+    for (seed, per_resource) in &f.shares {
+        for &entry in per_resource {
+            let labels = [("project", project), ("resource", entry.0.name()), ("seed", seed)];
+            sample(out, name, &labels, value(entry));
         }
     }
 }
 
 impl ExtraSeries for ProjectSeries {
+    /// At most [`PART`] projects of one family per part.
     fn encode_part(&self, at: &mut Cursor, out: &mut String) -> bool {
-        self.encode_part_text(at, out)
+        let Some(family) = FAMILIES.get(at.family) else {
+            return true;
+        };
+        if at.after.is_none() {
+            header(out, family.name, family.help);
+        }
+        let all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let from = match &at.after {
+            Some(last) => Bound::Excluded(last.as_str()),
+            None => Bound::Unbounded,
+        };
+        let mut written = 0;
+        let mut last = None;
+        for (project, figures) in all.range::<str, _>((from, Bound::Unbounded)).take(PART) {
+            (family.samples)(out, family.name, project, figures);
+            written += 1;
+            last = Some(project);
+        }
+        if written < PART {
+            at.family += 1;
+            at.after = None;
+        } else {
+            at.after = last.cloned();
+        }
+        at.family >= FAMILIES.len()
     }
 }
 
@@ -278,7 +284,7 @@ mod tests {
             series.set_quota(&format!("p{i:04}"), &cpu, Some(&cpu));
         }
         let text = text(&series);
-        for (name, _) in FAMILIES {
+        for Family { name, .. } in FAMILIES {
             assert_eq!(
                 text.matches(&format!("# TYPE {name} gauge\n")).count(),
                 1,

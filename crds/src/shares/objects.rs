@@ -37,30 +37,30 @@ pub fn committed(status: &QuotaLedgerStatus) -> Result<ResourceDetails, Quantity
 
 /// The demands that have not expired at `now`.
 pub fn live_demands(status: &QuotaLedgerStatus, now: Timestamp) -> impl Iterator<Item = &ShareDemand> {
-    status.demands.iter().filter(move |d| is_live(d, now))
+    live(&status.demands, now)
 }
 
-/// Whether a demand still counts at `now`.
-fn is_live(demand: &ShareDemand, now: Timestamp) -> bool {
-    demand.expires_at > now
+fn live(demands: &[ShareDemand], now: Timestamp) -> impl Iterator<Item = &ShareDemand> {
+    demands.iter().filter(move |d| d.expires_at > now)
 }
 
 /// The seed's demand: per resource the largest live one; `None` when none is live.
 pub fn demand(status: &QuotaLedgerStatus, now: Timestamp) -> Option<ResourceDetails> {
-    super::largest(live_demands(status, now).map(|d| &d.amount))
+    largest_live(&status.demands, now)
 }
 
-/// What the master reads from a seed's ledger. Its version is the ledger's `resourceVersion`
-/// (it only orders reads of one object; an unreadable one counts as the oldest).
-pub fn report(ledger: &QuotaLedger, now: Timestamp) -> Result<SeedReport, QuantityError> {
-    LedgerReading::of(ledger).report(now)
+fn largest_live(demands: &[ShareDemand], now: Timestamp) -> Option<ResourceDetails> {
+    super::largest(live(demands, now).map(|d| &d.amount))
 }
 
-/// A seed's ledger as the master reads it, kept apart from the ledger: a master that caches
-/// thousands of ledgers keeps this instead of each whole object. The demand is not folded in,
-/// because whether a demand still counts depends on when the reading is used.
+/// What the master reads from a seed's ledger ([`LedgerReading::report`]), kept apart from the
+/// ledger: a master that caches thousands of ledgers keeps this instead of each whole object.
+/// The demand is not folded in, because whether a demand still counts depends on when the
+/// reading is used.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LedgerReading {
+    /// The ledger's `resourceVersion`: it only orders reads of one object; an unreadable one
+    /// counts as the oldest.
     pub version: u64,
     /// `status.released`; absent is none released.
     pub released: Option<ResourceDetails>,
@@ -89,12 +89,11 @@ impl LedgerReading {
 
     /// The report as of `now` (demands expired by then do not count).
     pub fn report(&self, now: Timestamp) -> Result<SeedReport, QuantityError> {
-        let live = self.demands.iter().filter(|d| is_live(d, now));
         Ok(SeedReport {
             version: self.version,
             released: self.released.clone().unwrap_or_default(),
             committed: self.committed.clone()?,
-            demand: super::largest(live.map(|d| &d.amount)),
+            demand: largest_live(&self.demands, now),
         })
     }
 }

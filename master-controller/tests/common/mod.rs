@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use kkp_quota_crds::runtime::ops::{Readiness, bind_with_series};
+use kkp_quota_crds::runtime::ops::Readiness;
 use kkp_quota_crds::{
     KkpQuota, ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
     ResourceQuotaSpec, Subject,
@@ -31,13 +31,9 @@ impl Running {
         kkp_quota_crds::runtime::telemetry::init_tracing(false);
         let metrics = Metrics::new();
         let readiness = Readiness::default();
-        let (address, serve) = bind_with_series(
-            "127.0.0.1:0".parse()?,
-            metrics.registry.clone(),
-            Some(metrics.projects.clone()),
-            readiness.clone(),
-        )
-        .await?;
+        let (address, serve) = metrics
+            .bind_ops("127.0.0.1:0".parse()?, readiness.clone())
+            .await?;
         tokio::spawn(serve);
         let task = tokio::spawn(master_controller::run(
             master.clone(),
