@@ -21,7 +21,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use e2e::bench::{Buckets, add, growth, histogram_buckets, histogram_quantile, median, ms, percentile, rate};
+use e2e::bench::{
+    Buckets, add, growth, histogram_buckets, histogram_buckets_with, histogram_quantile, median, ms,
+    percentile, rate,
+};
 use e2e::machines::{self, is_quota_denial};
 use e2e::system::{FleetWithSystem, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
@@ -75,8 +78,70 @@ struct Phase {
     denied: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
-    /// What the webhooks' decision-latency histogram counted during the phase.
-    decisions: Buckets,
+    /// What the webhooks' histograms counted during the phase.
+    webhooks: Webhooks,
+}
+
+/// Both seeds' webhooks' histograms, summed: the whole decision, the reserver's part of it by
+/// path, the waits for share by how they ended, and the demands written.
+#[derive(Clone, Default)]
+struct Webhooks {
+    decision: Buckets,
+    allotment: Buckets,
+    write: Buckets,
+    share_allowed: Buckets,
+    share_denied: Buckets,
+    demands: f64,
+}
+
+impl Webhooks {
+    async fn scrape(setup: &FleetWithSystem) -> Result<Webhooks> {
+        let mut text = String::new();
+        for webhook in setup.system.of_kind("machine-webhook") {
+            text.push_str(&webhook.scrape().await?);
+        }
+        let wait = |label: &str| histogram_buckets_with(&text, "kkp_quota_reservation_wait_seconds", label);
+        let share = |label: &str| histogram_buckets_with(&text, "kkp_quota_share_wait_seconds", label);
+        Ok(Webhooks {
+            decision: histogram_buckets(&text, "kkp_quota_admission_duration_seconds"),
+            allotment: wait("path=\"allotment\""),
+            write: wait("path=\"write\""),
+            share_allowed: share("result=\"allowed\""),
+            share_denied: share("result=\"denied\""),
+            demands: text
+                .lines()
+                .filter_map(|l| l.strip_prefix("kkp_quota_share_demands_total "))
+                .filter_map(|v| v.trim().parse::<f64>().ok())
+                .sum(),
+        })
+    }
+
+    fn since(&self, before: &Webhooks) -> Webhooks {
+        Webhooks {
+            decision: growth(&before.decision, &self.decision),
+            allotment: growth(&before.allotment, &self.allotment),
+            write: growth(&before.write, &self.write),
+            share_allowed: growth(&before.share_allowed, &self.share_allowed),
+            share_denied: growth(&before.share_denied, &self.share_denied),
+            demands: self.demands - before.demands,
+        }
+    }
+
+    fn add(&mut self, more: &Webhooks) {
+        add(&mut self.decision, &more.decision);
+        add(&mut self.allotment, &more.allotment);
+        add(&mut self.write, &more.write);
+        add(&mut self.share_allowed, &more.share_allowed);
+        add(&mut self.share_denied, &more.share_denied);
+        self.demands += more.demands;
+    }
+}
+
+/// "count / p50 / p99" of what a histogram counted.
+fn summary(buckets: &[(f64, u64)]) -> String {
+    let count = buckets.last().map_or(0, |b| b.1);
+    let q = |q: f64| histogram_quantile(buckets, q) * 1000.0;
+    format!("{count} / {:.2} ms / {:.2} ms", q(0.5), q(0.99))
 }
 
 fn machine(name: &str) -> Machine {
@@ -179,7 +244,7 @@ async fn phase(fleet: &Fleet, mode: Mode, tag: &str, clients: usize, creates: us
         denied: 0,
         elapsed,
         latencies: Vec::with_capacity(results.len()),
-        decisions: Buckets::new(),
+        webhooks: Webhooks::default(),
     };
     for (latency, result) in results {
         phase.latencies.push(latency);
@@ -208,15 +273,6 @@ async fn timed_create(fleet: &Fleet, cluster: &str, name: &str) -> Result<Option
     }
 }
 
-/// Every webhook's decision-latency histogram (request received to answer sent), summed.
-async fn decision_buckets(setup: &FleetWithSystem) -> Result<Buckets> {
-    let mut text = String::new();
-    for webhook in setup.system.of_kind("machine-webhook") {
-        text.push_str(&webhook.scrape().await?);
-    }
-    Ok(histogram_buckets(&text, "kkp_quota_admission_duration_seconds"))
-}
-
 /// The master's `kkp_quota_share_grant_latency_seconds` sum and count.
 async fn grant_latency(setup: &FleetWithSystem) -> Result<(f64, f64)> {
     let master = setup
@@ -241,10 +297,12 @@ fn arg(n: usize, default: usize) -> Result<usize> {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)]
 async fn main() -> Result<()> {
-    let rounds = arg(1, 3)?;
+    let rounds = arg(1, 5)?;
     let clients = arg(2, 16)?;
-    let creates = arg(3, 15)?;
-    let transfers = arg(4, 30)?;
+    // 60 each: 960 creates a phase, about a second. With 15 (a third of a second) the first
+    // requests' wait for share at a phase's start was a third of the phase's time.
+    let creates = arg(3, 60)?;
+    let transfers = arg(4, 20)?;
     let total = clients * creates;
     let far = i64::try_from(total * 10)?;
     let tight = i64::try_from((total * 5).div_ceil(100))?;
@@ -269,7 +327,7 @@ async fn main() -> Result<()> {
             if mode != Mode::NoQuota {
                 set_quota(fleet, if mode == Mode::Tight { tight } else { far }).await?;
             }
-            let before = decision_buckets(&setup).await?;
+            let before = Webhooks::scrape(&setup).await?;
             let mut p = phase(
                 fleet,
                 mode,
@@ -278,7 +336,7 @@ async fn main() -> Result<()> {
                 creates,
             )
             .await?;
-            p.decisions = growth(&before, &decision_buckets(&setup).await?);
+            p.webhooks = Webhooks::scrape(&setup).await?.since(&before);
             eprintln!(
                 "round {round}: {}: {} of {} admitted in {:.2} s",
                 mode.label(),
@@ -356,11 +414,11 @@ async fn main() -> Result<()> {
         let mut lat: Vec<Duration> = of.iter().flat_map(|p| p.latencies.iter().copied()).collect();
         lat.sort();
         let admitted: Vec<String> = of.iter().map(|p| p.admitted.to_string()).collect();
-        let mut decisions = Buckets::new();
+        let mut webhooks = Webhooks::default();
         for p in &of {
-            add(&mut decisions, &p.decisions);
+            webhooks.add(&p.webhooks);
         }
-        let decision = |q: f64| format!("{:.2} ms", histogram_quantile(&decisions, q) * 1000.0);
+        let decision = |q: f64| format!("{:.2} ms", histogram_quantile(&webhooks.decision, q) * 1000.0);
         writeln!(
             out,
             "| {} | {r:.1} | {:.2} | {} | {} | {} | {} | {} |",
@@ -373,18 +431,53 @@ async fn main() -> Result<()> {
             decision(0.99),
         )?;
     }
-    writeln!(out, "\nPer phase:\n")?;
-    writeln!(out, "| phase | mode | admitted | denied | seconds | creates/s |")?;
-    writeln!(out, "| ---: | --- | ---: | ---: | ---: | ---: |")?;
-    for (i, p) in phases.iter().enumerate() {
+    writeln!(
+        out,
+        "\nWhere the decisions' time goes, over every phase of the mode (both webhooks summed: `kkp_quota_reservation_wait_seconds{{path}}`, the reserver's part of a growing request's decision, from the allotment in memory or queued for a ledger write, share waits included; `kkp_quota_share_wait_seconds{{result}}`, the requests that waited for share to reach their seed; `kkp_quota_share_demands_total`, the demands written). Each cell is requests / p50 / p99.\n"
+    )?;
+    writeln!(
+        out,
+        "| mode | from the allotment | queued for a write | waited for share, admitted | waited for share, denied | demands written |"
+    )?;
+    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: |")?;
+    for mode in [Mode::OneSeed, Mode::BothSeeds, Mode::Tight] {
+        let mut w = Webhooks::default();
+        for p in phases.iter().filter(|p| p.mode == mode) {
+            w.add(&p.webhooks);
+        }
         writeln!(
             out,
-            "| {i} | {} | {} | {} | {:.2} | {:.1} |",
+            "| {} | {} | {} | {} | {} | {:.0} |",
+            mode.label(),
+            summary(&w.allotment),
+            summary(&w.write),
+            summary(&w.share_allowed),
+            summary(&w.share_denied),
+            w.demands,
+        )?;
+    }
+    writeln!(out, "\nPer phase:\n")?;
+    writeln!(
+        out,
+        "| phase | mode | admitted | denied | seconds | creates/s | queued for a write | waited for share | demands written |"
+    )?;
+    writeln!(
+        out,
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    )?;
+    for (i, p) in phases.iter().enumerate() {
+        let count = |b: &Buckets| b.last().map_or(0, |b| b.1);
+        writeln!(
+            out,
+            "| {i} | {} | {} | {} | {:.2} | {:.1} | {} | {} | {:.0} |",
             p.mode.label(),
             p.admitted,
             p.denied,
             p.elapsed.as_secs_f64(),
-            rate(p.attempted, p.elapsed)
+            rate(p.attempted, p.elapsed),
+            count(&p.webhooks.write),
+            count(&p.webhooks.share_allowed) + count(&p.webhooks.share_denied),
+            p.webhooks.demands,
         )?;
     }
     writeln!(out, "\n## Share transfer\n")?;

@@ -71,9 +71,17 @@ pub type Buckets = Vec<(f64, u64)>;
 /// The buckets of histogram `name` in Prometheus text `text`, summed over every series (so
 /// several processes' scrapes, concatenated, give one histogram).
 pub fn histogram_buckets(text: &str, name: &str) -> Buckets {
+    histogram_buckets_with(text, name, "")
+}
+
+/// The same, over the series whose labels contain `label` (such as `path="write"`).
+pub fn histogram_buckets_with(text: &str, name: &str, label: &str) -> Buckets {
     let prefix = format!("{name}_bucket{{");
     let mut sums: Vec<(f64, u64)> = Vec::new();
-    for line in text.lines().filter(|l| l.starts_with(&prefix)) {
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with(&prefix) && l.contains(label))
+    {
         let Some((labels, value)) = line[prefix.len()..].split_once("} ") else {
             continue;
         };
@@ -97,8 +105,12 @@ pub fn histogram_buckets(text: &str, name: &str) -> Buckets {
     sums
 }
 
-/// What a histogram observed between two snapshots of it.
+/// What a histogram observed between two snapshots of it. A series absent before (a labelled
+/// one appears at its first observation) grew by all it holds.
 pub fn growth(before: &[(f64, u64)], after: &[(f64, u64)]) -> Buckets {
+    if before.is_empty() {
+        return after.to_vec();
+    }
     after
         .iter()
         .zip(before)
@@ -178,6 +190,19 @@ mod tests {
         );
         assert_eq!(grown, vec![(0.001, 3), (0.01, 4)]);
         assert!(histogram_quantile(&[], 0.5).abs() < f64::EPSILON);
+    }
+
+    #[test]
+    fn labelled_series_and_series_that_appear() {
+        let text = "y_bucket{path=\"write\",le=\"0.1\"} 3\n\
+                    y_bucket{path=\"write\",le=\"+Inf\"} 4\n\
+                    y_bucket{path=\"allotment\",le=\"0.1\"} 7\n\
+                    y_bucket{path=\"allotment\",le=\"+Inf\"} 7\n";
+        let write = histogram_buckets_with(text, "y", "path=\"write\"");
+        assert_eq!(write, vec![(0.1, 3), (f64::INFINITY, 4)]);
+        assert_eq!(histogram_buckets(text, "y"), vec![(0.1, 10), (f64::INFINITY, 11)]);
+        // Not there at the first scrape: all it holds is growth.
+        assert_eq!(growth(&[], &write), write);
     }
 
     #[test]

@@ -38,6 +38,23 @@ pub fn total_cpu_ticks(pids: &[u32]) -> u64 {
     pids.iter().map(|p| cpu_ticks(&p.to_string()).unwrap_or(0)).sum()
 }
 
+/// Clock ticks the whole machine has spent busy, and in all, summed over its CPUs since boot
+/// (`/proc/stat`: busy is everything but idle and iowait).
+pub fn machine_ticks() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().find_map(|l| l.strip_prefix("cpu "))?;
+    // user nice system idle iowait irq softirq steal; guest time is inside user already.
+    let fields: Vec<u64> = line
+        .split_whitespace()
+        .take(8)
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
+    let total: u64 = fields.iter().sum();
+    let idle = fields.get(3)? + fields.get(4)?;
+    Some((total - idle, total))
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`; 100, the Linux value, if it cannot be asked).
 pub fn ticks_per_second() -> f64 {
     std::process::Command::new("getconf")
@@ -86,4 +103,20 @@ pub fn parent(pid: u32) -> Option<u32> {
     // After the parenthesised command name: state, then ppid.
     let (_, rest) = stat.rsplit_once(')')?;
     rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn machine_ticks_are_read_and_grow() {
+        let (busy, total) = machine_ticks().expect("/proc/stat");
+        assert!(busy <= total && total > 0, "{busy} of {total}");
+        let own = cpu_ticks("self").expect("own stat");
+        // Spin until this process has used a tick more: the machine was busy meanwhile.
+        while cpu_ticks("self").expect("own stat") < own + 2 {}
+        let (busy_after, total_after) = machine_ticks().expect("/proc/stat");
+        assert!(busy_after > busy && total_after > total);
+    }
 }

@@ -6,7 +6,8 @@
 //!   of every quota and every master quota has its `globalUsage`;
 //! - the controller's resident memory then, and after the latency runs;
 //! - one quota edit on the master → the new limit in every seed's ledger (p50/p99);
-//! - one seed's `localUsage` change → the master's `globalUsage` (p50/p99).
+//! - one seed's `localUsage` change → the master's `globalUsage` (p50/p99);
+//! - where the machine's CPU went during the cold start (each group of processes, and idle).
 //!
 //! No seed-controllers run: the benchmark writes `localUsage` itself, as they would.
 //!
@@ -289,6 +290,87 @@ fn write_writes(out: &mut String, writes: &BTreeMap<(String, String), f64>, proj
     Ok(())
 }
 
+/// CPU ticks used so far by each group of processes, and by the machine as a whole.
+struct CpuSplit {
+    master: u64,
+    seeds: u64,
+    controller: u64,
+    bench: u64,
+    machine_busy: u64,
+    machine_total: u64,
+}
+
+impl CpuSplit {
+    fn now(fleet: &Fleet, seeds: &[String], controller: u32) -> CpuSplit {
+        let (machine_busy, machine_total) = e2e::procfs::machine_ticks().unwrap_or_default();
+        let seed_pids: Vec<u32> = seeds.iter().flat_map(|s| fleet.seed(s).pids()).collect();
+        CpuSplit {
+            master: e2e::procfs::total_cpu_ticks(&fleet.master().pids()),
+            seeds: e2e::procfs::total_cpu_ticks(&seed_pids),
+            controller: e2e::procfs::cpu_ticks(&controller.to_string()).unwrap_or(0),
+            bench: e2e::procfs::cpu_ticks("self").unwrap_or(0),
+            machine_busy,
+            machine_total,
+        }
+    }
+}
+
+/// Where the machine's CPU went between `before` and `after`: each group's CPU seconds and its
+/// part of all the cores' time.
+#[allow(clippy::cast_precision_loss)]
+fn write_cpu_split(out: &mut String, before: &CpuSplit, after: &CpuSplit) -> Result<()> {
+    let per_second = e2e::procfs::ticks_per_second();
+    let total = after.machine_total.saturating_sub(before.machine_total).max(1) as f64;
+    let busy = after.machine_busy.saturating_sub(before.machine_busy);
+    let groups = [
+        (
+            "master kube-apiserver + etcd",
+            after.master.saturating_sub(before.master),
+        ),
+        (
+            "the seeds' kube-apiservers + etcds, together",
+            after.seeds.saturating_sub(before.seeds),
+        ),
+        (
+            "master-controller",
+            after.controller.saturating_sub(before.controller),
+        ),
+        (
+            "this program (its watches, the convergence check, the `localUsage` writes)",
+            after.bench.saturating_sub(before.bench),
+        ),
+    ];
+    let known: u64 = groups.iter().map(|g| g.1).sum();
+    writeln!(
+        out,
+        "\nWhere the machine's CPU went during the cold start ({} cores; CPU time of each group of processes from `/proc/<pid>/stat`, the machine's busy and idle time from `/proc/stat`):\n",
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
+    )?;
+    writeln!(
+        out,
+        "| | CPU seconds | part of all cores' time |\n| --- | ---: | ---: |"
+    )?;
+    let rows = groups.into_iter().chain([
+        ("everything else on the machine", busy.saturating_sub(known)),
+        (
+            "idle",
+            after
+                .machine_total
+                .saturating_sub(before.machine_total)
+                .saturating_sub(busy),
+        ),
+    ]);
+    for (what, ticks) in rows {
+        writeln!(
+            out,
+            "| {what} | {:.1} | {:.0} % |",
+            ticks as f64 / per_second,
+            ticks as f64 / total * 100.0
+        )?;
+    }
+    Ok(())
+}
+
 /// `component` run by heaptrack, its profile written to `file`.
 fn heaptracked(component: ComponentSpec, file: &std::path::Path) -> ComponentSpec {
     let mut args = vec![
@@ -420,7 +502,9 @@ async fn main() -> Result<()> {
         Some(_) => traced_child(controller.pid()).await?,
         None => controller.pid(),
     };
+    let cpu_before = CpuSplit::now(&fleet, &seeds, pid);
     let cold = converge(&fleet, &seeds, args.projects, started).await?;
+    let cpu_after = CpuSplit::now(&fleet, &seeds, pid);
     let cpu_cold = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
     let cold_writes = by_write_kind(
         &e2e::system::scrape_metrics(metrics_address).await?,
@@ -535,6 +619,7 @@ async fn main() -> Result<()> {
     )?;
     write_edit_times(&mut out, &edit_times, edits.len(), &edits)?;
     write_writes(&mut out, &cold_writes, args.projects)?;
+    write_cpu_split(&mut out, &cpu_before, &cpu_after)?;
     std::fs::write(&args.out, &out).with_context(|| format!("writing {}", args.out.display()))?;
     print!("{out}");
     eprintln!("written to {}", args.out.display());
