@@ -82,18 +82,30 @@ pub struct LedgerShares {
     #[serde(default)]
     pub target: ResourceDetails,
     /// The share the master last saw each other seed hold, by seed name (for messages only:
-    /// it rides along when the rest changes, see [`LedgerShares::same_word`]).
+    /// it rides along when the rest changes, see [`LedgerShares::word`]).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub others: BTreeMap<String, ResourceDetails>,
 }
 
 impl LedgerShares {
-    /// Whether both carry the same word of the master (version, grants, target), whatever
-    /// `others` says: a release on one seed must not make the master rewrite every other
-    /// seed's ledger only to refresh a message.
-    pub fn same_word(&self, other: &LedgerShares) -> bool {
-        self.version == other.version && self.granted == other.granted && self.target == other.target
+    /// The master's word in it (version, grants, target), without `others`: two ledgers with
+    /// the same word need no write, so a release on one seed does not make the master rewrite
+    /// every other seed's ledger only to refresh a message.
+    pub fn word(&self) -> MasterWord<'_> {
+        MasterWord {
+            version: self.version,
+            granted: &self.granted,
+            target: &self.target,
+        }
     }
+}
+
+/// What [`LedgerShares::word`] returns.
+#[derive(Serialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MasterWord<'a> {
+    pub version: u64,
+    pub granted: &'a ResourceDetails,
+    pub target: &'a ResourceDetails,
 }
 
 /// The subject, as KKP's `ResourceQuota` names it.

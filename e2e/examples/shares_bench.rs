@@ -26,6 +26,7 @@ use e2e::bench::{
     percentile, rate,
 };
 use e2e::machines::{self, is_quota_denial};
+use e2e::procfs::CpuTicks;
 use e2e::system::{FleetWithSystem, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
@@ -80,59 +81,38 @@ struct Phase {
     latencies: Vec<Duration>,
     /// What the webhooks' histograms counted during the phase.
     webhooks: Webhooks,
-    /// CPU ticks each group of processes used during the phase.
-    cpu: Cpu,
+    /// CPU ticks each of [`CPU_GROUPS`] used during the phase.
+    cpu: CpuTicks,
 }
 
-/// The groups of processes whose CPU time is measured, in the table's order.
-const CPU_GROUPS: [&str; 7] = [
+/// The groups of processes whose CPU time is measured, in the table's order (this program,
+/// the clients, comes last: [`CpuTicks::this_process`]).
+const CPU_GROUPS: [&str; 6] = [
     "user clusters' API servers + etcds",
     "seeds' API servers + etcds",
     "master API server + etcd",
     "master-controller",
     "seed-controllers",
     "machine-webhooks",
-    "this program (the clients)",
 ];
 
-/// CPU ticks used so far by each of [`CPU_GROUPS`].
-#[derive(Clone, Copy, Default)]
-struct Cpu([u64; 7]);
-
-impl Cpu {
-    fn now(setup: &FleetWithSystem) -> Cpu {
-        use e2e::procfs::{cpu_ticks, total_cpu_ticks};
-        let fleet = &setup.fleet;
-        let planes = |names: &mut dyn Iterator<Item = &str>| -> u64 {
-            total_cpu_ticks(
-                &names
-                    .flat_map(|n| fleet.get(n).map(e2e::ControlPlane::pids).unwrap_or_default())
-                    .collect::<Vec<_>>(),
-            )
-        };
-        let kind = |k: &str| -> u64 {
-            total_cpu_ticks(
-                &setup
-                    .system
-                    .of_kind(k)
-                    .map(e2e::system::Component::pid)
-                    .collect::<Vec<_>>(),
-            )
-        };
-        Cpu([
-            planes(&mut BOTH_SEEDS.iter().chain(&NO_QUOTA).copied()),
-            planes(&mut SEEDS.iter().copied()),
-            total_cpu_ticks(&fleet.master().pids()),
-            kind("master-controller"),
-            kind("seed-controller"),
-            kind("machine-webhook"),
-            cpu_ticks("self").unwrap_or(0),
-        ])
-    }
-
-    fn since(&self, before: &Cpu) -> Cpu {
-        Cpu(std::array::from_fn(|i| self.0[i].saturating_sub(before.0[i])))
-    }
+/// The pids of each of [`CPU_GROUPS`].
+fn cpu_groups(setup: &FleetWithSystem) -> Vec<Vec<u32>> {
+    let fleet = &setup.fleet;
+    let planes = |names: &mut dyn Iterator<Item = &str>| -> Vec<u32> {
+        names
+            .flat_map(|n| fleet.get(n).map(e2e::ControlPlane::pids).unwrap_or_default())
+            .collect()
+    };
+    let kind = |k: &str| -> Vec<u32> { setup.system.of_kind(k).map(e2e::system::Component::pid).collect() };
+    vec![
+        planes(&mut BOTH_SEEDS.iter().chain(&NO_QUOTA).copied()),
+        planes(&mut SEEDS.iter().copied()),
+        fleet.master().pids(),
+        kind("master-controller"),
+        kind("seed-controller"),
+        kind("machine-webhook"),
+    ]
 }
 
 /// Both seeds' webhooks' histograms, summed: the whole decision, the reserver's part of it by
@@ -298,7 +278,7 @@ async fn phase(fleet: &Fleet, mode: Mode, tag: &str, clients: usize, creates: us
         elapsed,
         latencies: Vec::with_capacity(results.len()),
         webhooks: Webhooks::default(),
-        cpu: Cpu::default(),
+        cpu: CpuTicks::default(),
     };
     for (latency, result) in results {
         phase.latencies.push(latency);
@@ -373,6 +353,7 @@ async fn main() -> Result<()> {
         .with_user_cluster("epsilon", "seed-b", "free");
     let setup = FleetWithSystem::start(spec).await?;
     let fleet = &setup.fleet;
+    let groups = cpu_groups(&setup);
 
     // Burst throughput, rounds interleaved.
     let mut phases = Vec::new();
@@ -382,7 +363,7 @@ async fn main() -> Result<()> {
                 set_quota(fleet, if mode == Mode::Tight { tight } else { far }).await?;
             }
             let before = Webhooks::scrape(&setup).await?;
-            let cpu_before = Cpu::now(&setup);
+            let cpu_before = CpuTicks::now(&groups);
             let mut p = phase(
                 fleet,
                 mode,
@@ -391,7 +372,7 @@ async fn main() -> Result<()> {
                 creates,
             )
             .await?;
-            p.cpu = Cpu::now(&setup).since(&cpu_before);
+            p.cpu = CpuTicks::now(&groups).since(&cpu_before);
             p.webhooks = Webhooks::scrape(&setup).await?.since(&before);
             eprintln!(
                 "round {round}: {}: {} of {} admitted in {:.2} s",
@@ -516,8 +497,12 @@ async fn main() -> Result<()> {
         out,
         "\nWhere the CPU goes: every process shares the same 2 cores, so creates/s follows what a create costs in all of them together. CPU ms per create (user + system time from `/proc/<pid>/stat`, over every phase of the mode, divided by its creates):\n"
     )?;
-    writeln!(out, "| mode | all | {} |", CPU_GROUPS.join(" | "))?;
-    writeln!(out, "| --- | ---:{} |", " | ---:".repeat(CPU_GROUPS.len()))?;
+    writeln!(
+        out,
+        "| mode | all | {} | this program (the clients) |",
+        CPU_GROUPS.join(" | ")
+    )?;
+    writeln!(out, "| --- | ---:{} |", " | ---:".repeat(CPU_GROUPS.len() + 1))?;
     let per_second = e2e::procfs::ticks_per_second();
     for mode in [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight] {
         let of: Vec<&Phase> = phases.iter().filter(|p| p.mode == mode).collect();
@@ -525,15 +510,21 @@ async fn main() -> Result<()> {
         let creates = of.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
         #[allow(clippy::cast_precision_loss)]
         let per_create = |ticks: u64| ticks as f64 / per_second * 1000.0 / creates;
-        let groups: Vec<u64> = (0..CPU_GROUPS.len())
-            .map(|i| of.iter().map(|p| p.cpu.0[i]).sum())
+        let mut used = CpuTicks::default();
+        for p in &of {
+            used.add(&p.cpu);
+        }
+        let cells: Vec<String> = used
+            .groups
+            .iter()
+            .chain([&used.this_process])
+            .map(|t| format!("{:.2}", per_create(*t)))
             .collect();
-        let cells: Vec<String> = groups.iter().map(|t| format!("{:.2}", per_create(*t))).collect();
         writeln!(
             out,
             "| {} | {:.2} | {} |",
             mode.label(),
-            per_create(groups.iter().sum()),
+            per_create(used.groups.iter().sum::<u64>() + used.this_process),
             cells.join(" | ")
         )?;
     }

@@ -55,6 +55,64 @@ pub fn machine_ticks() -> Option<(u64, u64)> {
     Some((total - idle, total))
 }
 
+/// CPU ticks used so far by groups of processes, by this process, and by the whole machine:
+/// take one before and one after, and [`since`](Self::since) is what each used in between.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuTicks {
+    /// Per group, in the order given to [`now`](Self::now) (a process gone counts 0).
+    pub groups: Vec<u64>,
+    pub this_process: u64,
+    /// [`machine_ticks`]: busy, and all (idle included).
+    pub machine_busy: u64,
+    pub machine_total: u64,
+}
+
+impl CpuTicks {
+    pub fn now(groups: &[Vec<u32>]) -> CpuTicks {
+        let (machine_busy, machine_total) = machine_ticks().unwrap_or_default();
+        CpuTicks {
+            groups: groups.iter().map(|pids| total_cpu_ticks(pids)).collect(),
+            this_process: cpu_ticks("self").unwrap_or(0),
+            machine_busy,
+            machine_total,
+        }
+    }
+
+    /// Group `i`'s ticks (0 for a group it does not have, as in an empty sum).
+    pub fn group(&self, i: usize) -> u64 {
+        self.groups.get(i).copied().unwrap_or(0)
+    }
+
+    /// What was used from `before` until this one.
+    #[must_use]
+    pub fn since(&self, before: &CpuTicks) -> CpuTicks {
+        CpuTicks {
+            groups: self
+                .groups
+                .iter()
+                .zip(before.groups.iter().chain(std::iter::repeat(&0)))
+                .map(|(now, then)| now.saturating_sub(*then))
+                .collect(),
+            this_process: self.this_process.saturating_sub(before.this_process),
+            machine_busy: self.machine_busy.saturating_sub(before.machine_busy),
+            machine_total: self.machine_total.saturating_sub(before.machine_total),
+        }
+    }
+
+    /// Adds `more` (the same groups) to this one.
+    pub fn add(&mut self, more: &CpuTicks) {
+        if self.groups.len() < more.groups.len() {
+            self.groups.resize(more.groups.len(), 0);
+        }
+        for (sum, n) in self.groups.iter_mut().zip(&more.groups) {
+            *sum += n;
+        }
+        self.this_process += more.this_process;
+        self.machine_busy += more.machine_busy;
+        self.machine_total += more.machine_total;
+    }
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`; 100, the Linux value, if it cannot be asked).
 pub fn ticks_per_second() -> f64 {
     std::process::Command::new("getconf")
@@ -118,5 +176,21 @@ mod tests {
         while cpu_ticks("self").expect("own stat") < own + 2 {}
         let (busy_after, total_after) = machine_ticks().expect("/proc/stat");
         assert!(busy_after > busy && total_after > total);
+    }
+
+    #[test]
+    fn cpu_ticks_between_two_samples_add_up() {
+        let before = CpuTicks::now(&[vec![std::process::id()], vec![]]);
+        let own = before.this_process;
+        while cpu_ticks("self").expect("own stat") < own + 2 {}
+        let used = CpuTicks::now(&[vec![std::process::id()], vec![]]).since(&before);
+        assert!(used.groups[0] >= 2 && used.this_process >= 2, "{used:?}");
+        assert_eq!(used.groups[1], 0, "an empty group uses nothing");
+        assert!(used.machine_busy > 0 && used.machine_total >= used.machine_busy);
+        let mut sum = CpuTicks::default();
+        sum.add(&used);
+        sum.add(&used);
+        assert_eq!(sum.groups, vec![2 * used.groups[0], 0]);
+        assert_eq!(sum.this_process, 2 * used.this_process);
     }
 }

@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use e2e::bench::{Buckets, add, growth, histogram_quantile, percentile};
 use e2e::certs::WebhookCerts;
+use e2e::procfs::CpuTicks;
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -185,40 +186,10 @@ impl Mode {
     }
 }
 
-/// CPU used so far, in ticks: the user clusters' API servers and etcds, the seed's, and this
-/// process (clients, webhooks, emulated seed-controller).
-#[derive(Debug, Clone, Copy, Default)]
-struct Cpu {
-    users: u64,
-    seed: u64,
-    bench: u64,
-}
-
-impl Cpu {
-    fn now(users: &[Vec<u32>], seed: &[u32]) -> Cpu {
-        Cpu {
-            users: users.iter().map(|p| e2e::procfs::total_cpu_ticks(p)).sum(),
-            seed: e2e::procfs::total_cpu_ticks(seed),
-            bench: e2e::procfs::cpu_ticks("self").unwrap_or(0),
-        }
-    }
-
-    fn since(self, before: Cpu) -> Cpu {
-        Cpu {
-            users: self.users - before.users,
-            seed: self.seed - before.seed,
-            bench: self.bench - before.bench,
-        }
-    }
-
-    fn add(self, other: Cpu) -> Cpu {
-        Cpu {
-            users: self.users + other.users,
-            seed: self.seed + other.seed,
-            bench: self.bench + other.bench,
-        }
-    }
-}
+/// The user clusters' API servers and etcds, in a phase's [`CpuTicks`].
+const USERS_CPU: usize = 0;
+/// The seed's API server and etcd, in a phase's [`CpuTicks`].
+const SEED_CPU: usize = 1;
 
 struct Phase {
     mode: Mode,
@@ -227,7 +198,9 @@ struct Phase {
     admitted: usize,
     elapsed: Duration,
     latencies: Vec<Duration>,
-    cpu: Cpu,
+    /// CPU ticks used during the phase, by the groups [`USERS_CPU`] and [`SEED_CPU`] and by
+    /// this process.
+    cpu: CpuTicks,
     writes: u64,
 }
 
@@ -528,8 +501,12 @@ async fn main() -> Result<()> {
     let fleet = Fleet::start(spec).await?;
     let seed = fleet.seed("seed-a").client();
     let users: Vec<Client> = USERS.iter().map(|u| fleet.user_cluster(u).client()).collect();
-    let user_pids: Vec<Vec<u32>> = USERS.iter().map(|u| fleet.user_cluster(u).pids()).collect();
-    let seed_pids = fleet.seed("seed-a").pids();
+    // CPU groups: the user clusters' API servers and etcds, then the seed's ([USERS_CPU],
+    // [SEED_CPU]); this process (clients, webhooks, emulated seed-controller) is counted apart.
+    let cpu_groups = [
+        USERS.iter().flat_map(|u| fleet.user_cluster(u).pids()).collect(),
+        fleet.seed("seed-a").pids(),
+    ];
     // For profiling: the fleet's kubeconfigs, e.g. for
     // `kubectl --kubeconfig <dir>/seed-a.kubeconfig get --raw '/debug/pprof/profile?seconds=15'`.
     if let Ok(dir) = std::env::var("BENCH_FLEET_DIR") {
@@ -621,12 +598,12 @@ async fn main() -> Result<()> {
             }
             let histogram_before = instance.map(|i| Snapshot::of(&i.metrics));
             let writes_before = instance.map_or(0, |i| i.metrics.writes.get());
-            let cpu_before = Cpu::now(&user_pids, &seed_pids);
+            let cpu_before = CpuTicks::now(&cpu_groups);
             let started = Instant::now();
             let (failures, latencies) =
                 run_clients(&users, round * Mode::ALL.len() + m, clients, per_client).await?;
             let elapsed = started.elapsed();
-            let cpu = Cpu::now(&user_pids, &seed_pids).since(cpu_before);
+            let cpu = CpuTicks::now(&cpu_groups).since(&cpu_before);
             let admitted = latencies.len() - failures;
             if let Some(used) = tight {
                 // The side condition: exactly the room, checked against the API servers' count
@@ -725,7 +702,10 @@ async fn main() -> Result<()> {
         latencies.sort();
         let creates: usize = of(mode).map(|p| p.creates).sum();
         let writes: u64 = of(mode).map(|p| p.writes).sum();
-        let cpu = of(mode).fold(Cpu::default(), |acc, p| acc.add(p.cpu));
+        let cpu = of(mode).fold(CpuTicks::default(), |mut sum, p| {
+            sum.add(&p.cpu);
+            sum
+        });
         let per_create = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates as f64;
         let grown = observed(&histograms, mode);
         let decision = |q: f64| {
@@ -757,18 +737,25 @@ async fn main() -> Result<()> {
             } else {
                 format!("{:.1}", writes as f64 * 100.0 / creates as f64)
             },
-            per_create(cpu.users),
-            per_create(cpu.seed),
-            per_create(cpu.bench),
+            per_create(cpu.group(USERS_CPU)),
+            per_create(cpu.group(SEED_CPU)),
+            per_create(cpu.this_process),
         )?;
     }
     let ratio_of = |mode: Mode| ratios.iter().find(|(m, _)| *m == mode).map_or(0.0, |(_, r)| *r);
     // CPU ms per create of one mode, by group.
     let cpu_of = |mode: Mode| {
         let creates: usize = of(mode).map(|p| p.creates).sum();
-        let cpu = of(mode).fold(Cpu::default(), |acc, p| acc.add(p.cpu));
+        let cpu = of(mode).fold(CpuTicks::default(), |mut sum, p| {
+            sum.add(&p.cpu);
+            sum
+        });
         let ms = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates.max(1) as f64;
-        (ms(cpu.users), ms(cpu.seed), ms(cpu.bench))
+        (
+            ms(cpu.group(USERS_CPU)),
+            ms(cpu.group(SEED_CPU)),
+            ms(cpu.this_process),
+        )
     };
     writeln!(
         md,

@@ -29,6 +29,7 @@ use clap::Parser;
 use common::{cpu_mem, create_quota, set_local_usage, set_quota};
 use e2e::bench::{mib, ms, percentile};
 use e2e::components::{ComponentSpec, spawn};
+use e2e::procfs::CpuTicks;
 use e2e::wait::wait_for;
 use e2e::{Fleet, FleetSpec};
 use futures::{StreamExt, stream};
@@ -290,57 +291,23 @@ fn write_writes(out: &mut String, writes: &BTreeMap<(String, String), f64>, proj
     Ok(())
 }
 
-/// CPU ticks used so far by each group of processes, and by the machine as a whole.
-struct CpuSplit {
-    master: u64,
-    seeds: u64,
-    controller: u64,
-    bench: u64,
-    machine_busy: u64,
-    machine_total: u64,
+/// The groups of processes whose CPU the cold start is split into: the master's control
+/// plane, the seeds', and the controller.
+fn cpu_groups(fleet: &Fleet, seeds: &[String], controller: u32) -> [Vec<u32>; 3] {
+    [
+        fleet.master().pids(),
+        seeds.iter().flat_map(|s| fleet.seed(s).pids()).collect(),
+        vec![controller],
+    ]
 }
 
-impl CpuSplit {
-    fn now(fleet: &Fleet, seeds: &[String], controller: u32) -> CpuSplit {
-        let (machine_busy, machine_total) = e2e::procfs::machine_ticks().unwrap_or_default();
-        let seed_pids: Vec<u32> = seeds.iter().flat_map(|s| fleet.seed(s).pids()).collect();
-        CpuSplit {
-            master: e2e::procfs::total_cpu_ticks(&fleet.master().pids()),
-            seeds: e2e::procfs::total_cpu_ticks(&seed_pids),
-            controller: e2e::procfs::cpu_ticks(&controller.to_string()).unwrap_or(0),
-            bench: e2e::procfs::cpu_ticks("self").unwrap_or(0),
-            machine_busy,
-            machine_total,
-        }
-    }
-}
-
-/// Where the machine's CPU went between `before` and `after`: each group's CPU seconds and its
-/// part of all the cores' time.
+/// Where the machine's CPU went during `used`: each group's CPU seconds and its part of all the
+/// cores' time.
 #[allow(clippy::cast_precision_loss)]
-fn write_cpu_split(out: &mut String, before: &CpuSplit, after: &CpuSplit) -> Result<()> {
+fn write_cpu_split(out: &mut String, used: &CpuTicks) -> Result<()> {
     let per_second = e2e::procfs::ticks_per_second();
-    let total = after.machine_total.saturating_sub(before.machine_total).max(1) as f64;
-    let busy = after.machine_busy.saturating_sub(before.machine_busy);
-    let groups = [
-        (
-            "master kube-apiserver + etcd",
-            after.master.saturating_sub(before.master),
-        ),
-        (
-            "the seeds' kube-apiservers + etcds, together",
-            after.seeds.saturating_sub(before.seeds),
-        ),
-        (
-            "master-controller",
-            after.controller.saturating_sub(before.controller),
-        ),
-        (
-            "this program (its watches, the convergence check, the `localUsage` writes)",
-            after.bench.saturating_sub(before.bench),
-        ),
-    ];
-    let known: u64 = groups.iter().map(|g| g.1).sum();
+    let total = used.machine_total.max(1) as f64;
+    let known = used.groups.iter().sum::<u64>() + used.this_process;
     writeln!(
         out,
         "\nWhere the machine's CPU went during the cold start ({} cores; CPU time of each group of processes from `/proc/<pid>/stat`, the machine's busy and idle time from `/proc/stat`):\n",
@@ -350,16 +317,20 @@ fn write_cpu_split(out: &mut String, before: &CpuSplit, after: &CpuSplit) -> Res
         out,
         "| | CPU seconds | part of all cores' time |\n| --- | ---: | ---: |"
     )?;
-    let rows = groups.into_iter().chain([
-        ("everything else on the machine", busy.saturating_sub(known)),
+    let rows = [
+        ("master kube-apiserver + etcd", used.group(0)),
+        ("the seeds' kube-apiservers + etcds, together", used.group(1)),
+        ("master-controller", used.group(2)),
         (
-            "idle",
-            after
-                .machine_total
-                .saturating_sub(before.machine_total)
-                .saturating_sub(busy),
+            "this program (its watches, the convergence check, the `localUsage` writes)",
+            used.this_process,
         ),
-    ]);
+        (
+            "everything else on the machine",
+            used.machine_busy.saturating_sub(known),
+        ),
+        ("idle", used.machine_total.saturating_sub(used.machine_busy)),
+    ];
     for (what, ticks) in rows {
         writeln!(
             out,
@@ -502,9 +473,10 @@ async fn main() -> Result<()> {
         Some(_) => traced_child(controller.pid()).await?,
         None => controller.pid(),
     };
-    let cpu_before = CpuSplit::now(&fleet, &seeds, pid);
+    let groups = cpu_groups(&fleet, &seeds, pid);
+    let cpu_before = CpuTicks::now(&groups);
     let cold = converge(&fleet, &seeds, args.projects, started).await?;
-    let cpu_after = CpuSplit::now(&fleet, &seeds, pid);
+    let cpu_cold_split = CpuTicks::now(&groups).since(&cpu_before);
     let cpu_cold = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
     let cold_writes = by_write_kind(
         &e2e::system::scrape_metrics(metrics_address).await?,
@@ -619,7 +591,7 @@ async fn main() -> Result<()> {
     )?;
     write_edit_times(&mut out, &edit_times, edits.len(), &edits)?;
     write_writes(&mut out, &cold_writes, args.projects)?;
-    write_cpu_split(&mut out, &cpu_before, &cpu_after)?;
+    write_cpu_split(&mut out, &cpu_cold_split)?;
     std::fs::write(&args.out, &out).with_context(|| format!("writing {}", args.out.display()))?;
     print!("{out}");
     eprintln!("written to {}", args.out.display());

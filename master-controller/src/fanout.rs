@@ -27,11 +27,11 @@ use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
+use kube::{Resource as _, ResourceExt};
+use serde_json::{Value, json};
 
 use crate::fingerprint::Fingerprint;
 use crate::seed_ledger::SeedLedger;
-use kube::{Resource as _, ResourceExt};
-use serde_json::{Value, json};
 
 /// The field manager of every server-side apply this controller makes.
 pub const FIELD_MANAGER: &str = "kkp-quota-master";
@@ -189,20 +189,19 @@ pub fn ledger_in_sync(
             )
 }
 
-/// A fingerprint of what the master writes into a ledger: the subject, the limits, the share's
-/// word of the master (version, grants, target; `others` only rides along, see
-/// [`LedgerShares::same_word`]) and the labels. Two ledgers with the same word need no write.
+/// A fingerprint of what the master writes into a ledger: the subject, the limits, the
+/// master's word in the share ([`LedgerShares::word`]: `others` only rides along) and the
+/// labels. Two ledgers with the same fingerprint need no write.
 pub fn ledger_word(
     subject: &LedgerSubject,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
     labels: &BTreeMap<String, String>,
 ) -> Fingerprint {
-    let shares = shares.map(|s| json!({"version": s.version, "granted": s.granted, "target": s.target}));
     Fingerprint::of(&json!({
         "subject": subject,
         "quota": limits,
-        "shares": shares,
+        "shares": shares.map(LedgerShares::word),
         "labels": labels,
     }))
 }
