@@ -266,6 +266,13 @@ mod tests {
     use super::*;
     use kkp_quota_crds::Quantity;
 
+    fn two_cpu() -> ResourceDetails {
+        ResourceDetails {
+            cpu: Some(Quantity::from_units(2)),
+            ..ResourceDetails::default()
+        }
+    }
+
     fn text(series: &ProjectSeries) -> String {
         let mut out = String::new();
         kkp_quota_crds::runtime::ops::encode_all(series, &mut out);
@@ -275,10 +282,7 @@ mod tests {
     #[test]
     fn a_scrape_in_parts_writes_each_family_once_and_whole() {
         let series = ProjectSeries::default();
-        let cpu = ResourceDetails {
-            cpu: Some(Quantity::from_units(2)),
-            ..ResourceDetails::default()
-        };
+        let cpu = two_cpu();
         let projects = 2 * PART + 7;
         for i in 0..projects {
             series.set_quota(&format!("p{i:04}"), &cpu, Some(&cpu));
@@ -316,10 +320,7 @@ mod tests {
     #[test]
     fn a_project_with_nothing_left_is_dropped() {
         let series = ProjectSeries::default();
-        let cpu = ResourceDetails {
-            cpu: Some(Quantity::from_units(2)),
-            ..ResourceDetails::default()
-        };
+        let cpu = two_cpu();
         series.set_seed_usage("demo", "seed-a", &cpu);
         assert!(text(&series).contains("scope=\"seed-a\""));
         series.forget_seed("seed-a");
