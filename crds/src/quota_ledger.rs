@@ -81,8 +81,8 @@ pub struct LedgerShares {
     /// `max(target, committed)`. An absent resource sets no ceiling.
     #[serde(default)]
     pub target: ResourceDetails,
-    /// The share the master last saw each other seed hold, by seed name (for messages only:
-    /// it rides along when the rest changes, see [`LedgerShares::word`]).
+    /// The share the master last saw each other seed hold, by seed name. For messages only: a
+    /// change here alone does not make the master rewrite the ledger.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub others: BTreeMap<String, ResourceDetails>,
 }
