@@ -59,7 +59,7 @@ pub fn fleet_only() -> Vec<CrdFile> {
         },
         CrdFile {
             path: "fleet-only/machines.cluster.k8s.io.yaml",
-            crd: Machine::crd(),
+            crd: machine_stand_in(),
         },
     ];
     for file in &mut files {
@@ -79,6 +79,23 @@ pub fn fleet_only() -> Vec<CrdFile> {
         }
     }
     files
+}
+
+/// machine-controller's `Machine` CRD keeps every field at every depth, `status` included, and
+/// has no status subresource; the stand-in does the same, so a status write reaches the object
+/// (and moves its generation) as it does in a real user cluster.
+fn machine_stand_in() -> CustomResourceDefinition {
+    let mut crd = Machine::crd();
+    for version in &mut crd.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema.x_kubernetes_preserve_unknown_fields = Some(true);
+        }
+    }
+    crd
 }
 
 /// Every CRD manifest, product first.

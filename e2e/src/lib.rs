@@ -70,6 +70,7 @@ pub mod control_plane;
 pub mod demo;
 pub mod fleet;
 pub mod machines;
+pub mod pprof;
 pub mod process;
 pub mod procfs;
 pub mod system;

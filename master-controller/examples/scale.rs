@@ -55,6 +55,14 @@ struct Args {
     /// measurement: heaptrack slows every allocation.
     #[arg(long)]
     heaptrack: Option<PathBuf>,
+    /// Also takes a CPU profile of the master's and the first seed's kube-apiserver over the
+    /// cold start's first `--pprof-seconds`, written into this directory as `master.pprof` and
+    /// `<seed>.pprof` (`go tool pprof -top FILE` reads them). A profiling run: sampling costs the
+    /// API servers a little CPU.
+    #[arg(long)]
+    pprof: Option<PathBuf>,
+    #[arg(long, default_value_t = 30)]
+    pprof_seconds: u64,
 }
 
 const CONVERGE_WITHIN: Duration = Duration::from_mins(20);
@@ -475,6 +483,22 @@ async fn main() -> Result<()> {
     };
     let groups = cpu_groups(&fleet, &seeds, pid);
     let cpu_before = CpuTicks::now(&groups);
+    let profiles = args.pprof.as_ref().map(|dir| {
+        let targets = [
+            ("master".to_owned(), master.clone()),
+            (seeds[0].clone(), fleet.seed(&seeds[0]).client()),
+        ];
+        let (dir, period) = (dir.clone(), Duration::from_secs(args.pprof_seconds));
+        tokio::spawn(async move {
+            std::fs::create_dir_all(&dir)?;
+            futures::future::try_join_all(targets.iter().map(|(name, client)| {
+                let file = dir.join(format!("{name}.pprof"));
+                async move { e2e::pprof::cpu_profile(client, period, &file).await }
+            }))
+            .await
+            .map(|_| ())
+        })
+    });
     let cold = converge(&fleet, &seeds, args.projects, started).await?;
     let cpu_cold_split = CpuTicks::now(&groups).since(&cpu_before);
     let cpu_cold = e2e::procfs::cpu_seconds(pid).unwrap_or(0.0);
@@ -483,6 +507,10 @@ async fn main() -> Result<()> {
         "kkp_quota_master_writes_total",
     );
     eprintln!("converged in {:.1} s", cold.as_secs_f64());
+    if let Some(profiles) = profiles {
+        profiles.await??;
+        eprintln!("API server profiles written");
+    }
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_idle = e2e::procfs::rss_bytes(pid).unwrap_or(0);
 
