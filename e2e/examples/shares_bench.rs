@@ -357,8 +357,11 @@ async fn main() -> Result<()> {
 
     // Burst throughput, rounds interleaved.
     let mut phases = Vec::new();
+    let modes = [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight];
     for round in 0..rounds {
-        for mode in [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight] {
+        // Each round starts one mode later, so no mode always runs after the same one.
+        for m in 0..modes.len() {
+            let mode = modes[(m + round) % modes.len()];
             if mode != Mode::NoQuota {
                 set_quota(fleet, if mode == Mode::Tight { tight } else { far }).await?;
             }
@@ -424,7 +427,7 @@ async fn main() -> Result<()> {
     )?;
     writeln!(
         out,
-        "Measured by `cargo run --release -p e2e --example shares_bench -- {rounds} {clients} {creates} {transfers}` on {} ({}), rounds interleaved, each mode measured once per round. The whole system runs as real release-built processes beside a fleet of real API servers: master, seed-a (user clusters alpha, beta of project `demo`; delta of project `free`), seed-b (gamma of `demo`; epsilon of `free`). Every Machine is 1 cpu.\n",
+        "Measured by `cargo run --release -p e2e --example shares_bench -- {rounds} {clients} {creates} {transfers}` on {} ({}), rounds interleaved, each mode measured once per round, each round starting one mode later. The whole system runs as real release-built processes beside a fleet of real API servers: master, seed-a (user clusters alpha, beta of project `demo`; delta of project `free`), seed-b (gamma of `demo`; epsilon of `free`). Every Machine is 1 cpu.\n",
         jiff::Zoned::now().date(),
         e2e::bench::host(),
     )?;

@@ -3,12 +3,15 @@
 //! configuration seed-controller writes (CEL `matchConditions`: only UPDATEs that change the
 //! spec are sent), such updates should cost what they cost without any webhook.
 //!
-//! Four modes, interleaved round by round in one run on one fleet (seed-a + user cluster alpha,
-//! a webhook process in this process): no webhook; the webhook registered for CREATE only (no
-//! UPDATE matches its rules: what a registration costs before any condition is evaluated); the
-//! webhook with the cheapest condition that skips every UPDATE (what the API server spends on
-//! any match condition, whatever it says); the webhook as configured (match conditions); the
-//! same webhook without match conditions (every UPDATE sent). Also the CPU the user cluster's API server and etcd spend per update. Each round, `--clients`
+//! Six modes, interleaved round by round (each round starting one mode later) in one run on one
+//! fleet (seed-a + user cluster alpha, a webhook process in this process): no webhook; the
+//! webhook registered for CREATE only (no UPDATE matches its rules: what a registration costs
+//! before any condition is evaluated); the webhook with the cheapest condition that skips every
+//! UPDATE (what the API server spends on any match condition, whatever it says); the webhook
+//! whose condition compares the specs of every update (this project's condition before it tested
+//! the generation first); the webhook as configured (match conditions); the same webhook without
+//! match conditions (every UPDATE sent).
+//! Also the CPU the user cluster's API server and etcd spend per update. Each round, `--clients`
 //! concurrent clients each patch their own Machine `--updates` times, alternately adding and
 //! removing a finalizer and changing an annotation.
 //!
@@ -37,7 +40,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use seed_controller::{AbortOnDrop, webhook_config};
 use serde_json::{Value, json};
@@ -59,9 +62,13 @@ enum Mode {
     NoWebhook,
     CreatesOnly,
     CheapestCondition,
+    SpecsCompared,
     MatchConditions,
     EveryUpdate,
 }
+
+/// The condition before the generation test: the specs compared on every update.
+const SPECS_COMPARED: &str = "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || object.spec != oldObject.spec";
 
 impl Mode {
     fn describe(self) -> &'static str {
@@ -70,6 +77,9 @@ impl Mode {
             Mode::CreatesOnly => "webhook registered for CREATE only (updates match no rule)",
             Mode::CheapestCondition => {
                 "webhook with the cheapest condition that skips every update (`oldObject == null`)"
+            }
+            Mode::SpecsCompared => {
+                "webhook whose condition compares the specs of every update (before the generation test)"
             }
             Mode::MatchConditions => "webhook as configured (matchConditions)",
             Mode::EveryUpdate => "webhook without matchConditions",
@@ -92,6 +102,9 @@ async fn configure(alpha: &Client, mode: Mode, url: &str, ca: &[u8]) -> Result<(
         Mode::CheapestCondition => {
             body["webhooks"][0]["matchConditions"][0]["expression"] = json!("oldObject == null");
         }
+        Mode::SpecsCompared => {
+            body["webhooks"][0]["matchConditions"][0]["expression"] = json!(SPECS_COMPARED);
+        }
         Mode::EveryUpdate => {
             if let Some(w) = body["webhooks"][0].as_object_mut() {
                 w.remove("matchConditions");
@@ -105,18 +118,44 @@ async fn configure(alpha: &Client, mode: Mode, url: &str, ca: &[u8]) -> Result<(
     Ok(())
 }
 
-/// A 2-cpu Machine named `name` in `kube-system`.
-fn storm_machine(name: &str) -> Machine {
-    serde_json::from_value(json!({
-        "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "Machine",
-        "metadata": {"name": name, "namespace": "kube-system"},
-        "spec": {"providerSpec": {"value": {"cloudProvider": "hetzner", "cloudProviderSpec": {"serverType": "cx22"}}}},
-    }))
-    .unwrap()
+/// A Machine named `name` in `kube-system`, shaped as machine-controller's Machines are (an AWS
+/// worker with its operating system, SSH keys, tags, kubelet version and node labels), so that
+/// the API server and a match condition handle an object of a real Machine's size.
+fn storm_machine(name: &str) -> DynamicObject {
+    let resource = ApiResource::erase::<Machine>(&());
+    let mut machine = DynamicObject::new(name, &resource).within("kube-system");
+    machine.data = json!({"spec": {
+        "metadata": {
+            "name": name,
+            "labels": {"kubermatic.io/machine-deployment": "storm-workers", "system/cluster": "alpha"},
+        },
+        "providerSpec": {"value": {
+            "cloudProvider": "aws",
+            "cloudProviderSpec": {
+                "instanceType": "t3.medium",
+                "diskSize": 50,
+                "diskType": "gp3",
+                "ami": "",
+                "region": "eu-central-1",
+                "availabilityZone": "eu-central-1a",
+                "vpcId": "vpc-0a1b2c3d4e5f60718",
+                "subnetId": "subnet-0f1e2d3c4b5a69788",
+                "securityGroupIDs": ["sg-0123456789abcdef0"],
+                "instanceProfile": "kubernetes-storm-workers",
+                "assignPublicIP": true,
+                "tags": {"kubernetes.io/cluster/storm": "", "system/cluster": "storm", "system/project": "demo"},
+            },
+            "operatingSystem": "ubuntu",
+            "operatingSystemSpec": {"distUpgradeOnBoot": false, "disableAutoUpdate": true},
+            "sshPublicKeys": [format!("ssh-ed25519 {} storm@example.com", "A".repeat(68))],
+        }},
+        "versions": {"kubelet": "1.33.4"},
+    }});
+    machine
 }
 
 /// One client's storm on its own Machine; returns the number of updates made.
-async fn storm(api: Api<Machine>, name: String, updates: usize, round: usize) -> Result<usize> {
+async fn storm(api: Api<DynamicObject>, name: String, updates: usize, round: usize) -> Result<usize> {
     for i in 0..updates {
         let finalizers: Value = if i % 2 == 0 {
             json!(["example.com/storm"])
@@ -204,7 +243,8 @@ async fn main() -> Result<()> {
     .await?;
     let calls = || metrics.answered(None) as f64;
 
-    let machines: Api<Machine> = Api::namespaced(alpha.clone(), "kube-system");
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(alpha.clone(), "kube-system", &ApiResource::erase::<Machine>(&()));
     for c in 0..args.clients {
         machines
             .create(&PostParams::default(), &storm_machine(&format!("storm-{c}")))
@@ -215,6 +255,7 @@ async fn main() -> Result<()> {
         Mode::NoWebhook,
         Mode::CreatesOnly,
         Mode::CheapestCondition,
+        Mode::SpecsCompared,
         Mode::MatchConditions,
         Mode::EveryUpdate,
     ];
@@ -223,7 +264,9 @@ async fn main() -> Result<()> {
     let mut cpu: BTreeMap<Mode, (usize, u64)> = BTreeMap::new();
     let mut webhook_calls: BTreeMap<Mode, f64> = BTreeMap::new();
     for round in 0..args.rounds {
-        for &mode in &modes {
+        // Each round starts one mode later, so no mode always runs after the same one.
+        for m in 0..modes.len() {
+            let mode = modes[(m + round) % modes.len()];
             configure(&alpha, mode, &base_url, &ca).await?;
             // The API server picks up webhook configuration changes asynchronously: a probe
             // update shows when the mode is in effect.
@@ -306,7 +349,7 @@ async fn main() -> Result<()> {
         "# Update storm: metadata-only Machine updates with and without the webhook\n\n\
          Measured by `cargo run --release -p seed-controller --example update_storm -- --clients {} --updates {} --rounds {}` \
          on the shared 2-core machine: a real fleet (seed-a + user cluster alpha), the webhook in the benchmark's process. \
-         Each round runs every mode in turn; each client patches its own Machine {} times (finalizer added/removed, \
+         Each round runs every mode in turn, starting one mode later than the round before; each client patches its own Machine (an AWS worker, as machine-controller makes them) {} times (finalizer added/removed, \
          annotation changed), as machine-controller does over a Machine's life. Rates are medians over the rounds; the \
          ratio is the median over the rounds of the mode's rate against no webhook in the same round (each \
          round's in brackets); webhook calls are summed over all rounds; CPU is user + system time of the user \
