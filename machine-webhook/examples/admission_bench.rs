@@ -202,6 +202,9 @@ struct Phase {
     /// this process.
     cpu: CpuTicks,
     writes: u64,
+    /// Requests both webhook instances answered during the phase: every create, or none for no
+    /// webhook (a configuration change not yet in effect would show here).
+    answers: u64,
 }
 
 async fn run_clients(
@@ -601,6 +604,8 @@ async fn main() -> Result<()> {
             }
             let histogram_before = instance.map(|i| Snapshot::of(&i.metrics));
             let writes_before = instance.map_or(0, |i| i.metrics.writes.get());
+            let answered = || written.metrics.answered(None) + allotted.metrics.answered(None);
+            let answers_before = answered();
             let cpu_before = CpuTicks::now(&cpu_groups);
             let started = Instant::now();
             let (failures, latencies) =
@@ -636,6 +641,7 @@ async fn main() -> Result<()> {
                 latencies,
                 cpu,
                 writes: instance.map_or(0, |i| i.metrics.writes.get()) - writes_before,
+                answers: answered() - answers_before,
             };
             eprintln!(
                 "round {round} {}: {} creates in {:.2?} ({:.1}/s), {} failed",
@@ -823,15 +829,16 @@ async fn main() -> Result<()> {
     writeln!(md, "Per phase:\n")?;
     writeln!(
         md,
-        "| phase | mode | creates | admitted | seconds | creates/s | ledger writes |"
+        "| phase | mode | creates | webhook answers | admitted | seconds | creates/s | ledger writes |"
     )?;
-    writeln!(md, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")?;
+    writeln!(md, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")?;
     for (i, p) in phases.iter().enumerate() {
         writeln!(
             md,
-            "| {i} | {} | {} | {} | {:.2} | {:.1} | {} |",
+            "| {i} | {} | {} | {} | {} | {:.2} | {:.1} | {} |",
             p.mode.label(),
             p.creates,
+            p.answers,
             p.admitted,
             p.elapsed.as_secs_f64(),
             p.creates as f64 / p.elapsed.as_secs_f64(),
