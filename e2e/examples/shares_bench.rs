@@ -359,9 +359,7 @@ async fn main() -> Result<()> {
     let mut phases = Vec::new();
     let modes = [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight];
     for round in 0..rounds {
-        // Each round starts one mode later, so no mode always runs after the same one.
-        for m in 0..modes.len() {
-            let mode = modes[(m + round) % modes.len()];
+        for mode in e2e::bench::rotated(&modes, round) {
             if mode != Mode::NoQuota {
                 set_quota(fleet, if mode == Mode::Tight { tight } else { far }).await?;
             }

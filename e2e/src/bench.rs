@@ -65,6 +65,19 @@ pub fn median(mut values: Vec<f64>) -> f64 {
     values.get(values.len() / 2).copied().unwrap_or(0.0)
 }
 
+/// The modes of round `round` in the order they run: each round starts one mode later, so no
+/// mode always runs right after the same other one (a fleet's state drifts within a round: etcd
+/// grows, the Go runtimes collect).
+pub fn rotated<T: Copy>(modes: &[T], round: usize) -> impl Iterator<Item = T> + '_ {
+    let n = modes.len().max(1);
+    (0..modes.len()).map(move |i| modes[(i + round) % n])
+}
+
+/// Each round's rate against the base's rate of the same round (both in round order).
+pub fn per_round_ratios(rates: &[f64], base: &[f64]) -> Vec<f64> {
+    rates.iter().zip(base).map(|(r, b)| r / b).collect()
+}
+
 /// Cumulative bucket counts of a histogram: (upper bound, count), ascending.
 pub type Buckets = Vec<(f64, u64)>;
 
@@ -160,6 +173,15 @@ pub fn histogram_quantile(buckets: &[(f64, u64)], q: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_round_runs_every_mode_and_each_round_starts_one_later() {
+        let modes = ['a', 'b', 'c'];
+        let rounds: Vec<String> = (0..4).map(|r| rotated(&modes, r).collect()).collect();
+        assert_eq!(rounds, ["abc", "bca", "cab", "abc"]);
+        assert_eq!(rotated::<char>(&[], 3).count(), 0);
+        assert_eq!(per_round_ratios(&[2.0, 3.0, 9.0], &[4.0, 3.0]), [0.5, 1.0]);
+    }
 
     #[test]
     fn histograms_from_several_scrapes() {

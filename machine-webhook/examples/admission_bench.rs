@@ -563,10 +563,7 @@ async fn main() -> Result<()> {
     let mut phases = Vec::new();
     let mut histograms: Vec<(Mode, Snapshot)> = Vec::new();
     for round in 0..rounds {
-        // Each round starts one mode later, so no mode always runs after the same one (the
-        // fleet's state drifts within a round: etcd grows, the Go runtimes collect).
-        for m in 0..Mode::ALL.len() {
-            let mode = Mode::ALL[(m + round) % Mode::ALL.len()];
+        for (m, mode) in e2e::bench::rotated(&Mode::ALL, round).enumerate() {
             if only.as_deref().is_some_and(|o| !mode.label().contains(o)) {
                 continue;
             }
@@ -768,10 +765,14 @@ async fn main() -> Result<()> {
     };
     // Each round's phase of `mode` against that round's webhook deciding nothing.
     let per_round = |mode: Mode| {
-        let phase_rate = |p: &Phase| p.creates as f64 / p.elapsed.as_secs_f64();
-        of(mode)
-            .zip(of(Mode::NoQuota))
-            .map(|(p, base)| format!("{:.2}", phase_rate(p) / phase_rate(base)))
+        let rates = |mode: Mode| -> Vec<f64> {
+            of(mode)
+                .map(|p| p.creates as f64 / p.elapsed.as_secs_f64())
+                .collect()
+        };
+        e2e::bench::per_round_ratios(&rates(mode), &rates(Mode::NoQuota))
+            .iter()
+            .map(|r| format!("{r:.2}"))
             .collect::<Vec<_>>()
             .join(", ")
     };

@@ -264,9 +264,7 @@ async fn main() -> Result<()> {
     let mut cpu: BTreeMap<Mode, (usize, u64)> = BTreeMap::new();
     let mut webhook_calls: BTreeMap<Mode, f64> = BTreeMap::new();
     for round in 0..args.rounds {
-        // Each round starts one mode later, so no mode always runs after the same one.
-        for m in 0..modes.len() {
-            let mode = modes[(m + round) % modes.len()];
+        for mode in e2e::bench::rotated(&modes, round) {
             configure(&alpha, mode, &base_url, &ca).await?;
             // The API server picks up webhook configuration changes asynchronously: a probe
             // update shows when the mode is in effect.
@@ -327,11 +325,7 @@ async fn main() -> Result<()> {
     for mode in modes {
         // Each round's rate against no webhook in the same round: the fleet slows as its
         // etcd grows over the run, and a round's modes see the same fleet.
-        let ratios: Vec<f64> = rates[&mode]
-            .iter()
-            .zip(&rates[&Mode::NoWebhook])
-            .map(|(r, base)| r / base)
-            .collect();
+        let ratios = e2e::bench::per_round_ratios(&rates[&mode], &rates[&Mode::NoWebhook]);
         let per_round: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
         let _ = writeln!(
             rows,
