@@ -359,7 +359,7 @@ async fn main() -> Result<()> {
     let mut phases = Vec::new();
     let modes = [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight];
     for round in 0..rounds {
-        for mode in e2e::bench::rotated(&modes, round) {
+        for mode in e2e::bench::round_order(&modes, round) {
             if mode != Mode::NoQuota {
                 set_quota(fleet, if mode == Mode::Tight { tight } else { far }).await?;
             }
@@ -425,7 +425,7 @@ async fn main() -> Result<()> {
     )?;
     writeln!(
         out,
-        "Measured by `cargo run --release -p e2e --example shares_bench -- {rounds} {clients} {creates} {transfers}` on {} ({}), rounds interleaved, each mode measured once per round, each round starting one mode later. The whole system runs as real release-built processes beside a fleet of real API servers: master, seed-a (user clusters alpha, beta of project `demo`; delta of project `free`), seed-b (gamma of `demo`; epsilon of `free`). Every Machine is 1 cpu.\n",
+        "Measured by `cargo run --release -p e2e --example shares_bench -- {rounds} {clients} {creates} {transfers}` on {} ({}), rounds interleaved, each mode measured once per round, in an order that changes every round (`e2e::bench::round_order`: a mode runs at another position and after another mode from round to round). The whole system runs as real release-built processes beside a fleet of real API servers: master, seed-a (user clusters alpha, beta of project `demo`; delta of project `free`), seed-b (gamma of `demo`; epsilon of `free`). Every Machine is 1 cpu.\n",
         jiff::Zoned::now().date(),
         e2e::bench::host(),
     )?;

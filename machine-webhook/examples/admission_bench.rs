@@ -19,6 +19,10 @@
 //! For profiling, `BENCH_ONLY=<part of a mode's label>` runs only the modes it names (a partial
 //! run writes no results file) and `BENCH_FLEET_DIR=<dir>` writes the fleet's kubeconfigs
 //! there, so that the API servers' `/debug/pprof` can be read while it runs.
+//! `BENCH_PPROF_DIR=<dir>` profiles every user cluster's API server over the first
+//! `BENCH_PPROF_SECONDS` (4) of every phase, into `<dir>/round<r>-<mode>-<cluster>.pprof`, and
+//! appends to `<dir>/windows.tsv` how many creates ended in that window (round, mode, seconds,
+//! creates), so profiles of different modes compare per create.
 //! seed-controller is emulated: a loop that moves reservations into `localUsage` with
 //! compare-and-swap writes, as seed-controller does when it counts Machines (so the ledger stays
 //! short and the webhook meets real conflicts).
@@ -184,12 +188,39 @@ impl Mode {
             Mode::Tight => "webhook enforcing, allotments on, tight (room for 5% of the creates)",
         }
     }
+
+    /// For file names.
+    fn short(self) -> &'static str {
+        match self {
+            Mode::NoWebhook => "no-webhook",
+            Mode::NoQuota => "no-quota",
+            Mode::EveryAdmissionWritten => "written",
+            Mode::Allotments => "allotments",
+            Mode::Tight => "tight",
+        }
+    }
+}
+
+/// CPU ms per create of one mode, by process group.
+struct Cpu {
+    apiservers: f64,
+    etcds: f64,
+    seed: f64,
+    bench: f64,
+}
+
+impl Cpu {
+    fn total(&self) -> f64 {
+        self.apiservers + self.etcds + self.seed + self.bench
+    }
 }
 
 /// The user clusters' API servers and etcds, in a phase's [`CpuTicks`].
 const USERS_CPU: usize = 0;
 /// The seed's API server and etcd, in a phase's [`CpuTicks`].
 const SEED_CPU: usize = 1;
+/// The user clusters' etcds alone (part of [`USERS_CPU`]), in a phase's [`CpuTicks`].
+const USER_ETCDS_CPU: usize = 2;
 
 struct Phase {
     mode: Mode,
@@ -207,36 +238,40 @@ struct Phase {
     answers: u64,
 }
 
+/// Runs the clients; returns the failures, every create's latency and when each create ended.
 async fn run_clients(
     users: &[Client],
-    round: usize,
+    prefix: &str,
     clients: usize,
     per_client: usize,
-) -> Result<(usize, Vec<Duration>)> {
+) -> Result<(usize, Vec<Duration>, Vec<Instant>)> {
     let clients = (0..clients).map(|c| {
         let api: Api<Machine> = Api::namespaced(users[c % users.len()].clone(), NS);
         async move {
             let mut latencies = Vec::with_capacity(per_client);
+            let mut ended = Vec::with_capacity(per_client);
             let mut failures = 0;
             for i in 0..per_client {
-                let m = machine(&format!("bench-{round}-{c}-{i}"))?;
+                let m = machine(&format!("{prefix}-{c}-{i}"))?;
                 let t = Instant::now();
                 if api.create(&PostParams::default(), &m).await.is_err() {
                     failures += 1;
                 }
                 latencies.push(t.elapsed());
+                ended.push(Instant::now());
             }
-            anyhow::Ok((latencies, failures))
+            anyhow::Ok((latencies, ended, failures))
         }
     });
-    let mut all = Vec::new();
+    let (mut all, mut all_ended) = (Vec::new(), Vec::new());
     let mut failures = 0;
     for result in join_all(clients).await {
-        let (latencies, failed) = result?;
+        let (latencies, ended, failed) = result?;
         failures += failed;
         all.extend(latencies);
+        all_ended.extend(ended);
     }
-    Ok((failures, all))
+    Ok((failures, all, all_ended))
 }
 
 /// A histogram's cumulative buckets, `+Inf` (every observation) last.
@@ -464,23 +499,37 @@ async fn settled_cpu(seed: &Client) -> Result<i64> {
     Ok(cpu)
 }
 
-/// Waits until the webhook judges against a limit with less than `room` cpu left: a dry-run
-/// Machine one size above `room` is refused.
+/// Waits until the webhook judges against a limit with exactly `room` cpu left: a dry-run
+/// Machine of `room` cpu is admitted (unless `room` is 0) and one a size above is refused (dry
+/// runs take no room).
 async fn wait_limit_seen(user: &Client, room: i64) -> Result<()> {
     let api: Api<Machine> = Api::namespaced(user.clone(), NS);
     wait_for(Duration::from_mins(1), "the webhook to see the new limit", || {
         let api = api.clone();
         async move {
-            let probe = sized_machine("limit-probe", room + 1)?;
             let dry = PostParams {
                 dry_run: true,
                 ..PostParams::default()
             };
-            anyhow::Ok(api.create(&dry, &probe).await.is_err())
+            let fits = room == 0
+                || api
+                    .create(&dry, &sized_machine("limit-probe", room)?)
+                    .await
+                    .is_ok();
+            let over = api
+                .create(&dry, &sized_machine("limit-probe", room + 1)?)
+                .await
+                .is_err();
+            anyhow::Ok(fits && over)
         }
     })
     .await?;
     Ok(())
+}
+
+/// Creates per client of a phase's unmeasured warm-up: a quarter of its measured ones.
+fn warm_up(per_client: usize) -> usize {
+    per_client.div_ceil(4)
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -504,11 +553,16 @@ async fn main() -> Result<()> {
     let fleet = Fleet::start(spec).await?;
     let seed = fleet.seed("seed-a").client();
     let users: Vec<Client> = USERS.iter().map(|u| fleet.user_cluster(u).client()).collect();
-    // CPU groups: the user clusters' API servers and etcds, then the seed's ([USERS_CPU],
-    // [SEED_CPU]); this process (clients, webhooks, emulated seed-controller) is counted apart.
+    // CPU groups: the user clusters' API servers and etcds, the seed's, and the user clusters'
+    // etcds alone ([USERS_CPU], [SEED_CPU], [USER_ETCDS_CPU]); this process (clients, webhooks,
+    // emulated seed-controller) is counted apart. `pids()` lists etcd first.
     let cpu_groups = [
         USERS.iter().flat_map(|u| fleet.user_cluster(u).pids()).collect(),
         fleet.seed("seed-a").pids(),
+        USERS
+            .iter()
+            .flat_map(|u| fleet.user_cluster(u).pids().into_iter().take(1))
+            .collect(),
     ];
     // For profiling: the fleet's kubeconfigs, e.g. for
     // `kubectl --kubeconfig <dir>/seed-a.kubeconfig get --raw '/debug/pprof/profile?seconds=15'`.
@@ -516,6 +570,14 @@ async fn main() -> Result<()> {
         fleet.write_dir(std::path::Path::new(&dir))?;
     }
     let only = std::env::var("BENCH_ONLY").ok();
+    let profile_dir = match std::env::var("BENCH_PPROF_DIR") {
+        Ok(dir) => {
+            let seconds = std::env::var("BENCH_PPROF_SECONDS").map_or(Ok(4), |s| s.parse())?;
+            std::fs::create_dir_all(&dir)?;
+            Some((std::path::PathBuf::from(dir), Duration::from_secs(seconds)))
+        }
+        Err(_) => None,
+    };
 
     // A quota that is never reached: the webhook still decides and reserves every Machine.
     let quotas: Api<QuotaLedger> = Api::all(seed.clone());
@@ -563,7 +625,7 @@ async fn main() -> Result<()> {
     let mut phases = Vec::new();
     let mut histograms: Vec<(Mode, Snapshot)> = Vec::new();
     for round in 0..rounds {
-        for (m, mode) in e2e::bench::rotated(&Mode::ALL, round).enumerate() {
+        for (m, mode) in e2e::bench::round_order(&Mode::ALL, round).enumerate() {
             if only.as_deref().is_some_and(|o| !mode.label().contains(o)) {
                 continue;
             }
@@ -574,15 +636,18 @@ async fn main() -> Result<()> {
             };
             // Tight: room for 5% of the phase's creates over what is counted now.
             let room_machines = (clients * per_client).div_ceil(20);
+            // The project's quota first: the webhook gives an allotment back only to the quota
+            // it holds it for, and settling waits for that.
+            label_quota(&seed, if mode == Mode::NoQuota { "parked" } else { PROJECT }).await?;
+            // Tight: no room at all during the warm-up, so it admits nothing.
+            let room = i64::try_from(room_machines)? * MACHINE_CPU;
             let tight = if mode == Mode::Tight {
                 let used = settled_cpu(&seed).await?;
-                let room = i64::try_from(room_machines)? * MACHINE_CPU;
-                set_cpu_limit(&seed, used + room).await?;
+                set_cpu_limit(&seed, used).await?;
                 Some(used)
             } else {
                 None
             };
-            label_quota(&seed, if mode == Mode::NoQuota { "parked" } else { PROJECT }).await?;
             for (user, name) in users.iter().zip(USERS) {
                 match instance {
                     Some(i) => register(&seed, user, name, i, &certs).await?,
@@ -597,7 +662,17 @@ async fn main() -> Result<()> {
                 .await
                 .with_context(|| format!("switching to {}", mode.label()))?;
             if tight.is_some() {
-                wait_limit_seen(&users[0], i64::try_from(room_machines)? * MACHINE_CPU).await?;
+                wait_limit_seen(&users[0], 0).await?;
+            }
+            // The warm-up: the same mode, unmeasured, so that the phase starts in the mode's
+            // steady state. Without it a phase paid for its predecessor: the API servers'
+            // garbage collector, paced for a slower phase's allocation rate, made the first
+            // seconds of a faster one assist it (profiles: 0.08 ms per create).
+            let phase = round * Mode::ALL.len() + m;
+            run_clients(&users, &format!("warm-{phase}"), clients, warm_up(per_client)).await?;
+            if let Some(used) = tight {
+                set_cpu_limit(&seed, used + room).await?;
+                wait_limit_seen(&users[0], room).await?;
             }
             let histogram_before = instance.map(|i| Snapshot::of(&i.metrics));
             let writes_before = instance.map_or(0, |i| i.metrics.writes.get());
@@ -605,9 +680,40 @@ async fn main() -> Result<()> {
             let answers_before = answered();
             let cpu_before = CpuTicks::now(&cpu_groups);
             let started = Instant::now();
-            let (failures, latencies) =
-                run_clients(&users, round * Mode::ALL.len() + m, clients, per_client).await?;
-            let elapsed = started.elapsed();
+            // Profiles (if asked for) over the phase's first seconds, alongside the clients.
+            let profiling = async {
+                let Some((dir, seconds)) = &profile_dir else {
+                    return Ok(Vec::new());
+                };
+                let profiles = users.iter().zip(USERS).map(|(user, name)| {
+                    let file = dir.join(format!("round{round}-{}-{name}.pprof", mode.short()));
+                    async move { e2e::pprof::cpu_profile(user, *seconds, &file).await }
+                });
+                futures::future::try_join_all(profiles).await
+            };
+            let clients_done = async {
+                let result = run_clients(&users, &format!("bench-{phase}"), clients, per_client).await;
+                (result, started.elapsed())
+            };
+            let (profiled, (result, elapsed)) = tokio::join!(profiling, clients_done);
+            let (failures, latencies, ended) = result?;
+            profiled?;
+            if let Some((dir, seconds)) = &profile_dir {
+                let window = started..started + *seconds;
+                let in_window = ended.iter().filter(|t| window.contains(*t)).count();
+                anyhow::ensure!(
+                    elapsed >= *seconds,
+                    "the phase ({elapsed:.1?}) was shorter than its profile ({seconds:?}): more creates per client"
+                );
+                let mut index = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.join("windows.tsv"))?;
+                std::io::Write::write_all(
+                    &mut index,
+                    format!("{round}\t{}\t{}\t{in_window}\n", mode.short(), seconds.as_secs()).as_bytes(),
+                )?;
+            }
             let cpu = CpuTicks::now(&cpu_groups).since(&cpu_before);
             let admitted = latencies.len() - failures;
             if let Some(used) = tight {
@@ -673,6 +779,7 @@ async fn main() -> Result<()> {
         .sum();
     let tight_admitted: Vec<String> = of(Mode::Tight).map(|p| p.admitted.to_string()).collect();
     let room_machines = (clients * per_client).div_ceil(20);
+    let warm = warm_up(per_client);
 
     let mut md = String::new();
     writeln!(md, "# machine-webhook: admission throughput and latency\n")?;
@@ -683,8 +790,9 @@ async fn main() -> Result<()> {
          kube-apiserver, plus the fleet's master), the webhook in-process, and an emulated seed-controller draining \
          the ledger every 100 ms with compare-and-swap writes. {clients} concurrent clients, spread over the user \
          clusters, each creating {per_client} Machines one after another. Five modes, phases interleaved ({rounds} \
-         rounds of each, same run, each round starting one mode later). Far from the limit the quota is never reached, so every enforced create is \
-         decided and reserved. Tight, the quota leaves room for {room_machines} Machines (5% of the phase's \
+         rounds of each, same run, in an order that changes every round: each mode at another position, after another \
+         mode; each phase after an unmeasured warm-up of {warm} creates per client in its mode, none admitted when \
+         tight). Far from the limit the quota is never reached, so every enforced create is decided and reserved. Tight, the quota leaves room for {room_machines} Machines (5% of the phase's \
          creates) over what is counted when the phase starts, so every create is contested; admitted per tight \
          phase: {} (checked: never more than the room, and the ledger's count grew by exactly what the API servers \
          created). With allotments on, admissions from the allotment are recorded as reservations {} ms after the \
@@ -696,11 +804,11 @@ async fn main() -> Result<()> {
     )?;
     writeln!(
         md,
-        "| mode | creates decided/s | ratio to no webhook | ratio to a webhook deciding nothing | create p50 | create p99 | decision p50 | decision p99 | ledger writes per 100 creates | CPU ms per create: user clusters / seed / bench process |"
+        "| mode | creates decided/s | ratio to no webhook | ratio to a webhook deciding nothing | create p50 | create p99 | decision p50 | decision p99 | ledger writes per 100 creates | CPU ms per create: user clusters' API servers / their etcds / seed / bench process | both cores busy |"
     )?;
     writeln!(
         md,
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     )?;
     let mut ratios = Vec::new();
     for mode in Mode::ALL {
@@ -725,7 +833,7 @@ async fn main() -> Result<()> {
         ratios.push((mode, ratio));
         writeln!(
             md,
-            "| {} | {:.1} | {:.2} | {} | {:.1?} | {:.1?} | {} | {} | {} | {:.2} / {:.2} / {:.2} |",
+            "| {} | {:.1} | {:.2} | {} | {:.1?} | {:.1?} | {} | {} | {} | {:.2} / {:.2} / {:.2} / {:.2} | {:.0} % |",
             mode.label(),
             rate(mode),
             ratio,
@@ -743,9 +851,11 @@ async fn main() -> Result<()> {
             } else {
                 format!("{:.1}", writes as f64 * 100.0 / creates as f64)
             },
-            per_create(cpu.group(USERS_CPU)),
+            per_create(cpu.group(USERS_CPU) - cpu.group(USER_ETCDS_CPU)),
+            per_create(cpu.group(USER_ETCDS_CPU)),
             per_create(cpu.group(SEED_CPU)),
             per_create(cpu.this_process),
+            cpu.machine_busy as f64 * 100.0 / cpu.machine_total.max(1) as f64,
         )?;
     }
     let ratio_of = |mode: Mode| ratios.iter().find(|(m, _)| *m == mode).map_or(0.0, |(_, r)| *r);
@@ -757,11 +867,12 @@ async fn main() -> Result<()> {
             sum
         });
         let ms = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates.max(1) as f64;
-        (
-            ms(cpu.group(USERS_CPU)),
-            ms(cpu.group(SEED_CPU)),
-            ms(cpu.this_process),
-        )
+        Cpu {
+            apiservers: ms(cpu.group(USERS_CPU) - cpu.group(USER_ETCDS_CPU)),
+            etcds: ms(cpu.group(USER_ETCDS_CPU)),
+            seed: ms(cpu.group(SEED_CPU)),
+            bench: ms(cpu.this_process),
+        }
     };
     // Each round's phase of `mode` against that round's webhook deciding nothing.
     let per_round = |mode: Mode| {
@@ -804,28 +915,32 @@ async fn main() -> Result<()> {
         allotted.metrics.conflicts.get(),
     )?;
     write_paths(&mut md, &histograms)?;
-    let (base_users, base_seed, base_bench) = cpu_of(Mode::NoWebhook);
-    let (free_users, free_seed, free_bench) = cpu_of(Mode::NoQuota);
-    let (on_users, on_seed, on_bench) = cpu_of(Mode::Allotments);
+    let (base, free, on) = (
+        cpu_of(Mode::NoWebhook),
+        cpu_of(Mode::NoQuota),
+        cpu_of(Mode::Allotments),
+    );
     writeln!(
         md,
         "Where the throughput goes: every process shares the same 2 cores, so creates/s follows the CPU \
          each create costs in all processes together ({:.2} ms without a webhook). Calling a webhook that \
-         decides nothing adds {:.2} ms (user clusters' API servers {:+.2}, this process {:+.2}, seed {:+.2}); \
-         that is the cost of any validating webhook here. Enforcing \
-         with allotments adds {:.2} ms more over that (seed {:+.2}: the ledger writes, the emulated \
-         seed-controller's reads and writes of the growing status, and the watch events they cause; user \
-         clusters {:+.2}; this process {:+.2}). With allotments off, each create also waits for its batch's \
+         decides nothing adds {:.2} ms (user clusters' API servers {:+.2}, their etcds {:+.2}, this process \
+         {:+.2}, seed {:+.2}); that is the cost of any validating webhook here. Enforcing with allotments adds \
+         {:.2} ms more over that (user clusters' API servers {:+.2}, their etcds {:+.2}; seed {:+.2}: the \
+         ledger writes, the emulated seed-controller's reads and writes of the growing status, and the watch \
+         events they cause; this process {:+.2}). With allotments off, each create also waits for its batch's \
          serial compare-and-swap write, which is why that mode is far slower than its CPU alone explains.\n",
-        base_users + base_seed + base_bench,
-        (free_users + free_seed + free_bench) - (base_users + base_seed + base_bench),
-        free_users - base_users,
-        free_bench - base_bench,
-        free_seed - base_seed,
-        (on_users + on_seed + on_bench) - (free_users + free_seed + free_bench),
-        on_seed - free_seed,
-        on_users - free_users,
-        on_bench - free_bench,
+        base.total(),
+        free.total() - base.total(),
+        free.apiservers - base.apiservers,
+        free.etcds - base.etcds,
+        free.bench - base.bench,
+        free.seed - base.seed,
+        on.total() - free.total(),
+        on.apiservers - free.apiservers,
+        on.etcds - free.etcds,
+        on.seed - free.seed,
+        on.bench - free.bench,
     )?;
     writeln!(md, "Per phase:\n")?;
     writeln!(
