@@ -247,16 +247,29 @@ impl ControlPlane {
     /// caller's own timeout, which is what timeout handling must be tested against ("connection
     /// refused" from [`stop_apiserver`](Self::stop_apiserver) is the easy case). Undo with
     /// [`resume_apiserver`](Self::resume_apiserver); dropping a paused control plane is fine.
+    /// Returns once every thread of it is stopped: the kernel stops each thread as it next
+    /// handles the signal, after `kill` has returned.
     pub fn pause_apiserver(&self) -> Result<()> {
-        self.signal_apiserver("STOP")
+        let pid = self.signal_apiserver("STOP")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !crate::procfs::is_stopped(pid) {
+            ensure!(
+                Instant::now() < deadline,
+                "{}: kube-apiserver {pid} not stopped 10 s after SIGSTOP",
+                self.name
+            );
+            std::thread::yield_now();
+        }
+        Ok(())
     }
 
     /// Continues a kube-apiserver frozen by [`pause_apiserver`](Self::pause_apiserver) (SIGCONT).
     pub fn resume_apiserver(&self) -> Result<()> {
-        self.signal_apiserver("CONT")
+        self.signal_apiserver("CONT").map(drop)
     }
 
-    fn signal_apiserver(&self, signal: &str) -> Result<()> {
+    /// Sends `signal` to kube-apiserver; returns its pid.
+    fn signal_apiserver(&self, signal: &str) -> Result<u32> {
         let pid = self
             .apiserver()
             .as_ref()
@@ -270,7 +283,7 @@ impl ControlPlane {
             .context("running kill")?;
         ensure!(status.success(), "kill -{signal} {pid}: {status}");
         tracing::info!(cluster = self.name, signal, "kube-apiserver signalled");
-        Ok(())
+        Ok(pid)
     }
 
     /// Kills kube-apiserver (SIGKILL, like a crash or a network cut) and waits until it is gone;

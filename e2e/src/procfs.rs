@@ -113,6 +113,57 @@ impl CpuTicks {
     }
 }
 
+/// How the scheduler treated a group of processes so far, summed over their threads
+/// (`/proc/<pid>/task/*`): time runnable but waiting for a CPU (`schedstat`'s run delay), and how
+/// often a thread was switched out while it still wanted to run (`nonvoluntary_ctxt_switches`).
+/// Take one before and one after; [`since`](Self::since) is what happened in between (a thread
+/// that exited meanwhile is missed; Go's threads rarely do).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Scheduling {
+    pub run_delay_ns: u64,
+    pub preempted: u64,
+}
+
+impl Scheduling {
+    pub fn now(pids: &[u32]) -> Scheduling {
+        let mut sum = Scheduling::default();
+        for pid in pids {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                continue;
+            };
+            for task in tasks.filter_map(Result::ok) {
+                let dir = task.path();
+                let delay = std::fs::read_to_string(dir.join("schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok());
+                let preempted = std::fs::read_to_string(dir.join("status")).ok().and_then(|s| {
+                    s.lines()
+                        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                });
+                sum.run_delay_ns += delay.unwrap_or(0);
+                sum.preempted += preempted.unwrap_or(0);
+            }
+        }
+        sum
+    }
+
+    #[must_use]
+    pub fn since(&self, before: &Scheduling) -> Scheduling {
+        Scheduling {
+            run_delay_ns: self.run_delay_ns.saturating_sub(before.run_delay_ns),
+            preempted: self.preempted.saturating_sub(before.preempted),
+        }
+    }
+
+    pub fn add(&mut self, more: &Scheduling) {
+        self.run_delay_ns += more.run_delay_ns;
+        self.preempted += more.preempted;
+    }
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`; 100, the Linux value, if it cannot be asked).
 pub fn ticks_per_second() -> f64 {
     std::process::Command::new("getconf")
@@ -142,6 +193,28 @@ pub fn is_running(pid: u32) -> bool {
             .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
         Err(_) => false,
     }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`, as after
+/// SIGSTOP); false if it is gone.
+pub fn is_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    let mut any = false;
+    for task in tasks.filter_map(Result::ok) {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let stopped = stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'));
+        if !stopped {
+            return false;
+        }
+        any = true;
+    }
+    any
 }
 
 /// The live children of `pid` (processes whose parent is `pid`).
@@ -176,6 +249,65 @@ mod tests {
         while cpu_ticks("self").expect("own stat") < own + 2 {}
         let (busy_after, total_after) = machine_ticks().expect("/proc/stat");
         assert!(busy_after > busy && total_after > total);
+    }
+
+    #[test]
+    fn more_spinning_threads_than_cores_are_preempted_and_wait() {
+        let me = [std::process::id()];
+        let before = Scheduling::now(&me);
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // Twice as many spinning threads as cores, until the scheduler has had to preempt them.
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let spinners: Vec<_> = (0..2 * cores)
+            .map(|_| {
+                let stop = stop.clone();
+                std::thread::spawn(move || while !stop.load(std::sync::atomic::Ordering::Relaxed) {})
+            })
+            .collect();
+        while Scheduling::now(&me).since(&before).preempted == 0 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        let during = Scheduling::now(&me).since(&before);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for s in spinners {
+            s.join().expect("spinner");
+        }
+        assert!(during.preempted > 0 && during.run_delay_ns > 0, "{during:?}");
+        assert_eq!(
+            Scheduling::now(&[u32::MAX]),
+            Scheduling::default(),
+            "no such process"
+        );
+        let mut sum = Scheduling::default();
+        sum.add(&during);
+        assert_eq!(sum.since(&during), Scheduling::default());
+    }
+
+    #[test]
+    fn a_stopped_process_is_seen_stopped_and_a_running_one_not() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        let pid = child.id();
+        assert!(!is_stopped(pid));
+        let kill = |signal: &str| {
+            std::process::Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .expect("kill")
+        };
+        assert!(kill("-STOP").success());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !is_stopped(pid) {
+            assert!(std::time::Instant::now() < deadline, "{pid} never seen stopped");
+            std::thread::yield_now();
+        }
+        assert!(kill("-CONT").success());
+        child.kill().expect("kill sleep");
+        child.wait().expect("reap sleep");
+        assert!(!is_stopped(pid), "a reaped process is not stopped");
     }
 
     #[test]

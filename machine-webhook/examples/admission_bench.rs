@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result};
 use e2e::bench::{Buckets, add, growth, histogram_quantile, percentile};
 use e2e::certs::WebhookCerts;
-use e2e::procfs::CpuTicks;
+use e2e::procfs::{CpuTicks, Scheduling};
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -233,6 +233,8 @@ struct Phase {
     /// this process.
     cpu: CpuTicks,
     writes: u64,
+    /// How the scheduler treated the user clusters' API servers during the phase.
+    sched: Scheduling,
     /// Requests both webhook instances answered during the phase: every create, or none for no
     /// webhook (a configuration change not yet in effect would show here).
     answers: u64,
@@ -564,6 +566,10 @@ async fn main() -> Result<()> {
             .flat_map(|u| fleet.user_cluster(u).pids().into_iter().take(1))
             .collect(),
     ];
+    let user_apiservers: Vec<u32> = USERS
+        .iter()
+        .flat_map(|u| fleet.user_cluster(u).pids().into_iter().skip(1))
+        .collect();
     // For profiling: the fleet's kubeconfigs, e.g. for
     // `kubectl --kubeconfig <dir>/seed-a.kubeconfig get --raw '/debug/pprof/profile?seconds=15'`.
     if let Ok(dir) = std::env::var("BENCH_FLEET_DIR") {
@@ -679,6 +685,7 @@ async fn main() -> Result<()> {
             let answered = || written.metrics.answered(None) + allotted.metrics.answered(None);
             let answers_before = answered();
             let cpu_before = CpuTicks::now(&cpu_groups);
+            let sched_before = Scheduling::now(&user_apiservers);
             let started = Instant::now();
             // Profiles (if asked for) over the phase's first seconds, alongside the clients.
             let profiling = async {
@@ -715,6 +722,7 @@ async fn main() -> Result<()> {
                 )?;
             }
             let cpu = CpuTicks::now(&cpu_groups).since(&cpu_before);
+            let sched = Scheduling::now(&user_apiservers).since(&sched_before);
             let admitted = latencies.len() - failures;
             if let Some(used) = tight {
                 // The side condition: exactly the room, checked against the API servers' count
@@ -744,6 +752,7 @@ async fn main() -> Result<()> {
                 latencies,
                 cpu,
                 writes: instance.map_or(0, |i| i.metrics.writes.get()) - writes_before,
+                sched,
                 answers: answered() - answers_before,
             };
             eprintln!(
@@ -920,6 +929,17 @@ async fn main() -> Result<()> {
         cpu_of(Mode::NoQuota),
         cpu_of(Mode::Allotments),
     );
+    // Per create: how often the user clusters' API servers' threads were preempted, and how
+    // long they waited for a CPU (ms).
+    let sched_of = |mode: Mode| {
+        let creates: usize = of(mode).map(|p| p.creates).sum();
+        let mut sum = Scheduling::default();
+        for p in of(mode) {
+            sum.add(&p.sched);
+        }
+        let per = creates.max(1) as f64;
+        (sum.preempted as f64 / per, sum.run_delay_ns as f64 / 1e6 / per)
+    };
     writeln!(
         md,
         "Where the throughput goes: every process shares the same 2 cores, so creates/s follows the CPU \
@@ -941,6 +961,14 @@ async fn main() -> Result<()> {
         on.etcds - free.etcds,
         on.seed - free.seed,
         on.bench - free.bench,
+    )?;
+    let sched = [Mode::NoWebhook, Mode::NoQuota, Mode::Allotments].map(sched_of);
+    writeln!(
+        md,
+        "How the scheduler treated the user clusters' API servers (their threads' `nonvoluntary_ctxt_switches` \
+         and `schedstat` run delay, per create; no webhook / a webhook deciding nothing / enforcing): preempted \
+         {:.2} / {:.2} / {:.2} times, waited for a CPU {:.3} / {:.3} / {:.3} ms.\n",
+        sched[0].0, sched[1].0, sched[2].0, sched[0].1, sched[1].1, sched[2].1,
     )?;
     writeln!(md, "Per phase:\n")?;
     writeln!(
