@@ -645,8 +645,8 @@ async fn main() -> Result<()> {
             // The project's quota first: the webhook gives an allotment back only to the quota
             // it holds it for, and settling waits for that.
             label_quota(&seed, if mode == Mode::NoQuota { "parked" } else { PROJECT }).await?;
-            // Tight: no room at all during the warm-up, so it admits nothing.
             let room = i64::try_from(room_machines)? * MACHINE_CPU;
+            // Tight: no room at all during the warm-up, so it admits nothing.
             let tight = if mode == Mode::Tight {
                 let used = settled_cpu(&seed).await?;
                 set_cpu_limit(&seed, used).await?;
@@ -671,9 +671,10 @@ async fn main() -> Result<()> {
                 wait_limit_seen(&users[0], 0).await?;
             }
             // The warm-up: the same mode, unmeasured, so that the phase starts in the mode's
-            // steady state. Without it a phase paid for its predecessor: the API servers'
-            // garbage collector, paced for a slower phase's allocation rate, made the first
-            // seconds of a faster one assist it (profiles: 0.08 ms per create).
+            // steady state. A phase can pay for its predecessor: profiles showed the API
+            // servers' garbage collector making the first seconds of phases that always followed
+            // a slower one assist it (0.08 ms per create). Against that, this and the changing
+            // order together (with the warm-up alone, under the old order, assists remained).
             let phase = round * Mode::ALL.len() + m;
             run_clients(&users, &format!("warm-{phase}"), clients, warm_up(per_client)).await?;
             if let Some(used) = tight {
