@@ -2,14 +2,37 @@
 
 use std::path::Path;
 
-/// A `kB` field of `/proc/<pid>/status` in bytes, `None` if the process is gone.
-fn status_bytes(pid: u32, field: &str) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+/// The number in `field` of a `status` file (`/proc/<pid>/status` or a thread's), `None` if the
+/// process is gone.
+fn status_number(file: &Path, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(file).ok()?;
     let line = status
         .lines()
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
-    let kib: u64 = line.split_whitespace().next()?.parse().ok()?;
-    Some(kib * 1024)
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// A `kB` field of `/proc/<pid>/status` in bytes, `None` if the process is gone.
+fn status_bytes(pid: u32, field: &str) -> Option<u64> {
+    Some(status_number(Path::new(&format!("/proc/{pid}/status")), field)? * 1024)
+}
+
+/// The fields of a `stat` file after the parenthesised command name (which may hold spaces):
+/// state first, then the parent, ...
+fn stat_fields(stat: &str) -> Option<Vec<&str>> {
+    Some(stat.rsplit_once(')')?.1.split_whitespace().collect())
+}
+
+/// The state letter of a `stat` file (`R`, `S`, `T`, `Z`, ...).
+fn state(stat: &str) -> Option<char> {
+    stat_fields(stat)?.first()?.chars().next()
+}
+
+/// The directories of `pid`'s threads (`/proc/<pid>/task/*`); none if it is gone.
+fn threads(pid: u32) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| tasks.filter_map(|t| Some(t.ok()?.path())).collect())
+        .unwrap_or_default()
 }
 
 /// Resident memory of a process in bytes (`VmRSS`), `None` if it is gone.
@@ -26,10 +49,8 @@ pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
 /// for this process), `None` if it is gone.
 pub fn cpu_ticks(pid: &str) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces: fields are counted after its closing parenthesis;
     // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(&stat)?;
     Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
@@ -127,25 +148,13 @@ pub struct Scheduling {
 impl Scheduling {
     pub fn now(pids: &[u32]) -> Scheduling {
         let mut sum = Scheduling::default();
-        for pid in pids {
-            let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-                continue;
-            };
-            for task in tasks.filter_map(Result::ok) {
-                let dir = task.path();
-                let delay = std::fs::read_to_string(dir.join("schedstat"))
-                    .ok()
-                    .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok());
-                let preempted = std::fs::read_to_string(dir.join("status")).ok().and_then(|s| {
-                    s.lines()
-                        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
-                        .trim()
-                        .parse::<u64>()
-                        .ok()
-                });
-                sum.run_delay_ns += delay.unwrap_or(0);
-                sum.preempted += preempted.unwrap_or(0);
-            }
+        for dir in pids.iter().flat_map(|pid| threads(*pid)) {
+            // schedstat: time on a CPU, time waiting for one, timeslices.
+            let delay = std::fs::read_to_string(dir.join("schedstat"))
+                .ok()
+                .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok());
+            sum.run_delay_ns += delay.unwrap_or(0);
+            sum.preempted += status_number(&dir.join("status"), "nonvoluntary_ctxt_switches").unwrap_or(0);
         }
         sum
     }
@@ -186,35 +195,21 @@ pub fn is_running(pid: u32) -> bool {
     if !Path::new(&format!("/proc/{pid}")).exists() {
         return false;
     }
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // The state is the first field after the parenthesised command name.
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| state(&stat))
+        .is_some_and(|state| !matches!(state, 'Z' | 'X'))
 }
 
 /// Whether every thread of `pid` is stopped (state `T` in `/proc/<pid>/task/*/stat`, as after
 /// SIGSTOP); false if it is gone.
 pub fn is_stopped(pid: u32) -> bool {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return false;
-    };
-    let mut any = false;
-    for task in tasks.filter_map(Result::ok) {
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue;
-        };
-        let stopped = stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'));
-        if !stopped {
-            return false;
-        }
-        any = true;
-    }
-    any
+    let states: Vec<Option<char>> = threads(pid)
+        .iter()
+        .filter_map(|dir| std::fs::read_to_string(dir.join("stat")).ok())
+        .map(|stat| state(&stat))
+        .collect();
+    !states.is_empty() && states.iter().all(|s| *s == Some('T'))
 }
 
 /// The live children of `pid` (processes whose parent is `pid`).
@@ -231,9 +226,8 @@ pub fn children(pid: u32) -> Vec<u32> {
 /// The parent of `pid`, from `/proc/<pid>/stat`.
 pub fn parent(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the parenthesised command name: state, then ppid.
-    let (_, rest) = stat.rsplit_once(')')?;
-    rest.split_whitespace().nth(1)?.parse().ok()
+    // After the state: the parent.
+    stat_fields(&stat)?.get(1)?.parse().ok()
 }
 
 #[cfg(test)]

@@ -201,12 +201,13 @@ impl Mode {
     }
 }
 
-/// CPU ms per create of one mode, by process group.
+/// CPU ms per create of one mode, by process group, and how busy both cores were meanwhile.
 struct Cpu {
     apiservers: f64,
     etcds: f64,
     seed: f64,
     bench: f64,
+    busy_percent: f64,
 }
 
 impl Cpu {
@@ -529,6 +530,71 @@ async fn wait_limit_seen(user: &Client, room: i64) -> Result<()> {
     Ok(())
 }
 
+/// `BENCH_PPROF_DIR`: CPU profiles of the user clusters' API servers over each phase's first
+/// `BENCH_PPROF_SECONDS`, and how many creates ended in that window.
+struct Profiles {
+    dir: std::path::PathBuf,
+    seconds: Duration,
+}
+
+impl Profiles {
+    fn from_env() -> Result<Option<Profiles>> {
+        let Ok(dir) = std::env::var("BENCH_PPROF_DIR") else {
+            return Ok(None);
+        };
+        let seconds = std::env::var("BENCH_PPROF_SECONDS").map_or(Ok(4), |s| s.parse())?;
+        std::fs::create_dir_all(&dir)?;
+        Ok(Some(Profiles {
+            dir: dir.into(),
+            seconds: Duration::from_secs(seconds),
+        }))
+    }
+
+    /// Profiles every user cluster's API server, from now on, into `round<r>-<mode>-<cluster>.pprof`.
+    async fn profile(&self, users: &[Client], round: usize, mode: Mode) -> Result<()> {
+        let profiles = users.iter().zip(USERS).map(|(user, name)| {
+            let file = self
+                .dir
+                .join(format!("round{round}-{}-{name}.pprof", mode.short()));
+            async move { e2e::pprof::cpu_profile(user, self.seconds, &file).await }
+        });
+        futures::future::try_join_all(profiles).await.map(drop)
+    }
+
+    /// Appends to `windows.tsv` how many of the phase's creates (`ended`: when each ended) ended
+    /// within the profiled window from `started`.
+    fn count_window(
+        &self,
+        round: usize,
+        mode: Mode,
+        started: Instant,
+        elapsed: Duration,
+        ended: &[Instant],
+    ) -> Result<()> {
+        anyhow::ensure!(
+            elapsed >= self.seconds,
+            "the phase ({elapsed:.1?}) was shorter than its profile ({:?}): more creates per client",
+            self.seconds
+        );
+        let window = started..started + self.seconds;
+        let in_window = ended.iter().filter(|t| window.contains(*t)).count();
+        let mut index = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("windows.tsv"))?;
+        std::io::Write::write_all(
+            &mut index,
+            format!(
+                "{round}\t{}\t{}\t{in_window}\n",
+                mode.short(),
+                self.seconds.as_secs()
+            )
+            .as_bytes(),
+        )?;
+        Ok(())
+    }
+}
+
 /// Creates per client of a phase's unmeasured warm-up: a quarter of its measured ones.
 fn warm_up(per_client: usize) -> usize {
     per_client.div_ceil(4)
@@ -576,14 +642,7 @@ async fn main() -> Result<()> {
         fleet.write_dir(std::path::Path::new(&dir))?;
     }
     let only = std::env::var("BENCH_ONLY").ok();
-    let profile_dir = match std::env::var("BENCH_PPROF_DIR") {
-        Ok(dir) => {
-            let seconds = std::env::var("BENCH_PPROF_SECONDS").map_or(Ok(4), |s| s.parse())?;
-            std::fs::create_dir_all(&dir)?;
-            Some((std::path::PathBuf::from(dir), Duration::from_secs(seconds)))
-        }
-        Err(_) => None,
-    };
+    let pprof = Profiles::from_env()?;
 
     // A quota that is never reached: the webhook still decides and reserves every Machine.
     let quotas: Api<QuotaLedger> = Api::all(seed.clone());
@@ -690,14 +749,10 @@ async fn main() -> Result<()> {
             let started = Instant::now();
             // Profiles (if asked for) over the phase's first seconds, alongside the clients.
             let profiling = async {
-                let Some((dir, seconds)) = &profile_dir else {
-                    return Ok(Vec::new());
-                };
-                let profiles = users.iter().zip(USERS).map(|(user, name)| {
-                    let file = dir.join(format!("round{round}-{}-{name}.pprof", mode.short()));
-                    async move { e2e::pprof::cpu_profile(user, *seconds, &file).await }
-                });
-                futures::future::try_join_all(profiles).await
+                match &pprof {
+                    Some(p) => p.profile(&users, round, mode).await,
+                    None => Ok(()),
+                }
             };
             let clients_done = async {
                 let result = run_clients(&users, &format!("bench-{phase}"), clients, per_client).await;
@@ -706,21 +761,8 @@ async fn main() -> Result<()> {
             let (profiled, (result, elapsed)) = tokio::join!(profiling, clients_done);
             let (failures, latencies, ended) = result?;
             profiled?;
-            if let Some((dir, seconds)) = &profile_dir {
-                let window = started..started + *seconds;
-                let in_window = ended.iter().filter(|t| window.contains(*t)).count();
-                anyhow::ensure!(
-                    elapsed >= *seconds,
-                    "the phase ({elapsed:.1?}) was shorter than its profile ({seconds:?}): more creates per client"
-                );
-                let mut index = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(dir.join("windows.tsv"))?;
-                std::io::Write::write_all(
-                    &mut index,
-                    format!("{round}\t{}\t{}\t{in_window}\n", mode.short(), seconds.as_secs()).as_bytes(),
-                )?;
+            if let Some(p) = &pprof {
+                p.count_window(round, mode, started, elapsed, &ended)?;
             }
             let cpu = CpuTicks::now(&cpu_groups).since(&cpu_before);
             let sched = Scheduling::now(&user_apiservers).since(&sched_before);
@@ -781,6 +823,22 @@ async fn main() -> Result<()> {
         return Ok(());
     }
     let base = rate(Mode::NoWebhook);
+    // CPU ms per create of one mode, by group.
+    let cpu_of = |mode: Mode| {
+        let creates: usize = of(mode).map(|p| p.creates).sum();
+        let cpu = of(mode).fold(CpuTicks::default(), |mut sum, p| {
+            sum.add(&p.cpu);
+            sum
+        });
+        let ms = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates.max(1) as f64;
+        Cpu {
+            apiservers: ms(cpu.group(USERS_CPU) - cpu.group(USER_ETCDS_CPU)),
+            etcds: ms(cpu.group(USER_ETCDS_CPU)),
+            seed: ms(cpu.group(SEED_CPU)),
+            bench: ms(cpu.this_process),
+            busy_percent: cpu.machine_busy as f64 * 100.0 / cpu.machine_total.max(1) as f64,
+        }
+    };
     // Denials are the point of the tight phases; anywhere else a failed create is a failure.
     let failures: usize = phases
         .iter()
@@ -826,11 +884,7 @@ async fn main() -> Result<()> {
         latencies.sort();
         let creates: usize = of(mode).map(|p| p.creates).sum();
         let writes: u64 = of(mode).map(|p| p.writes).sum();
-        let cpu = of(mode).fold(CpuTicks::default(), |mut sum, p| {
-            sum.add(&p.cpu);
-            sum
-        });
-        let per_create = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates as f64;
+        let cpu = cpu_of(mode);
         let grown = observed(&histograms, mode);
         let decision = |q: f64| {
             if grown.decision.is_empty() {
@@ -861,29 +915,14 @@ async fn main() -> Result<()> {
             } else {
                 format!("{:.1}", writes as f64 * 100.0 / creates as f64)
             },
-            per_create(cpu.group(USERS_CPU) - cpu.group(USER_ETCDS_CPU)),
-            per_create(cpu.group(USER_ETCDS_CPU)),
-            per_create(cpu.group(SEED_CPU)),
-            per_create(cpu.this_process),
-            cpu.machine_busy as f64 * 100.0 / cpu.machine_total.max(1) as f64,
+            cpu.apiservers,
+            cpu.etcds,
+            cpu.seed,
+            cpu.bench,
+            cpu.busy_percent,
         )?;
     }
     let ratio_of = |mode: Mode| ratios.iter().find(|(m, _)| *m == mode).map_or(0.0, |(_, r)| *r);
-    // CPU ms per create of one mode, by group.
-    let cpu_of = |mode: Mode| {
-        let creates: usize = of(mode).map(|p| p.creates).sum();
-        let cpu = of(mode).fold(CpuTicks::default(), |mut sum, p| {
-            sum.add(&p.cpu);
-            sum
-        });
-        let ms = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates.max(1) as f64;
-        Cpu {
-            apiservers: ms(cpu.group(USERS_CPU) - cpu.group(USER_ETCDS_CPU)),
-            etcds: ms(cpu.group(USER_ETCDS_CPU)),
-            seed: ms(cpu.group(SEED_CPU)),
-            bench: ms(cpu.this_process),
-        }
-    };
     // Each round's phase of `mode` against that round's webhook deciding nothing.
     let per_round = |mode: Mode| {
         let rates = |mode: Mode| -> Vec<f64> {
