@@ -155,8 +155,9 @@ fn storm_machine(name: &str) -> DynamicObject {
     machine
 }
 
-/// One client's storm on its own Machine; returns the number of updates made.
-async fn storm(api: Api<DynamicObject>, name: String, updates: usize, round: usize) -> Result<usize> {
+/// One client's storm on its own Machine; returns the number of updates made. `tag` makes every
+/// annotation value of this storm new (so no update repeats the previous one and is a no-op).
+async fn storm(api: Api<DynamicObject>, name: String, updates: usize, tag: String) -> Result<usize> {
     for i in 0..updates {
         let finalizers: Value = if i % 2 == 0 {
             json!(["example.com/storm"])
@@ -165,7 +166,7 @@ async fn storm(api: Api<DynamicObject>, name: String, updates: usize, round: usi
         };
         let patch = json!({"metadata": {
             "finalizers": finalizers,
-            "annotations": {"storm": format!("{round}-{i}")},
+            "annotations": {"storm": format!("{tag}-{i}")},
         }});
         api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
@@ -300,16 +301,21 @@ async fn main() -> Result<()> {
                     machines.clone(),
                     format!("storm-{c}"),
                     args.updates.div_ceil(4),
-                    round,
+                    format!("warm-{round}"),
                 )
             }))
             .await?;
             let before = calls();
             let ticks_before = alpha_cpu();
             let started = Instant::now();
-            let done: usize = try_join_all(
-                (0..args.clients).map(|c| storm(machines.clone(), format!("storm-{c}"), args.updates, round)),
-            )
+            let done: usize = try_join_all((0..args.clients).map(|c| {
+                storm(
+                    machines.clone(),
+                    format!("storm-{c}"),
+                    args.updates,
+                    round.to_string(),
+                )
+            }))
             .await?
             .into_iter()
             .sum();
