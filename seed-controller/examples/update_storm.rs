@@ -56,6 +56,12 @@ struct Args {
     rounds: usize,
     #[arg(long, default_value = "seed-controller/results/update-storm.md")]
     out: PathBuf,
+    /// Every patch carries the resourceVersion the client's previous patch returned (an
+    /// optimistic lock, as a full-object update does). Without it, a patch the API server first
+    /// applies to its watch cache's stale copy fails to commit and is applied again, and a
+    /// webhook without conditions is called again for it.
+    #[arg(long)]
+    resource_version: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
@@ -157,19 +163,31 @@ fn storm_machine(name: &str) -> DynamicObject {
 
 /// One client's storm on its own Machine; returns the number of updates made. `tag` makes every
 /// annotation value of this storm new (so no update repeats the previous one and is a no-op).
-async fn storm(api: Api<DynamicObject>, name: String, updates: usize, tag: String) -> Result<usize> {
+async fn storm(
+    api: Api<DynamicObject>,
+    name: String,
+    updates: usize,
+    tag: String,
+    lock: bool,
+) -> Result<usize> {
+    let mut version: Option<String> = None;
     for i in 0..updates {
         let finalizers: Value = if i % 2 == 0 {
             json!(["example.com/storm"])
         } else {
             Value::Null
         };
-        let patch = json!({"metadata": {
+        let mut patch = json!({"metadata": {
             "finalizers": finalizers,
             "annotations": {"storm": format!("{tag}-{i}")},
         }});
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        if let Some(version) = version.as_ref().filter(|_| lock) {
+            patch["metadata"]["resourceVersion"] = json!(version);
+        }
+        let patched = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        version = patched.metadata.resource_version;
     }
     // No finalizer left behind.
     let clear = json!({"metadata": {"finalizers": null}});
@@ -302,6 +320,7 @@ async fn main() -> Result<()> {
                     format!("storm-{c}"),
                     args.updates.div_ceil(4),
                     format!("warm-{round}"),
+                    args.resource_version,
                 )
             }))
             .await?;
@@ -314,6 +333,7 @@ async fn main() -> Result<()> {
                     format!("storm-{c}"),
                     args.updates,
                     round.to_string(),
+                    args.resource_version,
                 )
             }))
             .await?
@@ -359,7 +379,7 @@ async fn main() -> Result<()> {
     }
     let report = format!(
         "# Update storm: metadata-only Machine updates with and without the webhook\n\n\
-         Measured by `cargo run --release -p seed-controller --example update_storm -- --clients {} --updates {} --rounds {}` \
+         Measured by `cargo run --release -p seed-controller --example update_storm -- --clients {} --updates {} --rounds {}{}` \
          on the shared 2-core machine: a real fleet (seed-a + user cluster alpha), the webhook in the benchmark's process. \
          Each round runs every mode in turn, in an order that changes every round (each mode at another position, after another mode), each after an unmeasured warm-up of a quarter of its updates; each client patches its own Machine (an AWS worker, as machine-controller makes them) {} times (finalizer added/removed, \
          annotation changed), as machine-controller does over a Machine's life. Rates are medians over the rounds; the \
@@ -370,7 +390,15 @@ async fn main() -> Result<()> {
          CPU alone decided it.\n\n\
          | mode | updates/s | ratio (per round) | webhook calls | user cluster CPU ms per update | CPU ratio |\n\
          | --- | ---: | ---: | ---: | ---: | ---: |\n{rows}",
-        args.clients, args.updates, args.rounds, args.updates
+        args.clients,
+        args.updates,
+        args.rounds,
+        if args.resource_version {
+            " --resource-version"
+        } else {
+            ""
+        },
+        args.updates
     );
     if let Some(parent) = args.out.parent() {
         std::fs::create_dir_all(parent)?;
