@@ -46,7 +46,12 @@ pub fn host() -> String {
         .unwrap_or_default();
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let assets = std::env::var("KUBEBUILDER_ASSETS").unwrap_or_default();
-    let plane = assets.rsplit('/').next().unwrap_or_default();
+    // The directory's name, with or without a trailing slash.
+    let plane = assets
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default();
     format!("{uname}, {cores} cores, control plane `{plane}`")
 }
 
