@@ -28,7 +28,7 @@ positive=(
   "role=master,masterController.leaderElection.enabled=false,masterController.replicas=1,masterController.seedKubeconfigSecret=kkp-quota-seed-{seed}"
   "role=seed,machineWebhook.certificate.source=cert-manager,serviceMonitor.enabled=true,prometheusRule.enabled=true"
   "role=seed,machineWebhook.certificate.source=cert-manager,machineWebhook.certificate.certManager.issuerRef.name=my-ca,machineWebhook.certificate.certManager.issuerRef.kind=ClusterIssuer"
-  "role=seed,machineWebhook.networkPolicy.enabled=false,seedController.leaderElection.enabled=false,seedController.replicas=1,seedController.webhookUrl=https://quota-webhook.example.com"
+  "role=seed,machineWebhook.networkPolicy.enabled=false,seedController.leaderElection.enabled=false,seedController.replicas=1,seedController.webhookUrl=https://quota-webhook.example.com,seedController.webhookOperations=create"
   "role=seed,urlSigningKeys[0]=$(printf 'k%.0s' {1..32} | base64),image.registry=registry.example.com/kkp-quota,image.tag=dev"
 )
 for set in "${positive[@]}"; do
@@ -78,6 +78,7 @@ negative=(
   "role=master,masterController.shareSlackPercent=101|shareSlackPercent"
   "role=master,masterController.seedKubeconfigSecret=kkp-quota-seed|seedKubeconfigSecret"
   "role=seed,seedController.resyncPeriod=soon|resyncPeriod"
+  "role=seed,seedController.webhookOperations=update|webhookOperations"
   "role=seed,machineWebhook.certificate.source=vault|source"
   "role=seed,seedController.unknownFlag=1|unknownFlag"
   "role=seed,urlSigningKeys[0]=c2hvcnQ=|urlSigningKeys"

@@ -81,7 +81,9 @@ impl Mode {
     fn describe(self) -> &'static str {
         match self {
             Mode::NoWebhook => "no webhook",
-            Mode::CreatesOnly => "webhook registered for CREATE only (updates match no rule)",
+            Mode::CreatesOnly => {
+                "webhook registered for CREATE only (`--webhook-operations=create`: updates match no rule)"
+            }
             Mode::CheapestCondition => {
                 "webhook with the cheapest condition that skips every update (`oldObject == null`)"
             }
@@ -96,16 +98,18 @@ impl Mode {
 
 async fn configure(alpha: &Client, mode: Mode, url: &str, ca: &[u8]) -> Result<()> {
     let api: Api<ValidatingWebhookConfiguration> = Api::all(alpha.clone());
-    let mut body = webhook_config::desired(url, Some(ca));
+    let operations = if mode == Mode::CreatesOnly {
+        webhook_config::Operations::Create
+    } else {
+        webhook_config::Operations::CreateAndUpdate
+    };
+    let mut body = webhook_config::desired(url, Some(ca), operations);
     match mode {
         Mode::NoWebhook => {
             let _ = api.delete(webhook_config::NAME, &DeleteParams::default()).await;
             return Ok(());
         }
-        Mode::MatchConditions => {}
-        Mode::CreatesOnly => {
-            body["webhooks"][0]["rules"][0]["operations"] = json!(["CREATE"]);
-        }
+        Mode::MatchConditions | Mode::CreatesOnly => {}
         Mode::CheapestCondition => {
             body["webhooks"][0]["matchConditions"][0]["expression"] = json!("oldObject == null");
         }

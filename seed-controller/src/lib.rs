@@ -135,6 +135,18 @@ pub struct Config {
     /// `<url>/validate/machines/<cluster>`.
     #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_URL")]
     pub webhook_url: Option<String>,
+    /// Which Machine operations reach the webhook: `create-and-update` (a spec-changing UPDATE
+    /// is checked too) or `create` (CREATE only: no UPDATE costs the user clusters' API servers
+    /// anything, but a Machine whose spec is edited in place is counted, never checked; only
+    /// where Machine specs cannot change, as KKP's machine-controller enforces unless its bypass
+    /// annotation is set).
+    #[arg(
+        long,
+        env = "SEED_CONTROLLER_WEBHOOK_OPERATIONS",
+        value_enum,
+        default_value_t = webhook_config::Operations::CreateAndUpdate
+    )]
+    pub webhook_operations: webhook_config::Operations,
     /// PEM CA bundle the user clusters' apiservers use to verify the webhook.
     #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CA_FILE", requires = "webhook_url")]
     pub webhook_ca_file: Option<PathBuf>,

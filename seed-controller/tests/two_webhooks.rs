@@ -65,7 +65,7 @@ async fn register(
     let uid = cluster_uid(seed, cluster).await;
     let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
     let url = webhook_config::url(cluster, &uid, &format!("https://{address}"), Some(&keys));
-    let body = webhook_config::desired(&url, Some(ca));
+    let body = webhook_config::desired(&url, Some(ca), webhook_config::Operations::default());
     Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(user.clone())
         .patch(
             webhook_config::NAME,

@@ -1,16 +1,18 @@
 //! The seed-controller and the user clusters themselves: the `ValidatingWebhookConfiguration` it
 //! keeps in each (created, restored after deletion and after an edit), a cluster registered
-//! while it runs, and a kubeconfig rotated to another apiserver, all without restart.
+//! while it runs, and a kubeconfig rotated to another apiserver, all without restart; and the
+//! rule `--webhook-operations` chooses, rewritten after a restart with the other choice.
 
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use common::*;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingWebhook, ValidatingWebhookConfiguration};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use seed_controller::Config;
+use seed_controller::webhook_config::{Operations, SPEC_CHANGES_ONLY};
 use serde_json::json;
 
 async fn webhook_configuration(user: &Client) -> Option<ValidatingWebhookConfiguration> {
@@ -147,5 +149,52 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
     let rotated = expected_url(&seed, "delta", &keys).await;
     assert_ne!(rotated, url);
     wait_webhook_configuration(&two, &rotated, None).await;
+    running.stop().await;
+}
+
+/// The rule's operations in `user`'s configuration, once they are `wanted`; the hook.
+async fn wait_operations(user: &Client, wanted: &[&str]) -> ValidatingWebhook {
+    e2e::wait_for(WAIT, &format!("webhook configuration for {wanted:?}"), || async {
+        let hook = webhook_configuration(user).await?.webhooks?.remove(0);
+        let operations = hook.rules.as_ref()?.first()?.operations.clone()?;
+        (operations == wanted).then_some(hook)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_operations_choose_the_rule_and_a_restart_rewrites_it() {
+    init_logs();
+    let (seed_cp, one_cp) =
+        tokio::try_join!(e2e::ControlPlane::start("seed"), e2e::ControlPlane::start("one")).unwrap();
+    let (seed, one) = (seed_cp.client(), one_cp.client());
+    ensure_namespace(&seed, "kubermatic").await;
+    create_quota_copy(&seed, "demo", "1000").await;
+    register_cluster(&seed, "delta", "demo", &one_cp.kubeconfig_yaml()).await;
+    let config = |operations| {
+        let mut config = Config::for_tests("seed");
+        config.webhook_url = Some("https://127.0.0.1:9443".into());
+        config.insecure_no_auth = true;
+        config.webhook_operations = operations;
+        config
+    };
+
+    // CREATE only: the rule alone differs; the match condition stays.
+    let running = start_controller(&seed_cp, config(Operations::Create)).await;
+    let hook = wait_operations(&one, &["CREATE"]).await;
+    assert_eq!(
+        hook.client_config.url.as_deref(),
+        Some("https://127.0.0.1:9443/validate/machines/delta")
+    );
+    assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
+    let conditions = hook.match_conditions.unwrap_or_default();
+    assert_eq!(conditions.len(), 1);
+    assert_eq!(conditions[0].expression, SPEC_CHANGES_ONLY);
+    running.stop().await;
+
+    // Restarted with the default: the configuration in place is rewritten.
+    let running = start_controller(&seed_cp, config(Operations::CreateAndUpdate)).await;
+    wait_operations(&one, &["CREATE", "UPDATE"]).await;
     running.stop().await;
 }
