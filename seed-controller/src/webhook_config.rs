@@ -51,8 +51,8 @@ pub enum Operations {
     CreateAndUpdate,
     /// CREATE only. The API server then spends nothing on any UPDATE, where evaluating the match
     /// condition costs it 5 to 10 % of an update's CPU (`update_storm`). A Machine whose spec is
-    /// changed in place is counted at its new size but never checked; the overrun alert is then
-    /// the only guard. For platforms whose Machine specs cannot change: KKP's machine-controller
+    /// changed in place is counted at its new size but never checked; the overrun alert
+    /// (`KkpQuotaProjectOverQuota`) is then the only guard. For platforms whose Machine specs cannot change: KKP's machine-controller
     /// refuses spec changes in its own webhook, unless the one-shot bypass annotation
     /// `kubermatic.io/bypass-no-spec-mutation-requirement` is set.
     Create,
