@@ -232,9 +232,19 @@ impl ControlPlane {
 
     /// Process ids: etcd, then kube-apiserver if it is running.
     pub fn pids(&self) -> Vec<u32> {
-        let mut pids = vec![self.etcd.pid()];
-        pids.extend(self.apiserver().as_ref().map(Proc::pid));
+        let mut pids = vec![self.etcd_pid()];
+        pids.extend(self.apiserver_pid());
         pids
+    }
+
+    /// Process id of etcd.
+    pub fn etcd_pid(&self) -> u32 {
+        self.etcd.pid()
+    }
+
+    /// Process id of kube-apiserver, `None` while it is stopped.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver().as_ref().map(Proc::pid)
     }
 
     /// Whether kube-apiserver is running (not stopped by [`stop_apiserver`](Self::stop_apiserver)).
@@ -251,16 +261,11 @@ impl ControlPlane {
     /// handles the signal, after `kill` has returned.
     pub fn pause_apiserver(&self) -> Result<()> {
         let pid = self.signal_apiserver("STOP")?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !crate::procfs::is_stopped(pid) {
-            ensure!(
-                Instant::now() < deadline,
-                "{}: kube-apiserver {pid} not stopped 10 s after SIGSTOP",
-                self.name
-            );
-            std::thread::yield_now();
-        }
-        Ok(())
+        crate::wait::wait_until_blocking(
+            Duration::from_secs(10),
+            &format!("{}: kube-apiserver {pid} stopped after SIGSTOP", self.name),
+            || crate::procfs::is_stopped(pid),
+        )
     }
 
     /// Continues a kube-apiserver frozen by [`pause_apiserver`](Self::pause_apiserver) (SIGCONT).
@@ -271,9 +276,7 @@ impl ControlPlane {
     /// Sends `signal` to kube-apiserver; returns its pid.
     fn signal_apiserver(&self, signal: &str) -> Result<u32> {
         let pid = self
-            .apiserver()
-            .as_ref()
-            .map(Proc::pid)
+            .apiserver_pid()
             .with_context(|| format!("{}: kube-apiserver is stopped", self.name))?;
         // `kill(1)`: sending a signal from Rust needs `unsafe` or another crate.
         let status = Command::new("kill")

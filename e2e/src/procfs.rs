@@ -293,11 +293,10 @@ mod tests {
                 .expect("kill")
         };
         assert!(kill("-STOP").success());
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !is_stopped(pid) {
-            assert!(std::time::Instant::now() < deadline, "{pid} never seen stopped");
-            std::thread::yield_now();
-        }
+        crate::wait::wait_until_blocking(std::time::Duration::from_secs(10), "sleep stopped", || {
+            is_stopped(pid)
+        })
+        .expect("stopped");
         assert!(kill("-CONT").success());
         child.kill().expect("kill sleep");
         child.wait().expect("reap sleep");

@@ -84,6 +84,20 @@ where
     }
 }
 
+/// [`wait_for`] for a synchronous caller and a check that is cheap and soon true (a signal
+/// taking effect): checks `done` over and over, yielding the thread in between, and fails naming
+/// `what` once `timeout` has passed.
+pub fn wait_until_blocking(timeout: Duration, what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        if Instant::now() >= deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::yield_now();
+    }
+    Ok(())
+}
+
 /// What a watch can follow: a kube resource with a default dynamic type.
 pub trait Watched:
     kube::Resource<DynamicType: Default> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static
@@ -164,5 +178,28 @@ where
             Some(why) => bail!("timed out after {timeout:?} waiting for {what}; last: {why}"),
             None => bail!("timed out after {timeout:?} waiting for {what}"),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_until_blocking_returns_once_done_or_fails_at_the_deadline() {
+        let mut calls = 0;
+        wait_until_blocking(Duration::from_secs(10), "the third call", || {
+            calls += 1;
+            calls == 3
+        })
+        .expect("done on the third call");
+        assert_eq!(calls, 3);
+
+        let started = Instant::now();
+        let timeout = Duration::from_millis(50);
+        let err =
+            wait_until_blocking(timeout, "something that never happens", || false).expect_err("never done");
+        assert!(started.elapsed() >= timeout);
+        assert!(err.to_string().contains("something that never happens"), "{err}");
     }
 }

@@ -623,18 +623,15 @@ async fn main() -> Result<()> {
     let users: Vec<Client> = USERS.iter().map(|u| fleet.user_cluster(u).client()).collect();
     // CPU groups: the user clusters' API servers and etcds, the seed's, and the user clusters'
     // etcds alone ([USERS_CPU], [SEED_CPU], [USER_ETCDS_CPU]); this process (clients, webhooks,
-    // emulated seed-controller) is counted apart. `pids()` lists etcd first.
+    // emulated seed-controller) is counted apart.
     let cpu_groups = [
         USERS.iter().flat_map(|u| fleet.user_cluster(u).pids()).collect(),
         fleet.seed("seed-a").pids(),
-        USERS
-            .iter()
-            .flat_map(|u| fleet.user_cluster(u).pids().into_iter().take(1))
-            .collect(),
+        USERS.iter().map(|u| fleet.user_cluster(u).etcd_pid()).collect(),
     ];
     let user_apiservers: Vec<u32> = USERS
         .iter()
-        .flat_map(|u| fleet.user_cluster(u).pids().into_iter().skip(1))
+        .filter_map(|u| fleet.user_cluster(u).apiserver_pid())
         .collect();
     // For profiling: the fleet's kubeconfigs, e.g. for
     // `kubectl --kubeconfig <dir>/seed-a.kubeconfig get --raw '/debug/pprof/profile?seconds=15'`.
@@ -811,6 +808,8 @@ async fn main() -> Result<()> {
     }
 
     let of = |mode: Mode| phases.iter().filter(move |p| p.mode == mode);
+    // Creates of all of `mode`'s phases, at least 1 (a divisor).
+    let creates_of = |mode: Mode| of(mode).map(|p| p.creates).sum::<usize>().max(1);
     let rate = |mode: Mode| {
         let (creates, secs) = of(mode).fold((0usize, 0f64), |(c, s), p| {
             (c + p.creates, s + p.elapsed.as_secs_f64())
@@ -825,12 +824,11 @@ async fn main() -> Result<()> {
     let base = rate(Mode::NoWebhook);
     // CPU ms per create of one mode, by group.
     let cpu_of = |mode: Mode| {
-        let creates: usize = of(mode).map(|p| p.creates).sum();
         let cpu = of(mode).fold(CpuTicks::default(), |mut sum, p| {
             sum.add(&p.cpu);
             sum
         });
-        let ms = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates.max(1) as f64;
+        let ms = |ticks: u64| ticks as f64 / tick_hz * 1000.0 / creates_of(mode) as f64;
         Cpu {
             apiservers: ms(cpu.group(USERS_CPU) - cpu.group(USER_ETCDS_CPU)),
             etcds: ms(cpu.group(USER_ETCDS_CPU)),
@@ -882,7 +880,7 @@ async fn main() -> Result<()> {
     for mode in Mode::ALL {
         let mut latencies: Vec<Duration> = of(mode).flat_map(|p| p.latencies.clone()).collect();
         latencies.sort();
-        let creates: usize = of(mode).map(|p| p.creates).sum();
+        let creates = creates_of(mode);
         let writes: u64 = of(mode).map(|p| p.writes).sum();
         let cpu = cpu_of(mode);
         let grown = observed(&histograms, mode);
@@ -972,12 +970,11 @@ async fn main() -> Result<()> {
     // Per create: how often the user clusters' API servers' threads were preempted, and how
     // long they waited for a CPU (ms).
     let sched_of = |mode: Mode| {
-        let creates: usize = of(mode).map(|p| p.creates).sum();
-        let mut sum = Scheduling::default();
-        for p in of(mode) {
+        let sum = of(mode).fold(Scheduling::default(), |mut sum, p| {
             sum.add(&p.sched);
-        }
-        let per = creates.max(1) as f64;
+            sum
+        });
+        let per = creates_of(mode) as f64;
         (sum.preempted as f64 / per, sum.run_delay_ns as f64 / 1e6 / per)
     };
     writeln!(
