@@ -20,6 +20,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::resources::ResourceDetails;
 
+pub mod lifetimes;
+
 /// One admitted Machine, reserved until seed-controller counts it or the reservation expires.
 /// In memory only; see [`ReservationGroup`] for how it is written.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,9 +123,16 @@ pub struct Allotment {
     /// What the holder may admit without another write; Machines admitted from it stay inside
     /// it until recorded as reservations.
     pub granted: ResourceDetails,
-    /// The holder renews it before this; after it, the holder admits nothing more from it.
+    /// The holder renews it before this; after it, the holder admits nothing more from it. By
+    /// the holder's clock: readers that find `ttlSeconds` judge by that instead.
     #[schemars(with = "String")]
     pub expires_at: Timestamp,
+    /// The lifetime the holder meant (`expiresAt` minus the holder's clock at the write):
+    /// seed-controller removes the allotment only this long after it first saw this
+    /// `expiresAt`, by its own clock (`kkp_quota_crds::ledger::lifetimes`), so a clock ahead of
+    /// the holder's never drops it while in use. Absent (older writers): `expiresAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
 }
 
 /// The resources all allotments hold.

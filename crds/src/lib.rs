@@ -29,6 +29,6 @@ pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};
 pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
 pub use quota_ledger::{
-    LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
+    LastKnownSize, LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
 };
 pub use resources::{Exceeded, Resource, ResourceDetails};

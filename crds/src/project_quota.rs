@@ -95,6 +95,11 @@ pub struct SeedShareRecord {
     /// The share the master wants the seed to hold.
     #[serde(default)]
     pub target: ResourceDetails,
+    /// The newest `released` the master had read from the seed when it wrote this record: a
+    /// floor under the seed's own `released`, so that a ledger re-created (or restored from an
+    /// older backup) cannot hold share again that the master already counted as returned.
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub released: ResourceDetails,
 }
 
 /// One seed's figures for one project.

@@ -10,9 +10,11 @@
 use std::collections::BTreeMap;
 
 use kube::CustomResource;
-use serde::{Deserialize, Serialize};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
+use crate::quantity::{Quantity, QuantityError};
 use crate::resources::{Resource, ResourceDetails};
 
 /// Label with the project ID a quota applies to (how KKP looks quotas up, never by name).
@@ -49,12 +51,16 @@ pub struct ResourceQuotaSpec {
 
 /// `spec.quota`: KKP's `{cpu, memory, storage}`, plus whatever newer KKP versions add there
 /// (accelerators), carried unchanged to the seed copies and never dropped.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+///
+/// Read leniently, one field at a time: a value KKP's CRD accepts but this project cannot read
+/// exactly (`1e40`, `0.5n`) lands in [`KkpQuota::unreadable`], as written, instead of failing
+/// the whole object (and with it a watch's whole listing).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct KkpQuota {
-    #[serde(flatten)]
     pub limits: ResourceDetails,
+    /// Limits that could not be read; never taken for "no limit", written back as they were.
+    pub unreadable: Vec<UnreadableQuantity>,
     /// Fields this project does not model; written back as they were read.
-    #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
 }
 
@@ -62,8 +68,106 @@ impl KkpQuota {
     pub fn new(limits: &ResourceDetails) -> KkpQuota {
         KkpQuota {
             limits: limits.kkp_subset(),
+            unreadable: Vec::new(),
             other: BTreeMap::new(),
         }
+    }
+}
+
+impl<'de> Deserialize<'de> for KkpQuota {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let mut fields = BTreeMap::<String, Value>::deserialize(deserializer)?;
+        let mut quota = KkpQuota::default();
+        for &resource in Resource::ALL {
+            match fields.remove(resource.name()) {
+                None | Some(Value::Null) => {}
+                Some(raw) => match quantity_of(&raw) {
+                    Ok(amount) => quota.limits.set(resource, Some(amount)),
+                    Err(error) => quota.unreadable.push(UnreadableQuantity { resource, raw, error }),
+                },
+            }
+        }
+        quota.other = fields;
+        Ok(quota)
+    }
+}
+
+impl Serialize for KkpQuota {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for &resource in Resource::ALL {
+            if let Some(amount) = self.limits.get(resource) {
+                map.serialize_entry(resource.name(), &resource.amount(amount))?;
+            }
+        }
+        for u in self
+            .unreadable
+            .iter()
+            .filter(|u| self.limits.get(u.resource).is_none())
+        {
+            map.serialize_entry(u.resource.name(), &u.raw)?;
+        }
+        for (key, value) in &self.other {
+            map.serialize_entry(key, value)?;
+        }
+        map.end()
+    }
+}
+
+/// A quantity as Kubernetes writes one: a JSON string or number.
+fn quantity_of(raw: &Value) -> Result<Quantity, QuantityError> {
+    match raw {
+        Value::String(text) => text.parse(),
+        Value::Number(n) => match n.as_i64() {
+            Some(units) => Ok(Quantity::from_units(units)),
+            None => n.to_string().parse(),
+        },
+        other => Err(QuantityError::Invalid {
+            text: other.to_string(),
+            reason: "expected a string or a number",
+        }),
+    }
+}
+
+/// One limit in `spec.quota` that this project cannot read exactly.
+#[derive(Clone, Debug, PartialEq)]
+pub struct UnreadableQuantity {
+    pub resource: Resource,
+    /// The value as written.
+    pub raw: Value,
+    pub error: QuantityError,
+}
+
+impl UnreadableQuantity {
+    /// The field's path, as `kubectl explain` names it: `spec.quota.cpu`.
+    pub fn field(&self) -> String {
+        format!("spec.quota.{}", self.resource.name())
+    }
+
+    /// What is wrong with the value and what to write instead.
+    pub fn problem(&self) -> String {
+        let raw = match &self.raw {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        };
+        let (what, instead) = match &self.error {
+            QuantityError::OutOfRange { .. } | QuantityError::Overflow(_) => (
+                "is out of range".to_owned(),
+                "a quantity of at most 1e29, such as 64, 100k or 8Gi",
+            ),
+            QuantityError::TooPrecise { .. } => (
+                "is finer than 1n (one billionth)".to_owned(),
+                "a multiple of 1n (at most nine decimal places), such as 0.5, 500m or 1n",
+            ),
+            QuantityError::Invalid { reason, .. } => (
+                format!("is not a quantity ({reason})"),
+                "a Kubernetes quantity such as 4, 500m or 8Gi",
+            ),
+        };
+        format!(
+            "{} {raw:?} {what}: write {instead}, or leave the field out for no limit",
+            self.field()
+        )
     }
 }
 
@@ -94,10 +198,25 @@ impl Subject {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceQuotaStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "usage_or_none"
+    )]
     pub global_usage: Option<ResourceDetails>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "usage_or_none"
+    )]
     pub local_usage: Option<ResourceDetails>,
+}
+
+/// A usage another writer left unreadable reads as absent: this system only writes these
+/// figures (it counts from its ledgers), and one odd object must not fail a whole listing.
+fn usage_or_none<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<ResourceDetails>, D::Error> {
+    let raw = Option::<Value>::deserialize(deserializer)?;
+    Ok(raw.and_then(|raw| serde_json::from_value(raw).ok()))
 }
 
 impl ResourceQuota {
@@ -122,7 +241,6 @@ impl ResourceDetails {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Quantity;
 
     #[test]
     fn unknown_quota_fields_are_carried_unchanged() {
@@ -145,5 +263,76 @@ mod tests {
         assert_eq!(subset.gpu, None);
         assert_eq!(subset.machines, None);
         assert_eq!(subset.memory, d.memory);
+    }
+
+    fn spec(quota: &Value) -> ResourceQuotaSpec {
+        serde_json::from_value(serde_json::json!({"subject": {"name": "demo"}, "quota": quota})).unwrap()
+    }
+
+    #[test]
+    fn an_unreadable_limit_is_kept_as_written_and_the_rest_is_read() {
+        let quota =
+            serde_json::json!({"cpu": "1e40", "memory": "0.5n", "storage": "1Ti", "accelerators": []});
+        let spec = spec(&quota);
+        assert_eq!(spec.quota.limits.storage, Some(Quantity::from_gibibytes(1024)));
+        assert_eq!(spec.quota.limits.cpu, None);
+        let fields: Vec<String> = spec
+            .quota
+            .unreadable
+            .iter()
+            .map(UnreadableQuantity::field)
+            .collect();
+        assert_eq!(fields, ["spec.quota.cpu", "spec.quota.memory"]);
+        // Written back exactly as read: nothing lost, nothing rounded.
+        let back = serde_json::to_value(&spec.quota).unwrap();
+        assert_eq!(
+            back,
+            serde_json::json!({"cpu": "1e40", "memory": "0.5n", "storage": "1Ti", "accelerators": []})
+        );
+    }
+
+    #[test]
+    fn numbers_and_nulls_read_as_before() {
+        let spec = spec(&serde_json::json!({"cpu": 4, "memory": null, "storage": 1.5}));
+        assert_eq!(spec.quota.limits.cpu, Some(Quantity::from_units(4)));
+        assert_eq!(spec.quota.limits.memory, None);
+        assert_eq!(spec.quota.limits.storage, Some(Quantity::from_millis(1500)));
+        assert!(spec.quota.unreadable.is_empty());
+    }
+
+    #[test]
+    fn each_problem_names_the_field_the_value_and_what_to_write() {
+        let spec = spec(&serde_json::json!({"cpu": "1e40", "memory": "1.0000000001", "storage": true}));
+        let problems: Vec<String> = spec
+            .quota
+            .unreadable
+            .iter()
+            .map(UnreadableQuantity::problem)
+            .collect();
+        assert_eq!(
+            problems,
+            [
+                "spec.quota.cpu \"1e40\" is out of range: write a quantity of at most 1e29, such as 64, 100k or 8Gi, or leave the field out for no limit",
+                "spec.quota.memory \"1.0000000001\" is finer than 1n (one billionth): write a multiple of 1n (at most nine decimal places), such as 0.5, 500m or 1n, or leave the field out for no limit",
+                "spec.quota.storage \"true\" is not a quantity (expected a string or a number): write a Kubernetes quantity such as 4, 500m or 8Gi, or leave the field out for no limit",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_unreadable_usage_reads_as_absent() {
+        let status: ResourceQuotaStatus = serde_json::from_value(serde_json::json!({
+            "globalUsage": {"cpu": "1e40"}, "localUsage": {"cpu": "2"},
+        }))
+        .unwrap();
+        assert_eq!(status.global_usage, None);
+        assert_eq!(status.local_usage.unwrap().cpu, Some(Quantity::from_units(2)));
+    }
+
+    #[test]
+    fn the_largest_value_the_messages_promise_is_read() {
+        let spec = spec(&serde_json::json!({"cpu": "1e29"}));
+        assert!(spec.quota.unreadable.is_empty());
+        assert!(spec.quota.limits.cpu.is_some());
     }
 }

@@ -30,6 +30,12 @@ pub const VERSION: &str = "v1alpha1";
 /// "Ledger format", for how a format change is rolled out.
 pub const LEDGER_FORMAT: u32 = 1;
 
+/// master-controller's finalizer on every ledger it applies, removed only when it deletes the
+/// ledger itself (its quota is gone): a ledger deleted by hand, or by removing its CRD, stays
+/// (Terminating) and keeps its reservations and allotments, instead of leaving the seed without
+/// an admission ledger.
+pub const LEDGER_FINALIZER: &str = "kkp-quota.dev/ledger-protection";
+
 /// One project quota as one seed enforces it.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
@@ -81,6 +87,11 @@ pub struct LedgerShares {
     /// `max(target, committed)`. An absent resource sets no ceiling.
     #[serde(default)]
     pub target: ResourceDetails,
+    /// What the master's record says this seed has released at least: the seed counts
+    /// `max(status.released, this)` as released, so a ledger re-created empty or restored from
+    /// an older backup never holds share the master already counted as returned.
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub released: ResourceDetails,
     /// The share the master last saw each other seed hold, by seed name. For messages only: a
     /// change here alone does not make the master rewrite the ledger.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -96,6 +107,7 @@ impl LedgerShares {
             version: self.version,
             granted: &self.granted,
             target: &self.target,
+            released: &self.released,
         }
     }
 }
@@ -106,6 +118,7 @@ pub struct MasterWord<'a> {
     pub version: u64,
     pub granted: &'a ResourceDetails,
     pub target: &'a ResourceDetails,
+    pub released: &'a ResourceDetails,
 }
 
 /// The subject, as KKP's `ResourceQuota` names it.
@@ -187,6 +200,28 @@ pub struct QuotaLedgerStatus {
     /// holder writes its own entry; seed-controller removes expired ones.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub demands: Vec<ShareDemand>,
+    /// Machines on this seed that were sized once and can no longer be (their size catalog entry
+    /// was removed, their flavour renamed): counted in `localUsage` at the size they last had
+    /// until they are deleted, so that their room is not admitted again. Kept here so that a
+    /// restarted seed-controller counts them the same. Written by seed-controller, in the same
+    /// write as `localUsage`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_known_sizes: Vec<LastKnownSize>,
+}
+
+/// A Machine counted at its last known size (`status.lastKnownSizes`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LastKnownSize {
+    /// Its user cluster (the `Cluster` on the seed).
+    pub cluster: String,
+    /// The Machine's UID.
+    pub uid: String,
+    /// `namespace/name` of the Machine, for people.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub machine: String,
+    /// The size it is counted at: the one it had when it could last be sized.
+    pub size: ResourceDetails,
 }
 
 /// One webhook process's request for more share.
@@ -198,9 +233,15 @@ pub struct ShareDemand {
     /// The share wanted, absolute: what this seed had committed plus the request that did not
     /// fit, per limited resource (absolute, so a demand read twice asks for the same thing).
     pub amount: ResourceDetails,
-    /// Renewed while requests wait; after it, the demand no longer counts.
+    /// Renewed while requests wait; after it, the demand no longer counts. By the writer's clock:
+    /// readers that find `ttlSeconds` judge by that instead (other clocks may be skewed).
     #[schemars(with = "String")]
     pub expires_at: Timestamp,
+    /// The lifetime the writer meant (`expiresAt` minus the writer's clock at the write): a
+    /// reader counts the demand live for this long after it first saw this `expiresAt`, by its
+    /// own clock (`kkp_quota_crds::ledger::lifetimes`). Absent (older writers): `expiresAt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
 }
 
 impl QuotaLedger {

@@ -7,13 +7,20 @@
 //! headroom within a bounded number of fair rounds.
 //!
 //! `PROPTEST_CASES` sets the number of runs (default 600, a few seconds).
-#![allow(clippy::unwrap_used, clippy::too_many_lines, clippy::cast_possible_truncation)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::too_many_lines,
+    clippy::cast_possible_truncation,
+    // A test model: message sizes and the run's flags are no concern.
+    clippy::large_enum_variant,
+    clippy::struct_excessive_bools
+)]
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 
 use kkp_quota_crds::shares::{
-    MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, bounded_by, fits_within,
+    MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, bounded_by, fits_within, largest,
 };
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
 use proptest::prelude::*;
@@ -24,6 +31,9 @@ const RESOURCES: [Resource; 2] = [Resource::Cpu, Resource::Memory];
 const BAG_LIMIT: usize = 40;
 /// Fair rounds the liveness phase allows (one round: report, plan, persist, send, release).
 const LIVENESS_ROUNDS: usize = 4;
+/// Rounds a rebuilt record adds: one for the seeds to take its epoch before it grants, and one
+/// more for a rebuild that found a seed holding more than it read.
+const REBUILD_ROUNDS: usize = 2;
 
 type Rd = ResourceDetails;
 
@@ -55,6 +65,8 @@ struct Copy {
     reserved: Rd,
     allotment: Rd,
     demand: Option<Rd>,
+    /// What the other seeds use, as the master last folded it (`otherSeedsUsage`).
+    others: Rd,
 }
 
 impl Copy {
@@ -76,6 +88,9 @@ struct Seed {
     /// A release the seed-controller computed from the copy at a version, not yet written.
     pending_release: Option<(u64, Rd)>,
     partitioned: bool,
+    /// Counted usage that appeared without any admission (a catalog edit made Machines bigger,
+    /// a limit added to a resource in use, a cluster moved here), still counted.
+    unadmitted: Rd,
 }
 
 impl Seed {
@@ -96,7 +111,11 @@ impl Seed {
 /// The master's own object: limit (spec) and record (granted, target, retiring per seed).
 #[derive(Debug, Clone)]
 struct Persisted {
+    /// The object's version (compare-and-swap).
     version: u64,
+    /// The record's own version (the one in every word sent to seeds); restarts from zero when
+    /// the record is lost.
+    record_version: u64,
     record: MasterView,
 }
 
@@ -117,6 +136,11 @@ enum Msg {
     Report {
         seed: usize,
         report: SeedReport,
+    },
+    /// The master's fold of the other seeds' usage, written into a seed's copy.
+    Fold {
+        seed: usize,
+        others: Rd,
     },
 }
 
@@ -144,7 +168,23 @@ enum Step {
         seed: usize,
         amount: [u8; 2],
     },
+    /// Usage that appears without any admission.
+    Appear {
+        seed: usize,
+        amount: [u8; 2],
+    },
     CrashWebhook {
+        seed: usize,
+    },
+    /// The master's record lost: the `ProjectQuota` deleted and re-created, its CRD re-installed,
+    /// or the master restored from a backup without status. The record starts again from
+    /// nothing at version zero (which seeds are retiring is the fleet's, so it stays).
+    LoseRecord,
+    /// The seed's ledger deleted (by hand, or its CRD re-installed) and re-created by the master
+    /// from its cached record: the status is gone (released, reservations, allotments, demand).
+    /// The webhook admits nothing until seed-controller has counted every Machine again, so the
+    /// new ledger starts from what really runs.
+    RecreateLedger {
         seed: usize,
     },
     ExpireAllotment {
@@ -219,8 +259,11 @@ fn step() -> impl Strategy<Value = Step> {
         1 => seed.clone().prop_map(|seed| Step::TakeAllotment { seed }),
         1 => seed.clone().prop_map(|seed| Step::RecordAllotment { seed }),
         2 => seed.clone().prop_map(|seed| Step::Count { seed }),
-        2 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Delete { seed, amount }),
+        2 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Delete { seed, amount }),
+        1 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Appear { seed, amount }),
         1 => seed.clone().prop_map(|seed| Step::CrashWebhook { seed }),
+        1 => seed.clone().prop_map(|seed| Step::RecreateLedger { seed }),
+        1 => Just(Step::LoseRecord),
         1 => seed.clone().prop_map(|seed| Step::ExpireAllotment { seed }),
         1 => seed.clone().prop_map(|seed| Step::Withdraw { seed }),
         1 => seed.clone().prop_map(|seed| Step::Report { seed }),
@@ -258,6 +301,9 @@ struct Setup {
     slack: [u8; 2],
     steps: Vec<Step>,
     lone: usize,
+    /// Whether usage may appear without admission in this run: it suspends the invariants
+    /// that assume every use was admitted, so most runs go without.
+    appear: bool,
 }
 
 fn setup() -> impl Strategy<Value = Setup> {
@@ -268,14 +314,16 @@ fn setup() -> impl Strategy<Value = Setup> {
         [0..3_u8, 0..3_u8],
         prop::collection::vec(step(), 0..200),
         0..3_usize,
+        prop::bool::weighted(0.3),
     )
-        .prop_map(|(seeds, resources, limit, slack, steps, lone)| Setup {
+        .prop_map(|(seeds, resources, limit, slack, steps, lone, appear)| Setup {
             seeds,
             resources,
             limit,
             slack,
             steps,
             lone,
+            appear,
         })
 }
 
@@ -291,6 +339,13 @@ struct Coverage {
     /// Liveness runs in which the lone seed needed share that other seeds first had to release.
     liveness_moved_share: usize,
     forgotten: usize,
+    /// Runs where usage appeared without admission.
+    appeared_runs: usize,
+    /// Ledgers re-created with their status lost.
+    recreated: usize,
+    /// Master records lost, and rebuilt from the seeds' copies.
+    lost_records: usize,
+    adopted: usize,
 }
 
 struct World {
@@ -299,9 +354,23 @@ struct World {
     seeds: Vec<Seed>,
     persisted: Persisted,
     master: Option<Master>,
-    limbo: Vec<(u64, MasterView)>,
+    /// Record writes in flight: the object version they are conditioned on, the record version
+    /// they carry, the record.
+    limbo: Vec<(u64, u64, bool, MasterView)>,
+    /// A rebuilt record landed, or a ledger was re-created, in this step: each takes back what
+    /// was forgotten (grants by a lost record; releases the master had not persisted as a floor
+    /// yet, and so never counted as free), so the exposure it restores is no new grant.
+    restored_now: bool,
+    /// Per seed, the most ever granted in a persisted record (the record itself may be lost).
+    granted_high: BTreeMap<String, Rd>,
     bag: Vec<Msg>,
     lowered: bool,
+    /// Usage appeared without admission at some point in this run.
+    appeared: bool,
+    /// The master's record was lost at some point in this run.
+    record_lost: bool,
+    /// [`Setup::appear`].
+    appear_enabled: bool,
 }
 
 impl World {
@@ -319,12 +388,14 @@ impl World {
                     reserved: zero.clone(),
                     allotment: zero.clone(),
                     demand: None,
+                    others: zero.clone(),
                 },
                 admitted_from_allotment: zero.clone(),
                 orphaned: zero.clone(),
                 allotment_dead: false,
                 pending_release: None,
                 partitioned: false,
+                unadmitted: zero.clone(),
             })
             .collect();
         let record = MasterView {
@@ -334,7 +405,11 @@ impl World {
                 .map(|s| (s.name.clone(), SeedRecord::new()))
                 .collect(),
         };
-        let persisted = Persisted { version: 1, record };
+        let persisted = Persisted {
+            version: 1,
+            record_version: 1,
+            record,
+        };
         World {
             n: s.resources,
             slack: rd(s.resources, s.slack),
@@ -345,8 +420,13 @@ impl World {
             }),
             persisted,
             limbo: Vec::new(),
+            granted_high: BTreeMap::new(),
+            restored_now: false,
             bag: Vec::new(),
             lowered: false,
+            appeared: false,
+            record_lost: false,
+            appear_enabled: s.appear,
         }
     }
 
@@ -385,7 +465,7 @@ impl World {
 
     fn deliverable(&self, msg: &Msg) -> bool {
         match msg {
-            Msg::Word { seed, .. } => !self.seeds[*seed].partitioned,
+            Msg::Word { seed, .. } | Msg::Fold { seed, .. } => !self.seeds[*seed].partitioned,
             Msg::Report { seed, .. } => !self.seeds[*seed].partitioned && self.master.is_some(),
         }
     }
@@ -394,10 +474,23 @@ impl World {
         match msg {
             Msg::Word { seed, limit, word } => {
                 let s = &mut self.seeds[seed];
-                if s.copy.share.receive(&word) {
+                // The limit rides on every apply of the ledger; the share word only on a newer
+                // version (an older one is refused by the ledger's rule, the limit with it).
+                let current = word.version == s.copy.share.version && limit != s.copy.limit;
+                if s.copy.share.receive(&word) || current {
                     s.copy.limit = limit;
                     s.bump();
                 }
+                // A record rebuilt from a stale reading may give a seed less than it committed:
+                // that use is above its share from then on, as if it had appeared unadmitted
+                // (the master counts it as held all the same).
+                let over = s.copy.committed().saturating_sub(&s.copy.share.share());
+                s.unadmitted = largest([&s.unadmitted, &over]).unwrap_or_default();
+            }
+            Msg::Fold { seed, others } => {
+                let s = &mut self.seeds[seed];
+                s.copy.others = others;
+                s.bump();
             }
             Msg::Report { seed, report } => {
                 let name = self.seeds[seed].name.clone();
@@ -463,7 +556,11 @@ impl World {
                 if request.is_empty() {
                     return Ok(());
                 }
-                if s.copy.share.fits(&s.copy.limit, &committed, &request).is_ok() {
+                if s.copy
+                    .share
+                    .fits(&s.copy.limit, &s.copy.others, &committed, &request)
+                    .is_ok()
+                {
                     s.copy.reserved = add(&s.copy.reserved, &request);
                     s.copy.demand = None;
                     s.bump();
@@ -471,6 +568,7 @@ impl World {
                     if !s.copy.share.granted.is_empty() && !request.is_empty() {
                         cov.admitted_after_grant += 1;
                     }
+                    self.check_beside_others(seed % len, &committed)?;
                 } else if ask {
                     s.copy.demand = Some(SeedShare::demand_for(&s.copy.limit, &committed, &request));
                     s.bump();
@@ -489,7 +587,8 @@ impl World {
                 if !s.allotment_dead && s.admitted_from_allotment.is_empty() {
                     let before = s.copy.committed();
                     let base = add(&s.copy.counted, &s.copy.reserved);
-                    let free = s.copy.share.capacity(&s.copy.limit).saturating_sub(&base);
+                    let capacity = s.copy.share.capacity_beside(&s.copy.limit, &s.copy.others);
+                    let free = capacity.saturating_sub(&base);
                     let mut half = Rd::default();
                     for (r, q) in free.iter() {
                         half.set(r, Some(Quantity::from_nanos(q.as_nanos() / 2)));
@@ -497,6 +596,7 @@ impl World {
                     s.copy.allotment = bounded_by(&s.copy.limit, &half);
                     s.bump();
                     check_within_capacity(s, &before)?;
+                    self.check_beside_others(seed % len, &before)?;
                 }
             }
             Step::RecordAllotment { seed } => {
@@ -517,13 +617,94 @@ impl World {
             Step::Delete { seed, amount } => {
                 let s = &mut self.seeds[seed % len];
                 s.copy.counted = s.copy.counted.saturating_sub(&rd(n, amount));
+                // What is above the share shrinks with the use: never more allowed than there is.
+                let excess = s.copy.committed().saturating_sub(&s.copy.share.share());
+                s.unadmitted = s.unadmitted.saturating_sub(&s.unadmitted.saturating_sub(&excess));
                 s.bump();
+            }
+            Step::Appear { seed, amount } => {
+                let amount = rd(n, amount);
+                if !self.appear_enabled || amount.iter().all(|(_, q)| q == Quantity::ZERO) {
+                    return Ok(());
+                }
+                let s = &mut self.seeds[seed % len];
+                s.copy.counted = add(&s.copy.counted, &amount);
+                s.unadmitted = add(&s.unadmitted, &amount);
+                s.bump();
+                self.appeared = true;
             }
             Step::CrashWebhook { seed } => {
                 let s = &mut self.seeds[seed % len];
                 s.orphaned = add(&s.orphaned, &s.admitted_from_allotment);
                 s.admitted_from_allotment = rd(n, [0, 0]);
                 s.allotment_dead |= !s.copy.allotment.is_empty();
+            }
+            Step::LoseRecord => {
+                for record in self.persisted.record.seeds.values_mut() {
+                    *record = SeedRecord {
+                        retiring: record.retiring,
+                        ..SeedRecord::new()
+                    };
+                }
+                self.persisted.version += 1;
+                self.persisted.record_version = 0;
+                self.record_lost = true;
+                cov.lost_records += 1;
+            }
+            Step::RecreateLedger { seed } => {
+                let i = seed % len;
+                // The master creates it in a round's send, from the newest record it knows
+                // (its own last write included, and none of its writes still in flight): a
+                // master behind its own record re-reads first.
+                let Some(master) = self
+                    .master
+                    .as_ref()
+                    .filter(|m| m.cache.version == self.persisted.version && self.limbo.is_empty())
+                else {
+                    return Ok(());
+                };
+                let Some(rec) = master.cache.record.seeds.get(&self.seeds[i].name) else {
+                    return Ok(());
+                };
+                let word = MasterWord {
+                    version: master.cache.record_version,
+                    granted: rec.granted.clone(),
+                    target: rec.target.clone(),
+                    released: rec.released_floor.clone(),
+                };
+                let limit = master.cache.record.limit.clone();
+                let zero = rd(n, [0, 0]);
+                let s = &mut self.seeds[i];
+                s.copy.counted = s.real_usage();
+                s.copy.share = SeedShare::default();
+                s.copy.share.receive(&word);
+                // A record lost too (rebuilt from nothing but this seed's usage): what runs is
+                // above the share, as if it had appeared without admission.
+                let over = s.copy.counted.saturating_sub(&s.copy.share.share());
+                s.unadmitted = largest([&s.unadmitted, &over]).unwrap_or_default();
+                self.appeared |= !over.is_empty() && over.iter().any(|(_, q)| q > Quantity::ZERO);
+                s.copy.limit = limit;
+                s.copy.reserved = zero.clone();
+                s.copy.allotment = zero.clone();
+                s.copy.demand = None;
+                s.copy.others = zero.clone();
+                s.admitted_from_allotment = zero.clone();
+                s.orphaned = zero;
+                s.allotment_dead = false;
+                s.pending_release = None;
+                s.bump();
+                // The master reads a seed's ledgers through one ordered watch: every report of
+                // the deleted ledger reaches it before the deletion, and the deletion before the
+                // new ledger. (Not modelled: a round between the old ledger's last report and
+                // its deletion, after the master created the new one; see docs/operations.md.)
+                self.bag
+                    .retain(|msg| !matches!(msg, Msg::Report { seed, .. } if *seed == i));
+                self.restored_now = true;
+                let name = self.seeds[i].name.clone();
+                if let Some(m) = &mut self.master {
+                    m.reports.remove(&name);
+                }
+                cov.recreated += 1;
             }
             Step::ExpireAllotment { seed } => {
                 let s = &mut self.seeds[seed % len];
@@ -580,20 +761,23 @@ impl World {
             Step::MasterPlan => {
                 if let Some(m) = &self.master {
                     let mut view = self.master_view(m);
-                    let plan = view.plan(&self.slack).unwrap();
-                    if view.apply(&plan).unwrap() {
+                    let (base, adopted) = view.adopt(m.cache.record_version);
+                    cov.adopted += usize::from(adopted);
+                    let plan = view.plan_at(base + 1, &self.slack).unwrap();
+                    if view.apply(&plan).unwrap() || adopted {
                         // Only the record is persisted: reports and reachability are not.
                         for record in view.seeds.values_mut() {
                             record.report = None;
                             record.reachable = true;
                         }
-                        self.limbo.push((m.cache.version, view));
+                        self.limbo.push((m.cache.version, base + 1, adopted, view));
                     }
                 }
             }
             Step::ServerApply { pick, land } => {
                 if !self.limbo.is_empty() {
-                    let (base, record) = self.limbo.remove(pick % self.limbo.len());
+                    let (base, record_version, adopted, record) = self.limbo.remove(pick % self.limbo.len());
+                    self.restored_now |= land && adopted && base == self.persisted.version;
                     if land && base == self.persisted.version {
                         let grew = record.seeds.iter().any(|(name, r)| {
                             self.persisted
@@ -604,8 +788,13 @@ impl World {
                         });
                         cov.landed_grants += usize::from(grew);
                         cov.forgotten += self.persisted.record.seeds.len() - record.seeds.len();
+                        for (name, r) in &record.seeds {
+                            let high = self.granted_high.entry(name.clone()).or_default();
+                            *high = largest([&*high, &r.granted]).unwrap_or_default();
+                        }
                         self.persisted = Persisted {
                             version: self.persisted.version + 1,
+                            record_version,
                             record,
                         };
                     } else {
@@ -625,14 +814,29 @@ impl World {
                                 seed: i,
                                 limit: m.cache.record.limit.clone(),
                                 word: MasterWord {
-                                    version: m.cache.version,
+                                    version: m.cache.record_version,
                                     granted: r.granted.clone(),
                                     target: r.target.clone(),
+                                    released: r.released_floor.clone(),
                                 },
                             })
                         })
                         .collect();
-                    for w in words {
+                    // The fold: every other seed's committed as the master last read it.
+                    let folds: Vec<Msg> = (0..self.seeds.len())
+                        .map(|i| {
+                            let others: Vec<Rd> = self
+                                .seeds
+                                .iter()
+                                .enumerate()
+                                .filter(|(j, _)| *j != i)
+                                .filter_map(|(_, s)| m.reports.get(&s.name).map(|r| r.committed.clone()))
+                                .collect();
+                            let others = ResourceDetails::checked_sum(others.iter()).unwrap();
+                            Msg::Fold { seed: i, others }
+                        })
+                        .collect();
+                    for w in words.into_iter().chain(folds) {
                         self.send(w);
                     }
                 }
@@ -715,14 +919,14 @@ impl World {
                 if s.real_usage().amount(r) > committed {
                     return Err(format!("{}: {r} used beyond committed", s.name));
                 }
-                if committed > share {
+                if committed.saturating_sub_to_zero(s.unadmitted.amount(r)) > share {
                     return Err(format!(
                         "{}: {r} committed {committed:?} above share {share:?}",
                         s.name
                     ));
                 }
-                if let Some(rec) = self.persisted.record.seeds.get(&s.name)
-                    && s.copy.share.granted.amount(r) > rec.granted.amount(r)
+                if let Some(high) = self.granted_high.get(&s.name)
+                    && s.copy.share.granted.amount(r) > high.amount(r)
                 {
                     return Err(format!(
                         "{}: {r} granted on the seed above the master's record",
@@ -731,17 +935,57 @@ impl World {
                 }
                 sum_exposure = sum_exposure.checked_add(share.max(committed)).unwrap();
             }
-            if !self.lowered && sum_exposure > limit {
+            if !self.lowered && !self.appeared && sum_exposure > limit {
                 return Err(format!(
                     "{r}: sum of max(share, committed) {sum_exposure:?} > limit {limit:?}"
                 ));
             }
             let (now, before) = (exposure.amount(r), exposure_before.amount(r));
-            if (!self.lowered || now > before) && now > limit {
+            // Usage that appeared without admission is covered by share when its seed asks
+            // (what it holds counts as held either way), so the record may then grant past
+            // the limit what only restates that usage.
+            if !self.appeared && (!self.lowered || (now > before && !self.restored_now)) && now > limit {
                 return Err(format!("{r}: record exposure {now:?} > limit {limit:?}"));
             }
         }
         Ok(())
+    }
+
+    /// After seed `i` admitted (for each resource its committed grew from `before`): what all
+    /// seeds committed together is within the limit, unless seed `i` could not know better: its fold of the others' usage was behind
+    /// what they commit now, or the limit was lowered. This is the rule usage that appears
+    /// without admission tests: a share alone would admit into room such usage already fills.
+    fn check_beside_others(&self, i: usize, before: &Rd) -> Result<(), String> {
+        if self.lowered {
+            return Ok(());
+        }
+        let seed = &self.seeds[i];
+        for (r, limit) in self.limit().iter() {
+            if seed.copy.committed().amount(r) <= before.amount(r) {
+                continue;
+            }
+            let total = self
+                .seeds
+                .iter()
+                .try_fold(Quantity::ZERO, |sum, s| {
+                    sum.checked_add(s.copy.committed().amount(r))
+                })
+                .unwrap();
+            let others_now = total.saturating_sub_to_zero(seed.copy.committed().amount(r));
+            if total > limit && seed.copy.others.amount(r) >= others_now {
+                return Err(format!(
+                    "{}: admitted {r} to a total of {total:?} > limit {limit:?} while it knew the \
+                     other seeds use {:?}",
+                    seed.name,
+                    seed.copy.others.amount(r)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn liveness_rounds(&self) -> usize {
+        LIVENESS_ROUNDS + if self.record_lost { REBUILD_ROUNDS } else { 0 }
     }
 
     /// Liveness: heal, settle, then a lone seed asks for all the headroom left; within
@@ -810,12 +1054,12 @@ impl World {
             ));
             s.bump();
         }
-        for _ in 0..LIVENESS_ROUNDS {
+        for _ in 0..self.liveness_rounds() {
             self.fair_round(cov)?;
             let s = &self.seeds[lone];
             if s.copy
                 .share
-                .fits(&s.copy.limit, &s.copy.committed(), &request)
+                .fits(&s.copy.limit, &s.copy.others, &s.copy.committed(), &request)
                 .is_ok()
             {
                 return self.greed(lone, cov);
@@ -848,11 +1092,11 @@ impl World {
             s.copy.demand = Some(SeedShare::demand_for(&limit, &ResourceDetails::default(), &limit));
             s.bump();
         }
-        for _ in 0..LIVENESS_ROUNDS {
+        for _ in 0..self.liveness_rounds() {
             self.fair_round(cov)?;
         }
         let s = &mut self.seeds[lone];
-        let capacity = s.copy.share.capacity(&s.copy.limit);
+        let capacity = s.copy.share.capacity_beside(&s.copy.limit, &s.copy.others);
         if !capacity.covers(&expected) {
             return Err(format!("{} reached capacity {capacity}, not {expected}", s.name));
         }
@@ -930,12 +1174,14 @@ fn run(setup: &Setup, cov: &mut Coverage) -> Result<(), String> {
     let mut world = World::new(setup);
     for (i, step) in setup.steps.iter().enumerate() {
         let before = world.record_exposure();
+        world.restored_now = false;
         world
             .step(step, cov)
             .and_then(|()| world.check(&before))
             .map_err(|e| format!("after step {i} {step:?}: {e}"))?;
     }
     cov.lowered_runs += usize::from(world.lowered);
+    cov.appeared_runs += usize::from(world.appeared);
     world
         .liveness(setup.lone, cov)
         .map_err(|e| format!("liveness: {e}"))
@@ -967,7 +1213,83 @@ fn shares_hold_the_limit_and_follow_demand() {
         "{cov:?}"
     );
     assert!(
-        cov.admitted_after_grant > 0 && cov.lowered_runs > 0 && cov.liveness_moved_share > 0,
+        cov.admitted_after_grant > 0
+            && cov.lowered_runs > 0
+            && cov.liveness_moved_share > 0
+            && cov.appeared_runs > 0
+            && cov.recreated > 0
+            && cov.adopted > 0,
         "{cov:?}"
+    );
+}
+
+/// A directed run of the case the released floor exists for: seed-0 releases its share, the
+/// master grants it to seed-1, then seed-0's ledger is deleted and re-created with its status
+/// (its `released`) gone. The floor the master persisted with the grant keeps seed-0's share at
+/// zero; without it, seed-0 would hold its old share again beside seed-1's.
+#[test]
+fn a_recreated_ledger_does_not_regain_released_share() {
+    let setup = Setup {
+        seeds: 2,
+        resources: 1,
+        limit: [4, 4],
+        slack: [0, 0],
+        steps: Vec::new(),
+        lone: 0,
+        appear: false,
+    };
+    let mut cov = Coverage::default();
+    let mut world = World::new(&setup);
+    let mut run = |world: &mut World, steps: &[Step]| {
+        for step in steps {
+            let before = world.record_exposure();
+            world.restored_now = false;
+            world
+                .step(step, &mut cov)
+                .and_then(|()| world.check(&before))
+                .unwrap_or_else(|e| panic!("{step:?}: {e}"));
+            world.deliver_all();
+        }
+    };
+    let admit = |seed| Step::Admit {
+        seed,
+        amount: [4, 0],
+        ask: true,
+    };
+    run(
+        &mut world,
+        &[admit(0), Step::MasterRound, admit(0), Step::Count { seed: 0 }],
+    );
+    assert_eq!(
+        world.seeds[0].copy.committed(),
+        rd(1, [4, 0]),
+        "seed-0 took the quota"
+    );
+    run(
+        &mut world,
+        &[
+            Step::Delete {
+                seed: 0,
+                amount: [4, 0],
+            },
+            Step::ReleaseNow { seed: 0, quiet: true },
+            admit(1),
+            Step::MasterRound,
+            Step::MasterRound,
+            admit(1),
+        ],
+    );
+    assert_eq!(
+        world.seeds[1].copy.committed(),
+        rd(1, [4, 0]),
+        "seed-1 got it all"
+    );
+    run(&mut world, &[Step::RecreateLedger { seed: 0 }]);
+    assert_eq!(world.seeds[0].copy.share.share(), rd(1, [0, 0]));
+    run(&mut world, &[admit(0), Step::MasterRound, admit(0)]);
+    assert_eq!(
+        world.seeds[0].copy.committed(),
+        rd(1, [0, 0]),
+        "nothing left for seed-0"
     );
 }

@@ -22,6 +22,10 @@ fi
 cache_root=${KKP_QUOTA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kkp-quota}
 out="$cache_root/control-plane/kube-${KUBE_VERSION}_etcd-${ETCD_VERSION}"
 mkdir -p "$out"
+# One build at a time per cache: concurrent callers (parallel test runs, several checkouts)
+# would otherwise each build the same binaries into the same temporary file.
+exec 9>"$out/.build.lock"
+flock 9
 
 build() { # name, wrapper dir, package, extra ldflags
   local name=$1 dir=$2 pkg=$3 ldflags=$4

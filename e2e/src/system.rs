@@ -62,6 +62,13 @@ impl Component {
         http.get(&url).send().await.is_ok_and(|r| r.status().is_success())
     }
 
+    /// Starts it again without the flags that start with `prefix` (a fault injected by a flag,
+    /// healed); its log is appended to.
+    pub fn restart_without(&mut self, prefix: &str) -> Result<()> {
+        self.spec.args.retain(|arg| !arg.starts_with(prefix));
+        self.restart()
+    }
+
     /// Starts it again with the same flags (after [`Component::kill`]); its log is appended to.
     pub fn restart(&mut self) -> Result<()> {
         self.process = None;

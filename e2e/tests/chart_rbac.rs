@@ -17,10 +17,11 @@ use e2e::{Fleet, FleetSpec, wait_for, wait_for_gone, wait_for_object};
 use futures::future::join_all;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::api::events::v1::Event as EventV1;
 use kkp_quota_crds::kkp::{DefaultProjectResourceQuota, KubermaticSetting, KubermaticSettingSpec};
 use kkp_quota_crds::{QuotaLedger, ResourceQuota};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 
 const WAIT: Duration = Duration::from_mins(1);
 
@@ -179,6 +180,53 @@ async fn scenarios(running: &FleetWithSystem) {
         .await
         .unwrap();
     }
+
+    // A quota this system cannot read (KKP's CRD accepts `1e40`): master-controller reports it
+    // with a Warning Event on the ResourceQuota (events.k8s.io, namespace `default`).
+    let raw =
+        Api::<DynamicObject>::all_with(fleet.master().client(), &ApiResource::erase::<ResourceQuota>(&()));
+    let unreadable: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kubermatic.k8c.io/v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "project-unreadable"},
+        "spec": {"subject": {"name": "unreadable", "kind": "project"}, "quota": {"cpu": "1e40"}},
+    }))
+    .unwrap();
+    raw.create(&PostParams::default(), &unreadable).await.unwrap();
+    let master_events = Api::<EventV1>::namespaced(fleet.master().client(), "default");
+    wait_for(WAIT, "the unreadable quota's Warning Event", || async {
+        let list = master_events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("project-unreadable"))
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    // Edited with the bad value kept: the same Event again, as a patch of its series.
+    let edit = serde_json::json!({"spec": {"quota": {"cpu": "1e40", "memory": "1Gi"}}});
+    raw.patch(
+        "project-unreadable",
+        &PatchParams::default(),
+        &Patch::Merge(&edit),
+    )
+    .await
+    .unwrap();
+    wait_for(WAIT, "the unreadable quota's Event repeated", || async {
+        let list = master_events.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("project-unreadable")
+                    && e.series.as_ref().is_some_and(|s| s.count >= 2)
+            })
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    raw.delete("project-unreadable", &DeleteParams::default())
+        .await
+        .unwrap();
 
     // The default quota: project `other` gets one, fanned out.
     let settings = Api::<KubermaticSetting>::all(fleet.master().client());

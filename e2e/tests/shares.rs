@@ -102,21 +102,21 @@ async fn delete_all(fleet: &Fleet, users: &[&str]) {
 }
 
 /// What a ledger says the seed committed (`localUsage + reservations + allotments`) and the
-/// share it holds, in cpu, exactly (allotments are fractions); `None` while it is not under
-/// shares.
-fn exact_figures(ledger: &QuotaLedger) -> Option<(Quantity, Quantity)> {
+/// share it holds, of `resource`, exactly (allotments are fractions); `None` while it is not
+/// under shares.
+fn exact_figures(ledger: &QuotaLedger, resource: Resource) -> Option<(Quantity, Quantity)> {
     let status = ledger.status.clone().unwrap_or_default();
     let share = seed_share(&ledger.spec, Some(&status))?;
     Some((
-        committed(&status).ok()?.amount(Resource::Cpu),
-        share.share().amount(Resource::Cpu),
+        committed(&status).ok()?.amount(resource),
+        share.share().amount(resource),
     ))
 }
 
 /// [`exact_figures`] in whole cpus, rounded up (what the scenarios count in Machines).
 fn figures(ledger: &QuotaLedger) -> Option<(i64, i64)> {
     let cpu = |q: Quantity| i64::try_from(q.ceil_units()).unwrap();
-    exact_figures(ledger).map(|(committed, share)| (cpu(committed), cpu(share)))
+    exact_figures(ledger, Resource::Cpu).map(|(committed, share)| (cpu(committed), cpu(share)))
 }
 
 /// [`figures`] of a seed's ledger as it is now.
@@ -204,14 +204,22 @@ async fn wait_no_demands(fleet: &Fleet, seeds: &[&str]) {
 
 /// Waits until `seed`'s ledger counts `cpu` for the other seeds (the master's fold reached it).
 async fn wait_others_folded(fleet: &Fleet, seed: &str, cpu: i64) {
+    wait_others_folded_of(fleet, seed, Resource::Cpu, Quantity::from_units(cpu)).await;
+}
+
+/// Waits until `seed`'s ledger counts `amount` of `resource` for the other seeds.
+async fn wait_others_folded_of(fleet: &Fleet, seed: &str, resource: Resource, amount: Quantity) {
     let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
     wait_for(
         WAIT,
-        &format!("{seed} counting {cpu} cpu on the other seeds"),
+        &format!(
+            "{seed} counting {} {resource} on the other seeds",
+            resource.amount(amount)
+        ),
         || async {
             let status = ledgers.get(NAME).await.ok()?.status.unwrap_or_default();
-            let others = status.other_seeds_usage.unwrap_or_default().amount(Resource::Cpu);
-            (others == Quantity::from_units(cpu)).then_some(())
+            let others = status.other_seeds_usage.unwrap_or_default().amount(resource);
+            (others == amount).then_some(())
         },
     )
     .await
@@ -240,11 +248,21 @@ enum Seen {
     Master(Box<ProjectQuota>),
 }
 
-/// Follows every version of both seeds' ledgers and of the master's `ProjectQuota` until `stop`
-/// fires; panics (through the join) on an overrun: the seeds' committed usage together above
-/// the limit (each seed's newest version), or the master's global usage above it. Returns how
-/// many versions it checked.
+/// [`overrun_watcher_of`] for the quota's `LIMIT` cpu.
 fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
+    overrun_watcher_of(fleet, Resource::Cpu, Quantity::from_units(LIMIT), stop)
+}
+
+/// Follows every version of both seeds' ledgers and of the master's `ProjectQuota` until `stop`
+/// fires; panics (through the join) on an overrun of `limit` of `resource`: the seeds'
+/// committed usage together above it (each seed's newest version), or the master's global
+/// usage above it. Returns how many versions it checked.
+fn overrun_watcher_of(
+    fleet: &Fleet,
+    resource: Resource,
+    limit: Quantity,
+    stop: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<usize> {
     let only_ours = || watcher::Config::default().fields(&format!("metadata.name={NAME}"));
     let mut streams = Vec::new();
     for (i, seed) in ["seed-a", "seed-b"].into_iter().enumerate() {
@@ -278,21 +296,23 @@ fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::J
             match next {
                 Some(Seen::Ledger(i, ledger)) => {
                     // Exact: whole cpus rounded up would add up to more than was committed.
-                    if let Some((c, _)) = exact_figures(&ledger) {
+                    if let Some((c, _)) = exact_figures(&ledger, resource) {
                         committed[i] = Some(c);
                     }
                     if let [Some(a), Some(b)] = committed {
                         assert!(
-                            a.checked_add(b)
-                                .is_ok_and(|sum| sum <= Quantity::from_units(LIMIT)),
-                            "the seeds committed {a} + {b} cpu, over the limit {LIMIT}"
+                            a.checked_add(b).is_ok_and(|sum| sum <= limit),
+                            "the seeds committed {} + {} {resource}, over the limit {}",
+                            resource.amount(a),
+                            resource.amount(b),
+                            resource.amount(limit)
                         );
                     }
                 }
                 Some(Seen::Master(pq)) => {
                     if let Some(global) = pq.status.and_then(|s| s.global_usage) {
                         assert!(
-                            global.amount(Resource::Cpu) <= Quantity::from_units(LIMIT),
+                            global.amount(resource) <= limit,
                             "the master's global usage {global} is over the limit"
                         );
                     }
@@ -538,6 +558,142 @@ async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
     .await;
     delete_all(fleet, &["alpha", "gamma"]).await;
     wait_idle(fleet).await;
+
+    let _ = stop.send(());
+    watching.await.unwrap();
+}
+
+/// Usage above a share with no admission behind it (issue #32, finding 4): a limit added to a
+/// resource already in use. Seed-a runs 6 Machines (1 GiB each) while memory is unlimited; then
+/// the quota limits memory to 8 GiB. Seed-a holds no memory share (it never admitted any under
+/// a limit), yet its 6 GiB fill the quota all the same: a burst on seed-b gets exactly the 2 GiB
+/// left, never the whole 8 GiB as free share. Once seed-a's Machines are gone, seed-b gets the
+/// rest. (A catalog edit that makes running Machines bigger, or a cluster moved between seeds,
+/// leaves the same state: usage above a share.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_added_to_a_resource_in_use_counts_that_use() {
+    let setup = setup().await;
+    let fleet = &setup.fleet;
+    let gib = |n: i64| Quantity::from_gibibytes(n);
+    assert_eq!(burst(fleet, &["alpha"; 6], "before").await, 6);
+    wait_others_folded_of(fleet, "seed-b", Resource::Memory, gib(6)).await;
+
+    // The limit added (and cpu raised far out of the way, so that memory decides).
+    let limits: kkp_quota_crds::ResourceDetails =
+        serde_json::from_value(serde_json::json!({ "cpu": "100", "memory": "8Gi" })).unwrap();
+    let quota = e2e::demo::project_quota("demo", &limits);
+    e2e::demo::apply_quota(fleet, &quota, "shares-test")
+        .await
+        .unwrap();
+    for seed in ["seed-a", "seed-b"] {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        wait_for(WAIT, &format!("{seed}'s ledger limiting memory"), || async {
+            let ledger = ledgers.get(NAME).await.ok()?;
+            ledger.spec.quota.get(Resource::Memory).map(|_| ())
+        })
+        .await
+        .unwrap();
+    }
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher_of(fleet, Resource::Memory, gib(8), stopped);
+
+    let on_b = burst(fleet, &["gamma"; 10], "after").await;
+    eprintln!("memory limited to 8 GiB beside 6 GiB in use: seed-b admitted {on_b}");
+    assert_eq!(on_b, 2, "{}", describe(&setup).await);
+
+    // Healed: seed-a's Machines go, and seed-b can have the rest of the quota.
+    delete_all(fleet, &["alpha"]).await;
+    wait_others_folded_of(fleet, "seed-b", Resource::Memory, gib(0)).await;
+    wait_no_demands(fleet, &["seed-b"]).await;
+    let more = burst(fleet, &["gamma"; 10], "healed").await;
+    eprintln!("seed-a's Machines gone: seed-b admitted {more} more");
+    assert_eq!(more, 6, "{}", describe(&setup).await);
+
+    let _ = stop.send(());
+    let checked = watching.await.unwrap();
+    assert!(checked > 5, "only {checked} versions checked");
+}
+
+/// The master's record lost mid-burst (issue #32, finding 1): the `ProjectQuota` deleted (the
+/// master re-creates it, with no record), as a restore without status or a re-installed CRD
+/// would leave it. The record is rebuilt from what the seeds' ledgers hold, at a version past
+/// theirs, so the seeds take the master's word again: a lowered limit reaches the ledgers (it
+/// never did: the API server refused every apply carrying an older share version), no seed is
+/// granted share it already holds, and the quota is whole again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_share_record_is_rebuilt_from_the_seeds() {
+    let setup = setup().await;
+    let fleet = &setup.fleet;
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    let old_uid = quotas.get(NAME).await.unwrap().metadata.uid;
+
+    // Deleted as soon as a burst over both seeds is under way.
+    let spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
+    let deleting = async {
+        wait_for(WAIT, "the burst under way", || async {
+            let mut committed = 0;
+            for seed in ["seed-a", "seed-b"] {
+                committed += seed_figures(&fleet.seed(seed).client()).await.map_or(0, |f| f.0);
+            }
+            (committed > 0).then_some(())
+        })
+        .await
+        .unwrap();
+        quotas.delete(NAME, &DeleteParams::default()).await.unwrap();
+    };
+    let (admitted, ()) = tokio::join!(burst(fleet, &spread, "m"), deleting);
+    eprintln!("record lost mid-burst: {admitted} of {LIMIT} admitted");
+    assert!(admitted <= LIMIT_MACHINES, "{admitted} admitted");
+
+    // The re-created ProjectQuota gets a record again, at a version past every ledger's.
+    let newest_held = || async {
+        let mut newest = 0;
+        for seed in ["seed-a", "seed-b"] {
+            let ledger = Api::<QuotaLedger>::all(fleet.seed(seed).client())
+                .get(NAME)
+                .await
+                .ok()?;
+            newest = newest.max(ledger.spec.shares.map_or(0, |s| s.version));
+        }
+        Some(newest)
+    };
+    let rebuilt = wait_for(WAIT, "the record rebuilt past the ledgers' versions", || async {
+        let pq = quotas.get(NAME).await.ok()?;
+        let record = pq.status?.shares?;
+        (pq.metadata.uid != old_uid && record.version >= newest_held().await?).then_some(())
+    })
+    .await;
+    if let Err(e) = rebuilt {
+        panic!("{e}\n{}", describe(&setup).await);
+    }
+
+    // A lowered limit reaches both ledgers.
+    let lowered = e2e::demo::cpu_quota("demo", "6");
+    e2e::demo::apply_quota(fleet, &lowered, "shares-test")
+        .await
+        .unwrap();
+    for seed in ["seed-a", "seed-b"] {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        let reached = wait_for(WAIT, &format!("{seed}'s ledger at the lowered limit"), || async {
+            let ledger = ledgers.get(NAME).await.ok()?;
+            (ledger.spec.quota.amount(Resource::Cpu) == Quantity::from_units(6)).then_some(())
+        })
+        .await;
+        if let Err(e) = reached {
+            panic!("{e}\n{}", describe(&setup).await);
+        }
+    }
+
+    // Healed: with everything deleted, one seed gets exactly the whole (lowered) quota.
+    delete_all(fleet, &["alpha", "gamma"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    wait_others_folded(fleet, "seed-a", 0).await;
+    let on_a = burst(fleet, &["alpha"; 12], "after").await;
+    eprintln!("after the rebuild seed-a admitted {on_a} of 6");
+    assert_eq!(on_a, 6, "{}", describe(&setup).await);
 
     let _ = stop.send(());
     watching.await.unwrap();

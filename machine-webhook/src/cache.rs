@@ -1,5 +1,6 @@
 //! What the webhook keeps of the seed in memory, from watches: the `QuotaLedger` copies, the
-//! `Cluster` objects and the admin size catalog. Nothing here calls a cloud API or another
+//! metadata of KKP's `ResourceQuota` copies (which projects have a quota here), the `Cluster`
+//! objects and the admin size catalog. Nothing here calls a cloud API or another
 //! cluster; the admission path only reads these maps.
 
 use std::collections::HashMap;
@@ -11,8 +12,8 @@ use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus};
-use kube::api::{ApiResource, DynamicObject};
+use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceQuota};
+use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource, ResourceExt as _};
@@ -130,6 +131,9 @@ pub struct SeedCache {
     pub quotas: Mirror<DynamicObject>,
     /// Bumped on every quota ledger event: what requests waiting for share wait on.
     quota_changes: tokio::sync::watch::Sender<u64>,
+    /// KKP's `ResourceQuota` copies master-controller writes beside each ledger (metadata only:
+    /// the labels say whose quota it is). One without its ledger means the ledger is missing.
+    pub kkp_quotas: Mirror<PartialObjectMeta<ResourceQuota>>,
     pub clusters: Mirror<Cluster>,
     catalog: RwLock<SizeCatalog>,
     catalog_synced: AtomicBool,
@@ -228,7 +232,7 @@ impl QuotaCopy {
 }
 
 /// Whether a quota object is the project's quota (by labels, never by name).
-pub fn is_quota_of(object: &DynamicObject, project: &str) -> bool {
+pub fn is_quota_of(object: &impl Resource, project: &str) -> bool {
     let labels = object.labels();
     labels.get(SUBJECT_NAME_LABEL).map(String::as_str) == Some(project)
         && labels.get(SUBJECT_KIND_LABEL).map(String::as_str) == Some(PROJECT_KIND)
@@ -239,6 +243,7 @@ impl SeedCache {
         SeedCache {
             quotas: Mirror::default(),
             quota_changes: tokio::sync::watch::Sender::new(0),
+            kkp_quotas: Mirror::default(),
             clusters: Mirror::default(),
             catalog: RwLock::new(SizeCatalog::shipped()),
             catalog_synced: AtomicBool::new(false),
@@ -252,7 +257,10 @@ impl SeedCache {
 
     /// Every watch has listed once.
     pub fn is_synced(&self) -> bool {
-        self.quotas.is_synced() && self.clusters.is_synced() && self.catalog_synced.load(Ordering::SeqCst)
+        self.quotas.is_synced()
+            && self.kkp_quotas.is_synced()
+            && self.clusters.is_synced()
+            && self.catalog_synced.load(Ordering::SeqCst)
     }
 
     /// Changes whenever a quota ledger on the seed changes.
@@ -263,6 +271,13 @@ impl SeedCache {
     /// The project's quota copy, if it has one.
     pub fn quota_for(&self, project: &str) -> Option<Arc<DynamicObject>> {
         self.quotas.find(|q| is_quota_of(q, project))
+    }
+
+    /// The name of KKP's copy of the project's quota on this seed, if there is one.
+    pub fn kkp_quota_for(&self, project: &str) -> Option<String> {
+        self.kkp_quotas
+            .find(|q| is_quota_of(q, project))
+            .map(|q| q.name_any())
     }
 
     pub fn cluster(&self, name: &str) -> Option<Arc<Cluster>> {
@@ -306,6 +321,12 @@ impl SeedCache {
             watcher::Config::default(),
         )
         .default_backoff();
+        // Metadata only: the labels are all that is read.
+        let kkp_quotas = watcher::watcher(
+            Api::<PartialObjectMeta<ResourceQuota>>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff();
         let clusters = watcher::watcher(Api::<Cluster>::all(client.clone()), watcher::Config::default())
             .default_backoff();
         let catalog = watcher::watcher(
@@ -318,6 +339,7 @@ impl SeedCache {
             self.quotas.follow("quotaledgers", quotas, |_| {
                 self.quota_changes.send_modify(|n| *n = n.wrapping_add(1));
             }),
+            self.kkp_quotas.follow("resourcequotas", kkp_quotas, |_| {}),
             self.clusters.follow("clusters", clusters, |_| {}),
             catalog_mirror.follow("size catalog", catalog, |m| {
                 if m.is_synced() {

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::ledger::lifetimes::ttl_seconds;
 use kkp_quota_crds::ledger::with_own_entry;
 use kkp_quota_crds::quota_ledger::ShareDemand;
 use kkp_quota_crds::shares::objects::{live_demands, seed_share};
@@ -55,6 +56,7 @@ pub fn demands_after(
     ttl: Duration,
 ) -> Option<Value> {
     let own = status.and_then(|s| s.demands.iter().find(|d| d.holder == holder));
+    let meant = ttl;
     let ttl = SignedDuration::try_from(ttl).unwrap_or(SignedDuration::from_secs(30));
     let entry = match (wants, own) {
         (Some(wants), Some(own)) => {
@@ -73,6 +75,8 @@ pub fn demands_after(
             holder: holder.to_owned(),
             amount: amount.clone(),
             expires_at: now.saturating_add(ttl).unwrap_or(now),
+            // Readers judge by this, not by our clock (issue #32, finding 8).
+            ttl_seconds: Some(ttl_seconds(meant)),
         })
         .ok()
     });
@@ -101,6 +105,7 @@ mod tests {
                 holder: holder.to_owned(),
                 amount: cpu(amount),
                 expires_at: at(expires),
+                ttl_seconds: None,
             })
             .collect();
         let raw = demands.iter().map(|d| serde_json::to_value(d).unwrap()).collect();

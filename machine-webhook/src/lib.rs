@@ -75,6 +75,8 @@ pub struct Config {
     pub share_wait: Duration,
     /// How long a demand for share stays after its last waiting request.
     pub share_demand_ttl: Duration,
+    /// Added to the wall clock where ledger entries are dated: for tests of clock skew only.
+    pub test_clock_offset: jiff::SignedDuration,
 }
 
 /// How admission calls are authenticated.
@@ -103,6 +105,7 @@ impl Config {
             limits: Limits::default(),
             share_wait: ReserverConfig::default().share_wait,
             share_demand_ttl: ReserverConfig::default().demand_ttl,
+            test_clock_offset: jiff::SignedDuration::ZERO,
         }
     }
 }
@@ -188,6 +191,7 @@ impl Webhook {
                 allotments: config.allotments.clone(),
                 share_wait: config.share_wait,
                 demand_ttl: config.share_demand_ttl,
+                clock_offset: config.test_clock_offset,
                 ..ReserverConfig::default()
             },
             token.clone(),

@@ -101,6 +101,16 @@ struct Args {
     /// Log JSON lines instead of text.
     #[arg(long, env = "MACHINE_WEBHOOK_LOG_JSON")]
     log_json: bool,
+    /// For tests only: seconds added to this process's clock where it dates ledger entries
+    /// (demands, allotments, reservations), to test clock skew between components.
+    #[arg(
+        long,
+        env = "MACHINE_WEBHOOK_TEST_CLOCK_OFFSET_SECONDS",
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        hide = true
+    )]
+    test_clock_offset_seconds: i64,
 }
 
 #[tokio::main]
@@ -127,6 +137,7 @@ async fn main() -> anyhow::Result<()> {
     });
     config.share_wait = Duration::from_millis(args.share_wait_ms);
     config.share_demand_ttl = Duration::from_secs(args.share_demand_ttl_seconds);
+    config.test_clock_offset = jiff::SignedDuration::from_secs(args.test_clock_offset_seconds);
     config.auth = match args.url_signing_keys {
         Some(path) => Some(AuthConfig::UrlSigningKeys(path)),
         None if args.insecure_no_auth => Some(AuthConfig::InsecureNoAuth),

@@ -33,7 +33,9 @@ use tracing::{Instrument as _, debug, info_span, warn};
 
 use crate::auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Ask, Reason, Request as DecisionRequest, Verdict, decide};
+use crate::decision::{
+    Ask, LedgerGap, Reason, Request as DecisionRequest, Verdict, decide, decide_without_ledger,
+};
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::reserve::{MachineRef, Reserver};
@@ -289,7 +291,7 @@ impl App {
             && !decision_request.dry_run
             && matches!(
                 verdict.reason,
-                Reason::QuotaExceeded | Reason::ShareInTransit | Reason::Unsizeable
+                Reason::QuotaExceeded | Reason::ShareInTransit | Reason::Unsizeable | Reason::LedgerMissing
             )
             && let Some(message) = &verdict.event_message
         {
@@ -337,7 +339,12 @@ impl App {
         };
         tracing::Span::current().record("project", project.as_str());
         let Some(quota) = self.cache.quota_for(&project) else {
-            return decide(&project, None, request);
+            // KKP's copy of the quota without its ledger: the project has a quota here that
+            // cannot be checked; only without either has it none.
+            return match self.cache.kkp_quota_for(&project) {
+                Some(kkp) => decide_without_ledger(&project, &kkp, LedgerGap::Missing, request),
+                None => decide(&project, None, request),
+            };
         };
         if matches!(request.ask, Ask::Unsizeable(_)) {
             let state = QuotaCopy::from_dynamic(&quota).ok().and_then(|c| c.state().ok());

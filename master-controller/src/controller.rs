@@ -18,6 +18,7 @@ use tokio::sync::{Notify, mpsc};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::kkp_copies::KkpCopies;
+use crate::ledger_guard::HandDeletes;
 use crate::metrics::Metrics;
 use crate::seeds::{self, Seeds, Triggers};
 use crate::shares::ShareMemory;
@@ -99,9 +100,13 @@ pub(crate) struct Ctx {
     pub project_quotas: Store<ProjectQuota>,
     pub metrics: Metrics,
     pub kkp_copies: KkpCopies,
+    /// Ledgers of live quotas seen being deleted (warned about once each).
+    pub hand_deletes: HandDeletes,
     /// What the share rounds remember between reconciles (the newest `ProjectQuota` written).
     pub memory: ShareMemory,
     pub share_slack_percent: u32,
+    /// Quotas with a limit this system cannot read: counted, and reported by Event.
+    pub unreadable: crate::unreadable::Unreadable,
 }
 
 fn channel_stream<T: Send + 'static>(
@@ -209,8 +214,10 @@ async fn run_as_leader(
         project_quotas: project_quotas.clone(),
         metrics: metrics.clone(),
         kkp_copies: KkpCopies::default(),
+        hand_deletes: HandDeletes::default(),
         memory: ShareMemory::default(),
         share_slack_percent: options.share_slack_percent,
+        unreadable: crate::unreadable::Unreadable::new(master.clone()),
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
@@ -308,9 +315,18 @@ fn error_policy(quota: Arc<ResourceQuota>, error: &Error, ctx: Arc<Ctx>) -> Acti
 async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let span = info_span!("reconcile", quota = %quota.name_any(), project = %quota.project());
     let start = Instant::now();
+    ctx.unreadable.track(&quota, &ctx.metrics);
     let result = crate::reconcile::reconcile_quota(&quota, &ctx)
         .instrument(span)
         .await;
+    // A write to the `ProjectQuota` found it gone (deleted by hand, its CRD re-installed): what
+    // this process remembers writing of it is gone too, so the retry re-creates it instead of
+    // writing to that copy forever.
+    if let Err(Error::Kube(kube::Error::Api(e))) = &result
+        && e.code == 404
+    {
+        ctx.memory.forget(&quota.name_any());
+    }
     ctx.metrics
         .reconcile_duration
         .with_label_values(&["quota"])

@@ -25,7 +25,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, OwnerReference};
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::quota_ledger::LedgerShares;
+use kkp_quota_crds::quota_ledger::{LEDGER_FINALIZER, LedgerShares};
 use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
@@ -165,21 +165,24 @@ pub fn ledger_apply_body(
         "metadata": {
             "name": master.name_any(),
             "labels": copy_labels(master),
+            // Only this controller deletes a ledger for good (crate::ledger_guard).
+            "finalizers": [LEDGER_FINALIZER],
         },
         "spec": spec,
     })
 }
 
-/// True when the seed's ledger has the master's subject, labels, the limits in force and the
-/// seed's share from the persisted record (and is not being deleted). The other seeds' shares
-/// it carries for messages do not count: they are refreshed with the next real change.
+/// True when the seed's ledger has the master's subject, labels, the limits in force, the
+/// seed's share from the persisted record and our finalizer. The other seeds' shares it carries
+/// for messages do not count: they are refreshed with the next real change. One being deleted
+/// (by hand) is kept in sync while our finalizer holds it.
 pub fn ledger_in_sync(
     master: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
     ledger: &SeedLedger,
 ) -> bool {
-    !ledger.deleting
+    ledger.protected
         && ledger.word
             == ledger_word(
                 &LedgerSubject::from(&master.spec.subject),
@@ -402,6 +405,7 @@ mod tests {
             granted: limits(granted),
             target: limits(granted),
             others: BTreeMap::from([("seed-b".to_owned(), limits(1))]),
+            ..LedgerShares::default()
         };
         let body = ledger_apply_body(&m, &limits(4), Some(&share(2, 3)));
         assert_eq!(body["spec"]["shares"]["version"], 2);

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::api::{delete_gone, ignore_missing, ours};
 use crate::controller::Ctx;
 use crate::seeds::SeedView;
-use crate::{Error, fanout, status};
+use crate::{Error, fanout, ledger_guard, status};
 
 /// Deletion: every seed's copies first (the ledger, then KKP's), then the `ProjectQuota`, then the
 /// finalizer. A seed that cannot delete its copies holds the finalizer, and the
@@ -40,7 +40,9 @@ pub(crate) async fn finalize(
             };
             let dp = DeleteParams::default();
             let result = async {
-                let ledger = delete_gone(&Api::<QuotaLedger>::all(client.clone()), &name, &dp).await?;
+                // Our finalizer released too: only this deletion may remove the ledger for good.
+                let ledger =
+                    ledger_guard::delete_ledger(&Api::<QuotaLedger>::all(client.clone()), &name, &dp).await?;
                 let kkp = delete_gone(&Api::<ResourceQuota>::all(client), &name, &dp).await?;
                 Ok::<bool, kube::Error>(ledger && kkp)
             }

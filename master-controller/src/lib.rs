@@ -8,9 +8,11 @@
 //! - [`shares`]: the master's round of per-seed shares (docs/shares.md): view, plan, the
 //!   compare-and-swap write of the record; what each ledger's `spec.shares` carries.
 //! - [`default_quota`]: `globalsettings` `spec.defaultQuota` → default project quotas.
-//! - [`status`]: the master object's conditions (pure).
+//! - [`status`]: the master object's conditions (pure). `unreadable`: quotas with a limit this
+//!   system cannot read, skipped alone and reported.
 //! - [`metrics`]: Prometheus metrics; [`project_series`]: the per-project ones, written
 //!   straight into `/metrics` (too many for the registry at 10,000 projects).
+//! - [`ledger_guard`]: the finalizer that keeps a seed's ledger until this controller deletes it.
 //! - `finalize`: deleting a quota, seeds first. `sweep`: orphaned seed copies and `ProjectQuota`s are deleted; `kkp_copies`: what was last
 //!   written onto KKP's seed copies.
 //! - [`controller`]: the wiring and [`controller::run`]; `reconcile`: one quota's reconcile;
@@ -24,6 +26,7 @@ mod finalize;
 pub mod fingerprint;
 pub mod fold;
 mod kkp_copies;
+pub mod ledger_guard;
 pub mod metrics;
 pub mod project_series;
 mod reconcile;
@@ -33,6 +36,7 @@ pub mod seeds;
 pub mod shares;
 pub mod status;
 mod sweep;
+mod unreadable;
 
 pub use controller::{Options, run};
 pub use metrics::Metrics;

@@ -50,6 +50,16 @@ pub struct Metrics {
     /// `kkp_quota_share_record_conflicts_total`: share record writes that lost their
     /// compare-and-swap (the record is read again and the round planned again).
     pub share_record_conflicts: IntCounter,
+    /// `kkp_quota_share_records_rebuilt_total`: share records found behind what the seeds hold
+    /// (the `ProjectQuota` re-created or restored) and rebuilt from their ledgers.
+    pub share_records_rebuilt: IntCounter,
+    /// `kkp_quota_master_unreadable_quotas`: KKP quotas with a limit this system cannot read
+    /// exactly (`1e40`, `0.5n`); they are not fanned out until fixed.
+    pub unreadable_quotas: IntGauge,
+    /// `kkp_quota_observed_clock_skew_seconds{seed,entry}`: this master's clock minus a
+    /// webhook's at the write, as the newest demand or allotment first seen on the seed shows
+    /// it (delay included).
+    pub clock_skew: GaugeVec,
 }
 
 fn must<T>(r: Result<T, prometheus::Error>) -> T {
@@ -139,6 +149,16 @@ impl Metrics {
             "Share record writes that lost their compare-and-swap and were planned again.",
         ));
         must(registry.register(Box::new(share_record_conflicts.clone())));
+        let share_records_rebuilt = must(IntCounter::new(
+            "kkp_quota_share_records_rebuilt_total",
+            "Share records found behind what the seeds hold (ProjectQuota re-created or restored) and rebuilt from their ledgers.",
+        ));
+        must(registry.register(Box::new(share_records_rebuilt.clone())));
+        let unreadable_quotas = must(IntGauge::new(
+            "kkp_quota_master_unreadable_quotas",
+            "KKP quotas with a limit this system cannot read exactly; not fanned out until fixed.",
+        ));
+        must(registry.register(Box::new(unreadable_quotas.clone())));
         let share_grant_latency = must(Histogram::with_opts(
             HistogramOpts::new(
                 "kkp_quota_share_grant_latency_seconds",
@@ -149,6 +169,11 @@ impl Metrics {
             ]),
         ));
         must(registry.register(Box::new(share_grant_latency.clone())));
+        let clock_skew = gauge(
+            "kkp_quota_observed_clock_skew_seconds",
+            "This component's clock minus a webhook's when it wrote the newest demand or allotment (entry) first seen, delay included; lifetimes are judged by this component's own clock.",
+            &["seed", "entry"],
+        );
         Metrics {
             registry,
             projects: Arc::default(),
@@ -164,7 +189,17 @@ impl Metrics {
             share_grant_latency,
             share_releases,
             share_record_conflicts,
+            share_records_rebuilt,
+            unreadable_quotas,
+            clock_skew,
         }
+    }
+
+    /// Records the clock skew a ledger entry of `seed` showed when first seen.
+    pub fn observed_skew(&self, seed: &str, skew: kkp_quota_crds::ledger::lifetimes::Skew) {
+        self.clock_skew
+            .with_label_values(&[seed, skew.kind.as_str()])
+            .set(skew.seconds);
     }
 
     pub fn sync_error(&self, seed: &str, operation: &str) {
@@ -235,6 +270,9 @@ impl Metrics {
     pub fn forget_seed(&self, seed: &str) {
         let _ = self.seed_stale.remove_label_values(&[seed]);
         let _ = self.seed_last_sync.remove_label_values(&[seed]);
+        for entry in kkp_quota_crds::ledger::lifetimes::EntryKind::ALL {
+            let _ = self.clock_skew.remove_label_values(&[seed, entry.as_str()]);
+        }
         self.projects.forget_seed(seed);
     }
 }

@@ -23,6 +23,7 @@ use crate::seeds::SeedView;
 use crate::shares::{self, Round};
 use crate::status;
 
+#[allow(clippy::too_many_lines)] // one quota's steps, in the order they run
 pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action, Error> {
     let name = master_rq.name_any();
     let project_name = master_rq.project().to_owned();
@@ -92,6 +93,9 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
         // In sync means it exists; the watch brings it otherwise.
         return Ok(Action::await_change());
     };
+    if !master_rq.spec.quota.unreadable.is_empty() {
+        return crate::unreadable::report(master_rq, &project_quota, ctx).await;
+    }
 
     // The share round first: grants and targets are persisted in the record before any of it
     // reaches a seed. A round that fails (its write's outcome unknown) sends nothing.
@@ -100,11 +104,14 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     let limits = round.limits.clone();
 
     // Fan out to every fresh seed, all at once; one seed's failure does not stop the others.
-    let applied = future::join_all(
-        views
-            .iter()
-            .map(|view| fan_out(master_rq, &limits, round.ledger_shares(&view.name), view, ctx)),
-    )
+    let applied = future::join_all(views.iter().map(|view| {
+        let held = view
+            .copy
+            .as_ref()
+            .and_then(|c| shares::view::held_shares(&c.reading));
+        let shares = round.ledger_shares(&view.name).or(held);
+        fan_out(master_rq, &limits, shares, view, ctx)
+    }))
     .await;
     let mut failed: Vec<String> = Vec::new();
     let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
@@ -183,7 +190,7 @@ async fn write_master_status(
         status::foreign_quota_controller(&foreign),
     ];
     let mut existing = pq_status.conditions.clone();
-    existing.retain(|c| c.type_ != status::SEED_CLEANUP_PENDING);
+    existing.retain(|c| c.type_ != status::SEED_CLEANUP_PENDING && c.type_ != status::QUOTA_INVALID);
     let conditions = status::merge_conditions(
         &existing,
         &desired,

@@ -104,13 +104,17 @@ pub(crate) async fn fan_out(
         return (view, Ok(()));
     }
     let name = master_rq.name_any();
+    if let Some(ledger) = &view.copy {
+        ctx.hand_deletes.note(&view.name, &name, ledger);
+    }
     let kkp_body = fanout::copy_apply_body(master_rq);
     let kkp_fingerprint = Fingerprint::of(&kkp_body);
     let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied != Some(kkp_fingerprint);
-    let ledger_due = !view
-        .copy
-        .as_ref()
-        .is_some_and(|c| fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), c));
+    // One being deleted without our finalizer cannot be given it (the API server refuses new
+    // finalizers then): it is left to go, and re-created once gone.
+    let ledger_due = !view.copy.as_ref().is_some_and(|c| {
+        (c.deleting && !c.protected) || fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), c)
+    });
     if !kkp_due && !ledger_due {
         return (view, Ok(()));
     }

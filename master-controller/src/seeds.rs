@@ -21,6 +21,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Secret;
 use kkp_quota_crds::QuotaLedger;
 use kkp_quota_crds::kkp::{KUBECONFIG_KEY, Seed};
+use kkp_quota_crds::ledger::lifetimes::Lifetimes;
 use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
@@ -96,8 +97,8 @@ impl Seeds {
         self.read(|seeds| seeds.keys().cloned().collect())
     }
 
-    /// Fresh seeds with their client and their ledgers (by name) that are not being deleted and
-    /// have no name in `masters`.
+    /// Fresh seeds with their client and their ledgers (by name) that have no name in `masters`
+    /// and are not being deleted, or are and still carry our finalizer (its release failed).
     pub fn fresh_orphans(&self, masters: &BTreeSet<String>) -> Vec<(String, Client, Vec<NamedLedger>)> {
         self.read(|seeds| {
             seeds
@@ -107,7 +108,7 @@ impl Seeds {
                     let orphans = s
                         .copies
                         .iter()
-                        .filter(|(name, copy)| !masters.contains(*name) && !copy.deleting)
+                        .filter(|(name, copy)| !masters.contains(*name) && (!copy.deleting || copy.protected))
                         .map(|(name, copy)| (name.clone(), copy.clone()))
                         .collect();
                     Some((n.clone(), s.client.clone()?, orphans))
@@ -360,6 +361,8 @@ async fn watch_seed(
 ) {
     let api: Api<QuotaLedger> = Api::all(client.clone());
     let mut backoff = SeedBackoff::new(link.max_backoff);
+    // When this master first saw each demand: kept across watch restarts (issue #32, finding 8).
+    let mut lifetimes = Lifetimes::new();
     loop {
         let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
         let mut buffer: BTreeMap<String, Arc<SeedLedger>> = BTreeMap::new();
@@ -392,10 +395,14 @@ async fn watch_seed(
             match event {
                 Ok(Event::Init) => buffer.clear(),
                 Ok(Event::InitApply(rq)) => {
-                    buffer.insert(rq.name_any(), Arc::new(SeedLedger::from(&rq)));
+                    let ledger = SeedLedger::observed(&rq, &mut lifetimes, now, |skew| {
+                        metrics.observed_skew(&seed, skew);
+                    });
+                    buffer.insert(rq.name_any(), Arc::new(ledger));
                 }
                 Ok(Event::InitDone) => {
                     let listed = std::mem::take(&mut buffer);
+                    lifetimes.keep_only(&listed.keys().map(String::as_str).collect());
                     let new_names: BTreeSet<String> = listed.keys().cloned().collect();
                     let (old_names, was_fresh) = seeds.write(|s| {
                         let Some(state) = s.get_mut(&seed) else {
@@ -422,7 +429,9 @@ async fn watch_seed(
                 }
                 Ok(Event::Apply(rq)) => {
                     let name = rq.name_any();
-                    let ledger = Arc::new(SeedLedger::from(&rq));
+                    let ledger = Arc::new(SeedLedger::observed(&rq, &mut lifetimes, now, |skew| {
+                        metrics.observed_skew(&seed, skew);
+                    }));
                     seeds.write(|s| {
                         if let Some(state) = s.get_mut(&seed) {
                             state.copies.insert(name.clone(), ledger);
@@ -436,6 +445,7 @@ async fn watch_seed(
                 }
                 Ok(Event::Delete(rq)) => {
                     let name = rq.name_any();
+                    lifetimes.forget(&name);
                     seeds.write(|s| {
                         if let Some(state) = s.get_mut(&seed) {
                             state.copies.remove(&name);

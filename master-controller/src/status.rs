@@ -10,6 +10,8 @@
 //!   it there (it keeps enforcing), and the message says what to turn off.
 //! - `SeedCleanupPending`: only while the master object is being deleted and some seed could not
 //!   delete its copy yet; the finalizer stays until the seed is back or removed from the fleet.
+//! - `QuotaInvalid`: only while KKP's quota has a limit this system cannot read exactly (KKP's
+//!   CRD accepts `1e40` and `0.5n`); the message names each field and what to write instead.
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -21,6 +23,7 @@ pub const SEEDS_STALE: &str = "SeedsStale";
 pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 pub const SEED_CLEANUP_PENDING: &str = "SeedCleanupPending";
 pub const FOREIGN_QUOTA_CONTROLLER: &str = "ForeignQuotaController";
+pub const QUOTA_INVALID: &str = "QuotaInvalid";
 
 /// A condition without its transition time (filled in by [`merge_conditions`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -189,6 +192,24 @@ pub fn quota_exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desir
     }
 }
 
+/// `QuotaInvalid` for the limits of KKP's quota that cannot be read.
+pub fn quota_invalid(unreadable: &[kkp_quota_crds::quota::UnreadableQuantity]) -> Desired {
+    let problems: Vec<String> = unreadable
+        .iter()
+        .map(kkp_quota_crds::quota::UnreadableQuantity::problem)
+        .collect();
+    Desired {
+        type_: QUOTA_INVALID,
+        status: true,
+        reason: "UnreadableQuantity".into(),
+        message: format!(
+            "{}. Nothing of this quota reaches the seeds until it is fixed: they keep the limits they \
+             last had from it (none if it never had readable ones)",
+            problems.join("; ")
+        ),
+    }
+}
+
 /// `SeedCleanupPending` while deleting: the seeds that still hold a copy.
 pub fn cleanup_pending(seeds: &[String]) -> Desired {
     Desired {
@@ -244,6 +265,34 @@ pub fn same_conditions(a: &[Condition], b: &[Condition]) -> bool {
 mod tests {
     use super::*;
     use kkp_quota_crds::Quantity;
+
+    #[test]
+    fn quota_invalid_names_every_unreadable_field() {
+        let spec: kkp_quota_crds::ResourceQuotaSpec = serde_json::from_value(serde_json::json!({
+            "subject": {"name": "demo"}, "quota": {"cpu": "1e40", "memory": "0.5n", "storage": "1Ti"},
+        }))
+        .unwrap();
+        let c = quota_invalid(&spec.quota.unreadable);
+        assert!(c.status);
+        assert_eq!(c.reason, "UnreadableQuantity");
+        assert!(
+            c.message.starts_with("spec.quota.cpu \"1e40\" is out of range"),
+            "{}",
+            c.message
+        );
+        assert!(
+            c.message
+                .contains("; spec.quota.memory \"0.5n\" is finer than 1n"),
+            "{}",
+            c.message
+        );
+        assert!(!c.message.contains("storage"), "{}", c.message);
+        assert!(
+            c.message.contains("Nothing of this quota reaches the seeds"),
+            "{}",
+            c.message
+        );
+    }
 
     #[test]
     fn other_writers_of_kkps_usage_are_found() {

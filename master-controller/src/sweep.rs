@@ -12,7 +12,8 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
-use crate::api::{bounded, delete_gone};
+use crate::api::delete_gone;
+use crate::ledger_guard;
 use crate::metrics::Metrics;
 use crate::seeds::Seeds;
 
@@ -44,7 +45,8 @@ pub(crate) async fn orphan_sweep(
                     }),
                     ..DeleteParams::default()
                 };
-                match bounded(api.delete(&name, &dp)).await {
+                // Our finalizer released too (an orphan is ours to remove for good).
+                match ledger_guard::delete_ledger(&api, &name, &dp).await {
                     Ok(_) => {
                         info!(seed = %seed, quota = %name, project = %copy.project, "deleted seed copy without a master object");
                         metrics.wrote(&seed, "delete");

@@ -166,12 +166,27 @@ fn restart_changed(
 
 fn forget(shared: &Arc<Shared>, tasks: &mut HashMap<String, Task>, name: &str) {
     tasks.remove(name);
-    let project = {
+    let (project, unsizeable, at_last_size) = {
         let mut state = shared.state();
         let project = state.clusters.get(name).and_then(|c| c.project.clone());
+        // The Machine gauges of the cluster go with it.
+        let unsizeable = state.exported_unsizeable(name, BTreeSet::new());
+        let at_last_size = state.exported_last_size(name, BTreeSet::new());
         state.remove_cluster(name);
-        project
+        (project, unsizeable, at_last_size)
     };
+    for (provider, flavour, reason) in unsizeable {
+        let _ = shared
+            .metrics
+            .unsizeable
+            .remove_label_values(&[name, &provider, &flavour, &reason]);
+    }
+    for (project, provider, flavour, reason) in at_last_size {
+        let _ = shared
+            .metrics
+            .counted_at_last_size
+            .remove_label_values(&[name, &project, &provider, &flavour, &reason]);
+    }
     for &resource in kkp_quota_crds::Resource::ALL {
         let _ = shared.metrics.cluster_usage.remove_label_values(&[
             name,

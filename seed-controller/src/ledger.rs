@@ -281,6 +281,7 @@ mod tests {
             holder: holder.into(),
             granted: size(cpu),
             expires_at,
+            ttl_seconds: None,
         }
     }
 

@@ -40,7 +40,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use metrics::Metrics;
-pub use state::{CONDITION_TYPE, REASON_UNADMITTED, REASON_UNSIZEABLE};
+pub use state::{CONDITION_TYPE, REASON_COUNTED_AT_LAST_SIZE, REASON_UNADMITTED, REASON_UNSIZEABLE};
 
 /// Why the controller failed.
 #[derive(Debug, thiserror::Error)]

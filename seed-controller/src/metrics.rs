@@ -16,6 +16,8 @@ pub struct Metrics {
     pub local_usage: GaugeVec,
     /// `kkp_quota_unsizeable_machines{cluster,provider,flavour,reason}`
     pub unsizeable: GaugeVec,
+    /// `kkp_quota_machines_counted_at_last_size{cluster,project,provider,flavour,reason}`
+    pub counted_at_last_size: GaugeVec,
     /// `kkp_quota_user_cluster_unreachable{cluster}`
     pub unreachable: GaugeVec,
     /// `kkp_quota_watch_restarts_total{cluster}`
@@ -44,6 +46,8 @@ pub struct Metrics {
     pub reconcile_duration: HistogramVec,
     /// `kkp_quota_reconcile_errors_total{controller}`
     pub reconcile_errors: CounterVec,
+    /// `kkp_quota_observed_clock_skew_seconds{entry}`
+    pub clock_skew: GaugeVec,
 }
 
 impl Metrics {
@@ -72,6 +76,13 @@ impl Metrics {
                     "Machines that cannot be sized and are not counted",
                 ),
                 &["cluster", "provider", "flavour", "reason"],
+            )?,
+            counted_at_last_size: GaugeVec::new(
+                Opts::new(
+                    "kkp_quota_machines_counted_at_last_size",
+                    "Machines that can no longer be sized (their catalog entry was removed or their flavour renamed), counted at their last known size until they are deleted",
+                ),
+                &["cluster", "project", "provider", "flavour", "reason"],
             )?,
             unreachable: GaugeVec::new(
                 Opts::new(
@@ -147,11 +158,19 @@ impl Metrics {
                 Opts::new("kkp_quota_reconcile_errors_total", "Writes of usage that failed"),
                 &["controller"],
             )?,
+            clock_skew: GaugeVec::new(
+                Opts::new(
+                    "kkp_quota_observed_clock_skew_seconds",
+                    "This component's clock minus a webhook's when it wrote the newest demand or allotment (entry) first seen, delay included; lifetimes are judged by this component's own clock",
+                ),
+                &["entry"],
+            )?,
             registry,
         };
         m.registry.register(Box::new(m.cluster_usage.clone()))?;
         m.registry.register(Box::new(m.local_usage.clone()))?;
         m.registry.register(Box::new(m.unsizeable.clone()))?;
+        m.registry.register(Box::new(m.counted_at_last_size.clone()))?;
         m.registry.register(Box::new(m.unreachable.clone()))?;
         m.registry.register(Box::new(m.watch_restarts.clone()))?;
         m.registry.register(Box::new(m.unadmitted.clone()))?;
@@ -166,6 +185,7 @@ impl Metrics {
         m.registry.register(Box::new(m.catalog_errors.clone()))?;
         m.registry.register(Box::new(m.reconcile_duration.clone()))?;
         m.registry.register(Box::new(m.reconcile_errors.clone()))?;
+        m.registry.register(Box::new(m.clock_skew.clone()))?;
         Ok(m)
     }
 }

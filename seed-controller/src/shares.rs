@@ -206,7 +206,6 @@ pub fn upkeep(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
 
     use super::*;
     use kkp_quota_crds::ledger::{Allotment, Reservation};
@@ -233,7 +232,7 @@ mod tests {
                 version: 1,
                 granted: cpu(granted),
                 target: target.map(cpu).unwrap_or_default(),
-                others: BTreeMap::new(),
+                ..LedgerShares::default()
             }),
         }
     }
@@ -256,6 +255,7 @@ mod tests {
                     holder: "h".into(),
                     granted: cpu(allotted),
                     expires_at: at(1000),
+                    ttl_seconds: None,
                 })
                 .into_iter()
                 .collect(),
@@ -269,6 +269,7 @@ mod tests {
             holder: holder.into(),
             amount: cpu(amount),
             expires_at,
+            ttl_seconds: None,
         }
     }
 

@@ -31,6 +31,7 @@ fn allotment(holder: &str, cpu: &str, expires_in: SignedDuration) -> Allotment {
         holder: holder.into(),
         granted: serde_json::from_value(json!({"cpu": cpu})).unwrap(),
         expires_at: Timestamp::now() + expires_in,
+        ttl_seconds: None,
     }
 }
 

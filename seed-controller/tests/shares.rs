@@ -76,6 +76,7 @@ fn demand(holder: &str, amount: &str, expires_in: SignedDuration) -> ShareDemand
         holder: holder.into(),
         amount: cpu(amount),
         expires_at: Timestamp::now() + expires_in,
+        ttl_seconds: None,
     }
 }
 

@@ -13,6 +13,16 @@ use super::seed::SeedReport;
 use crate::quantity::{Quantity, QuantityError};
 use crate::resources::{Resource, ResourceDetails};
 
+/// Record versions carry an epoch in their upper half ([`epoch_start`]).
+const EPOCH_SHIFT: u32 = 32;
+
+/// The first version of the epoch `version` belongs to. A record rebuilt after it was lost
+/// starts the next epoch, so versions never repeat with other content, and nothing the lost
+/// record sent can be newer than what the rebuilt one sends.
+pub fn epoch_start(version: u64) -> u64 {
+    (version >> EPOCH_SHIFT) << EPOCH_SHIFT
+}
+
 /// The master's record of one seed, plus what it last read from it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SeedRecord {
@@ -20,6 +30,9 @@ pub struct SeedRecord {
     pub granted: ResourceDetails,
     /// The target last persisted (absent: no ceiling).
     pub target: ResourceDetails,
+    /// The newest `released` read from the seed when the record was last written: a floor
+    /// under its `released`, persisted with the record and sent to the seed.
+    pub released_floor: ResourceDetails,
     /// The newest report read since this master started; `None` until one is read.
     pub report: Option<SeedReport>,
     /// Whether the seed answers; an unreachable seed's share stays its own.
@@ -49,11 +62,36 @@ impl SeedRecord {
         }
     }
 
-    /// `granted - released` as the master sees it: at least what the seed holds.
+    /// `granted - released` as the master sees it: at least what the seed holds. `released` is
+    /// the newer of the seed's report and the persisted floor, so a seed not heard from since
+    /// this master started counts what it held at the last write, not every grant it ever had.
     pub fn share_seen(&self) -> ResourceDetails {
+        self.granted.saturating_sub(&self.released_seen())
+    }
+
+    /// The most the master knows the seed released: its report or the persisted floor.
+    pub fn released_seen(&self) -> ResourceDetails {
         match &self.report {
-            Some(report) => self.granted.saturating_sub(&report.released),
-            None => self.granted.clone(),
+            Some(report) => super::seed::larger(&self.released_floor, &report.released),
+            None => self.released_floor.clone(),
+        }
+    }
+
+    /// What the seed holds as far as headroom goes: per resource the larger of
+    /// [`SeedRecord::share_seen`] and what it reported committed. Usage can exceed a share
+    /// without any admission (catalog edits, a limit added to a resource in use, a cluster
+    /// moved); that usage fills the quota all the same, so it is never free to grant.
+    pub fn held_seen(&self) -> ResourceDetails {
+        let share = self.share_seen();
+        match &self.report {
+            Some(report) => {
+                let mut held = share.clone();
+                for (resource, committed) in report.committed.iter() {
+                    held.set(resource, Some(share.amount(resource).max(committed)));
+                }
+                held
+            }
+            None => share,
         }
     }
 
@@ -108,9 +146,10 @@ pub struct Plan {
 }
 
 impl MasterView {
-    /// `sum(granted - released_seen)`, per limited resource: at least what seeds hold.
+    /// `sum(max(granted - released_seen, committed_seen))`, per limited resource: at least what
+    /// seeds hold or use.
     pub fn held(&self) -> Result<ResourceDetails, QuantityError> {
-        let shares: Vec<ResourceDetails> = self.seeds.values().map(SeedRecord::share_seen).collect();
+        let shares: Vec<ResourceDetails> = self.seeds.values().map(SeedRecord::held_seen).collect();
         let sum = ResourceDetails::checked_sum(&shares)?;
         Ok(super::bounded_by(&self.limit, &sum))
     }
@@ -118,6 +157,83 @@ impl MasterView {
     /// `limit - held`, never below zero: headroom no seed holds, so it may be granted.
     pub fn free(&self) -> Result<ResourceDetails, QuantityError> {
         Ok(self.limit.saturating_sub(&self.held()?))
+    }
+
+    /// Takes into the record what the seeds' copies hold, for a record that is behind them: the
+    /// `ProjectQuota` deleted and re-created (its status, the record, gone), its CRD
+    /// re-installed, the master restored from a backup without status or from an older etcd
+    /// snapshot. Behind means there is no record, a copy holds a newer word than the record, or
+    /// one of the record's own version that says something else (rebuilt before without it). Per
+    /// seed, `granted` becomes the larger of the record's and the copy's, and the floor the
+    /// larger of the record's and what the seed released; both only raise what the master
+    /// counts as held, so nothing a seed holds is counted free.
+    ///
+    /// Returns the version the next record must exceed, and whether the record was behind. A
+    /// rebuilt record starts the next epoch ([`epoch_start`]): words the lost record may still
+    /// have in flight are all older than its first one, so a seed that took the new epoch
+    /// refuses them.
+    pub fn adopt(&mut self, record_version: u64) -> (u64, bool) {
+        let held = |r: &SeedRecord| r.report.as_ref().and_then(|rep| rep.holds.clone());
+        let newest = self
+            .seeds
+            .values()
+            .filter_map(|r| held(r).map(|w| w.version))
+            .max();
+        let newest = newest.unwrap_or(0);
+        let contradicts = self.seeds.values().any(|r| {
+            held(r).is_some_and(|w| {
+                record_version > 0
+                    && w.version == record_version
+                    && (w.granted != r.granted || w.target != r.target)
+            })
+        });
+        // No record at all (version 0): a new quota, or a lost record whose last words may
+        // still be in flight; either way the first record starts an epoch of its own.
+        if record_version > 0 && newest <= record_version && !contradicts {
+            return (record_version, false);
+        }
+        for record in self.seeds.values_mut() {
+            let Some(report) = &record.report else { continue };
+            if let Some(word) = &report.holds {
+                record.granted = super::seed::larger(&record.granted, &word.granted);
+                if record.target.is_empty() {
+                    record.target = word.target.clone();
+                }
+            }
+            record.released_floor = super::seed::larger(&record.released_floor, &report.released);
+        }
+        let next_epoch = ((newest.max(record_version) >> EPOCH_SHIFT) + 1) << EPOCH_SHIFT;
+        (next_epoch - 1, true)
+    }
+
+    /// Whether a record at `version` must not grant yet: it was rebuilt ([`MasterView::adopt`])
+    /// and a seed has not been heard holding a word of its epoch. Until then that seed could
+    /// still take a word the lost record had in flight, and hold share the rebuilt record does
+    /// not count. An unreachable seed holds grants back until it is back (so a quota created
+    /// while a seed is down grants nowhere until it returns: its epoch starts then too), and so
+    /// does a retiring one until it is forgotten: a seed gone for good while the record was
+    /// lost keeps every grant of that quota waiting (seeds still admit within their shares).
+    pub fn awaiting_epoch(&self, version: u64) -> bool {
+        let start = epoch_start(version);
+        start > 0
+            && self.seeds.values().any(|r| {
+                r.report
+                    .as_ref()
+                    .is_none_or(|rep| rep.holds.as_ref().map_or(0, |w| w.version) < start)
+            })
+    }
+
+    /// [`MasterView::plan`] for a record at `version`: while it awaits its epoch
+    /// ([`MasterView::awaiting_epoch`]) without grants, and without forgetting retired seeds
+    /// (a word in flight could still give one share the record would no longer count); targets
+    /// are planned as usual.
+    pub fn plan_at(&self, version: u64, slack: &ResourceDetails) -> Result<Plan, QuantityError> {
+        let mut plan = self.plan(slack)?;
+        if self.awaiting_epoch(version) {
+            plan.grants.clear();
+            plan.forget.clear();
+        }
+        Ok(plan)
     }
 
     /// Grants from free headroom to seeds with a demand; lower targets of seeds with idle share
@@ -157,10 +273,16 @@ impl MasterView {
         Ok(plan)
     }
 
-    /// Puts `plan` into the record: grants added, targets replaced, forgotten seeds dropped.
-    /// Returns whether anything changed (nothing to persist or send otherwise).
+    /// Puts `plan` into the record: grants added, targets replaced, forgotten seeds dropped,
+    /// and every seed's released floor raised to what the master read. Returns whether grants,
+    /// targets or seeds changed (nothing to persist or send otherwise): the floors ride along
+    /// with such writes, and every grant of released share is one, so the release it spends is
+    /// persisted in the same write.
     pub fn apply(&mut self, plan: &Plan) -> Result<bool, QuantityError> {
         let mut changed = false;
+        for record in self.seeds.values_mut() {
+            record.released_floor = record.released_seen();
+        }
         for (name, grant) in &plan.grants {
             if let Some(record) = self.seeds.get_mut(name) {
                 record.granted = record.granted.checked_add(grant)?;
@@ -191,11 +313,25 @@ fn plan_resource(
     slack: Quantity,
 ) -> Result<Vec<(Quantity, Quantity)>, QuantityError> {
     let shares: Vec<Quantity> = records.iter().map(|r| r.share_seen().amount(resource)).collect();
+    // Usage above a share fills the quota as much as share does (SeedRecord::held_seen); a
+    // grant to that seed covers its own usage first, so that part costs no free headroom.
+    let above: Vec<Quantity> = records
+        .iter()
+        .zip(&shares)
+        .map(|(r, share)| r.held_seen().amount(resource).saturating_sub_to_zero(*share))
+        .collect();
     let held = shares
         .iter()
-        .try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
+        .chain(&above)
+        .try_fold(Quantity::ZERO, |sum, q| sum.checked_add(*q))?;
     let mut free = limit.saturating_sub_to_zero(held);
     let over = held.saturating_sub_to_zero(limit);
+    // Share alone never goes above the limit either (usage above the limit itself is not
+    // covered by share: the seed admits nothing there anyway).
+    let shares_total = shares
+        .iter()
+        .try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
+    let mut unshared = limit.saturating_sub_to_zero(shares_total);
 
     // What each reachable seed needs beyond what it holds.
     let needs: Vec<Quantity> = records
@@ -216,8 +352,9 @@ fn plan_resource(
     let mut unmet_of = vec![Quantity::ZERO; records.len()];
     let mut grants = vec![Quantity::ZERO; records.len()];
     for &i in &order {
-        grants[i] = needs[i].min(free);
-        free = free.saturating_sub_to_zero(grants[i]);
+        grants[i] = needs[i].min(free.checked_add(above[i])?).min(unshared);
+        free = free.saturating_sub_to_zero(grants[i].saturating_sub_to_zero(above[i]));
+        unshared = unshared.saturating_sub_to_zero(grants[i]);
         unmet_of[i] = needs[i].saturating_sub_to_zero(grants[i]);
         unmet = unmet.checked_add(unmet_of[i])?;
     }
@@ -229,6 +366,7 @@ fn plan_resource(
             let extra = Quantity::from_nanos(free.as_nanos() / 2);
             grants[i] = grants[i].checked_add(extra)?;
             free = free.saturating_sub_to_zero(extra);
+            unshared = unshared.saturating_sub_to_zero(extra);
         }
     }
 
@@ -330,6 +468,7 @@ mod tests {
                 released: cpu(released),
                 committed: cpu(committed),
                 demand: demand.map(cpu),
+                holds: None,
             }),
             ..SeedRecord::new()
         }
@@ -434,6 +573,71 @@ mod tests {
         assert!(targets <= 4, "{plan:?}");
         assert_eq!(plan.stuck["b"], cpu(6));
         assert!(plan.grants.is_empty());
+    }
+
+    #[test]
+    fn usage_above_a_share_is_held_not_free() {
+        // Limit 10: a uses 6 on a share of 2 (a catalog edit made its Machines bigger); b holds
+        // nothing and wants 8. Only 4 are free.
+        let v = view(
+            10,
+            vec![("a", seed(2, 0, 6, None)), ("b", seed(0, 0, 0, Some(8)))],
+        );
+        assert_eq!(v.free().unwrap(), cpu(4));
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.grants["b"], cpu(4));
+        // a itself, wanting 8, gets its own usage covered without spending free headroom on
+        // it (its 6 in use were already counted as held): 6 to reach 8, costing 2 of the 4
+        // free, plus half of the 2 left (the bonus of a seed that had to ask).
+        let v = view(
+            10,
+            vec![("a", seed(2, 0, 6, Some(8))), ("b", seed(0, 0, 0, None))],
+        );
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.grants["a"], cpu(7));
+        assert_eq!(plan.targets["a"], cpu(9));
+    }
+
+    #[test]
+    fn a_lost_record_is_rebuilt_from_what_the_seeds_hold() {
+        // The record is gone (version 0, nothing granted); the seeds' copies hold words of
+        // version 7: a has 6 granted and released 2, b 4 granted.
+        let holding = |granted: i64, released: i64, committed: i64| {
+            let mut r = seed(0, released, committed, None);
+            r.report.as_mut().unwrap().holds = Some(crate::shares::MasterWord {
+                version: 7,
+                granted: cpu(granted),
+                target: cpu(granted - released),
+                released: ResourceDetails::default(),
+            });
+            r
+        };
+        let mut v = view(10, vec![("a", holding(6, 2, 3)), ("b", holding(4, 0, 4))]);
+        // Before: only what the seeds use (3 + 4) counts; their idle share looks free.
+        assert_eq!(v.free().unwrap(), cpu(3));
+        let epoch_1 = 1 << 32;
+        assert_eq!(v.adopt(0), (epoch_1 - 1, true));
+        assert_eq!(
+            view(10, vec![]).adopt(0),
+            (epoch_1 - 1, true),
+            "a new record starts epoch 1"
+        );
+        assert_eq!(v.free().unwrap(), cpu(2));
+        assert_eq!(v.seeds["a"].share_seen(), cpu(4));
+        // No grants until both seeds hold a word of the new epoch.
+        assert!(v.awaiting_epoch(epoch_1));
+        assert!(!v.awaiting_epoch(7), "epoch 0 never waits");
+        for r in v.seeds.values_mut() {
+            r.report.as_mut().unwrap().holds.as_mut().unwrap().version = epoch_1;
+        }
+        assert!(!v.awaiting_epoch(epoch_1 + 3));
+        // A record at or past the copies' words, saying the same, is left alone.
+        assert_eq!(v.adopt(epoch_1), (epoch_1, false));
+        assert_eq!(v.adopt(epoch_1 + 2), (epoch_1 + 2, false));
+        // One at their version saying something else (rebuilt, then lost again) is not.
+        v.seeds.get_mut("a").unwrap().granted = cpu(1);
+        assert_eq!(v.adopt(epoch_1), ((2 << 32) - 1, true));
+        assert_eq!(v.seeds["a"].granted, cpu(6));
     }
 
     #[test]

@@ -19,7 +19,7 @@ pub mod seed;
 
 use std::fmt;
 
-pub use master::{MasterView, Plan, SeedRecord};
+pub use master::{MasterView, Plan, SeedRecord, epoch_start};
 pub use seed::{MasterWord, SeedReport, SeedShare};
 
 use crate::quantity::Quantity;

@@ -19,9 +19,12 @@ use crate::resources::ResourceDetails;
 /// `spec.shares` yet).
 pub fn seed_share(spec: &QuotaLedgerSpec, status: Option<&QuotaLedgerStatus>) -> Option<SeedShare> {
     let shares = spec.shares.as_ref()?;
+    let own = status.and_then(|s| s.released.clone()).unwrap_or_default();
     Some(SeedShare {
         granted: shares.granted.clone(),
-        released: status.and_then(|s| s.released.clone()).unwrap_or_default(),
+        // The record's floor: a ledger re-created (status empty) or restored from an older
+        // backup holds no share the master already counted as released.
+        released: super::seed::larger(&own, &shares.released),
         target: shares.target.clone(),
         version: shares.version,
     })
@@ -35,7 +38,9 @@ pub fn committed(status: &QuotaLedgerStatus) -> Result<ResourceDetails, Quantity
         .checked_add(&allotted_total(&status.allotments)?)
 }
 
-/// The demands that have not expired at `now`.
+/// The demands that have not expired at `now`: by their `expiresAt` as given, so a reader on
+/// another clock than the writer's passes the status as it judges it
+/// (`crate::ledger::lifetimes::Lifetimes::observe`).
 pub fn live_demands(status: &QuotaLedgerStatus, now: Timestamp) -> impl Iterator<Item = &ShareDemand> {
     live(&status.demands, now)
 }
@@ -66,14 +71,18 @@ pub struct LedgerReading {
     pub released: Option<ResourceDetails>,
     /// [`committed`], or why it cannot be summed.
     pub committed: Result<ResourceDetails, QuantityError>,
-    /// `status.demands`, expired or not.
+    /// `status.demands`, expired or not; a reader that judges lifetimes by its own clock
+    /// (`crate::ledger::lifetimes`) puts its judgement in their `expiresAt`.
     pub demands: Vec<ShareDemand>,
+    /// The master's word in `spec.shares` (without `others`).
+    pub holds: Option<MasterWord>,
 }
 
 impl LedgerReading {
     pub fn of(ledger: &QuotaLedger) -> LedgerReading {
         let empty = QuotaLedgerStatus::default();
         let status = ledger.status.as_ref().unwrap_or(&empty);
+        let shares = ledger.spec.shares.as_ref();
         LedgerReading {
             version: ledger
                 .metadata
@@ -81,9 +90,20 @@ impl LedgerReading {
                 .as_deref()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
-            released: status.released.clone(),
+            // What the seed counts as released: its own, or the record's floor if that is more.
+            released: match (&status.released, shares) {
+                (Some(own), Some(s)) => Some(super::seed::larger(own, &s.released)),
+                (None, Some(s)) if !s.released.is_empty() => Some(s.released.clone()),
+                (own, _) => own.clone(),
+            },
             committed: committed(status),
             demands: status.demands.clone(),
+            holds: shares.map(|s| MasterWord {
+                version: s.version,
+                granted: s.granted.clone(),
+                target: s.target.clone(),
+                released: s.released.clone(),
+            }),
         }
     }
 
@@ -94,6 +114,7 @@ impl LedgerReading {
             released: self.released.clone().unwrap_or_default(),
             committed: self.committed.clone()?,
             demand: largest_live(&self.demands, now),
+            holds: self.holds.clone(),
         })
     }
 }
@@ -108,6 +129,7 @@ pub fn records(record: Option<&ShareRecord>) -> BTreeMap<String, SeedRecord> {
                     let seed = SeedRecord {
                         granted: s.granted.clone(),
                         target: s.target.clone(),
+                        released_floor: s.released.clone(),
                         ..SeedRecord::new()
                     };
                     (s.name.clone(), seed)
@@ -127,6 +149,7 @@ pub fn record(version: u64, seeds: &BTreeMap<String, SeedRecord>) -> ShareRecord
                 name: name.clone(),
                 granted: s.granted.clone(),
                 target: s.target.clone(),
+                released: s.released_floor.clone(),
             })
             .collect(),
     }
@@ -140,11 +163,13 @@ pub fn ledger_shares(version: u64, name: &str, seeds: &BTreeMap<String, SeedReco
         version,
         granted: own.granted.clone(),
         target: own.target.clone(),
+        released: own.released_floor.clone(),
     };
     Some(LedgerShares {
         version: word.version,
         granted: word.granted,
         target: word.target,
+        released: word.released,
         others: seeds
             .iter()
             .filter(|(other, _)| other.as_str() != name)
@@ -179,7 +204,7 @@ mod tests {
                 version: 3,
                 granted: cpu(6),
                 target: cpu(5),
-                others: BTreeMap::new(),
+                ..LedgerShares::default()
             }),
             ..spec
         };
@@ -200,17 +225,20 @@ mod tests {
                 holder: "a".into(),
                 granted: cpu(2),
                 expires_at: at(100),
+                ttl_seconds: None,
             }],
             demands: vec![
                 ShareDemand {
                     holder: "a".into(),
                     amount: cpu(7),
                     expires_at: at(10),
+                    ttl_seconds: None,
                 },
                 ShareDemand {
                     holder: "b".into(),
                     amount: cpu(9),
                     expires_at: at(5),
+                    ttl_seconds: None,
                 },
             ],
             ..QuotaLedgerStatus::default()

@@ -18,6 +18,8 @@ pub struct MasterWord {
     pub granted: ResourceDetails,
     /// The share the master wants this seed to hold (absent: no ceiling).
     pub target: ResourceDetails,
+    /// What the record says this seed released at least (a floor under its `released`).
+    pub released: ResourceDetails,
 }
 
 /// A seed's share of one project quota, as its copy holds it.
@@ -51,6 +53,24 @@ impl SeedShare {
         })
     }
 
+    /// [`SeedShare::capacity`], further bounded by the quota beside what the other seeds use
+    /// (`limit - others_usage`, as the master last folded it): a seed never admits while the
+    /// project's known usage is at the limit, even within its share. Usage can exceed a share
+    /// without any admission (a catalog edit that makes running Machines bigger, a limit added
+    /// to a resource already in use, a cluster moved between seeds), and the share alone would
+    /// then let this seed admit into room another seed already fills.
+    pub fn capacity_beside(
+        &self,
+        limit: &ResourceDetails,
+        others_usage: &ResourceDetails,
+    ) -> ResourceDetails {
+        let capacity = self.capacity(limit);
+        per_limited(limit, |resource, limit| {
+            let room = limit.saturating_sub_to_zero(others_usage.amount(resource));
+            capacity.amount(resource).min(room)
+        })
+    }
+
     /// Whether the master asks for share back: for a resource `limit` limits, the target is
     /// below the share held. Headroom held inside the seed (webhook processes' allotments) then
     /// goes back, so that the seed can release it.
@@ -64,14 +84,15 @@ impl SeedShare {
     }
 
     /// Whether `request` may be admitted on top of `committed`
-    /// (`localUsage + reservations + allotments`).
+    /// (`localUsage + reservations + allotments`), within [`SeedShare::capacity_beside`].
     pub fn fits(
         &self,
         limit: &ResourceDetails,
+        others_usage: &ResourceDetails,
         committed: &ResourceDetails,
         request: &ResourceDetails,
     ) -> Result<(), Shortfall> {
-        fits_within(&self.capacity(limit), committed, request)
+        fits_within(&self.capacity_beside(limit, others_usage), committed, request)
     }
 
     /// The absolute share to ask the master for so that `request` fits: `committed + request`
@@ -120,21 +141,17 @@ impl SeedShare {
         Ok(())
     }
 
-    /// Takes the master's word if it is newer than what this copy holds. `granted` only grows,
-    /// whatever the word says.
+    /// Takes the master's word if it is newer than what this copy holds, as the ledger does (the
+    /// master's apply replaces `spec.shares`; its rule refuses older versions only). `granted`
+    /// is the word's: it only grows while the record does, and a record rebuilt from a stale
+    /// reading may say less, which only shrinks this seed's share. `released` never stays below
+    /// the word's floor.
     pub fn receive(&mut self, word: &MasterWord) -> bool {
         if word.version <= self.version {
             return false;
         }
-        let mut granted = ResourceDetails::default();
-        for &resource in crate::Resource::ALL {
-            let amount = match (self.granted.get(resource), word.granted.get(resource)) {
-                (None, None) => None,
-                (a, b) => Some(a.unwrap_or_default().max(b.unwrap_or_default())),
-            };
-            granted.set(resource, amount);
-        }
-        self.granted = granted;
+        self.granted = word.granted.clone();
+        self.released = larger(&self.released, &word.released);
         self.target = word.target.clone();
         self.version = word.version;
         true
@@ -152,8 +169,27 @@ impl SeedShare {
             released: self.released.clone(),
             committed: committed.clone(),
             demand: demand.cloned(),
+            holds: Some(MasterWord {
+                version: self.version,
+                granted: self.granted.clone(),
+                target: self.target.clone(),
+                released: ResourceDetails::default(),
+            }),
         }
     }
+}
+
+/// Per resource the larger of `a` and `b` (absent in both stays absent).
+pub(crate) fn larger(a: &ResourceDetails, b: &ResourceDetails) -> ResourceDetails {
+    let mut out = ResourceDetails::default();
+    for &resource in crate::Resource::ALL {
+        let amount = match (a.get(resource), b.get(resource)) {
+            (None, None) => None,
+            (x, y) => Some(x.unwrap_or_default().max(y.unwrap_or_default())),
+        };
+        out.set(resource, amount);
+    }
+    out
 }
 
 /// What the master reads from a seed's copy.
@@ -167,6 +203,9 @@ pub struct SeedReport {
     pub committed: ResourceDetails,
     /// The absolute share wanted, while a request waits for one ([`SeedShare::demand_for`]).
     pub demand: Option<ResourceDetails>,
+    /// The master's word the seed's copy holds (`spec.shares`; its floor is in `released`):
+    /// what a lost or restored master record is rebuilt from ([`super::MasterView::adopt`]).
+    pub holds: Option<MasterWord>,
 }
 
 #[cfg(test)]
@@ -190,8 +229,37 @@ mod tests {
         assert_eq!(share(10, 2, Some(9)).capacity(&cpu(6)), cpu(6));
         // A new seed holds nothing of a limited resource.
         assert_eq!(SeedShare::default().capacity(&cpu(16)), cpu(0));
-        assert!(share(10, 2, Some(5)).fits(&cpu(16), &cpu(3), &cpu(2)).is_ok());
-        assert!(share(10, 2, Some(5)).fits(&cpu(16), &cpu(4), &cpu(2)).is_err());
+        let none = ResourceDetails::default();
+        assert!(
+            share(10, 2, Some(5))
+                .fits(&cpu(16), &none, &cpu(3), &cpu(2))
+                .is_ok()
+        );
+        assert!(
+            share(10, 2, Some(5))
+                .fits(&cpu(16), &none, &cpu(4), &cpu(2))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn capacity_beside_leaves_room_for_what_other_seeds_use() {
+        // Limit 10, a share of 8, but another seed uses 6 (beyond its own share): 4 at most.
+        assert_eq!(share(8, 0, None).capacity_beside(&cpu(10), &cpu(6)), cpu(4));
+        assert!(
+            share(8, 0, None)
+                .fits(&cpu(10), &cpu(6), &cpu(3), &cpu(1))
+                .is_ok()
+        );
+        assert!(
+            share(8, 0, None)
+                .fits(&cpu(10), &cpu(6), &cpu(3), &cpu(2))
+                .is_err()
+        );
+        // Others at or above the limit: nothing, however large the share.
+        assert_eq!(share(8, 0, None).capacity_beside(&cpu(10), &cpu(12)), cpu(0));
+        // Others well inside the limit: the share decides.
+        assert_eq!(share(3, 0, None).capacity_beside(&cpu(10), &cpu(2)), cpu(3));
     }
 
     #[test]
@@ -222,18 +290,38 @@ mod tests {
     }
 
     #[test]
-    fn words_apply_in_version_order_and_grants_never_shrink() {
+    fn words_apply_in_version_order_and_replace_what_the_copy_holds() {
         let mut s = share(4, 0, None);
         let word = |version, granted, target| MasterWord {
             version,
             granted: cpu(granted),
             target: cpu(target),
+            released: ResourceDetails::default(),
         };
         assert!(s.receive(&word(3, 6, 6)));
         assert!(!s.receive(&word(2, 9, 9)));
         assert_eq!((s.granted.clone(), s.target.clone()), (cpu(6), cpu(6)));
+        // A rebuilt record may say less than the copy held: the word is what counts.
         assert!(s.receive(&word(4, 5, 2)));
-        assert_eq!((s.granted.clone(), s.target.clone()), (cpu(6), cpu(2)));
+        assert_eq!((s.granted.clone(), s.target.clone()), (cpu(5), cpu(2)));
+    }
+
+    #[test]
+    fn the_words_released_floor_takes_back_share_a_lost_status_would_give() {
+        // The ledger was re-created: its own released is gone, granted 10 would be all share.
+        let mut s = share(10, 0, None);
+        let floor = MasterWord {
+            version: 5,
+            granted: cpu(10),
+            target: cpu(3),
+            released: cpu(7),
+        };
+        assert!(s.receive(&floor));
+        assert_eq!(s.share(), cpu(3));
+        // A floor never lowers what the seed released itself.
+        let mut s = share(10, 8, None);
+        assert!(s.receive(&floor));
+        assert_eq!(s.share(), cpu(2));
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //!
 //! Where the master has given the seed a share of the quota (`spec.shares`, docs/shares.md), a
 //! request must also fit the seed's own capacity: `localUsage + reservations + allotments +
-//! request <= min(share, target, limit)` ([`kkp_quota_crds::shares::fits_within`], the same test
+//! request <= min(share, target, limit, limit - otherSeedsUsage)` ([`kkp_quota_crds::shares::fits_within`], the same test
 //! the allotments use one level down). One that fits the quota but not the share is
 //! [`Reason::ShareInTransit`]: the verdict carries the share to ask the master for.
 
@@ -23,11 +23,13 @@ use std::fmt;
 use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::shares::{self, SeedShare};
 
+mod gap;
 mod messages;
 mod state;
 #[cfg(test)]
 mod tests;
 
+pub use gap::{LedgerGap, decide_batch_without_ledger, decide_without_ledger, is_counted, is_counted_json};
 pub use messages::{exceeded_detail, over_quota_warnings};
 pub use state::{QuotaState, SeedCapacity, StateError};
 
@@ -95,6 +97,10 @@ pub enum Reason {
     ShareInTransit,
     /// The Machine cannot be sized.
     Unsizeable,
+    /// It grows usage of a project whose quota is on this seed without a usable ledger: KKP's
+    /// copy of the quota is here and the `QuotaLedger` is not, or it is not counted yet
+    /// ([`LedgerGap`]). Fails closed until the ledger is back and counted.
+    LedgerMissing,
     /// The request names a user cluster this seed does not know.
     UnknownCluster,
     /// The request could not be read.
@@ -112,6 +118,7 @@ impl Reason {
         Reason::QuotaExceeded,
         Reason::ShareInTransit,
         Reason::Unsizeable,
+        Reason::LedgerMissing,
         Reason::UnknownCluster,
         Reason::BadRequest,
         Reason::Error,
@@ -126,6 +133,7 @@ impl Reason {
             Reason::QuotaExceeded => "quota_exceeded",
             Reason::ShareInTransit => "share_in_transit",
             Reason::Unsizeable => "unsizeable",
+            Reason::LedgerMissing => "ledger_missing",
             Reason::UnknownCluster => "unknown_cluster",
             Reason::BadRequest => "bad_request",
             Reason::Error => "error",
@@ -142,6 +150,7 @@ impl Reason {
             Reason::QuotaExceeded => "QuotaExceeded",
             Reason::ShareInTransit => "QuotaShareInTransit",
             Reason::Unsizeable => "Unsizeable",
+            Reason::LedgerMissing => "QuotaLedgerMissing",
             Reason::UnknownCluster => "UnknownCluster",
             Reason::BadRequest => "BadRequest",
             Reason::Error => "QuotaCheckFailed",
@@ -241,9 +250,7 @@ pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> V
         (Ask::Unsizeable(why), Some(_)) => Verdict::deny(
             Reason::Unsizeable,
             &request.machine,
-            &format!(
-                "cannot be sized, so it cannot be checked against the resource quota of project {project:?}: {why}"
-            ),
+            &unsizeable_detail(project, why),
         ),
         (ask, Some(state)) => match ask.growth() {
             None => Verdict::allow(Reason::Reduction),
@@ -251,6 +258,13 @@ pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> V
         },
     };
     verdict.with_warnings(warnings)
+}
+
+/// The denial text of a Machine that cannot be sized, under a quota.
+fn unsizeable_detail(project: &str, why: &str) -> String {
+    format!(
+        "cannot be sized, so it cannot be checked against the resource quota of project {project:?}: {why}"
+    )
 }
 
 fn decide_growth(
@@ -270,9 +284,10 @@ fn decide_growth(
             );
         }
     };
-    // Under shares, what fits the seed's capacity is admitted whatever the other seeds' usage
-    // (as last folded, possibly stale) says: the shares alone keep the sum within the limit, and
-    // the seed keeps admitting within its share while the master is away.
+    // Under shares, what fits the seed's capacity is admitted: the shares keep the sum within the
+    // limit, and the seed keeps admitting within its share while the master is away. The
+    // capacity already leaves room for what the other seeds use (as last folded), since usage
+    // can exceed a share without any admission.
     if state.seed.is_some() && shortfall.is_none() {
         return fits(ask, growth);
     }

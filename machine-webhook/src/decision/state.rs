@@ -28,7 +28,8 @@ pub struct QuotaState {
 /// What this seed may commit under its share, and who holds the rest.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SeedCapacity {
-    /// `min(share, target, limit)` per limited resource.
+    /// `min(share, target, limit, limit - otherSeedsUsage)` per limited resource
+    /// ([`SeedShare::capacity_beside`]).
     pub capacity: ResourceDetails,
     /// The share other seeds hold, as the master last saw it (for messages).
     pub others: BTreeMap<String, ResourceDetails>,
@@ -53,18 +54,19 @@ impl QuotaState {
     ) -> Result<QuotaState, StateError> {
         let status = status.cloned().unwrap_or_default();
         status.format_supported().map_err(|e| StateError(e.to_string()))?;
-        let seed = shares::objects::seed_share(spec, Some(&status)).map(|share: SeedShare| SeedCapacity {
-            capacity: share.capacity(&spec.quota),
-            others: spec.shares.as_ref().map(|s| s.others.clone()).unwrap_or_default(),
-        });
-        let local_usage = status.local_usage.unwrap_or_default();
-        let other_seeds_usage = match status.other_seeds_usage {
-            Some(other) => other,
+        let local_usage = status.local_usage.clone().unwrap_or_default();
+        let other_seeds_usage = match &status.other_seeds_usage {
+            Some(other) => other.clone(),
             None => status
                 .global_usage
+                .clone()
                 .unwrap_or_default()
                 .saturating_sub(&local_usage),
         };
+        let seed = shares::objects::seed_share(spec, Some(&status)).map(|share: SeedShare| SeedCapacity {
+            capacity: share.capacity_beside(&spec.quota, &other_seeds_usage),
+            others: spec.shares.as_ref().map(|s| s.others.clone()).unwrap_or_default(),
+        });
         let reserved = reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
         let allotted = allotted_total(&status.allotments).map_err(|e| StateError(e.to_string()))?;
         Ok(QuotaState {

@@ -149,6 +149,7 @@ fn a_holder_counts_what_it_admitted_instead_of_its_own_allotment() {
         holder: holder.into(),
         granted: cpu(granted),
         expires_at: jiff::Timestamp::UNIX_EPOCH,
+        ttl_seconds: None,
     };
     let spec = QuotaLedgerSpec {
         subject: LedgerSubject::project("p"),
@@ -435,4 +436,36 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_share_never_admits_into_room_other_seeds_already_use() {
+    // Limit 10; this seed holds a share of 8 and uses nothing, but another seed uses 6, beyond
+    // its own share (a catalog edit made its Machines bigger). Only 4 fit here.
+    let mut ledger = QuotaLedger::new(
+        "project-p",
+        QuotaLedgerSpec {
+            subject: LedgerSubject::project("p"),
+            quota: cpu("10"),
+            shares: Some(kkp_quota_crds::quota_ledger::LedgerShares {
+                version: 2,
+                granted: cpu("8"),
+                target: cpu("8"),
+                ..kkp_quota_crds::quota_ledger::LedgerShares::default()
+            }),
+        },
+    );
+    ledger.status = Some(QuotaLedgerStatus {
+        local_usage: Some(cpu("0")),
+        other_seeds_usage: Some(cpu("6")),
+        ..QuotaLedgerStatus::default()
+    });
+    let s = QuotaState::from_copy(&ledger).unwrap();
+    assert_eq!(s.seed.as_ref().unwrap().capacity, cpu("4"));
+    assert!(decide("p", Some(&s), &create("m", cpu("4"))).allowed);
+    let v = decide("p", Some(&s), &create("m", cpu("5")));
+    assert!(!v.allowed);
+    assert_eq!(v.reason, Reason::QuotaExceeded);
+    // The allotments take their room from the same capacity.
+    assert_eq!(s.allotment_room(&ResourceDetails::default()).unwrap(), cpu("2"));
 }

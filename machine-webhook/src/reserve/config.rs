@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use jiff::{SignedDuration, Timestamp};
+
 /// How the writer behaves.
 #[derive(Debug, Clone)]
 pub struct ReserverConfig {
@@ -22,6 +24,17 @@ pub struct ReserverConfig {
     pub share_wait: Duration,
     /// A demand for share not renewed within this time no longer counts.
     pub demand_ttl: Duration,
+    /// Added to this process's wall clock where it dates ledger entries: for tests of clock skew
+    /// only (`--test-clock-offset-seconds`).
+    pub clock_offset: SignedDuration,
+}
+
+impl ReserverConfig {
+    /// This process's wall clock, as it dates ledger entries.
+    pub fn now(&self) -> Timestamp {
+        let now = Timestamp::now();
+        now.checked_add(self.clock_offset).unwrap_or(now)
+    }
 }
 
 /// How allotments are held.
@@ -56,6 +69,7 @@ impl Default for ReserverConfig {
             allotments: Some(AllotmentConfig::default()),
             share_wait: Duration::from_secs(3),
             demand_ttl: Duration::from_secs(30),
+            clock_offset: SignedDuration::ZERO,
         }
     }
 }

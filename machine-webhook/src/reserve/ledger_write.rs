@@ -32,7 +32,7 @@ impl Reserver {
         escrow: &mut Escrow,
     ) -> Result<Plan, String> {
         let holder = self.inner.holder.as_str();
-        let now = Timestamp::now();
+        let now = self.inner.config.now();
         let recorded = escrow.admitted.len();
         let recorded_total = escrow.admitted_total.clone();
         // An admission already in the ledger was recorded by a write whose answer was lost (it
@@ -201,6 +201,8 @@ impl Reserver {
                     holder: holder.to_owned(),
                     granted: grant.clone(),
                     expires_at,
+                    // Readers judge by this, not by our clock (issue #32, finding 8).
+                    ttl_seconds: Some(kkp_quota_crds::ledger::lifetimes::ttl_seconds(config.ttl)),
                 };
                 Some(serde_json::to_value(allotment).map_err(|e| e.to_string())?)
             }
@@ -352,6 +354,51 @@ impl Reserver {
             })
     }
 
+    /// Whether the project's quota is here without a usable ledger ([`LedgerGap`]), and the
+    /// quota's name (the ledger's and KKP's copy's alike). Nothing is decided, reserved or
+    /// allotted then: a ledger not counted yet holds nothing of what already runs.
+    fn ledger_gap(&self, project: &str, snapshot: Option<&DynamicObject>) -> Option<(LedgerGap, String)> {
+        match snapshot {
+            None => {
+                let kkp = self.inner.cache.kkp_quota_for(project)?;
+                // The ledger is gone, and any allotment of ours with it.
+                self.forget(project);
+                Some((LedgerGap::Missing, kkp))
+            }
+            Some(ledger) => (!is_counted_json(ledger.data.get("status")))
+                .then(|| (LedgerGap::Uncounted, ledger.name_any())),
+        }
+    }
+
+    /// The ledger to decide the batch on, or the batch's verdicts without one: passed when the
+    /// project has no quota; refused when its quota is here without a usable ledger, once a
+    /// fresh read confirms it (the cache may be behind a ledger re-created or counted meanwhile:
+    /// `snapshot` is then that read, and `verified`).
+    async fn usable_ledger(
+        &self,
+        project: &str,
+        snapshot: &mut Option<Arc<DynamicObject>>,
+        verified: &mut bool,
+        requests: &[Request],
+    ) -> Result<Arc<DynamicObject>, Vec<Verdict>> {
+        while let Some((gap, name)) = self.ledger_gap(project, snapshot.as_deref()) {
+            if *verified {
+                return Err(decide_batch_without_ledger(project, &name, gap, requests));
+            }
+            // A failed read leaves it unverified: refused all the same.
+            match self.fresh_copy(&name).await {
+                Ok(fresh) => *snapshot = fresh.map(Arc::new),
+                Err(_) => return Err(decide_batch_without_ledger(project, &name, gap, requests)),
+            }
+            *verified = true;
+        }
+        snapshot.clone().ok_or_else(|| {
+            // No quota: nothing to reserve.
+            self.forget(project);
+            decide_batch(project, None, requests)
+        })
+    }
+
     pub(super) async fn decide_and_write(
         &self,
         project: &str,
@@ -364,10 +411,10 @@ impl Reserver {
         let mut attempt = 0u32;
         loop {
             attempt += 1;
-            let Some(object) = snapshot.clone() else {
-                // No quota: nothing to reserve.
-                self.forget(project);
-                return decide_batch(project, None, requests);
+            let usable = self.usable_ledger(project, &mut snapshot, &mut verified, requests);
+            let object = match usable.await {
+                Ok(object) => object,
+                Err(verdicts) => return verdicts,
             };
             let copy = match QuotaCopy::from_dynamic(&object) {
                 Ok(copy) => copy,

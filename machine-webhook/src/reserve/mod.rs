@@ -45,7 +45,10 @@ use tracing::{Instrument as _, debug, info, info_span, warn};
 use kkp_quota_crds::shares::largest;
 
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{QuotaState, Reason, Request, Verdict, decide, decide_batch};
+use crate::decision::{
+    LedgerGap, QuotaState, Reason, Request, Verdict, decide, decide_batch, decide_batch_without_ledger,
+    is_counted, is_counted_json,
+};
 use crate::demand::{allotment_wanted_back, demands_after};
 use crate::escrow::{cap_while_writing, fits_within};
 use crate::metrics::Metrics;
@@ -274,7 +277,7 @@ impl Reserver {
             return None;
         }
         let copy = self.newest_parsed(project, escrow)?;
-        if copy.uid != escrow.quota_uid {
+        if copy.uid != escrow.quota_uid || !is_counted(copy.status.as_ref()) {
             return None;
         }
         // Another process waits for headroom, or the master asks for share back: ours goes back
@@ -283,7 +286,7 @@ impl Reserver {
             &copy.spec,
             copy.status.as_ref(),
             &self.inner.holder,
-            Timestamp::now(),
+            self.inner.config.now(),
         ) {
             escrow.give_back = true;
             escrow.wake.notify_one();
@@ -329,7 +332,7 @@ impl Reserver {
                     uid: machine.uid.clone(),
                     size: reserve.size.clone(),
                     reserved: reserve.reserved.clone(),
-                    created_at: Timestamp::now(),
+                    created_at: self.inner.config.now(),
                 },
             ));
         }

@@ -123,7 +123,7 @@ impl Reserver {
             &copy.spec,
             copy.status.as_ref(),
             &self.inner.holder,
-            Timestamp::now(),
+            self.inner.config.now(),
         );
         escrow.give_back |= waiting && escrow.holding;
         waiting && escrow.holding

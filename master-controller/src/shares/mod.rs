@@ -28,7 +28,7 @@ use kkp_quota_crds::shares::{self, MasterView, Plan, objects};
 use kkp_quota_crds::{ProjectQuota, ResourceDetails, ResourceQuota};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 pub mod bookkeeping;
 pub mod view;
@@ -117,11 +117,21 @@ pub(crate) async fn round(
                 stuck: BTreeMap::new(),
             });
         }
+        // A record behind what the seeds hold (lost or restored) is rebuilt from their copies
+        // before anything is planned, and written at a version past theirs.
+        let (old_version, adopted) = view.adopt(record.as_ref().map_or(0, |r| r.version));
+        if adopted {
+            warn!(
+                quota = %name,
+                version = old_version,
+                "the share record is behind what the seeds hold (ProjectQuota re-created or restored): rebuilding it from their ledgers"
+            );
+            ctx.metrics.share_records_rebuilt.inc();
+        }
         let before = view.clone();
-        let plan = view.plan(&shares::slack(&limits, ctx.share_slack_percent))?;
+        let plan = view.plan_at(old_version + 1, &shares::slack(&limits, ctx.share_slack_percent))?;
         let planned_change = view.apply(&plan)?;
-        let changed = planned_change || new_seeds(record.as_ref(), &before);
-        let old_version = record.as_ref().map_or(0, |r| r.version);
+        let changed = adopted || planned_change || new_seeds(record.as_ref(), &before);
         if !changed {
             after_round(ctx, &name, &project, &before, None, &plan, seen);
             return Ok(Round {

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use jiff::Timestamp;
 use kkp_quota_crds::project_quota::ShareRecord;
 use kkp_quota_crds::quota_ledger::LedgerShares;
-use kkp_quota_crds::shares::{MasterView, SeedRecord, objects};
+use kkp_quota_crds::shares::objects::LedgerReading;
+use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, objects};
 use kkp_quota_crds::{ProjectQuota, QuantityError, ResourceDetails};
 use serde_json::{Value, json};
 
@@ -88,8 +89,33 @@ pub struct Persisted {
 
 impl Persisted {
     /// What seed `name`'s ledger spec carries; `None` for a seed the record does not hold.
+    /// A ledger that holds a newer word than this record (the record was lost or restored and
+    /// is not rebuilt yet) keeps its own: the API server refuses an older one, and with it the
+    /// whole apply, limits included, so a lowered limit would never reach the seed.
     pub fn ledger_shares(&self, name: &str) -> Option<LedgerShares> {
+        let seed = self.seeds.get(name)?;
+        let held = seed.report.as_ref().and_then(|r| r.holds.as_ref());
+        if let Some(word) = held.filter(|w| w.version > self.version) {
+            return Some(kept(word));
+        }
         objects::ledger_shares(self.version, name, &self.seeds)
+    }
+}
+
+/// The shares a ledger holds, to write back unchanged: while there is no record to send from
+/// (the `ProjectQuota` re-created and no round has rebuilt it yet), an apply without them would
+/// be refused whole, limits included.
+pub fn held_shares(reading: &LedgerReading) -> Option<LedgerShares> {
+    reading.holds.as_ref().map(kept)
+}
+
+fn kept(word: &MasterWord) -> LedgerShares {
+    LedgerShares {
+        version: word.version,
+        granted: word.granted.clone(),
+        target: word.target.clone(),
+        released: word.released.clone(),
+        ..LedgerShares::default()
     }
 }
 
@@ -192,6 +218,7 @@ pub(super) mod tests {
                     name: (*n).into(),
                     granted: cpu(*g),
                     target: cpu(*t),
+                    ..SeedShareRecord::default()
                 })
                 .collect(),
         }
@@ -206,6 +233,7 @@ pub(super) mod tests {
                 released: cpu(released),
                 committed: cpu(0),
                 demand: demand.map(cpu),
+                holds: None,
             }),
             ..SeedRecord::new()
         }
@@ -227,6 +255,7 @@ pub(super) mod tests {
                 holder: "w".into(),
                 amount: cpu(6),
                 expires_at: at(60),
+                ttl_seconds: None,
             }],
             ..QuotaLedgerStatus::default()
         };

@@ -12,6 +12,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::State;
 use super::admission::Appearance;
+use super::last_size::Counting;
 use super::machines::{MachineEvent, MachineInfo};
 use crate::usage::{ClusterUsage, same_usage};
 
@@ -56,7 +57,12 @@ pub struct ClusterState {
     pub(super) events: Option<UnboundedSender<MachineEvent>>,
     /// The unsizeable label sets last exported for this cluster.
     pub(super) exported_unsizeable: BTreeSet<(String, String, String)>,
+    /// Likewise for the Machines counted at their last known size (with the project).
+    pub(super) exported_last_size: BTreeSet<LastSizeLabels>,
 }
+
+/// `(project, provider, flavour, reason)`.
+pub type LastSizeLabels = (String, String, String, String);
 
 impl ClusterState {
     /// Whether its Machines may exist uncounted right now.
@@ -90,8 +96,10 @@ pub struct ClusterPlan {
     pub observed: Option<ClusterStatus>,
     /// Already written (or observed) exactly like this.
     pub unchanged: bool,
-    /// `(provider, flavour, reason)` -> number of Machines.
+    /// `(provider, flavour, reason)` -> number of Machines not counted.
     pub unsizeable: BTreeMap<(String, String, String), usize>,
+    /// `(provider, flavour, reason)` -> number of Machines counted at their last known size.
+    pub at_last_size: BTreeMap<(String, String, String), usize>,
 }
 
 impl State {
@@ -99,21 +107,37 @@ impl State {
     pub fn cluster_plan(&self, name: &str) -> Option<ClusterPlan> {
         let cluster = self.clusters.get(name)?;
         let mut unsizeable = BTreeMap::<(String, String, String), usize>::new();
+        let mut at_last_size = BTreeMap::<(String, String, String), usize>::new();
         let mut problems = Vec::new();
+        let mut kept = Vec::new();
         for info in cluster.machines.values() {
-            if let Err(e) = &info.sizing {
-                *unsizeable
-                    .entry((
-                        e.provider().to_owned(),
-                        e.flavour().unwrap_or_default().to_owned(),
-                        e.reason().to_owned(),
-                    ))
-                    .or_default() += 1;
-                problems.push(format!("{}/{}: {e}", info.namespace, info.name));
-            }
+            let (e, counts, list, line) = match info.counting() {
+                Counting::Sized(_) => continue,
+                Counting::Uncounted(e) => (
+                    e,
+                    &mut unsizeable,
+                    &mut problems,
+                    format!("{}/{}: {e}", info.namespace, info.name),
+                ),
+                Counting::LastKnown(size, e) => (
+                    e,
+                    &mut at_last_size,
+                    &mut kept,
+                    format!("{}/{} at {size}: {e}", info.namespace, info.name),
+                ),
+            };
+            *counts
+                .entry((
+                    e.provider().to_owned(),
+                    e.flavour().unwrap_or_default().to_owned(),
+                    e.reason().to_owned(),
+                ))
+                .or_default() += 1;
+            list.push(line);
         }
         problems.sort();
-        let condition = condition(cluster, &problems);
+        kept.sort();
+        let condition = condition(cluster, &problems, &kept);
         let usage = cluster.synced.then(|| cluster.usage.total().clone());
         let same = |u: &Option<ResourceDetails>, c: &ClusterCondition| {
             let usage_same = match (&usage, u) {
@@ -145,6 +169,7 @@ impl State {
             observed: cluster.observed.clone(),
             unchanged,
             unsizeable,
+            at_last_size,
         })
     }
 
@@ -172,10 +197,36 @@ impl State {
         c.exported_unsizeable = now;
         stale
     }
+
+    /// Likewise for the label sets of Machines counted at their last known size.
+    pub fn exported_last_size(&mut self, name: &str, now: BTreeSet<LastSizeLabels>) -> Vec<LastSizeLabels> {
+        let Some(c) = self.clusters.get_mut(name) else {
+            return Vec::new();
+        };
+        let stale = c.exported_last_size.difference(&now).cloned().collect();
+        c.exported_last_size = now;
+        stale
+    }
 }
 
-/// The `ResourceQuotaUsage` condition (without timestamps) for a cluster.
-fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
+/// Up to five of `lines`, and how many more.
+fn some_of(lines: &[String]) -> String {
+    let mut text = lines
+        .iter()
+        .take(5)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join("; ");
+    let more = lines.len().saturating_sub(5);
+    if more > 0 {
+        let _ = write!(text, " (and {more} more)");
+    }
+    text
+}
+
+/// The `ResourceQuotaUsage` condition (without timestamps) for a cluster: `problems` are the
+/// Machines not counted, `kept` those counted at their last known size.
+fn condition(cluster: &ClusterState, problems: &[String], kept: &[String]) -> ClusterCondition {
     let (status, reason, message) = match (&cluster.reachability, cluster.synced) {
         (Reachability::Unreachable(why), _) => (
             "False",
@@ -191,18 +242,21 @@ fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
             "The user cluster's Machines have not been listed yet.".to_owned(),
         ),
         _ if !problems.is_empty() => {
-            let shown: Vec<&str> = problems.iter().take(5).map(String::as_str).collect();
-            let more = problems.len().saturating_sub(shown.len());
             let mut message = format!(
                 "{} Machine(s) cannot be sized and are not counted in the project's usage: {}",
                 problems.len(),
-                shown.join("; ")
+                some_of(problems)
             );
-            if more > 0 {
-                let _ = write!(message, " (and {more} more)");
+            if !kept.is_empty() {
+                let _ = write!(message, ". {}", counted_at_last_size(kept));
             }
             ("False", "UnsizeableMachines", message)
         }
+        _ if !kept.is_empty() => (
+            "False",
+            "MachinesCountedAtLastKnownSize",
+            counted_at_last_size(kept),
+        ),
         _ => (
             "True",
             "AllMachinesCounted",
@@ -217,6 +271,15 @@ fn condition(cluster: &ClusterState, problems: &[String]) -> ClusterCondition {
         reason: reason.to_owned(),
         message,
     }
+}
+
+fn counted_at_last_size(kept: &[String]) -> String {
+    format!(
+        "{} Machine(s) can no longer be sized and are counted in the project's usage at their last \
+         known size until they are deleted: {}",
+        kept.len(),
+        some_of(kept)
+    )
 }
 
 #[cfg(test)]

@@ -1,25 +1,28 @@
-//! A user cluster's Machines: their sizing against the size catalog, the count they make, the
-//! watch's changes and complete listings (with the drift a listing reveals), the Machines
-//! remembered as gone (so a reservation recorded after its Machine was deleted goes at once), and
-//! the Events published on Machines.
+//! A user cluster's Machines: their sizing against the size catalog (with the last known size of
+//! those that can no longer be sized, see `last_size`), the count they make, the watch's changes
+//! and complete listings (with the drift a listing reveals), the Machines remembered as gone (so a
+//! reservation recorded after its Machine was deleted goes at once), and the Events published on
+//! Machines.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::{LastKnownSize, ResourceDetails};
 use kube::ResourceExt;
 use provider_sizes::{SizeCatalog, SizingError, size_machine};
 use tracing::{error, warn};
 
 use super::admission::Appearance;
+use super::last_size::{Counting, last_size};
 use super::{ClusterState, State};
 use crate::usage::Drift;
 
 /// Event reasons on Machines in user clusters.
 pub const REASON_UNSIZEABLE: &str = "QuotaUnsizeableMachine";
 pub const REASON_UNADMITTED: &str = "QuotaUnadmittedMachine";
+pub const REASON_COUNTED_AT_LAST_SIZE: &str = "QuotaMachineCountedAtLastSize";
 
 /// An Event to publish on a Machine in its user cluster.
 #[derive(Debug, Clone)]
@@ -37,6 +40,27 @@ pub(super) struct MachineInfo {
     pub(super) name: String,
     pub(super) spec: Machine,
     pub(super) sizing: Result<ResourceDetails, SizingError>,
+    /// While it cannot be sized: the size it last had, if it ever had one (it counts so).
+    pub(super) last_size: Option<ResourceDetails>,
+}
+
+impl MachineInfo {
+    pub(super) fn counting(&self) -> Counting<'_> {
+        Counting::of(&self.sizing, self.last_size.as_ref())
+    }
+
+    /// Its `status.lastKnownSizes` entry, while it is counted at its last known size.
+    pub(super) fn last_known(&self, cluster: &str, uid: &str) -> Option<LastKnownSize> {
+        match self.counting() {
+            Counting::LastKnown(size, _) => Some(LastKnownSize {
+                cluster: cluster.to_owned(),
+                uid: uid.to_owned(),
+                machine: format!("{}/{}", self.namespace, self.name),
+                size: size.clone(),
+            }),
+            Counting::Sized(_) | Counting::Uncounted(_) => None,
+        }
+    }
 }
 
 /// How long a gone Machine's uid is remembered: longer than any sensible reservation TTL
@@ -73,47 +97,66 @@ impl State {
         size_machine(machine, catalog, None)
     }
 
-    fn info(catalog: &SizeCatalog, machine: Machine) -> MachineInfo {
+    /// `before`: how the same Machine counted until now; `persisted`: the size its ledger keeps
+    /// for it (see `last_size`).
+    fn info(
+        catalog: &SizeCatalog,
+        machine: Machine,
+        before: Option<Counting<'_>>,
+        persisted: Option<&ResourceDetails>,
+    ) -> MachineInfo {
         let name = machine.name_any();
         // Keep only what sizing needs (not metadata such as managedFields).
         let spec = Machine::new(&name, machine.spec);
+        let sizing = Self::size(catalog, &spec);
         MachineInfo {
             namespace: machine.metadata.namespace.unwrap_or_default(),
-            sizing: Self::size(catalog, &spec),
+            last_size: last_size(&sizing, before, persisted),
+            sizing,
             name,
             spec,
         }
     }
 
     /// Applies one Machine's sizing to the cluster's usage and queues its Events.
-    fn account(cluster_name: &str, cluster: &mut ClusterState, uid: &str) -> bool {
+    pub(super) fn account(cluster_name: &str, cluster: &mut ClusterState, uid: &str) -> bool {
         let Some(info) = cluster.machines.get(uid) else {
             return false;
         };
-        let changed = match cluster.usage.set(uid, info.sizing.as_ref().ok()) {
+        let counting = info.counting();
+        let changed = match cluster.usage.set(uid, counting.size()) {
             Ok(changed) => changed,
             Err(e) => {
                 error!(cluster = cluster_name, error = %e, "usage overflow; machine not counted");
                 false
             }
         };
-        if let Err(e) = &info.sizing {
-            let key = (uid.to_owned(), REASON_UNSIZEABLE);
-            if !cluster.reported.contains(&key) {
-                warn!(cluster = cluster_name, machine = %info.name, provider = e.provider(), reason = e.reason(), "machine cannot be sized: {e}");
-                if let Some(sender) = &cluster.events {
-                    let sent = sender.send(MachineEvent {
-                        namespace: info.namespace.clone(),
-                        name: info.name.clone(),
-                        uid: uid.to_owned(),
-                        reason: REASON_UNSIZEABLE,
-                        message: format!(
-                            "This Machine is not counted in the project's resource quota usage: {e}"
-                        ),
-                    });
-                    if sent.is_ok() {
-                        cluster.reported.insert(key);
-                    }
+        let (e, reason) = match counting {
+            Counting::Sized(_) => return changed,
+            Counting::Uncounted(e) => (e, REASON_UNSIZEABLE),
+            Counting::LastKnown(_, e) => (e, REASON_COUNTED_AT_LAST_SIZE),
+        };
+        let key = (uid.to_owned(), reason);
+        if !cluster.reported.contains(&key) {
+            let last_size = counting.size().map(ToString::to_string);
+            warn!(cluster = cluster_name, machine = %info.name, provider = e.provider(), reason = e.reason(), ?last_size, "machine cannot be sized: {e}");
+            if let Some(sender) = &cluster.events {
+                let message = match last_size {
+                    None => format!("This Machine is not counted in the project's resource quota usage: {e}"),
+                    Some(size) => format!(
+                        "This Machine can no longer be sized; it is counted in the project's resource quota \
+                         usage at its last known size ({size}) until it is deleted: {e}"
+                    ),
+                };
+                let sent = sender.send(MachineEvent {
+                    namespace: info.namespace.clone(),
+                    name: info.name.clone(),
+                    uid: uid.to_owned(),
+                    reason,
+                    message,
+                });
+                if sent.is_ok() {
+                    cluster.reported.insert(key);
                 }
             }
         }
@@ -128,6 +171,9 @@ impl State {
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
             return;
         };
+        let persisted = self
+            .remembered
+            .get(cluster.project.as_deref(), cluster_name, &uid);
         if cluster
             .machines
             .get(&uid)
@@ -135,13 +181,13 @@ impl State {
         {
             return;
         }
-        let new = !cluster.machines.contains_key(&uid);
+        let before = cluster.machines.get(&uid);
+        let new = before.is_none();
+        let info = Self::info(&catalog, machine, before.map(MachineInfo::counting), persisted);
         if new && watching && cluster.synced {
             cluster.appeared.insert(uid.clone(), Appearance::now());
         }
-        cluster
-            .machines
-            .insert(uid.clone(), Self::info(&catalog, machine));
+        cluster.machines.insert(uid.clone(), info);
         let changed = Self::account(cluster_name, cluster, &uid);
         // The condition lists unsizeable Machines: a new one matters even if usage did not move.
         let unsizeable = cluster.machines.get(&uid).is_some_and(|m| m.sizing.is_err());
@@ -203,12 +249,15 @@ impl State {
         let mut infos = HashMap::with_capacity(machines.len());
         for machine in machines {
             if let Some(uid) = machine.uid() {
+                let persisted = self
+                    .remembered
+                    .get(cluster.project.as_deref(), cluster_name, &uid);
                 // Reuse the sizing of unchanged Machines.
                 let info = match cluster.machines.remove(&uid) {
                     Some(old) if old.spec.spec == machine.spec => old,
                     // Known before and changed meanwhile: counted all along, so never a bypass
                     // candidate (and never held back, which would drop it from the count).
-                    Some(_) => Self::info(&catalog, machine),
+                    Some(old) => Self::info(&catalog, machine, Some(old.counting()), persisted),
                     None => {
                         if !first {
                             cluster
@@ -216,7 +265,7 @@ impl State {
                                 .entry(uid.clone())
                                 .or_insert_with(Appearance::now);
                         }
-                        Self::info(&catalog, machine)
+                        Self::info(&catalog, machine, None, persisted)
                     }
                 };
                 infos.insert(uid, info);
@@ -232,7 +281,7 @@ impl State {
         let listing: HashMap<String, ResourceDetails> = cluster
             .machines
             .iter()
-            .filter_map(|(uid, m)| m.sizing.as_ref().ok().map(|s| (uid.clone(), s.clone())))
+            .filter_map(|(uid, m)| m.counting().size().map(|s| (uid.clone(), s.clone())))
             .collect();
         let drift = match cluster.usage.replace(listing) {
             Ok(drift) => drift,
@@ -262,9 +311,12 @@ impl State {
             let uids: Vec<String> = cluster.machines.keys().cloned().collect();
             let mut changed = false;
             for uid in uids {
+                let persisted = self.remembered.get(cluster.project.as_deref(), &name, &uid);
                 if let Some(info) = cluster.machines.get_mut(&uid) {
                     let sizing = Self::size(&catalog, &info.spec);
                     if sizing != info.sizing {
+                        // An entry removed from the catalog: counted at the size it had.
+                        info.last_size = last_size(&sizing, Some(info.counting()), persisted);
                         info.sizing = sizing;
                         changed = true;
                         Self::account(&name, cluster, &uid);

@@ -10,12 +10,15 @@
 //!   `Cluster` status ([`ClusterPlan`], the `ResourceQuotaUsage` condition);
 //! - `machines`: a cluster's Machines: sizing, the count, listings, the size catalog, the Machines
 //!   remembered as gone, and the Events published on Machines ([`MachineEvent`]);
+//! - `last_size`: Machines that can no longer be sized, counted at their last known size (kept
+//!   in the ledgers for a restart);
 //! - `admission`: bypass detection: Machines that appeared while watched, held back, judged;
 //! - `project`: the snapshot of one project for its ledger write ([`ProjectPlan`]) and its share
 //!   activity record.
 
 mod admission;
 mod cluster;
+mod last_size;
 mod machines;
 mod project;
 
@@ -29,7 +32,8 @@ use provider_sizes::SizeCatalog;
 use tokio::sync::mpsc::UnboundedSender;
 
 pub use cluster::{CONDITION_TYPE, CONDITION_WRITER, ClusterPlan, ClusterState, Reachability};
-pub use machines::{MachineEvent, REASON_UNADMITTED, REASON_UNSIZEABLE};
+pub use last_size::sort as sort_last_known;
+pub use machines::{MachineEvent, REASON_COUNTED_AT_LAST_SIZE, REASON_UNADMITTED, REASON_UNSIZEABLE};
 pub use project::ProjectPlan;
 
 /// The whole picture.
@@ -52,6 +56,11 @@ pub struct State {
     pub kkp_usage_written: BTreeMap<String, ResourceDetails>,
     /// Project -> when its ledger last showed signs of admissions (for quiet share releases).
     pub share_activity: BTreeMap<String, crate::shares::Activity>,
+    /// When this process first saw each demand and allotment of each project's ledger: their
+    /// lifetimes are judged by our clock, not the webhook's (issue #32, finding 8).
+    pub lifetimes: kkp_quota_crds::ledger::lifetimes::Lifetimes,
+    /// The ledgers' `status.lastKnownSizes` as last read.
+    remembered: last_size::Remembered,
 }
 
 impl State {
@@ -67,6 +76,8 @@ impl State {
             share_wakeups: BTreeMap::new(),
             kkp_usage_written: BTreeMap::new(),
             share_activity: BTreeMap::new(),
+            lifetimes: kkp_quota_crds::ledger::lifetimes::Lifetimes::new(),
+            remembered: last_size::Remembered::default(),
         }
     }
 

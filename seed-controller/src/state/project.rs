@@ -1,8 +1,8 @@
 //! One project's snapshot for the write of its ledger ([`State::project_plan`], [`ProjectPlan`]:
-//! its usage, counted and gone Machines, appeared Machines, whether it is unsettled), and the
-//! record of its ledger's share activity.
+//! its usage, counted and gone Machines, appeared Machines, whether it is unsettled, the Machines
+//! counted at their last known size), and the record of its ledger's share activity.
 
-use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::{LastKnownSize, ResourceDetails};
 
 use super::State;
 use crate::ledger::{Appeared, Counted};
@@ -18,6 +18,8 @@ pub struct ProjectPlan {
     pub appeared: Vec<Appeared>,
     /// One of the project's own clusters is unsettled: its allotments must not expire.
     pub project_unsettled: bool,
+    /// `status.lastKnownSizes`: the Machines counted at their last known size, sorted.
+    pub last_known: Vec<LastKnownSize>,
 }
 
 impl State {
@@ -58,6 +60,7 @@ impl State {
             counted,
             appeared,
             project_unsettled,
+            last_known: self.last_known_of(project),
         })
     }
 

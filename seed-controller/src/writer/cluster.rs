@@ -1,6 +1,6 @@
 //! The write of one `Cluster`'s status on the seed: `status.resourceUsage` and the
-//! `ResourceQuotaUsage` condition (merge patch, only when they changed), and the cluster's usage
-//! and unsizeable-Machine gauges.
+//! `ResourceQuotaUsage` condition (merge patch, only when they changed), and the cluster's usage,
+//! unsizeable-Machine and counted-at-last-size gauges.
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -45,6 +45,22 @@ async fn write_cluster_inner(shared: &Shared, name: &str) -> Result<(), Error> {
             .metrics
             .unsizeable
             .remove_label_values(&[name, &provider, &flavour, &reason]);
+    }
+    let mut labels = BTreeSet::new();
+    for ((provider, flavour, reason), count) in &plan.at_last_size {
+        #[allow(clippy::cast_precision_loss)]
+        shared
+            .metrics
+            .counted_at_last_size
+            .with_label_values(&[name, &project, provider, flavour, reason])
+            .set(*count as f64);
+        labels.insert((project.clone(), provider.clone(), flavour.clone(), reason.clone()));
+    }
+    for (project, provider, flavour, reason) in shared.state().exported_last_size(name, labels) {
+        let _ = shared
+            .metrics
+            .counted_at_last_size
+            .remove_label_values(&[name, &project, &provider, &flavour, &reason]);
     }
     if plan.unchanged {
         return Ok(());

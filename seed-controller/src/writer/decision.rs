@@ -1,6 +1,7 @@
 //! What one write of a project's quota copy does, decided without I/O from one snapshot of the
 //! state and one read of the copy: the `localUsage`, the reservations, allotments and demands it
-//! drops, the Machines held back or judged ([`decide`]); the status that write produces
+//! drops, the Machines held back or judged, the `lastKnownSizes` it writes ([`decide`]); the
+//! status that write produces
 //! ([`status_after`], from which the share release is computed); its compare-and-swap patch
 //! ([`ledger_patch`]); and when the ledger next needs a write although nothing changes
 //! ([`ledger_due`]).
@@ -11,7 +12,7 @@ use std::time::Instant;
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
-use kkp_quota_crds::{QuantityError, QuotaLedger, QuotaLedgerStatus, ResourceDetails};
+use kkp_quota_crds::{LastKnownSize, QuantityError, QuotaLedger, QuotaLedgerStatus, ResourceDetails};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -42,6 +43,8 @@ pub(super) struct Decision {
     /// `(cluster, uid)` of appeared Machines judged now, and those of them with no reservation.
     pub(super) checked: Vec<(String, String)>,
     pub(super) bypassed: Vec<(String, String)>,
+    /// `status.lastKnownSizes` to write, when it is not what the copy read has.
+    pub(super) last_known: Option<Vec<LastKnownSize>>,
 }
 
 pub(super) fn decide(
@@ -88,7 +91,15 @@ pub(super) fn decide(
         held: held.iter().map(|&i| plan.appeared[i].key()).collect(),
         checked: judged.iter().map(|a| a.key()).collect(),
         bypassed: unadmitted(judged.iter().copied(), &status.reservations),
+        last_known: last_known_change(&plan.last_known, &status.last_known_sizes),
     })
+}
+
+/// The plan's `lastKnownSizes` (sorted), if the copy read does not hold the same.
+fn last_known_change(planned: &[LastKnownSize], read: &[LastKnownSize]) -> Option<Vec<LastKnownSize>> {
+    let mut read = read.to_vec();
+    crate::state::sort_last_known(&mut read);
+    (planned != read.as_slice()).then(|| planned.to_vec())
 }
 
 /// The status the write of `decision` produces from `status` as read: its `localUsage`, the
@@ -99,6 +110,10 @@ pub(super) fn status_after(status: &QuotaLedgerStatus, decision: &Decision) -> Q
         reservations: remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i)),
         allotments: remaining(&status.allotments, decision.expired.iter().copied()),
         demands: remaining(&status.demands, decision.demands_expired.iter().copied()),
+        last_known_sizes: decision
+            .last_known
+            .clone()
+            .unwrap_or_else(|| status.last_known_sizes.clone()),
         ..status.clone()
     }
 }
@@ -142,6 +157,15 @@ pub(super) fn ledger_patch(
             serde_json::to_value(&kept).unwrap_or(Value::Null)
         };
     }
+    // Machines counted at their last known size: with the `localUsage` that counts them, so a
+    // restarted controller finds them.
+    if let Some(last_known) = &decision.last_known {
+        patch["status"]["lastKnownSizes"] = if last_known.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(last_known).unwrap_or(Value::Null)
+        };
+    }
     // The release rides on this compare-and-swap: it was computed from the status this very
     // write produces, so nothing can be admitted against share on its way out.
     if let Some(release) = release {
@@ -160,4 +184,35 @@ pub(super) fn ledger_due(status: &QuotaLedgerStatus, ttl: SignedDuration) -> Opt
         .min();
     let allotment = status.allotments.iter().map(|a| a.expires_at).min();
     reservation.into_iter().chain(allotment).min()
+}
+
+#[cfg(test)]
+mod tests {
+    use kkp_quota_crds::LastKnownSize;
+
+    use super::last_known_change;
+
+    fn entry(cluster: &str, uid: &str) -> LastKnownSize {
+        LastKnownSize {
+            cluster: cluster.into(),
+            uid: uid.into(),
+            machine: String::new(),
+            size: kkp_quota_crds::ResourceDetails::zero(),
+        }
+    }
+
+    #[test]
+    fn last_known_sizes_are_written_only_when_they_differ_in_content() {
+        let planned = vec![entry("a", "1"), entry("b", "2")];
+        assert_eq!(
+            last_known_change(&planned, &[entry("b", "2"), entry("a", "1")]),
+            None
+        );
+        assert_eq!(
+            last_known_change(&planned, &[entry("a", "1")]),
+            Some(planned.clone())
+        );
+        assert_eq!(last_known_change(&[], &[entry("a", "1")]), Some(vec![]));
+        assert_eq!(last_known_change(&[], &[]), None);
+    }
 }

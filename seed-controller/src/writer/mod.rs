@@ -35,6 +35,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::{FutureExt, StreamExt, stream};
+use jiff::Timestamp;
+use kkp_quota_crds::QuotaLedgerStatus;
 use tracing::{Instrument, info, info_span, warn};
 
 use crate::{Error, Shared};
@@ -48,6 +50,28 @@ const CONCURRENCY: usize = 16;
 const MAX_ATTEMPTS: usize = 20;
 
 type Outcome = (Option<String>, Option<String>, Result<(), Error>);
+
+/// `status` as this process judges it at `now` (its own clock), for deciding, never for writing
+/// back: each demand and allotment with `ttlSeconds` lives that long from when this process first
+/// saw it, whatever the webhook's clock wrote in `expiresAt` (issue #32, finding 8). An
+/// allotment is so never removed while its holder may still admit from it, and a demand never
+/// expires on arrival.
+fn judge_lifetimes(
+    shared: &Shared,
+    project: &str,
+    status: &QuotaLedgerStatus,
+    now: Timestamp,
+) -> QuotaLedgerStatus {
+    let observed = shared.state().lifetimes.observe(project, status, now);
+    for skew in &observed.skews {
+        shared
+            .metrics
+            .clock_skew
+            .with_label_values(&[skew.kind.as_str()])
+            .set(skew.seconds);
+    }
+    observed.status(status)
+}
 
 /// Waits for changes and writes them, until aborted.
 pub async fn run(shared: Arc<Shared>) {

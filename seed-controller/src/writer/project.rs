@@ -32,8 +32,20 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
     let selector = format!("{SUBJECT_NAME_LABEL}={project},{SUBJECT_KIND_LABEL}={PROJECT_KIND}");
     for _ in 0..MAX_ATTEMPTS {
         let quotas = api.list(&ListParams::default().labels(&selector)).await?;
-        // The snapshot is taken after the read: every reservation we see was made before it.
-        let plan = shared.state().project_plan(project)?;
+        // The snapshot is taken after the read: every reservation we see was made before it. The
+        // sizes the copy keeps are taken in first (a restart may have forgotten them).
+        let (plan, adopted) = {
+            let mut state = shared.state();
+            let adopted = quotas.items.first().is_some_and(|q| {
+                let kept = q.status.as_ref().map_or(&[][..], |s| &s.last_known_sizes);
+                state.ledger_last_sizes(project, kept)
+            });
+            (state.project_plan(project)?, adopted)
+        };
+        if adopted {
+            // Their clusters' status is due too.
+            shared.wake_writer();
+        }
         let Some(quota) = quotas.items.into_iter().next() else {
             // No quota for this project on this seed: nothing to write, nothing was admitted
             // against one.
@@ -45,7 +57,9 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             return Ok(());
         };
         let status = quota.status.clone().unwrap_or_default();
-        let decision = decide(&plan, &status, &shared.config)?;
+        // Decided on the lifetimes as our clock judges them; patched from the status as read.
+        let judged_status = super::judge_lifetimes(shared, project, &status, Timestamp::now());
+        let decision = decide(&plan, &judged_status, &shared.config)?;
         set_usage_gauges(&shared.metrics.local_usage, &[project], &decision.local_usage);
         let usage_same = status
             .local_usage
@@ -55,7 +69,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             shared,
             project,
             &quota.spec,
-            &status,
+            &judged_status,
             &decision,
             plan.project_unsettled,
         );
@@ -63,6 +77,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             && decision.drops.is_empty()
             && decision.expired.is_empty()
             && decision.demands_expired.is_empty()
+            && decision.last_known.is_none()
             && release.is_none()
         {
             judged(shared, project, &decision);

@@ -14,6 +14,7 @@ use kube::runtime::watcher::{self, Event};
 use tracing::warn;
 
 use super::decision::{decide, ledger_due};
+use super::judge_lifetimes;
 use super::report::set_share_gauges;
 use crate::Shared;
 use crate::shares;
@@ -46,22 +47,25 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
             event = stream.next() => match event {
                 Some(Ok(Event::InitApply(quota) | Event::Apply(quota))) => {
                     let project = quota.project().to_owned();
-                    let status = quota.status.clone().unwrap_or_default();
-                    set_share_gauges(&shared, &project, &quota.spec, Some(&status));
+                    let read = quota.status.clone().unwrap_or_default();
+                    set_share_gauges(&shared, &project, &quota.spec, Some(&read));
                     let now = Timestamp::now();
+                    // Lifetimes by our clock; the patch is built from a fresh read anyway.
+                    let status = judge_lifetimes(&shared, &project, &read, now);
                     let (stale, share_next) = {
                         let mut state = shared.state();
                         let activity = state.ledger_seen(&project, &status, now);
+                        // Sizes a restart forgot are taken in before any write of this process.
+                        let adopted = state.ledger_last_sizes(&project, &status.last_known_sizes);
                         let ours = state.projects().contains(&project);
                         let plan = state.project_plan(&project).ok();
-                        let usage = plan
+                        let decision = plan
                             .as_ref()
-                            .and_then(|plan| decide(plan, &status, &shared.config).ok())
-                            .map(|d| d.local_usage);
-                        let differs = match (&status.local_usage, &usage) {
-                            (Some(a), Some(b)) => !same_usage(a, b),
+                            .and_then(|plan| decide(plan, &status, &shared.config).ok());
+                        let differs = match (&status.local_usage, &decision) {
+                            (Some(a), Some(d)) => !same_usage(a, &d.local_usage) || d.last_known.is_some(),
                             _ => true,
-                        };
+                        } || adopted;
                         let unsettled = plan.as_ref().is_some_and(|p| p.project_unsettled);
                         let upkeep = shares::upkeep(&quota.spec, &status, &activity, unsettled, settings, now)
                             .unwrap_or_else(|e| {
@@ -85,7 +89,12 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                 Some(Ok(Event::Delete(quota))) => {
                     let project = quota.project();
                     due.remove(project);
-                    shared.state().share_activity.remove(project);
+                    {
+                        let mut state = shared.state();
+                        state.share_activity.remove(project);
+                        state.lifetimes.forget(project);
+                        state.forget_last_sizes(project);
+                    }
                     for &resource in Resource::ALL {
                         let _ = shared.metrics.share_held.remove_label_values(&[project, resource.name()]);
                     }

@@ -1,0 +1,180 @@
+//! Quotas whose values KKP's CRD accepts but this system cannot read exactly (`1e40`, `0.5n`):
+//! a master-controller started with them in the master still reconciles every other project,
+//! and each such quota gets a condition and an Event naming the field and the accepted form.
+
+mod common;
+
+use anyhow::{Context as _, Result, ensure};
+use common::*;
+use e2e::{Fleet, FleetSpec, wait_for};
+use k8s_openapi::api::events::v1::Event;
+use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
+/// The condition type on the `ProjectQuota` (a literal: the test predates the constant).
+const QUOTA_INVALID: &str = "QuotaInvalid";
+
+/// KKP's quotas as plain JSON: what KKP's CRD accepts, whether or not this system can read it.
+fn raw_quotas(master: &Client) -> Api<DynamicObject> {
+    Api::all_with(master.clone(), &ApiResource::erase::<ResourceQuota>(&()))
+}
+
+async fn create_raw(
+    api: &Api<DynamicObject>,
+    name: &str,
+    project: &str,
+    quota: serde_json::Value,
+) -> Result<()> {
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubermatic.k8c.io/v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name},
+        "spec": {"subject": {"name": project, "kind": "project"}, "quota": quota},
+    }))?;
+    api.create(&PostParams::default(), &object)
+        .await
+        .with_context(|| format!("creating {name}"))?;
+    Ok(())
+}
+
+/// Every seed's ledger of `name` has `cpu` as its cpu limit.
+async fn seeds_have_cpu(fleet: &Fleet, name: &str, cpu: i64, what: &str) -> Result<()> {
+    wait_for(DEADLINE, what, || async {
+        for seed in SEEDS {
+            let ledger = Api::<QuotaLedger>::all(fleet.seed(seed).client())
+                .get_opt(name)
+                .await?
+                .context(format!("no ledger on {seed}"))?;
+            let got = ledger.spec.quota.amount(Resource::Cpu);
+            ensure!(got == Quantity::from_units(cpu), "{seed}: cpu {got}, want {cpu}");
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// The `QuotaInvalid` condition and a Warning Event on KKP's object, both naming `field`,
+/// the value and the accepted form.
+async fn reported(fleet: &Fleet, name: &str, field: &str, value: &str, form: &str) -> Result<()> {
+    let master = fleet.master().client();
+    let pq: Api<ProjectQuota> = Api::all(master.clone());
+    // Events about cluster-scoped objects live in `default`.
+    let events: Api<Event> = Api::namespaced(master, "default");
+    wait_for(DEADLINE, &format!("{name}'s {field} reported"), || async {
+        let pq = pq.get_opt(name).await?.context("no ProjectQuota")?;
+        let c = condition(&pq, QUOTA_INVALID).context("no QuotaInvalid condition")?;
+        ensure!(c.status == "True", "QuotaInvalid is {}", c.status);
+        for text in [field, value, form] {
+            ensure!(
+                c.message.contains(text),
+                "condition message {:?} lacks {text:?}",
+                c.message
+            );
+        }
+        let event = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.name.as_deref() == Some(name) && r.kind.as_deref() == Some("ResourceQuota")
+                })
+            })
+            .context("no Event on the ResourceQuota")?;
+        ensure!(
+            event.type_.as_deref() == Some("Warning"),
+            "Event type {:?}",
+            event.type_
+        );
+        let note = event.note.unwrap_or_default();
+        for text in [field, value, form] {
+            ensure!(note.contains(text), "Event note {note:?} lacks {text:?}");
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// Waits until `kkp_quota_master_unreadable_quotas` shows `want`.
+async fn unreadable_gauge(controller: &Running, want: f64) -> Result<()> {
+    wait_for(DEADLINE, &format!("{want} unreadable quotas counted"), || async {
+        let got = sample(&controller.scrape().await?, "kkp_quota_master_unreadable_quotas");
+        ensure!(got.is_some_and(|g| (g - want).abs() < 0.5), "gauge {got:?}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_quota_does_not_stop_the_others() -> Result<()> {
+    let fleet = Fleet::start(
+        FleetSpec::empty()
+            .with_seed("seed-a")
+            .with_seed("seed-b")
+            .with_project("good")
+            .with_project("huge")
+            .with_project("tiny"),
+    )
+    .await?;
+    let master = fleet.master().client();
+    let quotas: Api<ResourceQuota> = Api::all(master.clone());
+    let raw = raw_quotas(&master);
+    // Both pass KKP's quantity pattern; neither is a whole number of nano-units in range.
+    create_raw(
+        &raw,
+        "project-huge",
+        "huge",
+        json!({"cpu": "1e40", "memory": "8Gi"}),
+    )
+    .await?;
+    create_raw(
+        &raw,
+        "project-tiny",
+        "tiny",
+        json!({"cpu": "2", "memory": "0.5n"}),
+    )
+    .await?;
+    create_quota(&quotas, "project-good", "good", cpu_mem(4, 8)).await?;
+
+    // Started with them already there: its first listing holds the unreadable ones.
+    let controller = Running::start(master.clone(), options()).await?;
+    seeds_have_cpu(&fleet, "project-good", 4, "project-good fanned out").await?;
+    set_quota(&quotas, "project-good", &cpu_mem(6, 8)).await?;
+    seeds_have_cpu(&fleet, "project-good", 6, "project-good's edit on every seed").await?;
+
+    reported(&fleet, "project-huge", "spec.quota.cpu", "1e40", "at most").await?;
+    reported(&fleet, "project-tiny", "spec.quota.memory", "0.5n", "1n").await?;
+    unreadable_gauge(&controller, 2.0).await?;
+    for seed in SEEDS {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        for name in ["project-huge", "project-tiny"] {
+            ensure!(ledgers.get_opt(name).await?.is_none(), "{name} reached {seed}");
+        }
+    }
+
+    // Fixed: it is fanned out, and the condition goes.
+    raw.patch(
+        "project-huge",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"quota": {"cpu": "40"}}})),
+    )
+    .await?;
+    seeds_have_cpu(&fleet, "project-huge", 40, "the fixed quota fanned out").await?;
+    let pq: Api<ProjectQuota> = Api::all(master);
+    wait_for(DEADLINE, "QuotaInvalid gone once fixed", || async {
+        let pq = pq.get("project-huge").await?;
+        ensure!(
+            condition(&pq, QUOTA_INVALID).is_none(),
+            "QuotaInvalid still there"
+        );
+        Ok(())
+    })
+    .await?;
+    unreadable_gauge(&controller, 1.0).await?;
+    ensure!(!controller.is_finished(), "the controller stopped");
+    Ok(())
+}
