@@ -57,6 +57,7 @@
 //!   machine-webhook per seed) as real processes beside a fleet, for the demo and end-to-end tests.
 //!   [`system::Credentials::Chart`] runs each under the Helm chart's service account instead of the
 //!   fleet's admin ([`chart`]).
+//! - [`shares`]: bursts and the overrun watcher of the two-seed share tests.
 //! - [`audit`]: the master's and seeds' audit logs ([`FleetSpec::with_audit_log`]) read back, and
 //!   the chart's grants compared with what each identity used.
 
@@ -73,6 +74,7 @@ pub mod machines;
 pub mod pprof;
 pub mod process;
 pub mod procfs;
+pub mod shares;
 pub mod system;
 pub mod wait;
 

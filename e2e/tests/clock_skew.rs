@@ -9,16 +9,11 @@
 
 use std::time::Duration;
 
-use e2e::machines::is_quota_denial;
 use e2e::system::FleetWithSystem;
 use e2e::{Fleet, FleetSpec, wait_for};
-use futures::future::join_all;
-use futures::{StreamExt, stream};
-use kkp_quota_crds::shares::objects::{committed, seed_share};
-use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource};
+use kkp_quota_crds::shares::objects::committed;
+use kkp_quota_crds::{Quantity, QuotaLedger, Resource};
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::oneshot;
 
 const LIMIT: i64 = 10;
@@ -57,39 +52,16 @@ async fn setup() -> FleetWithSystem {
     running
 }
 
-/// `count` one-cpu Machines created at once in `user`; how many were admitted (anything but an
-/// admission or a quota/share denial fails).
+/// `count` one-cpu Machines created at once in `user`; how many were admitted.
 async fn burst(fleet: &Fleet, user: &str, count: usize, prefix: &str) -> usize {
-    let api = e2e::machines::api(fleet, user);
-    let creates = (0..count).map(|i| {
-        let api = api.clone();
-        let name = format!("{prefix}-{i}");
-        async move {
-            let result = api
-                .create(&PostParams::default(), &e2e::machines::vsphere(&name, 1))
-                .await;
-            (name, result)
-        }
-    });
-    let mut admitted = 0;
-    for (name, result) in join_all(creates).await {
-        match result {
-            Ok(_) => admitted += 1,
-            Err(e) if is_quota_denial(&e, "demo") => {}
-            Err(e) => panic!("{name}: {e}"),
-        }
-    }
-    admitted
+    e2e::shares::burst(fleet, "demo", &vec![user; count], prefix).await
 }
 
 /// Deletes `user`'s Machines and waits until neither seed commits anything nor holds a demand,
 /// and every seed counts nothing on the others (the next burst starts from a settled state).
 async fn settle(fleet: &Fleet, user: &str) {
-    e2e::machines::api(fleet, user)
-        .delete_collection(&DeleteParams::default(), &ListParams::default())
-        .await
-        .unwrap();
-    for seed in ["seed-a", "seed-b"] {
+    e2e::shares::delete_all(fleet, &[user]).await;
+    for seed in e2e::shares::SEEDS {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
         wait_for(WAIT, &format!("{seed} idle, without demands"), || async {
             let status = ledgers.get(NAME).await.ok()?.status.unwrap_or_default();
@@ -102,66 +74,6 @@ async fn settle(fleet: &Fleet, user: &str) {
         .await
         .unwrap();
     }
-}
-
-/// Follows both seeds' ledgers and the master's `ProjectQuota` until `stop`; panics (through the
-/// join) when the seeds' committed cpu together, or the master's global usage, exceeds `LIMIT`.
-/// Returns how many versions it checked.
-fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
-    let limit = Quantity::from_units(LIMIT);
-    let only_ours = || watcher::Config::default().fields(&format!("metadata.name={NAME}"));
-    let mut streams = Vec::new();
-    for (i, seed) in ["seed-a", "seed-b"].into_iter().enumerate() {
-        let api = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        streams.push(
-            watcher::watcher(api, only_ours())
-                .default_backoff()
-                .applied_objects()
-                .filter_map(move |l| async move {
-                    let l = l.ok()?;
-                    let status = l.status.clone().unwrap_or_default();
-                    seed_share(&l.spec, Some(&status))?;
-                    Some((Some(i), committed(&status).ok()?.amount(Resource::Cpu)))
-                })
-                .boxed(),
-        );
-    }
-    let master = Api::<ProjectQuota>::all(fleet.master().client());
-    streams.push(
-        watcher::watcher(master, only_ours())
-            .default_backoff()
-            .applied_objects()
-            .filter_map(|p| async move {
-                let global = p.ok()?.status?.global_usage?;
-                Some((None, global.amount(Resource::Cpu)))
-            })
-            .boxed(),
-    );
-    let mut seen = stream::select_all(streams);
-    tokio::spawn(async move {
-        let mut committed = [Quantity::ZERO, Quantity::ZERO];
-        let mut checked = 0;
-        tokio::pin!(stop);
-        loop {
-            let next = tokio::select! {
-                next = seen.next() => next,
-                _ = &mut stop => return checked,
-            };
-            match next {
-                Some((Some(i), cpu)) => {
-                    committed[i] = cpu;
-                    let sum = committed[0].checked_add(committed[1]).unwrap();
-                    assert!(
-                        sum <= limit,
-                        "the seeds committed {sum:?} cpu together, over {LIMIT}"
-                    );
-                }
-                Some((None, global)) => assert!(global <= limit, "global usage {global:?} over {LIMIT}"),
-                None => return checked,
-            }
-            checked += 1;
-        }
-    })
 }
 
 /// The largest `kkp_quota_observed_clock_skew_seconds` sample for demands of the component of
@@ -180,7 +92,13 @@ async fn demand_skew(setup: &FleetWithSystem, kind: &str, name: &str) -> Option<
 async fn share_moves_between_seeds_with_the_webhooks_clocks_behind() {
     let mut setup = setup().await;
     let (stop, stopped) = oneshot::channel();
-    let watching = overrun_watcher(&setup.fleet, stopped);
+    let watching = e2e::shares::overrun_watcher(
+        &setup.fleet,
+        NAME,
+        Resource::Cpu,
+        Quantity::from_units(LIMIT),
+        stopped,
+    );
 
     // Every admission here needs a demand to reach the master (no seed holds share yet, then
     // the other seed holds it all, idle): with lifetimes judged by the webhook's clock, each

@@ -9,17 +9,13 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use e2e::machines::is_quota_denial;
+use e2e::shares::{delete_all, exact_figures};
 use e2e::system::{FleetWithSystem, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
-use futures::future::join_all;
-use futures::{StreamExt, stream};
-use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::project_quota::SeedFigures;
-use kkp_quota_crds::shares::objects::{committed, demand, seed_share};
+use kkp_quota_crds::shares::objects::demand;
 use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource};
-use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::api::DeleteParams;
 use kube::{Api, Client};
 use tokio::sync::oneshot;
 
@@ -64,53 +60,9 @@ async fn setup() -> FleetWithSystem {
     running
 }
 
-fn machine(name: &str) -> Machine {
-    e2e::machines::vsphere(name, 1)
-}
-
-/// Creates one Machine per entry of `users` (cluster names) at once; returns how many were
-/// admitted, and fails on anything but an admission or a denial for quota or share.
+/// [`e2e::shares::burst`] for project `demo`.
 async fn burst(fleet: &Fleet, users: &[&str], prefix: &str) -> usize {
-    let creates = users.iter().enumerate().map(|(i, user)| {
-        let api = e2e::machines::api(fleet, user);
-        let name = format!("{prefix}-{i}");
-        async move {
-            (
-                name.clone(),
-                api.create(&PostParams::default(), &machine(&name)).await,
-            )
-        }
-    });
-    let mut admitted = 0;
-    for (name, result) in join_all(creates).await {
-        match result {
-            Ok(_) => admitted += 1,
-            Err(e) if is_quota_denial(&e, "demo") => {}
-            Err(e) => panic!("{name}: {e}"),
-        }
-    }
-    admitted
-}
-
-async fn delete_all(fleet: &Fleet, users: &[&str]) {
-    for user in users {
-        let api = e2e::machines::api(fleet, user);
-        api.delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await
-            .unwrap();
-    }
-}
-
-/// What a ledger says the seed committed (`localUsage + reservations + allotments`) and the
-/// share it holds, of `resource`, exactly (allotments are fractions); `None` while it is not
-/// under shares.
-fn exact_figures(ledger: &QuotaLedger, resource: Resource) -> Option<(Quantity, Quantity)> {
-    let status = ledger.status.clone().unwrap_or_default();
-    let share = seed_share(&ledger.spec, Some(&status))?;
-    Some((
-        committed(&status).ok()?.amount(resource),
-        share.share().amount(resource),
-    ))
+    e2e::shares::burst(fleet, "demo", users, prefix).await
 }
 
 /// [`exact_figures`] in whole cpus, rounded up (what the scenarios count in Machines).
@@ -242,86 +194,19 @@ async fn wait_idle(fleet: &Fleet) {
     }
 }
 
-/// One version of an object the overrun watcher follows.
-enum Seen {
-    Ledger(usize, Box<QuotaLedger>),
-    Master(Box<ProjectQuota>),
-}
-
 /// [`overrun_watcher_of`] for the quota's `LIMIT` cpu.
 fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
     overrun_watcher_of(fleet, Resource::Cpu, Quantity::from_units(LIMIT), stop)
 }
 
-/// Follows every version of both seeds' ledgers and of the master's `ProjectQuota` until `stop`
-/// fires; panics (through the join) on an overrun of `limit` of `resource`: the seeds'
-/// committed usage together above it (each seed's newest version), or the master's global
-/// usage above it. Returns how many versions it checked.
+/// [`e2e::shares::overrun_watcher`] for project `demo`'s ledgers.
 fn overrun_watcher_of(
     fleet: &Fleet,
     resource: Resource,
     limit: Quantity,
     stop: oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<usize> {
-    let only_ours = || watcher::Config::default().fields(&format!("metadata.name={NAME}"));
-    let mut streams = Vec::new();
-    for (i, seed) in ["seed-a", "seed-b"].into_iter().enumerate() {
-        let api = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        streams.push(
-            watcher::watcher(api, only_ours())
-                .default_backoff()
-                .applied_objects()
-                .filter_map(move |l| async move { l.ok().map(|l| Seen::Ledger(i, Box::new(l))) })
-                .boxed(),
-        );
-    }
-    let master = Api::<ProjectQuota>::all(fleet.master().client());
-    streams.push(
-        watcher::watcher(master, only_ours())
-            .default_backoff()
-            .applied_objects()
-            .filter_map(|p| async move { p.ok().map(|p| Seen::Master(Box::new(p))) })
-            .boxed(),
-    );
-    let mut seen = stream::select_all(streams);
-    tokio::spawn(async move {
-        let mut committed: [Option<Quantity>; 2] = [None, None];
-        let mut checked = 0;
-        tokio::pin!(stop);
-        loop {
-            let next = tokio::select! {
-                next = seen.next() => next,
-                _ = &mut stop => return checked,
-            };
-            match next {
-                Some(Seen::Ledger(i, ledger)) => {
-                    // Exact: whole cpus rounded up would add up to more than was committed.
-                    if let Some((c, _)) = exact_figures(&ledger, resource) {
-                        committed[i] = Some(c);
-                    }
-                    if let [Some(a), Some(b)] = committed {
-                        assert!(
-                            a.checked_add(b).is_ok_and(|sum| sum <= limit),
-                            "the seeds committed {} + {} {resource}, over the limit {}",
-                            resource.amount(a),
-                            resource.amount(b),
-                            resource.amount(limit)
-                        );
-                    }
-                }
-                Some(Seen::Master(pq)) => {
-                    if let Some(global) = pq.status.and_then(|s| s.global_usage) {
-                        assert!(
-                            global.amount(resource) <= limit,
-                            "the master's global usage {global} is over the limit"
-                        );
-                    }
-                }
-                None => return checked,
-            }
-            checked += 1;
-        }
-    })
+    e2e::shares::overrun_watcher(fleet, NAME, resource, limit, stop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -570,9 +455,7 @@ async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
 /// left, never the whole 8 GiB as free share. Once seed-a's Machines are gone, seed-b gets the
 /// rest. (A catalog edit that makes running Machines bigger, or a cluster moved between seeds,
 /// leaves the same state: usage above a share.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_limit_added_to_a_resource_in_use_counts_that_use() {
-    let setup = setup().await;
+async fn a_limit_added_to_a_resource_in_use_counts_that_use(setup: &FleetWithSystem) {
     let fleet = &setup.fleet;
     let gib = |n: i64| Quantity::from_gibibytes(n);
     assert_eq!(burst(fleet, &["alpha"; 6], "before").await, 6);
@@ -599,7 +482,7 @@ async fn a_limit_added_to_a_resource_in_use_counts_that_use() {
 
     let on_b = burst(fleet, &["gamma"; 10], "after").await;
     eprintln!("memory limited to 8 GiB beside 6 GiB in use: seed-b admitted {on_b}");
-    assert_eq!(on_b, 2, "{}", describe(&setup).await);
+    assert_eq!(on_b, 2, "{}", describe(setup).await);
 
     // Healed: seed-a's Machines go, and seed-b can have the rest of the quota.
     delete_all(fleet, &["alpha"]).await;
@@ -607,7 +490,7 @@ async fn a_limit_added_to_a_resource_in_use_counts_that_use() {
     wait_no_demands(fleet, &["seed-b"]).await;
     let more = burst(fleet, &["gamma"; 10], "healed").await;
     eprintln!("seed-a's Machines gone: seed-b admitted {more} more");
-    assert_eq!(more, 6, "{}", describe(&setup).await);
+    assert_eq!(more, 6, "{}", describe(setup).await);
 
     let _ = stop.send(());
     let checked = watching.await.unwrap();
@@ -620,9 +503,7 @@ async fn a_limit_added_to_a_resource_in_use_counts_that_use() {
 /// theirs, so the seeds take the master's word again: a lowered limit reaches the ledgers (it
 /// never did: the API server refused every apply carrying an older share version), no seed is
 /// granted share it already holds, and the quota is whole again afterwards.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_share_record_is_rebuilt_from_the_seeds() {
-    let setup = setup().await;
+async fn a_lost_share_record_is_rebuilt_from_the_seeds(setup: &FleetWithSystem) {
     let fleet = &setup.fleet;
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher(fleet, stopped);
@@ -666,7 +547,7 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds() {
     })
     .await;
     if let Err(e) = rebuilt {
-        panic!("{e}\n{}", describe(&setup).await);
+        panic!("{e}\n{}", describe(setup).await);
     }
 
     // A lowered limit reaches both ledgers.
@@ -682,7 +563,7 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds() {
         })
         .await;
         if let Err(e) = reached {
-            panic!("{e}\n{}", describe(&setup).await);
+            panic!("{e}\n{}", describe(setup).await);
         }
     }
 
@@ -693,8 +574,20 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds() {
     wait_others_folded(fleet, "seed-a", 0).await;
     let on_a = burst(fleet, &["alpha"; 12], "after").await;
     eprintln!("after the rebuild seed-a admitted {on_a} of 6");
-    assert_eq!(on_a, 6, "{}", describe(&setup).await);
+    assert_eq!(on_a, 6, "{}", describe(setup).await);
+    delete_all(fleet, &["alpha"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    wait_others_folded(fleet, "seed-b", 0).await;
 
     let _ = stop.send(());
     watching.await.unwrap();
+}
+
+/// Faults operators cause (issue #32), one after another on one fleet (each ends settled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_operators_cause_never_overrun_and_heal() {
+    let setup = setup().await;
+    a_lost_share_record_is_rebuilt_from_the_seeds(&setup).await;
+    a_limit_added_to_a_resource_in_use_counts_that_use(&setup).await;
 }

@@ -1,0 +1,141 @@
+//! Helpers for tests of one project quota over two seeds (`tests/shares.rs`,
+//! `tests/clock_skew.rs`): bursts of one-cpu Machines, a ledger's figures, and the overrun
+//! watcher that follows every version of both seeds' ledgers and of the master's `ProjectQuota`.
+
+use futures::future::join_all;
+use futures::{StreamExt, stream};
+use kkp_quota_crds::shares::objects::{committed, seed_share};
+use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::oneshot;
+
+use crate::Fleet;
+use crate::machines::is_quota_denial;
+
+/// The two seeds every test here uses.
+pub const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
+
+/// Creates one one-cpu Machine per entry of `users` (cluster names) at once; returns how many
+/// were admitted, and panics on anything but an admission or a denial for `project`'s quota or
+/// share.
+pub async fn burst(fleet: &Fleet, project: &str, users: &[&str], prefix: &str) -> usize {
+    let creates = users.iter().enumerate().map(|(i, user)| {
+        let api = crate::machines::api(fleet, user);
+        let name = format!("{prefix}-{i}");
+        async move {
+            let machine = crate::machines::vsphere(&name, 1);
+            (name, api.create(&PostParams::default(), &machine).await)
+        }
+    });
+    let mut admitted = 0;
+    for (name, result) in join_all(creates).await {
+        match result {
+            Ok(_) => admitted += 1,
+            Err(e) if is_quota_denial(&e, project) => {}
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+    admitted
+}
+
+/// Deletes every Machine of the user clusters `users`.
+pub async fn delete_all(fleet: &Fleet, users: &[&str]) {
+    for user in users {
+        crate::machines::api(fleet, user)
+            .delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await
+            .expect("deleting the Machines");
+    }
+}
+
+/// What a ledger says the seed committed (`localUsage + reservations + allotments`) and the
+/// share it holds, of `resource`, exactly (allotments are fractions); `None` while it is not
+/// under shares.
+pub fn exact_figures(ledger: &QuotaLedger, resource: Resource) -> Option<(Quantity, Quantity)> {
+    let status = ledger.status.clone().unwrap_or_default();
+    let share = seed_share(&ledger.spec, Some(&status))?;
+    Some((
+        committed(&status).ok()?.amount(resource),
+        share.share().amount(resource),
+    ))
+}
+
+/// One version of an object the overrun watcher follows.
+enum Seen {
+    Ledger(usize, Box<QuotaLedger>),
+    Master(Box<ProjectQuota>),
+}
+
+/// Follows every version of both seeds' ledgers named `name` and of the master's `ProjectQuota`
+/// until `stop` fires; panics (through the join) on an overrun of `limit` of `resource`: the
+/// seeds' committed usage together above it (each seed's newest version), or the master's global
+/// usage above it. Returns how many versions it checked.
+pub fn overrun_watcher(
+    fleet: &Fleet,
+    name: &str,
+    resource: Resource,
+    limit: Quantity,
+    stop: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<usize> {
+    let only_ours = || watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut streams = Vec::new();
+    for (i, seed) in SEEDS.into_iter().enumerate() {
+        let api = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        streams.push(
+            watcher::watcher(api, only_ours())
+                .default_backoff()
+                .applied_objects()
+                .filter_map(move |l| async move { l.ok().map(|l| Seen::Ledger(i, Box::new(l))) })
+                .boxed(),
+        );
+    }
+    let master = Api::<ProjectQuota>::all(fleet.master().client());
+    streams.push(
+        watcher::watcher(master, only_ours())
+            .default_backoff()
+            .applied_objects()
+            .filter_map(|p| async move { p.ok().map(|p| Seen::Master(Box::new(p))) })
+            .boxed(),
+    );
+    let mut seen = stream::select_all(streams);
+    tokio::spawn(async move {
+        let mut committed: [Option<Quantity>; 2] = [None, None];
+        let mut checked = 0;
+        tokio::pin!(stop);
+        loop {
+            let next = tokio::select! {
+                next = seen.next() => next,
+                _ = &mut stop => return checked,
+            };
+            match next {
+                Some(Seen::Ledger(i, ledger)) => {
+                    // Exact: whole units rounded up would add up to more than was committed.
+                    if let Some((c, _)) = exact_figures(&ledger, resource) {
+                        committed[i] = Some(c);
+                    }
+                    if let [Some(a), Some(b)] = committed {
+                        assert!(
+                            a.checked_add(b).is_ok_and(|sum| sum <= limit),
+                            "the seeds committed {} + {} {resource}, over the limit {}",
+                            resource.amount(a),
+                            resource.amount(b),
+                            resource.amount(limit)
+                        );
+                    }
+                }
+                Some(Seen::Master(pq)) => {
+                    if let Some(global) = pq.status.and_then(|s| s.global_usage) {
+                        assert!(
+                            global.amount(resource) <= limit,
+                            "the master's global usage {global} is over the limit"
+                        );
+                    }
+                }
+                None => return checked,
+            }
+            checked += 1;
+        }
+    })
+}
