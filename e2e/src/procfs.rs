@@ -239,10 +239,19 @@ mod tests {
         let (busy, total) = machine_ticks().expect("/proc/stat");
         assert!(busy <= total && total > 0, "{busy} of {total}");
         let own = cpu_ticks("self").expect("own stat");
-        // Spin until this process has used a tick more: the machine was busy meanwhile.
+        // Spin until this process has used a tick more: the machine was busy meanwhile. The
+        // machine's counters can lag the process's by a tick on a VM, so spin on (bounded) until
+        // they show it too.
         while cpu_ticks("self").expect("own stat") < own + 2 {}
-        let (busy_after, total_after) = machine_ticks().expect("/proc/stat");
-        assert!(busy_after > busy && total_after > total);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (mut busy_after, mut total_after) = machine_ticks().expect("/proc/stat");
+        while (busy_after <= busy || total_after <= total) && std::time::Instant::now() < deadline {
+            (busy_after, total_after) = machine_ticks().expect("/proc/stat");
+        }
+        assert!(
+            busy_after > busy && total_after > total,
+            "busy {busy} -> {busy_after}, total {total} -> {total_after}"
+        );
     }
 
     #[test]
