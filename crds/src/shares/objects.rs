@@ -91,11 +91,12 @@ impl LedgerReading {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0),
             // What the seed counts as released: its own, or the record's floor if that is more.
-            released: match (&status.released, shares) {
-                (Some(own), Some(s)) => Some(super::seed::larger(own, &s.released)),
-                (None, Some(s)) if !s.released.is_empty() => Some(s.released.clone()),
-                (own, _) => own.clone(),
-            },
+            released: super::largest(
+                status
+                    .released
+                    .iter()
+                    .chain(shares.map(|s| &s.released).filter(|r| !r.is_empty())),
+            ),
             committed: committed(status),
             demands: status.demands.clone(),
             holds: shares.map(|s| MasterWord {

@@ -179,17 +179,10 @@ impl SeedShare {
     }
 }
 
-/// Per resource the larger of `a` and `b` (absent in both stays absent).
+/// Per resource the larger of `a` and `b` (absent in both stays absent): [`super::largest`] of
+/// the two.
 pub(crate) fn larger(a: &ResourceDetails, b: &ResourceDetails) -> ResourceDetails {
-    let mut out = ResourceDetails::default();
-    for &resource in crate::Resource::ALL {
-        let amount = match (a.get(resource), b.get(resource)) {
-            (None, None) => None,
-            (x, y) => Some(x.unwrap_or_default().max(y.unwrap_or_default())),
-        };
-        out.set(resource, amount);
-    }
-    out
+    super::largest([a, b]).unwrap_or_default()
 }
 
 /// What the master reads from a seed's copy.
