@@ -1,13 +1,16 @@
 //! The demo project `make demo` sets up: a quota for project `demo` on the master, which
 //! master-controller fans out to every seed.
 
+use std::collections::BTreeSet;
+use std::time::Duration;
+
 use anyhow::{Context, Result};
 use kkp_quota_crds::quota::{SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{KkpQuota, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
+use kkp_quota_crds::{KkpQuota, QuotaLedger, ResourceDetails, ResourceQuota, ResourceQuotaSpec, Subject};
 use kube::Api;
-use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 
-use crate::Fleet;
+use crate::{Fleet, machines, wait_for};
 
 /// The demo project's quota, as written in the log line.
 pub const DEMO_QUOTA: &str = "cpu=16, memory=64Gi, storage=1Ti";
@@ -59,4 +62,52 @@ pub async fn write_demo_project(fleet: &Fleet) -> Result<()> {
         "cpu": "16", "memory": "64Gi", "storage": "1Ti"
     }))?;
     apply_quota(fleet, &project_quota("demo", &quota), "kkp-quota-demo").await
+}
+
+/// Waits until `project`'s quota is in force wherever the project has a user cluster, as a user
+/// sees it: every seed's `QuotaLedger` is counted (seed-controller wrote `status.localUsage`),
+/// and a dry-run create of a 1-cpu Machine through each user cluster is admitted. Between a
+/// quota's first write and that point the webhook refuses growth as `ledger_missing` (fail
+/// closed, issue #32), so a test that creates at once races seed-controller's first count.
+pub async fn wait_in_force(fleet: &Fleet, project: &str, timeout: Duration) -> Result<()> {
+    let name = format!("project-{project}");
+    let users: Vec<_> = fleet
+        .spec()
+        .user_clusters
+        .iter()
+        .filter(|u| u.project == project)
+        .collect();
+    let seeds: BTreeSet<&str> = users.iter().map(|u| u.seed.as_str()).collect();
+    for seed in seeds {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        wait_for(timeout, &format!("{seed}'s ledger {name} counted"), || async {
+            let status = ledgers.get(&name).await.ok()?.status?;
+            status.local_usage.map(|_| ())
+        })
+        .await?;
+    }
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for user in users {
+        let api = machines::api(fleet, &user.name);
+        wait_for(
+            timeout,
+            &format!("a dry-run create in {} admitted", user.name),
+            || async {
+                match api
+                    .create(&dry, &machines::vsphere("quota-in-force-probe", 1))
+                    .await
+                {
+                    // 409: admitted, then found to exist (admission runs before storage).
+                    Ok(_) => Some(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Some(()),
+                    Err(_) => None,
+                }
+            },
+        )
+        .await?;
+    }
+    Ok(())
 }

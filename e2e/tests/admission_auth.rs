@@ -127,10 +127,9 @@ async fn start() -> Running {
         .timeout(Duration::from_secs(10))
         .build()
         .expect("http");
-    let seed_a = fleet.seed("seed-a").client();
-    wait_for_object(&Api::<QuotaLedger>::all(seed_a), "project-demo", WAIT)
+    e2e::demo::wait_in_force(fleet, "demo", WAIT)
         .await
-        .expect("demo quota on seed-a");
+        .expect("demo quota in force in every user cluster");
     Running { running, http }
 }
 
@@ -203,7 +202,8 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
         "no forged call reached a decision"
     );
     assert_eq!(ledger_size(&seed_a).await, before, "nothing reserved");
-    assert_eq!(before, (0, 0));
+    // No reservation before either; the dry-run probes of `start` may have taken an allotment.
+    assert_eq!(before.0, 0);
 
     // Creates through alpha's own API server keep working, and are reserved.
     let machines = Api::<Machine>::namespaced(alpha.clone(), "kube-system");

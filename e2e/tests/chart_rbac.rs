@@ -87,6 +87,7 @@ async fn scenarios(running: &FleetWithSystem) {
         .await
         .unwrap();
     }
+    e2e::demo::wait_in_force(fleet, "demo", WAIT).await.unwrap();
 
     // Usage: one Machine, counted up to the master.
     e2e::machines::api(fleet, "alpha")

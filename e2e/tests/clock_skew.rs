@@ -49,6 +49,9 @@ async fn setup() -> FleetWithSystem {
         .await
         .unwrap();
     }
+    e2e::demo::wait_in_force(&running.fleet, "demo", WAIT)
+        .await
+        .unwrap();
     running
 }
 

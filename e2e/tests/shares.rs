@@ -57,6 +57,7 @@ async fn setup() -> FleetWithSystem {
         .await
         .unwrap();
     }
+    e2e::demo::wait_in_force(fleet, "demo", WAIT).await.unwrap();
     running
 }
 

@@ -162,8 +162,10 @@ impl MasterView {
     /// Takes into the record what the seeds' copies hold, for a record that is behind them: the
     /// `ProjectQuota` deleted and re-created (its status, the record, gone), its CRD
     /// re-installed, the master restored from a backup without status or from an older etcd
-    /// snapshot. Behind means there is no record, a copy holds a newer word than the record, or
-    /// one of the record's own version that says something else (rebuilt before without it). Per
+    /// snapshot. Behind means there is no record, a copy holds a newer word than the record, one
+    /// of the record's own version that says something else (rebuilt before without it), or one
+    /// granting more than the record ever granted that seed (a lost record's word at a version
+    /// this record reached too). Per
     /// seed, `granted` becomes the larger of the record's and the copy's, and the floor the
     /// larger of the record's and what the seed released; both only raise what the master
     /// counts as held, so nothing a seed holds is counted free.
@@ -180,11 +182,16 @@ impl MasterView {
             .filter_map(|r| held(r).map(|w| w.version))
             .max();
         let newest = newest.unwrap_or(0);
+        // A word this record cannot have sent: one of its own version that says something
+        // else, or one granting more than the record ever granted that seed (`granted` only
+        // grows within a record, and a rebuild adopts what seeds hold): a lost record's word
+        // that took the same version as this one (a rebuild without reading every seed).
         let contradicts = self.seeds.values().any(|r| {
             held(r).is_some_and(|w| {
-                record_version > 0
-                    && w.version == record_version
-                    && (w.granted != r.granted || w.target != r.target)
+                !r.granted.covers(&w.granted)
+                    || (record_version > 0
+                        && w.version == record_version
+                        && (w.granted != r.granted || w.target != r.target))
             })
         });
         // No record at all (version 0): a new quota, or a lost record whose last words may
@@ -638,6 +645,11 @@ mod tests {
         v.seeds.get_mut("a").unwrap().granted = cpu(1);
         assert_eq!(v.adopt(epoch_1), ((2 << 32) - 1, true));
         assert_eq!(v.seeds["a"].granted, cpu(6));
+        // Nor is one behind a copy's word at an older version granting more than the record
+        // ever granted that seed: a lost record's word, from an epoch this one reused.
+        v.seeds.get_mut("b").unwrap().granted = cpu(3);
+        assert_eq!(v.adopt(epoch_1 + 5), ((2 << 32) - 1, true));
+        assert_eq!(v.seeds["b"].granted, cpu(4));
     }
 
     #[test]

@@ -74,6 +74,9 @@ async fn main() -> Result<()> {
         );
     }
     demo::write_demo_project(&fleet).await?;
+    // Ready means a user's first create is decided against the quota, not refused while
+    // seed-controller has yet to count the new ledgers.
+    demo::wait_in_force(&fleet, "demo", std::time::Duration::from_mins(2)).await?;
     tracing::info!(
         "demo project `demo` has a quota of {} (kubectl --kubeconfig {dir}/master.kubeconfig get pquota); \
          try `kubectl --kubeconfig {dir}/alpha.kubeconfig apply -f deploy/examples/machine-small.yaml` (admitted) and \
