@@ -69,6 +69,13 @@ impl Component {
         self.restart()
     }
 
+    /// Starts it again with `flag` added (a setting an admin changes by a restart, such as
+    /// master-controller's `--gone-seeds`); its log is appended to.
+    pub fn restart_with(&mut self, flag: &str) -> Result<()> {
+        self.spec.args.push(flag.to_owned());
+        self.restart()
+    }
+
     /// Starts it again with the same flags (after [`Component::kill`]); its log is appended to.
     pub fn restart(&mut self) -> Result<()> {
         self.process = None;

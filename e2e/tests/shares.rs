@@ -9,9 +9,11 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use e2e::fleet::KUBERMATIC_NAMESPACE;
 use e2e::shares::{delete_all, exact_figures};
 use e2e::system::{FleetWithSystem, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
+use kkp_quota_crds::kkp::Seed;
 use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::shares::objects::demand;
 use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource};
@@ -585,10 +587,146 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds(setup: &FleetWithSystem) 
     watching.await.unwrap();
 }
 
+/// Creates one-cpu Machines in `user`, a burst at a time, until `total` are admitted there
+/// (each burst's denials leave a demand the master answers); panics if that takes longer than
+/// [`WAIT`], or if more than `total` are ever admitted.
+async fn fill(setup: &FleetWithSystem, user: &str, mut admitted: usize, total: usize, prefix: &str) {
+    for round in 0.. {
+        if admitted >= total {
+            break;
+        }
+        let got = burst(
+            &setup.fleet,
+            &vec![user; total - admitted + 2],
+            &format!("{prefix}-{round}"),
+        )
+        .await;
+        admitted += got;
+        assert!(
+            admitted <= total,
+            "{admitted} admitted, more than {total}\n{}",
+            describe(setup).await
+        );
+        assert!(
+            round < 20,
+            "only {admitted} of {total} admitted\n{}",
+            describe(setup).await
+        );
+    }
+}
+
+/// A seed gone for good (issue #32, finding 3). Removed from the fleet, seed-b keeps the share
+/// it held, counted (its Machines may still exist) and shown as stuck: seed-a gets only the
+/// rest. Declared gone (`--gone-seeds=seed-b`, the chart's `masterController.goneSeeds`), the
+/// record forgets it and seed-a gets the whole quota. seed-b's API server and Machines stay up
+/// in this fleet; the admin's declaration is what says they are gone. Last on its fleet.
+async fn a_seed_declared_gone_returns_its_share(setup: &mut FleetWithSystem) {
+    let fleet = &setup.fleet;
+    e2e::demo::apply_quota(
+        fleet,
+        &e2e::demo::cpu_quota("demo", &LIMIT.to_string()),
+        "shares-test",
+    )
+    .await
+    .unwrap();
+    for seed in ["seed-a", "seed-b"] {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        wait_for(WAIT, &format!("{seed}'s ledger at {LIMIT} cpu alone"), || async {
+            let quota = ledgers.get(NAME).await.ok()?.spec.quota;
+            (quota.amount(Resource::Cpu) == Quantity::from_units(LIMIT)
+                && quota.get(Resource::Memory).is_none())
+            .then_some(())
+        })
+        .await
+        .unwrap();
+    }
+    delete_all(fleet, &["alpha", "gamma"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    // The shares held under the 100 cpu of the scenario before come back within the limit.
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_for(WAIT, "the seeds' shares back within the limit", || async {
+        let status = quotas.get(NAME).await.ok()?.status?;
+        let held = status
+            .seeds
+            .iter()
+            .filter_map(|s| s.share.as_ref())
+            .try_fold(Quantity::ZERO, |sum, share| {
+                sum.checked_add(share.amount(Resource::Cpu)).ok()
+            })?;
+        (held <= Quantity::from_units(LIMIT)).then_some(())
+    })
+    .await
+    .unwrap();
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
+    assert_eq!(burst(fleet, &["gamma"; 3], "on-b").await, 3);
+    assert_eq!(burst(fleet, &["alpha"; 4], "on-a").await, 4);
+
+    // Removed from the fleet: its Seed deleted on the master.
+    Api::<Seed>::namespaced(fleet.master().client(), KUBERMATIC_NAMESPACE)
+        .delete("seed-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held_b = wait_for(WAIT, "seed-b stuck in the master's figures", || async {
+        let status = quotas.get(NAME).await.ok()?.status?;
+        let b = status.seeds.iter().find(|s| s.name == "seed-b" && s.stuck)?;
+        let share = b.share.as_ref()?.amount(Resource::Cpu);
+        Some(i64::try_from(share.ceil_units()).unwrap().max(3))
+    })
+    .await
+    .unwrap();
+    wait_others_folded(fleet, "seed-a", 0).await;
+    let room = usize::try_from(LIMIT - held_b).unwrap();
+    fill(setup, "alpha", 4, room, "stuck").await;
+    let more = burst(&setup.fleet, &["alpha"; 4], "stuck-more").await;
+    eprintln!("seed-b removed holding {held_b}: seed-a reached {room}, then admitted {more}");
+    assert_eq!(
+        more,
+        0,
+        "seed-b's share is still counted\n{}",
+        describe(setup).await
+    );
+    let _ = stop.send(());
+    watching.await.unwrap();
+
+    // Declared gone: master-controller restarted with the flag (as a Helm upgrade would).
+    let master = setup
+        .system
+        .of_kind("master-controller")
+        .next()
+        .unwrap()
+        .name
+        .clone();
+    let master = setup.system.component_mut(&master).unwrap();
+    master.restart_with("--gone-seeds=seed-b").unwrap();
+    let master = &*master;
+    wait_for(WAIT, "seed-b forgotten from the record", || async {
+        let record = quotas.get(NAME).await.ok()?.status?.shares?;
+        record.seeds.iter().all(|s| s.name != "seed-b").then_some(())
+    })
+    .await
+    .unwrap();
+    let forgotten = sample(
+        &master.scrape().await.unwrap(),
+        "kkp_quota_gone_seeds_forgotten_total",
+    );
+    assert!(forgotten >= Some(1.0), "{forgotten:?}");
+    fill(setup, "alpha", room, LIMIT_MACHINES, "gone").await;
+    let (committed, _) = seed_figures(&setup.fleet.seed("seed-a").client()).await.unwrap();
+    assert_eq!(
+        committed,
+        LIMIT,
+        "seed-a holds the whole quota\n{}",
+        describe(setup).await
+    );
+}
+
 /// Faults operators cause (issue #32), one after another on one fleet (each ends settled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_operators_cause_never_overrun_and_heal() {
-    let setup = setup().await;
+    let mut setup = setup().await;
     a_lost_share_record_is_rebuilt_from_the_seeds(&setup).await;
     a_limit_added_to_a_resource_in_use_counts_that_use(&setup).await;
+    a_seed_declared_gone_returns_its_share(&mut setup).await;
 }

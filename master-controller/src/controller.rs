@@ -2,6 +2,7 @@
 //! watch of quota copies per seed (see [`crate::seeds`]) whose events are merged into that
 //! controller, the default-quota loop, the orphan sweep and a periodic resync.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,6 +49,10 @@ pub struct Options {
     /// `{seed}` replaced by the seed's name. `None`: the `Seed`'s own `spec.kubeconfig` (KKP's
     /// admin credential). Lets admins give the master a least-privilege identity on each seed.
     pub seed_kubeconfig_secret: Option<String>,
+    /// Seeds the admin declared gone for good, with every Machine of their user clusters: once
+    /// such a seed is no longer among the `Seed`s, every record forgets it and its share returns
+    /// to the quota (docs/operations.md). A listed seed is never forgotten this way.
+    pub gone_seeds: BTreeSet<String>,
 }
 
 impl Options {
@@ -61,6 +66,7 @@ impl Options {
             seed_probe_every: Duration::from_secs(10),
             share_slack_percent: 10,
             seed_kubeconfig_secret: None,
+            gone_seeds: BTreeSet::new(),
         }
     }
 }
@@ -105,6 +111,8 @@ pub(crate) struct Ctx {
     /// What the share rounds remember between reconciles (the newest `ProjectQuota` written).
     pub memory: ShareMemory,
     pub share_slack_percent: u32,
+    /// [`Options::gone_seeds`].
+    pub gone_seeds: BTreeSet<String>,
     /// Quotas with a limit this system cannot read: counted, and reported by Event.
     pub unreadable: crate::unreadable::Unreadable,
 }
@@ -217,6 +225,7 @@ async fn run_as_leader(
         hand_deletes: HandDeletes::default(),
         memory: ShareMemory::default(),
         share_slack_percent: options.share_slack_percent,
+        gone_seeds: options.gone_seeds.clone(),
         unreadable: crate::unreadable::Unreadable::new(master.clone()),
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())

@@ -79,6 +79,11 @@ struct Args {
     /// `spec.kubeconfig`: a least-privilege credential for the master on each seed.
     #[arg(long, env = "MASTER_CONTROLLER_SEED_KUBECONFIG_SECRET", value_parser = seed_secret_template)]
     seed_kubeconfig_secret: Option<String>,
+    /// Seeds gone for good with every Machine of their user clusters (comma-separated names):
+    /// once one is no longer among the `Seed`s, the share it held returns to every quota. Name a
+    /// seed here only when its Machines are known to be gone; a listed seed is never forgotten.
+    #[arg(long, env = "MASTER_CONTROLLER_GONE_SEEDS", value_delimiter = ',')]
+    gone_seeds: Vec<String>,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     log_json: bool,
@@ -116,6 +121,12 @@ async fn main() -> anyhow::Result<()> {
     options.share_slack_percent = args.share_slack_percent;
     options.seed_probe_every = Duration::from_secs(args.seed_probe_seconds);
     options.seed_kubeconfig_secret = args.seed_kubeconfig_secret;
+    options.gone_seeds = args
+        .gone_seeds
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect();
     if !args.no_leader_election {
         options.lease = Some(LeaseConfig::new(
             args.leader_election_namespace,

@@ -53,6 +53,9 @@ pub struct Metrics {
     /// `kkp_quota_share_records_rebuilt_total`: share records found behind what the seeds hold
     /// (the `ProjectQuota` re-created or restored) and rebuilt from their ledgers.
     pub share_records_rebuilt: IntCounter,
+    /// `kkp_quota_gone_seeds_forgotten_total`: seeds forgotten from a quota's share record
+    /// because the admin declared them gone (`--gone-seeds`); their share returned to the quota.
+    pub gone_seeds_forgotten: IntCounter,
     /// `kkp_quota_master_unreadable_quotas`: KKP quotas with a limit this system cannot read
     /// exactly (`1e40`, `0.5n`); they are not fanned out until fixed.
     pub unreadable_quotas: IntGauge,
@@ -154,6 +157,11 @@ impl Metrics {
             "Share records found behind what the seeds hold (ProjectQuota re-created or restored) and rebuilt from their ledgers.",
         ));
         must(registry.register(Box::new(share_records_rebuilt.clone())));
+        let gone_seeds_forgotten = must(IntCounter::new(
+            "kkp_quota_gone_seeds_forgotten_total",
+            "Seeds forgotten from a quota's share record because the admin declared them gone (--gone-seeds).",
+        ));
+        must(registry.register(Box::new(gone_seeds_forgotten.clone())));
         let unreadable_quotas = must(IntGauge::new(
             "kkp_quota_master_unreadable_quotas",
             "KKP quotas with a limit this system cannot read exactly; not fanned out until fixed.",
@@ -190,6 +198,7 @@ impl Metrics {
             share_releases,
             share_record_conflicts,
             share_records_rebuilt,
+            gone_seeds_forgotten,
             unreadable_quotas,
             clock_skew,
         }

@@ -147,6 +147,28 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     }
 }
 
+/// The figures of seeds the record holds that are no longer in the fleet (retired, renamed,
+/// or gone): no usage known, and the share they still hold, stuck until they release it or are
+/// declared gone (`--gone-seeds`), so that an admin sees where that share went.
+fn retired_figures<'a>(round: &'a Round, usages: &'a [SeedUsage]) -> impl Iterator<Item = SeedFigures> + 'a {
+    round
+        .persisted
+        .iter()
+        .flat_map(|p| p.seeds.keys())
+        .filter(|name| !usages.iter().any(|u| &u.seed == *name))
+        .map(|name| {
+            let shares = round.figures(name);
+            SeedFigures {
+                name: name.clone(),
+                usage: None,
+                stale: true,
+                share: shares.share,
+                demand: None,
+                stuck: shares.stuck,
+            }
+        })
+}
+
 /// Every seed's `localUsage` of the quota, as its ledger last showed it.
 fn usages(views: &[SeedView]) -> Vec<SeedUsage> {
     views
@@ -214,6 +236,7 @@ async fn write_master_status(
                     stuck: shares.stuck,
                 }
             })
+            .chain(retired_figures(round, usages))
             .collect(),
         conditions,
     };

@@ -218,15 +218,19 @@ impl MasterView {
     /// still take a word the lost record had in flight, and hold share the rebuilt record does
     /// not count. An unreachable seed holds grants back until it is back (so a quota created
     /// while a seed is down grants nowhere until it returns: its epoch starts then too), and so
-    /// does a retiring one until it is forgotten: a seed gone for good while the record was
-    /// lost keeps every grant of that quota waiting (seeds still admit within their shares).
+    /// does a retiring one that still reports; one that left the fleet (retiring, unreachable,
+    /// never read by this master) does not: nobody writes to it any more.
     pub fn awaiting_epoch(&self, version: u64) -> bool {
         let start = epoch_start(version);
         start > 0
             && self.seeds.values().any(|r| {
-                r.report
-                    .as_ref()
-                    .is_none_or(|rep| rep.holds.as_ref().map_or(0, |w| w.version) < start)
+                // A seed that left the fleet is neither read nor written: it takes no word, so
+                // it holds nothing back (its share stays counted as the record has it).
+                let left = r.retiring && !r.reachable && r.report.is_none();
+                !left
+                    && r.report
+                        .as_ref()
+                        .is_none_or(|rep| rep.holds.as_ref().map_or(0, |w| w.version) < start)
             })
     }
 
@@ -282,13 +286,16 @@ impl MasterView {
 
     /// Puts `plan` into the record: grants added, targets replaced, forgotten seeds dropped,
     /// and every seed's released floor raised to what the master read. Returns whether grants,
-    /// targets or seeds changed (nothing to persist or send otherwise): the floors ride along
-    /// with such writes, and every grant of released share is one, so the release it spends is
-    /// persisted in the same write.
+    /// targets, seeds or floors changed (nothing to persist or send otherwise). A release is
+    /// persisted as a floor as soon as it is read, not only with the grant that spends it: a
+    /// seed that then leaves the fleet, or a master that restarts and has not read it yet,
+    /// counts what the seed holds now, not what it held at the last grant.
     pub fn apply(&mut self, plan: &Plan) -> Result<bool, QuantityError> {
         let mut changed = false;
         for record in self.seeds.values_mut() {
-            record.released_floor = record.released_seen();
+            let seen = record.released_seen();
+            changed |= !record.released_floor.covers(&seen);
+            record.released_floor = seen;
         }
         for (name, grant) in &plan.grants {
             if let Some(record) = self.seeds.get_mut(name) {

@@ -34,7 +34,7 @@ pub mod bookkeeping;
 pub mod view;
 
 pub use bookkeeping::{asked_to_release, grant_latencies, releases, stuck_transitions};
-pub use view::{Figures, Persisted, Round, new_seeds, newest, record_patch};
+pub use view::{Figures, Persisted, Round, gone_to_forget, new_seeds, newest, record_patch};
 
 use crate::Error;
 use crate::controller::Ctx;
@@ -129,7 +129,12 @@ pub(crate) async fn round(
             ctx.metrics.share_records_rebuilt.inc();
         }
         let before = view.clone();
-        let plan = view.plan_at(old_version + 1, &shares::slack(&limits, ctx.share_slack_percent))?;
+        let mut plan = view.plan_at(old_version + 1, &shares::slack(&limits, ctx.share_slack_percent))?;
+        for seed in view::gone_to_forget(&view, seeds, &ctx.gone_seeds) {
+            info!(quota = %name, %seed, "seed declared gone (--gone-seeds): forgetting its share, which returns to the quota");
+            ctx.metrics.gone_seeds_forgotten.inc();
+            plan.forget.push(seed);
+        }
         let planned_change = view.apply(&plan)?;
         let changed = adopted || planned_change || new_seeds(record.as_ref(), &before);
         if !changed {

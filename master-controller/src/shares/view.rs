@@ -47,6 +47,18 @@ pub fn view(
     })
 }
 
+/// The seeds of `view` to forget because the admin declared them gone (`--gone-seeds`): in the
+/// record, and no longer among the fleet's seeds. Their share returns to the quota at once,
+/// whatever they held or used: the admin said their Machines are gone with them. A seed still
+/// listed is kept (and counted) whatever the flag says.
+pub fn gone_to_forget(view: &MasterView, seeds: &[SeedView], gone: &BTreeSet<String>) -> Vec<String> {
+    view.seeds
+        .keys()
+        .filter(|name| gone.contains(*name) && !seeds.iter().any(|s| &s.name == *name))
+        .cloned()
+        .collect()
+}
+
 /// Whether the view has seeds the record does not (they must be recorded before their
 /// ledgers can carry a share).
 pub fn new_seeds(record: Option<&ShareRecord>, view: &MasterView) -> bool {
@@ -294,6 +306,10 @@ pub(super) mod tests {
         assert!(gone.retiring && !gone.reachable && gone.report.is_none());
         assert_eq!(gone.granted, cpu(2));
         assert!(new_seeds(Some(&rec), &v));
+        // Declared gone: forgotten once unlisted; a listed seed never is.
+        let declared: BTreeSet<String> = ["gone", "b", "elsewhere"].map(String::from).into();
+        assert_eq!(gone_to_forget(&v, &seeds, &declared), vec!["gone".to_owned()]);
+        assert!(gone_to_forget(&v, &seeds, &BTreeSet::new()).is_empty());
         // An expired demand is no demand.
         let later = view(&cpu(10), Some(&rec), &seeds, at(61)).unwrap();
         assert_eq!(later.seeds["a"].report.as_ref().unwrap().demand, None);
