@@ -587,6 +587,95 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds(setup: &FleetWithSystem) 
     watching.await.unwrap();
 }
 
+/// The quota back at `LIMIT` cpu alone (a scenario before may have lowered it or limited
+/// memory), in force on both seeds.
+async fn restore_limit(fleet: &Fleet) {
+    e2e::demo::apply_quota(
+        fleet,
+        &e2e::demo::cpu_quota("demo", &LIMIT.to_string()),
+        "shares-test",
+    )
+    .await
+    .unwrap();
+    for seed in ["seed-a", "seed-b"] {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        wait_for(WAIT, &format!("{seed}'s ledger at {LIMIT} cpu alone"), || async {
+            let quota = ledgers.get(NAME).await.ok()?.spec.quota;
+            (quota.amount(Resource::Cpu) == Quantity::from_units(LIMIT)
+                && quota.get(Resource::Memory).is_none())
+            .then_some(())
+        })
+        .await
+        .unwrap();
+    }
+}
+
+/// A seed's ledger deleted mid-burst (issue #32, finding 2), the worst way: by hand, and its
+/// finalizer stripped too (what a re-installed CRD or a forced delete does). Until the master has
+/// re-created it and seed-controller has counted what runs, the webhook on that seed refuses
+/// growth (`ledger_missing`) instead of admitting against nothing; never over the limit, and the
+/// whole quota is usable again afterwards.
+async fn a_deleted_ledger_fails_closed_and_heals(setup: &FleetWithSystem) {
+    let fleet = &setup.fleet;
+    restore_limit(fleet).await;
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
+    let ledgers = Api::<QuotaLedger>::all(fleet.seed("seed-a").client());
+    let old_uid = ledgers.get(NAME).await.unwrap().metadata.uid;
+    let spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
+    let deleting = async {
+        wait_for(WAIT, "the burst under way", || async {
+            let committed = seed_figures(&fleet.seed("seed-a").client())
+                .await
+                .map_or(0, |f| f.0);
+            (committed > 0).then_some(())
+        })
+        .await
+        .unwrap();
+        ledgers.delete(NAME, &DeleteParams::default()).await.unwrap();
+        let unprotect = serde_json::json!({"metadata": {"finalizers": null}});
+        ledgers
+            .patch(
+                NAME,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&unprotect),
+            )
+            .await
+            .unwrap();
+    };
+    let (admitted, ()) = tokio::join!(
+        e2e::shares::burst_counting(fleet, "demo", &spread, "del"),
+        deleting
+    );
+    eprintln!(
+        "ledger deleted mid-burst: {} admitted, {} refused for the missing ledger",
+        admitted.0, admitted.1
+    );
+    assert!(admitted.0 <= LIMIT_MACHINES, "{admitted:?}");
+    // Re-created by the master and counted by seed-controller.
+    let recreated = wait_for(WAIT, "seed-a's ledger re-created and counted", || async {
+        let ledger = ledgers.get(NAME).await.ok()?;
+        (ledger.metadata.uid != old_uid && ledger.status?.local_usage.is_some()).then_some(())
+    })
+    .await;
+    if let Err(e) = recreated {
+        panic!("{e}\n{}", describe(setup).await);
+    }
+
+    // Healed: with everything deleted, one seed gets exactly the whole quota.
+    delete_all(fleet, &["alpha", "gamma"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    wait_others_folded(fleet, "seed-a", 0).await;
+    fill(setup, "alpha", 0, LIMIT_MACHINES, "after-delete").await;
+    delete_all(fleet, &["alpha"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    wait_others_folded(fleet, "seed-b", 0).await;
+    let _ = stop.send(());
+    watching.await.unwrap();
+}
+
 /// Creates one-cpu Machines in `user`, a burst at a time, until `total` are admitted there
 /// (each burst's denials leave a demand the master answers); panics if that takes longer than
 /// [`WAIT`], or if more than `total` are ever admitted.
@@ -622,24 +711,7 @@ async fn fill(setup: &FleetWithSystem, user: &str, mut admitted: usize, total: u
 /// in this fleet; the admin's declaration is what says they are gone. Last on its fleet.
 async fn a_seed_declared_gone_returns_its_share(setup: &mut FleetWithSystem) {
     let fleet = &setup.fleet;
-    e2e::demo::apply_quota(
-        fleet,
-        &e2e::demo::cpu_quota("demo", &LIMIT.to_string()),
-        "shares-test",
-    )
-    .await
-    .unwrap();
-    for seed in ["seed-a", "seed-b"] {
-        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        wait_for(WAIT, &format!("{seed}'s ledger at {LIMIT} cpu alone"), || async {
-            let quota = ledgers.get(NAME).await.ok()?.spec.quota;
-            (quota.amount(Resource::Cpu) == Quantity::from_units(LIMIT)
-                && quota.get(Resource::Memory).is_none())
-            .then_some(())
-        })
-        .await
-        .unwrap();
-    }
+    restore_limit(fleet).await;
     delete_all(fleet, &["alpha", "gamma"]).await;
     wait_idle(fleet).await;
     wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
@@ -727,6 +799,7 @@ async fn a_seed_declared_gone_returns_its_share(setup: &mut FleetWithSystem) {
 async fn faults_operators_cause_never_overrun_and_heal() {
     let mut setup = setup().await;
     a_lost_share_record_is_rebuilt_from_the_seeds(&setup).await;
+    a_deleted_ledger_fails_closed_and_heals(&setup).await;
     a_limit_added_to_a_resource_in_use_counts_that_use(&setup).await;
     a_seed_declared_gone_returns_its_share(&mut setup).await;
 }
