@@ -587,6 +587,67 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds(setup: &FleetWithSystem) 
     watching.await.unwrap();
 }
 
+/// The admin size catalog edited so that running Machines count bigger (issue #32, finding 4):
+/// usage above seed-a's share, without any admission. It fills the quota all the same: a burst
+/// on seed-b gets exactly the room left beside it, and the rest once those Machines are gone.
+async fn a_catalog_edit_that_grows_running_machines_is_counted(setup: &FleetWithSystem) {
+    let fleet = &setup.fleet;
+    restore_limit(fleet).await;
+    delete_all(fleet, &["alpha", "gamma"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
+    let machines = e2e::machines::api(fleet, "alpha");
+    for name in ["t3-0", "t3-1"] {
+        machines
+            .create(
+                &kube::api::PostParams::default(),
+                &e2e::machines::aws(name, "t3.medium"),
+            )
+            .await
+            .unwrap();
+    }
+    wait_others_folded(fleet, "seed-b", 4).await;
+
+    // The admin says a t3.medium has 4 cpu here: the two count 8 from now on.
+    let catalog = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "kkp-quota-size-catalog", "namespace": KUBERMATIC_NAMESPACE},
+        "data": {"catalog.yaml": "providers:\n  aws:\n    t3.medium: {cpu: 4}\n"},
+    });
+    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+        fleet.seed("seed-a").client(),
+        KUBERMATIC_NAMESPACE,
+    );
+    config_maps
+        .create(
+            &kube::api::PostParams::default(),
+            &serde_json::from_value(catalog).unwrap(),
+        )
+        .await
+        .unwrap();
+    wait_others_folded(fleet, "seed-b", 8).await;
+    let on_b = burst(fleet, &["gamma"; 10], "grown").await;
+    eprintln!("catalog edit: seed-a's two Machines count 8 cpu, seed-b admitted {on_b}");
+    assert_eq!(on_b, 2, "{}", describe(setup).await);
+
+    // Healed: seed-a's Machines go, and seed-b gets the rest.
+    delete_all(fleet, &["alpha"]).await;
+    wait_others_folded(fleet, "seed-b", 0).await;
+    wait_no_demands(fleet, &["seed-b"]).await;
+    fill(setup, "gamma", 2, LIMIT_MACHINES, "after-catalog").await;
+    config_maps
+        .delete("kkp-quota-size-catalog", &DeleteParams::default())
+        .await
+        .unwrap();
+    delete_all(fleet, &["gamma"]).await;
+    wait_idle(fleet).await;
+    let _ = stop.send(());
+    watching.await.unwrap();
+}
+
 /// The quota back at `LIMIT` cpu alone (a scenario before may have lowered it or limited
 /// memory), in force on both seeds.
 async fn restore_limit(fleet: &Fleet) {
@@ -801,5 +862,6 @@ async fn faults_operators_cause_never_overrun_and_heal() {
     a_lost_share_record_is_rebuilt_from_the_seeds(&setup).await;
     a_deleted_ledger_fails_closed_and_heals(&setup).await;
     a_limit_added_to_a_resource_in_use_counts_that_use(&setup).await;
+    a_catalog_edit_that_grows_running_machines_is_counted(&setup).await;
     a_seed_declared_gone_returns_its_share(&mut setup).await;
 }

@@ -15,7 +15,8 @@ use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::lifetimes::ttl_seconds;
 use kkp_quota_crds::ledger::with_own_entry;
 use kkp_quota_crds::quota_ledger::ShareDemand;
-use kkp_quota_crds::shares::objects::{live_demands, seed_share};
+use kkp_quota_crds::shares::objects::{committed, live_demands, seed_share};
+use kkp_quota_crds::shares::{SeedShare, bounded_by};
 use kkp_quota_crds::{QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
 use serde_json::Value;
 
@@ -25,9 +26,12 @@ pub fn others_waiting(status: Option<&QuotaLedgerStatus>, holder: &str, now: Tim
 }
 
 /// Whether headroom this process holds is wanted elsewhere, so that its allotment must go back
-/// and nothing more be admitted from it: another process of the seed waits for share, or the
+/// and nothing more be admitted from it: another process of the seed waits for share, the
 /// master asks the seed to release share (its target is below what it holds), which the seed
-/// can only do for headroom no allotment holds.
+/// can only do for headroom no allotment holds, or the seed commits more than it may (usage
+/// that appeared without admission, such as a catalog edit that made running Machines bigger,
+/// now fills the room the allotment was cut from: holding it would keep that headroom from the
+/// quota until the allotment idles out).
 pub fn allotment_wanted_back(
     spec: &QuotaLedgerSpec,
     status: Option<&QuotaLedgerStatus>,
@@ -35,7 +39,20 @@ pub fn allotment_wanted_back(
     now: Timestamp,
 ) -> bool {
     others_waiting(status, holder, now)
-        || seed_share(spec, status).is_some_and(|share| share.asked_back(&spec.quota))
+        || seed_share(spec, status)
+            .is_some_and(|share| share.asked_back(&spec.quota) || overcommitted(spec, status, &share))
+}
+
+/// Whether the seed's committed usage (`localUsage`, reservations and allotments) is above its
+/// capacity beside the other seeds' usage, for a resource the quota limits.
+fn overcommitted(spec: &QuotaLedgerSpec, status: Option<&QuotaLedgerStatus>, share: &SeedShare) -> bool {
+    let Some(status) = status else { return false };
+    let Ok(committed) = committed(status) else {
+        return false;
+    };
+    let others = status.other_seeds_usage.clone().unwrap_or_default();
+    let capacity = share.capacity_beside(&spec.quota, &others);
+    !capacity.covers(&bounded_by(&spec.quota, &committed))
 }
 
 /// The new `status.demands` when this process's entry changes, else `None`.
@@ -185,6 +202,19 @@ mod tests {
         assert!(!allotment_wanted_back(&spec(4), Some(&released), "me", at(0)));
         // Without shares nothing is asked back.
         assert!(!allotment_wanted_back(&plain_spec(), Some(&s), "me", at(0)));
+        // Usage that grew without admission (a catalog edit) above the share: back it goes.
+        let grown = |local: i64| QuotaLedgerStatus {
+            local_usage: Some(cpu(local)),
+            allotments: vec![kkp_quota_crds::ledger::Allotment {
+                holder: "me".to_owned(),
+                granted: cpu(1),
+                expires_at: at(60),
+                ttl_seconds: None,
+            }],
+            ..QuotaLedgerStatus::default()
+        };
+        assert!(!allotment_wanted_back(&spec(6), Some(&grown(5)), "me", at(0)));
+        assert!(allotment_wanted_back(&spec(6), Some(&grown(8)), "me", at(0)));
     }
 
     #[test]
