@@ -74,13 +74,17 @@ pub fn exact_figures(ledger: &QuotaLedger, resource: Resource) -> Option<(Quanti
 /// One version of an object the overrun watcher follows.
 enum Seen {
     Ledger(usize, Box<QuotaLedger>),
+    /// Seed `i`'s ledger was deleted: what it last said the seed committed (allotments
+    /// included) went with it; the seed's real use shows again in its re-created ledger.
+    LedgerGone(usize),
     Master(Box<ProjectQuota>),
 }
 
 /// Follows every version of both seeds' ledgers named `name` and of the master's `ProjectQuota`
 /// until `stop` fires; panics (through the join) on an overrun of `limit` of `resource`: the
-/// seeds' committed usage together above it (each seed's newest version), or the master's global
-/// usage above it. Returns how many versions it checked.
+/// seeds' committed usage together above it (each seed's newest version; none for a seed whose
+/// ledger was deleted, until its new one is under shares), or the master's global usage above it.
+/// Returns how many versions it checked.
 pub fn overrun_watcher(
     fleet: &Fleet,
     name: &str,
@@ -95,8 +99,15 @@ pub fn overrun_watcher(
         streams.push(
             watcher::watcher(api, only_ours())
                 .default_backoff()
-                .applied_objects()
-                .filter_map(move |l| async move { l.ok().map(|l| Seen::Ledger(i, Box::new(l))) })
+                .filter_map(move |event| async move {
+                    match event.ok()? {
+                        watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
+                            Some(Seen::Ledger(i, Box::new(l)))
+                        }
+                        watcher::Event::Delete(_) => Some(Seen::LedgerGone(i)),
+                        watcher::Event::Init | watcher::Event::InitDone => None,
+                    }
+                })
                 .boxed(),
         );
     }
@@ -121,7 +132,12 @@ pub fn overrun_watcher(
             match next {
                 Some(Seen::Ledger(i, ledger)) => {
                     // Exact: whole units rounded up would add up to more than was committed.
-                    if let Some((c, _)) = exact_figures(&ledger, resource) {
+                    // A ledger seed-controller has not counted yet (just re-created) says
+                    // nothing of the seed's use.
+                    let counted = ledger.status.as_ref().is_some_and(|s| s.local_usage.is_some());
+                    if !counted {
+                        committed[i] = None;
+                    } else if let Some((c, _)) = exact_figures(&ledger, resource) {
                         committed[i] = Some(c);
                     }
                     if let [Some(a), Some(b)] = committed {
@@ -134,6 +150,7 @@ pub fn overrun_watcher(
                         );
                     }
                 }
+                Some(Seen::LedgerGone(i)) => committed[i] = None,
                 Some(Seen::Master(pq)) => {
                     if let Some(global) = pq.status.and_then(|s| s.global_usage) {
                         assert!(
