@@ -197,6 +197,15 @@ async fn wait_idle(fleet: &Fleet) {
     }
 }
 
+/// Every Machine of the project deleted, both seeds idle, no demand left, and seed-a's fold
+/// of seed-b's usage back at zero: the state each fault scenario starts and heals from.
+async fn settle(fleet: &Fleet) {
+    delete_all(fleet, &["alpha", "gamma"]).await;
+    wait_idle(fleet).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    wait_others_folded(fleet, "seed-a", 0).await;
+}
+
 /// [`overrun_watcher_of`] for the quota's `LIMIT` cpu.
 fn overrun_watcher(fleet: &Fleet, stop: oneshot::Receiver<()>) -> tokio::task::JoinHandle<usize> {
     overrun_watcher_of(fleet, Resource::Cpu, Quantity::from_units(LIMIT), stop)
@@ -571,10 +580,7 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds(setup: &FleetWithSystem) 
     }
 
     // Healed: with everything deleted, one seed gets exactly the whole (lowered) quota.
-    delete_all(fleet, &["alpha", "gamma"]).await;
-    wait_idle(fleet).await;
-    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
-    wait_others_folded(fleet, "seed-a", 0).await;
+    settle(fleet).await;
     let on_a = burst(fleet, &["alpha"; 12], "after").await;
     eprintln!("after the rebuild seed-a admitted {on_a} of 6");
     assert_eq!(on_a, 6, "{}", describe(setup).await);
@@ -593,9 +599,7 @@ async fn a_lost_share_record_is_rebuilt_from_the_seeds(setup: &FleetWithSystem) 
 async fn a_catalog_edit_that_grows_running_machines_is_counted(setup: &FleetWithSystem) {
     let fleet = &setup.fleet;
     restore_limit(fleet).await;
-    delete_all(fleet, &["alpha", "gamma"]).await;
-    wait_idle(fleet).await;
-    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    settle(fleet).await;
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher(fleet, stopped);
     let machines = e2e::machines::api(fleet, "alpha");
@@ -765,10 +769,7 @@ async fn a_deleted_ledger_fails_closed_and_heals(setup: &FleetWithSystem) {
     }
 
     // Healed: with everything deleted, one seed gets exactly the whole quota.
-    delete_all(fleet, &["alpha", "gamma"]).await;
-    wait_idle(fleet).await;
-    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
-    wait_others_folded(fleet, "seed-a", 0).await;
+    settle(fleet).await;
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher(fleet, stopped);
     fill(setup, "alpha", 0, LIMIT_MACHINES, "after-delete").await;
@@ -816,9 +817,7 @@ async fn fill(setup: &FleetWithSystem, user: &str, mut admitted: usize, total: u
 async fn a_seed_declared_gone_returns_its_share(setup: &mut FleetWithSystem) {
     let fleet = &setup.fleet;
     restore_limit(fleet).await;
-    delete_all(fleet, &["alpha", "gamma"]).await;
-    wait_idle(fleet).await;
-    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    settle(fleet).await;
     // The shares held under the 100 cpu of the scenario before come back within the limit.
     let quotas = Api::<ProjectQuota>::all(fleet.master().client());
     wait_for(WAIT, "the seeds' shares back within the limit", || async {
