@@ -1,6 +1,8 @@
 //! State-machine property test of the per-seed share protocol (`kkp_quota_crds::shares`), with
 //! no servers: a master and 2-3 seeds, each with a seed-controller and one webhook process, over
 //! random interleavings of admissions, counting, deletions, demand, master plans and writes,
+//! the webhook's allotment (the real `AllotmentHolder`, its writes landing, conflicting, timing
+//! out, landing with their answer lost or landing late), time passing,
 //! message delay, reordering, duplication and loss, releases, quota edits, crashes, partitions
 //! and seed removal. Every reachable state is checked (see `World::check`); after each run, a
 //! liveness phase heals everything and checks that a lone seed with demand gets all the free
@@ -17,10 +19,17 @@
 )]
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
+use jiff::Timestamp;
+use kkp_quota_crds::ledger::Reservation;
+use kkp_quota_crds::shares::allotment::{
+    AllotmentConfig, FastAdmission, LedgerSight, Pass, Planned, WriteStart, grant_for,
+};
 use kkp_quota_crds::shares::{
-    MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, bounded_by, fits_within, largest,
+    AllotmentHolder, MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, bounded_by, fits_within,
+    largest,
 };
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
 use proptest::prelude::*;
@@ -59,11 +68,18 @@ fn add(a: &Rd, b: &Rd) -> Rd {
 #[derive(Debug, Clone)]
 struct Copy {
     version: u64,
+    /// The ledger object's UID: a re-created ledger is another object.
+    incarnation: u64,
     limit: Rd,
     share: SeedShare,
     counted: Rd,
+    /// Reservations of admissions decided by a write.
     reserved: Rd,
-    allotment: Rd,
+    /// Reservations recorded from webhook allotments, by Machine.
+    recorded: BTreeMap<u64, Rd>,
+    /// `status.allotments`: per webhook process (by its generation), what it holds and when
+    /// seed-controller first saw that entry (it judges expiry from then).
+    allotments: BTreeMap<u32, (Rd, Instant)>,
     demand: Option<Rd>,
     /// What the other seeds use, as the master last folded it (`otherSeedsUsage`).
     others: Rd,
@@ -71,20 +87,50 @@ struct Copy {
 
 impl Copy {
     fn committed(&self) -> Rd {
-        add(&add(&self.counted, &self.reserved), &self.allotment)
+        let mut total = add(&self.counted, &self.reserved);
+        for size in self.recorded.values() {
+            total = add(&total, size);
+        }
+        for (held, _) in self.allotments.values() {
+            total = add(&total, held);
+        }
+        total
     }
+
+    fn uid(&self) -> String {
+        format!("ledger-{}", self.incarnation)
+    }
+}
+
+/// A webhook write of the allotment in flight: the copy version it is conditioned on, the
+/// process that sent it, when it began, what it records and the allotment it sets.
+#[derive(Debug, Clone)]
+struct Flight {
+    version: u64,
+    process: u32,
+    started: Instant,
+    start: WriteStart,
+    records: Vec<(u64, Rd)>,
 }
 
 #[derive(Debug, Clone)]
 struct Seed {
     name: String,
     copy: Copy,
-    /// The webhook process's admissions from its allotment, in memory, not yet recorded.
-    admitted_from_allotment: Rd,
-    /// Admitted from the allotment by a webhook process that died before recording them: the
-    /// Machines exist, uncounted, covered by the dead holder's allotment until it expires.
-    orphaned: Rd,
-    allotment_dead: bool,
+    /// The webhook process (the real state machine) and its generation (a crash starts the
+    /// next one, under a new holder name).
+    webhook: AllotmentHolder,
+    process: u32,
+    /// Its write in flight, and one write whose process stopped waiting for it (it timed out,
+    /// or the process crashed) that may still land.
+    flight: Option<Flight>,
+    stray: Option<Flight>,
+    /// Machines admitted from allotments and not counted yet (by any process, dead or alive):
+    /// they exist, covered by their reservation or by their holder's allotment.
+    machines: BTreeMap<u64, (u32, Rd)>,
+    /// Machines from allotments that seed-controller counted (a reservation of one recorded
+    /// again later is dropped as counted, as seed-controller does).
+    counted_machines: BTreeSet<u64>,
     /// A release the seed-controller computed from the copy at a version, not yet written.
     pending_release: Option<(u64, Rd)>,
     partitioned: bool,
@@ -97,10 +143,72 @@ impl Seed {
     /// What really exists or is admitted: never more than `committed`.
     fn real_usage(&self) -> Rd {
         let c = &self.copy;
-        add(
-            &add(&c.counted, &c.reserved),
-            &add(&self.admitted_from_allotment, &self.orphaned),
-        )
+        let mut total = add(&c.counted, &c.reserved);
+        for (_, size) in self.machines.values() {
+            total = add(&total, size);
+        }
+        total
+    }
+
+    /// Reservations recorded again for Machines already counted (a holder that could not tell:
+    /// its write's answer was lost, or the ledger was re-created): counted twice until
+    /// seed-controller drops them. Conservative, so left out of the invariants.
+    fn counted_twice(&self) -> Rd {
+        let mut total = Rd::default();
+        for (uid, size) in &self.copy.recorded {
+            if self.counted_machines.contains(uid) {
+                total = add(&total, size);
+            }
+        }
+        total
+    }
+
+    /// `committed` without what is counted twice.
+    fn committed_once(&self) -> Rd {
+        self.copy.committed().saturating_sub(&self.counted_twice())
+    }
+
+    /// Seed-controller counts the Machines admitted from allotments that neither a reservation
+    /// nor their holder's allotment covers any more (they exist; it counts every Machine past
+    /// its grace period).
+    fn count_uncovered_machines(&mut self) {
+        let uncovered: Vec<u64> = self
+            .machines
+            .iter()
+            .filter(|(uid, (process, _))| {
+                !self.copy.recorded.contains_key(uid) && !self.copy.allotments.contains_key(process)
+            })
+            .map(|(uid, _)| *uid)
+            .collect();
+        for uid in uncovered {
+            let (_, size) = self.machines.remove(&uid).unwrap();
+            self.copy.counted = add(&self.copy.counted, &size);
+            self.counted_machines.insert(uid);
+        }
+    }
+
+    /// Everything the ledger commits but this process's own allotment
+    /// (`QuotaState::for_holder` in machine-webhook).
+    fn committed_beside_own(&self) -> Rd {
+        let mut total = add(&self.copy.counted, &self.copy.reserved);
+        for size in self.copy.recorded.values() {
+            total = add(&total, size);
+        }
+        for (process, (held, _)) in &self.copy.allotments {
+            if *process != self.process {
+                total = add(&total, held);
+            }
+        }
+        total
+    }
+
+    /// machine-webhook's `allotment_wanted_back` (one process per seed here, so no other
+    /// process waits): the master asks share back, or the seed commits more than its capacity
+    /// beside the other seeds.
+    fn allotment_wanted_back(&self) -> bool {
+        let c = &self.copy;
+        let capacity = c.share.capacity_beside(&c.limit, &c.others);
+        c.share.asked_back(&c.limit) || !capacity.covers(&bounded_by(&c.limit, &c.committed()))
     }
 
     fn bump(&mut self) {
@@ -155,11 +263,36 @@ enum Step {
         seed: usize,
         amount: [u8; 2],
     },
-    TakeAllotment {
+    /// The webhook plans a write on the copy as it is (recording what it admitted, taking,
+    /// renewing or giving back its allotment); `requests`: the pass decides requests (else it
+    /// is upkeep, and an idle holder gives its allotment back).
+    BeginWrite {
+        seed: usize,
+        requests: bool,
+    },
+    /// The write in flight ends: 0 lands and is answered, 1 lands with its answer lost, 2 fails
+    /// (a conflict when the copy moved, else an error), 3 times out and may still land later.
+    EndWrite {
+        seed: usize,
+        how: u8,
+    },
+    /// A whole webhook pass: a write planned and landed at once.
+    WritePass {
         seed: usize,
     },
-    RecordAllotment {
+    /// A write times out, the process admits from its allotment meanwhile, then the write lands
+    /// after all.
+    LateLanding {
         seed: usize,
+        amount: [u8; 2],
+    },
+    /// A write whose process stopped waiting lands now, if the copy has not moved.
+    StrayLands {
+        seed: usize,
+    },
+    /// Time passes for every clock.
+    Tick {
+        secs: u64,
     },
     Count {
         seed: usize,
@@ -186,6 +319,8 @@ enum Step {
     /// new ledger starts from what really runs.
     RecreateLedger {
         seed: usize,
+        /// The webhook saw the ledger missing in between (and forgot its allotment).
+        seen_gap: bool,
     },
     ExpireAllotment {
         seed: usize,
@@ -254,15 +389,21 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         6 => (seed.clone(), amount.clone(), prop::bool::weighted(0.8))
             .prop_map(|(seed, amount, ask)| Step::Admit { seed, amount, ask }),
-        2 => (seed.clone(), amount.clone())
+        5 => (seed.clone(), amount.clone())
             .prop_map(|(seed, amount)| Step::AdmitFromAllotment { seed, amount }),
-        1 => seed.clone().prop_map(|seed| Step::TakeAllotment { seed }),
-        1 => seed.clone().prop_map(|seed| Step::RecordAllotment { seed }),
+        2 => (seed.clone(), prop::bool::weighted(0.8))
+            .prop_map(|(seed, requests)| Step::BeginWrite { seed, requests }),
+        2 => (seed.clone(), prop_oneof![5 => Just(0_u8), 1 => Just(1), 1 => Just(2), 1 => Just(3)])
+            .prop_map(|(seed, how)| Step::EndWrite { seed, how }),
+        1 => seed.clone().prop_map(|seed| Step::StrayLands { seed }),
+        4 => seed.clone().prop_map(|seed| Step::WritePass { seed }),
+        1 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::LateLanding { seed, amount }),
+        1 => prop_oneof![Just(1_u64), Just(15), Just(31), Just(61)].prop_map(|secs| Step::Tick { secs }),
         2 => seed.clone().prop_map(|seed| Step::Count { seed }),
         2 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Delete { seed, amount }),
         1 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Appear { seed, amount }),
         1 => seed.clone().prop_map(|seed| Step::CrashWebhook { seed }),
-        1 => seed.clone().prop_map(|seed| Step::RecreateLedger { seed }),
+        1 => (seed.clone(), any::<bool>()).prop_map(|(seed, seen_gap)| Step::RecreateLedger { seed, seen_gap }),
         1 => Just(Step::LoseRecord),
         1 => seed.clone().prop_map(|seed| Step::ExpireAllotment { seed }),
         1 => seed.clone().prop_map(|seed| Step::Withdraw { seed }),
@@ -346,6 +487,12 @@ struct Coverage {
     /// Master records lost, and rebuilt from the seeds' copies.
     lost_records: usize,
     adopted: usize,
+    /// Admissions from an allotment, webhook writes that conflicted, writes that landed after
+    /// their process stopped waiting, allotments that expired.
+    fast_admissions: usize,
+    allotment_conflicts: usize,
+    late_landings: usize,
+    expired_allotments: usize,
 }
 
 struct World {
@@ -371,6 +518,10 @@ struct World {
     record_lost: bool,
     /// [`Setup::appear`].
     appear_enabled: bool,
+    /// Every clock (skew is tested on the fleet, `e2e/tests/clock_skew.rs`).
+    now: Instant,
+    allotment: AllotmentConfig,
+    next_machine: u64,
 }
 
 impl World {
@@ -382,17 +533,22 @@ impl World {
                 name: format!("seed-{i}"),
                 copy: Copy {
                     version: 0,
+                    incarnation: 0,
                     limit: limit.clone(),
                     share: SeedShare::default(),
                     counted: zero.clone(),
                     reserved: zero.clone(),
-                    allotment: zero.clone(),
+                    recorded: BTreeMap::new(),
+                    allotments: BTreeMap::new(),
                     demand: None,
                     others: zero.clone(),
                 },
-                admitted_from_allotment: zero.clone(),
-                orphaned: zero.clone(),
-                allotment_dead: false,
+                webhook: AllotmentHolder::default(),
+                process: 0,
+                flight: None,
+                stray: None,
+                machines: BTreeMap::new(),
+                counted_machines: BTreeSet::new(),
                 pending_release: None,
                 partitioned: false,
                 unadmitted: zero.clone(),
@@ -427,6 +583,9 @@ impl World {
             appeared: false,
             record_lost: false,
             appear_enabled: s.appear,
+            now: Instant::now(),
+            allotment: AllotmentConfig::default(),
+            next_machine: 0,
         }
     }
 
@@ -550,6 +709,26 @@ impl World {
                 }
                 return Ok(());
             }
+            &Step::WritePass { seed } => {
+                if self.seeds[seed % self.seeds.len()].flight.is_none() {
+                    self.step(&Step::BeginWrite { seed, requests: true }, cov)?;
+                    return self.step(&Step::EndWrite { seed, how: 0 }, cov);
+                }
+                return Ok(());
+            }
+            &Step::LateLanding { seed, amount } => {
+                if self.seeds[seed % self.seeds.len()].flight.is_none() {
+                    for s in [
+                        Step::BeginWrite { seed, requests: true },
+                        Step::EndWrite { seed, how: 3 },
+                        Step::AdmitFromAllotment { seed, amount },
+                        Step::StrayLands { seed },
+                    ] {
+                        self.step(&s, cov)?;
+                    }
+                }
+                return Ok(());
+            }
             &Step::ReleaseNow { seed, quiet } => {
                 self.step(&Step::DecideRelease { seed, quiet }, cov)?;
                 return self.step(&Step::WriteRelease { seed }, cov);
@@ -569,57 +748,167 @@ impl World {
                     .fits(&s.copy.limit, &s.copy.others, &committed, &request)
                     .is_ok()
                 {
+                    let before = s.committed_once();
                     s.copy.reserved = add(&s.copy.reserved, &request);
                     s.copy.demand = None;
                     s.bump();
-                    check_within_capacity(s, &committed)?;
+                    check_within_capacity(s, &before)?;
                     if !s.copy.share.granted.is_empty() && !request.is_empty() {
                         cov.admitted_after_grant += 1;
                     }
-                    self.check_beside_others(seed % len, &committed)?;
+                    self.check_beside_others(seed % len, &before)?;
                 } else if ask {
                     s.copy.demand = Some(SeedShare::demand_for(&s.copy.limit, &committed, &request));
                     s.bump();
                 }
             }
             Step::AdmitFromAllotment { seed, amount } => {
-                let s = &mut self.seeds[seed % len];
                 let request = rd(n, amount);
-                let cap = bounded_by(&s.copy.limit, &s.copy.allotment);
-                if !s.allotment_dead && fits_within(&cap, &s.admitted_from_allotment, &request).is_ok() {
-                    s.admitted_from_allotment = add(&s.admitted_from_allotment, &request);
+                if request.is_empty() {
+                    return Ok(());
+                }
+                self.next_machine += 1;
+                let uid = self.next_machine;
+                let now = self.now;
+                let s = &mut self.seeds[seed % len];
+                let own = s.copy.allotments.get(&s.process).map(|(held, _)| held.clone());
+                let uid_text = s.copy.uid();
+                let sight = LedgerSight {
+                    quota_uid: Some(&uid_text),
+                    counted: true,
+                    wanted_back: s.allotment_wanted_back(),
+                    own_granted: own.as_ref(),
+                };
+                // The quota as everything but our own allotment leaves it, with what we admitted
+                // from it (`QuotaState::for_holder` and `decide` in machine-webhook).
+                let beside = s.committed_beside_own();
+                let (limit, others, share) = (&s.copy.limit, &s.copy.others, &s.copy.share);
+                let answer = s.webhook.admit(now, Some(&sight), limit, &request, |admitted| {
+                    share
+                        .fits(limit, others, &add(&beside, admitted), &request)
+                        .ok()
+                        .map(|()| Some(reservation(uid, &request)))
+                });
+                if let FastAdmission::Admitted { .. } = answer {
+                    s.machines.insert(uid, (s.process, request));
+                    cov.fast_admissions += 1;
                 }
             }
-            Step::TakeAllotment { seed } => {
+            Step::BeginWrite { seed, requests } => {
+                let now = self.now;
+                let config = self.allotment.clone();
                 let s = &mut self.seeds[seed % len];
-                if !s.allotment_dead && s.admitted_from_allotment.is_empty() {
-                    let before = s.copy.committed();
-                    let base = add(&s.copy.counted, &s.copy.reserved);
-                    let capacity = s.copy.share.capacity_beside(&s.copy.limit, &s.copy.others);
-                    let free = capacity.saturating_sub(&base);
-                    let mut half = Rd::default();
-                    for (r, q) in free.iter() {
-                        half.set(r, Some(Quantity::from_nanos(q.as_nanos() / 2)));
+                if s.flight.is_some() {
+                    return Ok(());
+                }
+                let recorded = &s.copy.recorded;
+                let (unrecorded, unrecorded_total) = s
+                    .webhook
+                    .unrecorded(|r| recorded.contains_key(&uid_of(r)))
+                    .unwrap();
+                let beside = add(&s.committed_beside_own(), &unrecorded_total);
+                let capacity = s.copy.share.capacity_beside(&s.copy.limit, &s.copy.others);
+                let wanted_elsewhere = s.allotment_wanted_back();
+                let pass = Pass {
+                    requests,
+                    wanted_elsewhere,
+                    wants_share: false,
+                    stopping: false,
+                };
+                let grant = s
+                    .webhook
+                    .next_grant(now, &config, pass, || Some(grant_for(&capacity, &beside)));
+                let own = s.copy.allotments.get(&s.process).map(|(held, _)| held.clone());
+                let writes_allotment = match (&own, &grant) {
+                    (None, None) => false,
+                    (Some(own), Some(grant)) => {
+                        own != grant || s.webhook.renewal_due(now, config.ttl) || !unrecorded.is_empty()
                     }
-                    s.copy.allotment = bounded_by(&s.copy.limit, &half);
-                    s.bump();
-                    check_within_capacity(s, &before)?;
-                    self.check_beside_others(seed % len, &before)?;
+                    _ => true,
+                };
+                let writes = writes_allotment || !unrecorded.is_empty();
+                if !writes {
+                    s.webhook.nothing_written(grant.is_some(), true);
+                    return Ok(());
+                }
+                let uid_text = s.copy.uid();
+                let own_granted = own.unwrap_or_default();
+                let start = s.webhook.begin_write(
+                    now,
+                    Planned {
+                        copy_uid: Some(&uid_text),
+                        own_granted: &own_granted,
+                        grant,
+                        writes_allotment,
+                        writes,
+                        requests,
+                    },
+                );
+                s.flight = Some(Flight {
+                    version: s.copy.version,
+                    process: s.process,
+                    started: now,
+                    start,
+                    records: unrecorded
+                        .iter()
+                        .map(|r| (uid_of(r), r.reserved.clone()))
+                        .collect(),
+                });
+            }
+            Step::EndWrite { seed, how } => {
+                let i = seed % len;
+                let Some(flight) = self.seeds[i].flight.take() else {
+                    return Ok(());
+                };
+                let now = self.now;
+                let ttl = self.allotment.ttl;
+                if how == 3 {
+                    // Timed out: the process gives up on it; it may still land.
+                    let s = &mut self.seeds[i];
+                    s.webhook.write_failed(&flight.start, false);
+                    s.webhook.gave_up(now, true);
+                    s.stray = Some(flight);
+                    return Ok(());
+                }
+                let landed = how <= 1 && self.land(i, &flight)?;
+                let s = &mut self.seeds[i];
+                let uid_text = s.copy.uid();
+                match (how, landed) {
+                    (0, true) => {
+                        s.webhook
+                            .landed(flight.started, Some(&uid_text), &flight.start, ttl);
+                    }
+                    (_, false) if flight.version != s.copy.version => {
+                        cov.allotment_conflicts += 1;
+                        s.webhook.write_failed(&flight.start, true);
+                    }
+                    _ => {
+                        s.webhook.write_failed(&flight.start, false);
+                        s.webhook.gave_up(now, true);
+                    }
                 }
             }
-            Step::RecordAllotment { seed } => {
-                let s = &mut self.seeds[seed % len];
-                if !s.admitted_from_allotment.is_empty() {
-                    s.copy.reserved = add(&s.copy.reserved, &s.admitted_from_allotment);
-                    s.copy.allotment = s.copy.allotment.saturating_sub(&s.admitted_from_allotment);
-                    s.admitted_from_allotment = rd(n, [0, 0]);
-                    s.bump();
+            Step::StrayLands { seed } => {
+                let i = seed % len;
+                if let Some(flight) = self.seeds[i].stray.take()
+                    && self.land(i, &flight)?
+                {
+                    cov.late_landings += 1;
                 }
             }
+            Step::Tick { secs } => self.now += Duration::from_secs(secs),
             Step::Count { seed } => {
                 let s = &mut self.seeds[seed % len];
                 s.copy.counted = add(&s.copy.counted, &s.copy.reserved);
                 s.copy.reserved = rd(n, [0, 0]);
+                // Machines with a reservation are counted, and the reservation dropped; one
+                // already counted is only dropped.
+                for (uid, size) in std::mem::take(&mut s.copy.recorded) {
+                    if s.counted_machines.insert(uid) {
+                        s.machines.remove(&uid);
+                        s.copy.counted = add(&s.copy.counted, &size);
+                    }
+                }
                 s.bump();
             }
             Step::Delete { seed, amount } => {
@@ -642,10 +931,14 @@ impl World {
                 self.appeared = true;
             }
             Step::CrashWebhook { seed } => {
+                // What it admitted exists, covered by its allotment until that expires; its write
+                // in flight may still land.
                 let s = &mut self.seeds[seed % len];
-                s.orphaned = add(&s.orphaned, &s.admitted_from_allotment);
-                s.admitted_from_allotment = rd(n, [0, 0]);
-                s.allotment_dead |= !s.copy.allotment.is_empty();
+                s.webhook = AllotmentHolder::default();
+                s.process += 1;
+                if let Some(flight) = s.flight.take() {
+                    s.stray = Some(flight);
+                }
             }
             Step::LoseRecord => {
                 for record in self.persisted.record.seeds.values_mut() {
@@ -659,7 +952,7 @@ impl World {
                 self.record_lost = true;
                 cov.lost_records += 1;
             }
-            Step::RecreateLedger { seed } => {
+            Step::RecreateLedger { seed, seen_gap } => {
                 let i = seed % len;
                 // The master creates it in a round's send, from the newest record it knows
                 // (its own last write included, and none of its writes still in flight): a
@@ -682,8 +975,17 @@ impl World {
                 };
                 let limit = master.cache.record.limit.clone();
                 let zero = rd(n, [0, 0]);
+                let now = self.now;
                 let s = &mut self.seeds[i];
+                // Counted anew: every Machine that exists, including those admitted from
+                // allotments (the webhook may record some again: counted twice, for a moment).
                 s.copy.counted = s.real_usage();
+                s.counted_machines
+                    .extend(std::mem::take(&mut s.machines).into_keys());
+                s.copy.incarnation += 1;
+                if seen_gap {
+                    s.webhook.forget(now);
+                }
                 s.copy.share = SeedShare::default();
                 s.copy.share.receive(&word);
                 // A record lost too (rebuilt from nothing but this seed's usage): what runs is
@@ -693,12 +995,10 @@ impl World {
                 self.appeared |= !over.is_empty() && over.iter().any(|(_, q)| q > Quantity::ZERO);
                 s.copy.limit = limit;
                 s.copy.reserved = zero.clone();
-                s.copy.allotment = zero.clone();
+                s.copy.recorded.clear();
+                s.copy.allotments.clear();
                 s.copy.demand = None;
-                s.copy.others = zero.clone();
-                s.admitted_from_allotment = zero.clone();
-                s.orphaned = zero;
-                s.allotment_dead = false;
+                s.copy.others = zero;
                 s.pending_release = None;
                 s.bump();
                 // The master reads a seed's ledgers through one ordered watch: every report of
@@ -715,13 +1015,16 @@ impl World {
                 cov.recreated += 1;
             }
             Step::ExpireAllotment { seed } => {
+                // seed-controller removes allotments a TTL after it first saw them (a dead
+                // process never renews), and counts the Machines no allotment covers any more.
+                let (now, ttl) = (self.now, self.allotment.ttl);
                 let s = &mut self.seeds[seed % len];
-                if s.allotment_dead {
-                    s.copy.counted = add(&s.copy.counted, &s.orphaned);
-                    s.orphaned = rd(n, [0, 0]);
-                    s.copy.allotment = rd(n, [0, 0]);
-                    s.allotment_dead = false;
+                let before = s.copy.allotments.len();
+                s.copy.allotments.retain(|_, (_, seen)| now < *seen + ttl);
+                if s.copy.allotments.len() < before {
+                    s.count_uncovered_machines();
                     s.bump();
+                    cov.expired_allotments += 1;
                 }
             }
             Step::Withdraw { seed } => {
@@ -901,7 +1204,11 @@ impl World {
                     self.deliver(Msg::Report { seed: i, report });
                 }
             }
-            Step::MasterRound | Step::DeliverMany { .. } | Step::ReleaseNow { .. } => {}
+            Step::MasterRound
+            | Step::DeliverMany { .. }
+            | Step::ReleaseNow { .. }
+            | Step::WritePass { .. }
+            | Step::LateLanding { .. } => {}
             Step::Retire { seed } => {
                 // Never all seeds: the liveness phase needs one.
                 let name = self.seeds[seed % len].name.clone();
@@ -923,6 +1230,34 @@ impl World {
         Ok(())
     }
 
+    /// A webhook write lands on seed `i` if the copy has not moved since it was planned
+    /// (compare-and-swap); checked like every admission.
+    fn land(&mut self, i: usize, flight: &Flight) -> Result<bool, String> {
+        let now = self.now;
+        let s = &mut self.seeds[i];
+        if flight.version != s.copy.version {
+            return Ok(false);
+        }
+        let before = s.committed_once();
+        for (uid, size) in &flight.records {
+            s.copy.recorded.insert(*uid, size.clone());
+        }
+        if flight.start.writes_allotment {
+            match &flight.start.grant {
+                Some(grant) => {
+                    s.copy.allotments.insert(flight.process, (grant.clone(), now));
+                }
+                None => {
+                    s.copy.allotments.remove(&flight.process);
+                }
+            }
+        }
+        s.bump();
+        check_within_capacity(s, &before)?;
+        self.check_beside_others(i, &before)?;
+        Ok(true)
+    }
+
     /// The invariants, checked in every reachable state. `exposure_before` is the record
     /// exposure before the step.
     fn check(&self, exposure_before: &Rd) -> Result<(), String> {
@@ -932,7 +1267,7 @@ impl World {
             let mut sum_exposure = Quantity::ZERO;
             for s in &self.seeds {
                 let share = s.copy.share.share().amount(r);
-                let committed = s.copy.committed().amount(r);
+                let committed = s.committed_once().amount(r);
                 if s.real_usage().amount(r) > committed {
                     return Err(format!("{}: {r} used beyond committed", s.name));
                 }
@@ -978,17 +1313,17 @@ impl World {
         }
         let seed = &self.seeds[i];
         for (r, limit) in self.limit().iter() {
-            if seed.copy.committed().amount(r) <= before.amount(r) {
+            if seed.committed_once().amount(r) <= before.amount(r) {
                 continue;
             }
             let total = self
                 .seeds
                 .iter()
                 .try_fold(Quantity::ZERO, |sum, s| {
-                    sum.checked_add(s.copy.committed().amount(r))
+                    sum.checked_add(s.committed_once().amount(r))
                 })
                 .unwrap();
-            let others_now = total.saturating_sub_to_zero(seed.copy.committed().amount(r));
+            let others_now = total.saturating_sub_to_zero(seed.committed_once().amount(r));
             if total > limit && seed.copy.others.amount(r) >= others_now {
                 return Err(format!(
                     "{}: admitted {r} to a total of {total:?} > limit {limit:?} while it knew the \
@@ -1018,9 +1353,25 @@ impl World {
             });
         }
         self.settle_limbo(cov);
+        // Every webhook write ends, the webhooks idle and give their allotments back (recording
+        // what they admitted), and dead processes' allotments expire.
         for i in 0..self.seeds.len() {
-            self.step(&Step::RecordAllotment { seed: i }, cov)?;
+            self.step(&Step::EndWrite { seed: i, how: 0 }, cov)?;
+            self.step(&Step::StrayLands { seed: i }, cov)?;
+        }
+        let idle = self.allotment.ttl + Duration::from_secs(1);
+        self.now += idle;
+        for i in 0..self.seeds.len() {
+            self.step(
+                &Step::BeginWrite {
+                    seed: i,
+                    requests: false,
+                },
+                cov,
+            )?;
+            self.step(&Step::EndWrite { seed: i, how: 0 }, cov)?;
             self.step(&Step::ExpireAllotment { seed: i }, cov)?;
+            self.step(&Step::Count { seed: i }, cov)?;
             self.step(&Step::Withdraw { seed: i }, cov)?;
             self.seeds[i].pending_release = None;
         }
@@ -1166,6 +1517,21 @@ impl World {
     }
 }
 
+/// A Machine's UID in the model.
+fn uid_of(reservation: &Reservation) -> u64 {
+    reservation.uid.parse().unwrap()
+}
+
+fn reservation(uid: u64, size: &Rd) -> Reservation {
+    Reservation {
+        cluster: "user-cluster".into(),
+        uid: uid.to_string(),
+        size: size.clone(),
+        reserved: size.clone(),
+        created_at: Timestamp::UNIX_EPOCH,
+    }
+}
+
 /// An admission that grew `committed` must leave it within the seed's capacity as it sees it.
 fn check_within_capacity(s: &Seed, before: &Rd) -> Result<(), String> {
     // Computed here, not by `SeedShare::capacity`: min(share, target, limit) as the seed sees it.
@@ -1175,7 +1541,7 @@ fn check_within_capacity(s: &Seed, before: &Rd) -> Result<(), String> {
         let held = share.amount(r).min(limit);
         capacity.set(r, Some(target.get(r).map_or(held, |t| held.min(t))));
     }
-    let after = s.copy.committed();
+    let after = s.committed_once();
     for (r, cap) in capacity.iter() {
         if after.amount(r) > before.amount(r) && after.amount(r) > cap {
             return Err(format!(
@@ -1235,9 +1601,58 @@ fn shares_hold_the_limit_and_follow_demand() {
             && cov.liveness_moved_share > 0
             && cov.appeared_runs > 0
             && cov.recreated > 0
-            && cov.adopted > 0,
+            && cov.adopted > 0
+            && cov.fast_admissions > 0
+            && cov.allotment_conflicts > 0
+            && cov.late_landings > 0
+            && cov.expired_allotments > 0,
         "{cov:?}"
     );
+}
+
+/// A directed run: two seeds, one resource limited to `limit`, no slack; every step checked,
+/// every message delivered after it.
+struct Directed {
+    world: World,
+    cov: Coverage,
+}
+
+impl Directed {
+    fn new(limit: u8) -> Directed {
+        let setup = Setup {
+            seeds: 2,
+            resources: 1,
+            limit: [limit, limit],
+            slack: [0, 0],
+            steps: Vec::new(),
+            lone: 0,
+            appear: false,
+        };
+        Directed {
+            world: World::new(&setup),
+            cov: Coverage::default(),
+        }
+    }
+
+    fn run(&mut self, steps: &[Step]) {
+        let world = &mut self.world;
+        for step in steps {
+            let before = world.record_exposure();
+            world.restored_now = false;
+            world
+                .step(step, &mut self.cov)
+                .and_then(|()| world.check(&before))
+                .unwrap_or_else(|e| panic!("{step:?}: {e}"));
+            world.deliver_all();
+        }
+    }
+}
+
+impl std::ops::Deref for Directed {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.world
+    }
 }
 
 /// A directed run of the case the released floor exists for: seed-0 releases its share, the
@@ -1246,28 +1661,8 @@ fn shares_hold_the_limit_and_follow_demand() {
 /// zero; without it, seed-0 would hold its old share again beside seed-1's.
 #[test]
 fn a_recreated_ledger_does_not_regain_released_share() {
-    let setup = Setup {
-        seeds: 2,
-        resources: 1,
-        limit: [4, 4],
-        slack: [0, 0],
-        steps: Vec::new(),
-        lone: 0,
-        appear: false,
-    };
-    let mut cov = Coverage::default();
-    let mut world = World::new(&setup);
-    let mut run = |world: &mut World, steps: &[Step]| {
-        for step in steps {
-            let before = world.record_exposure();
-            world.restored_now = false;
-            world
-                .step(step, &mut cov)
-                .and_then(|()| world.check(&before))
-                .unwrap_or_else(|e| panic!("{step:?}: {e}"));
-            world.deliver_all();
-        }
-    };
+    let mut world = Directed::new(4);
+    let run = |world: &mut Directed, steps: &[Step]| world.run(steps);
     let admit = |seed| Step::Admit {
         seed,
         amount: [4, 0],
@@ -1301,7 +1696,13 @@ fn a_recreated_ledger_does_not_regain_released_share() {
         rd(1, [4, 0]),
         "seed-1 got it all"
     );
-    run(&mut world, &[Step::RecreateLedger { seed: 0 }]);
+    run(
+        &mut world,
+        &[Step::RecreateLedger {
+            seed: 0,
+            seen_gap: false,
+        }],
+    );
     assert_eq!(world.seeds[0].copy.share.share(), rd(1, [0, 0]));
     run(&mut world, &[admit(0), Step::MasterRound, admit(0)]);
     assert_eq!(
@@ -1325,7 +1726,7 @@ fn a_second_rebuild_after_a_restart_starts_a_new_epoch() {
         seeds: 2, resources: 1, limit: [4, 4], slack: [0, 0], lone: 0, appear: false,
         steps: vec![
             Step::Heal{ seed: 0 }, Step::Heal{ seed: 0 }, Step::MasterRound,
-            Step::TakeAllotment{ seed: 0 }, Step::Deliver{ pick: 23559233957936850, dup: false },
+            Step::BeginWrite{ seed: 0, requests: true }, Step::EndWrite{ seed: 0, how: 0 }, Step::Deliver{ pick: 23559233957936850, dup: false },
             Step::Admit{ seed: 0, amount: [0, 0], ask: false },
             Step::Admit{ seed: 0, amount: [0, 0], ask: false },
             Step::Admit{ seed: 0, amount: [0, 0], ask: false }, Step::MasterRound,
@@ -1361,4 +1762,58 @@ fn a_second_rebuild_after_a_restart_starts_a_new_epoch() {
     let mut cov = Coverage::default();
     run(&setup, &mut cov).unwrap();
     assert_eq!(cov.lost_records, 2);
+}
+
+/// The webhook level on its own: seed-0 gets share, its webhook takes an allotment, admits from
+/// it without a write, and records what it admitted; a crash in between leaves the Machines
+/// covered by the dead process's allotment until they are counted.
+#[test]
+fn a_webhook_admits_from_its_allotment_and_records_it() {
+    let mut world = Directed::new(8);
+    let run = |world: &mut Directed, steps: &[Step]| world.run(steps);
+    let fast = |amount| Step::AdmitFromAllotment {
+        seed: 0,
+        amount: [amount, 0],
+    };
+    run(
+        &mut world,
+        &[
+            Step::Admit {
+                seed: 0,
+                amount: [8, 0],
+                ask: true,
+            },
+            Step::MasterRound,
+            Step::BeginWrite {
+                seed: 0,
+                requests: true,
+            },
+            Step::EndWrite { seed: 0, how: 0 },
+        ],
+    );
+    let s = &world.seeds[0];
+    assert_eq!(
+        s.copy.allotments.get(&0).map(|(g, _)| g.clone()),
+        Some(rd(1, [4, 0]))
+    );
+    run(&mut world, &[fast(3), fast(2), fast(1)]);
+    assert_eq!(world.seeds[0].machines.len(), 2, "3 + 1 fit in 4, 2 more did not");
+    run(
+        &mut world,
+        &[
+            Step::BeginWrite {
+                seed: 0,
+                requests: false,
+            },
+            fast(1),
+            Step::CrashWebhook { seed: 0 },
+            Step::StrayLands { seed: 0 },
+        ],
+    );
+    let s = &world.seeds[0];
+    assert_eq!(s.copy.recorded.len(), 2, "the write landed after the crash");
+    assert_eq!(s.machines.len(), 2, "nothing admitted during the write");
+    run(&mut world, &[Step::Count { seed: 0 }]);
+    assert!(world.seeds[0].machines.is_empty());
+    assert_eq!(world.seeds[0].copy.counted, rd(1, [4, 0]));
 }

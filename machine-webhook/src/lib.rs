@@ -5,7 +5,6 @@
 //! - [`review`]: `AdmissionReview` on the wire; what a request asks of the quota.
 //! - [`reserve`]: per-project batching, the compare-and-swap ledger writer, and admissions from
 //!   this process's allotment.
-//! - [`escrow`]: how big an allotment is and what fits in it (pure).
 //! - [`demand`]: this process's demand for share while requests wait for it (pure).
 //! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
 //! - [`events`]: denial Events on the `MachineDeployment` / `MachineSet` / `Cluster`.
@@ -20,7 +19,6 @@ pub mod auth;
 pub mod cache;
 pub mod decision;
 pub mod demand;
-pub mod escrow;
 pub mod events;
 pub mod metrics;
 pub mod reserve;

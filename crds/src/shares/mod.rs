@@ -8,17 +8,20 @@
 //! share. [`fits_within`] is the one admission test for both levels.
 //!
 //! - [`seed`]: what a seed holds ([`SeedShare`]) and reports ([`SeedReport`]).
+//! - [`allotment`]: one webhook process's allotment in a seed's ledger ([`AllotmentHolder`]).
 //! - [`master`]: the master's view ([`MasterView`]) and its [`Plan`] of grants and targets.
 //! - [`objects`]: reading and writing that state on the `QuotaLedger`s and the `ProjectQuota`.
 //!
 //! `docs/shares.md` gives the protocol and why `sum(shares) <= limit` holds.
 
+pub mod allotment;
 pub mod master;
 pub mod objects;
 pub mod seed;
 
 use std::fmt;
 
+pub use allotment::AllotmentHolder;
 pub use master::{MasterView, Plan, SeedRecord, epoch_start};
 pub use seed::{MasterWord, SeedReport, SeedShare};
 

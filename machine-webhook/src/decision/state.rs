@@ -133,9 +133,12 @@ impl QuotaState {
         let err = |e: kkp_quota_crds::QuantityError| StateError(e.to_string());
         if let Some(seed) = &self.seed {
             let committed = self.committed()?.checked_add(extra_admitted).map_err(err)?;
-            return Ok(crate::escrow::grant_for(&seed.capacity, &committed));
+            return Ok(kkp_quota_crds::shares::allotment::grant_for(
+                &seed.capacity,
+                &committed,
+            ));
         }
         let in_use = self.in_use()?.checked_add(extra_admitted).map_err(err)?;
-        Ok(crate::escrow::grant_for(&self.limit, &in_use))
+        Ok(kkp_quota_crds::shares::allotment::grant_for(&self.limit, &in_use))
     }
 }

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
+pub use kkp_quota_crds::shares::allotment::AllotmentConfig;
 
 /// How the writer behaves.
 #[derive(Debug, Clone)]
@@ -34,28 +35,6 @@ impl ReserverConfig {
     pub fn now(&self) -> Timestamp {
         let now = Timestamp::now();
         now.checked_add(self.clock_offset).unwrap_or(now)
-    }
-}
-
-/// How allotments are held.
-#[derive(Debug, Clone)]
-pub struct AllotmentConfig {
-    /// An allotment not renewed within this time expires (seed-controller removes it); the
-    /// holder admits from it only during the first half, and renews it after a quarter.
-    pub ttl: Duration,
-    /// Admissions from the allotment are recorded as reservations this soon.
-    pub record_after: Duration,
-    /// An allotment is given back after this long without requests for its project.
-    pub release_after: Duration,
-}
-
-impl Default for AllotmentConfig {
-    fn default() -> Self {
-        AllotmentConfig {
-            ttl: Duration::from_mins(2),
-            record_after: Duration::from_millis(500),
-            release_after: Duration::from_secs(10),
-        }
     }
 }
 

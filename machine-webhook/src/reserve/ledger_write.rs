@@ -33,8 +33,7 @@ impl Reserver {
     ) -> Result<Plan, String> {
         let holder = self.inner.holder.as_str();
         let now = self.inner.config.now();
-        let recorded = escrow.admitted.len();
-        let recorded_total = escrow.admitted_total.clone();
+        let instant = Instant::now();
         // An admission already in the ledger was recorded by a write whose answer was lost (it
         // timed out but landed): not again.
         let in_ledger: HashSet<(&str, &str)> = copy
@@ -43,23 +42,17 @@ impl Reserver {
             .flat_map(|s| &s.reservations)
             .map(|r| (r.cluster.as_str(), r.uid.as_str()))
             .collect();
-        let mut new_reservations = Vec::new();
-        let mut unrecorded = ResourceDetails::zero();
-        for (_, reservation) in &escrow.admitted {
-            if in_ledger.contains(&(reservation.cluster.as_str(), reservation.uid.as_str())) {
-                continue;
-            }
-            unrecorded = unrecorded
-                .checked_add(&reservation.reserved)
-                .map_err(|e| e.to_string())?;
-            // Recorded at this write's time, so that one write's reservations of a cluster at one
-            // size are one group on the wire (expiry counts from a moment later: harmless).
-            new_reservations.push(Reservation {
-                created_at: now,
-                ..reservation.clone()
-            });
-        }
-        let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded)
+        let (unrecorded, unrecorded_total) = escrow
+            .holder
+            .unrecorded(|r| in_ledger.contains(&(r.cluster.as_str(), r.uid.as_str())))
+            .map_err(|e| e.to_string())?;
+        // Recorded at this write's time, so that one write's reservations of a cluster at one
+        // size are one group on the wire (expiry counts from a moment later: harmless).
+        let mut new_reservations: Vec<Reservation> = unrecorded
+            .into_iter()
+            .map(|r| Reservation { created_at: now, ..r })
+            .collect();
+        let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded_total)
             .map_err(|e| e.to_string())?;
         let verdicts = decide_batch(project, Some(&state), requests);
         let mut admitted = ResourceDetails::zero();
@@ -76,16 +69,13 @@ impl Reserver {
             .as_ref()
             .and_then(|s| s.allotments.iter().find(|a| a.holder == holder));
         let (grant, demands) =
-            self.grant_and_demand(copy, escrow, requests, &verdicts, &state, &admitted, now);
-        let renewal_due = escrow.renewed.is_none_or(|t| {
-            t.elapsed()
-                >= self
-                    .inner
-                    .config
-                    .allotments
-                    .as_ref()
-                    .map_or(Duration::ZERO, |c| c.ttl / 4)
-        });
+            self.grant_and_demand(copy, escrow, requests, &verdicts, &state, &admitted, now, instant);
+        let renewal_due = self
+            .inner
+            .config
+            .allotments
+            .as_ref()
+            .is_none_or(|c| escrow.holder.renewal_due(instant, c.ttl));
         let allotments = self.allotments_after(
             copy,
             own,
@@ -95,34 +85,25 @@ impl Reserver {
             now,
         )?;
         let own_granted = own.map(|a| a.granted.clone()).unwrap_or_default();
-        let plan = Plan {
+        let writes = !new_reservations.is_empty() || allotments.is_some() || demands.is_some();
+        let start = escrow.holder.begin_write(
+            instant,
+            Planned {
+                copy_uid: copy.uid.as_deref(),
+                own_granted: &own_granted,
+                grant,
+                writes_allotment: allotments.is_some(),
+                writes,
+                requests: !requests.is_empty(),
+            },
+        );
+        Ok(Plan {
             verdicts,
             new_reservations,
             allotments,
             demands,
-            recorded,
-            recorded_total,
-            grant,
-            prior_cap: escrow.cap_in_flight.clone(),
-        };
-        if plan.writes() {
-            // A cap still set is from a write whose outcome is unknown (it timed out or failed
-            // without a conflict): it may have landed, so it bounds this one too. Otherwise the
-            // grant we hold, as far as the copy still shows it.
-            let old = match &escrow.cap_in_flight {
-                Some(cap) => cap.clone(),
-                None if escrow.holding && escrow.quota_uid == copy.uid => {
-                    cap_while_writing(&escrow.granted, &own_granted, &ResourceDetails::default())
-                }
-                None => ResourceDetails::default(),
-            };
-            let new = plan.grant.clone().unwrap_or_default();
-            escrow.cap_in_flight = Some(cap_while_writing(&old, &new, &plan.recorded_total));
-        }
-        if !requests.is_empty() {
-            escrow.last_request = Some(Instant::now());
-        }
-        Ok(plan)
+            start,
+        })
     }
 
     /// Our allotment after this write (`None`: none) and the new `status.demands` if our demand
@@ -139,22 +120,21 @@ impl Reserver {
         state: &QuotaState,
         admitted: &ResourceDetails,
         now: Timestamp,
+        instant: Instant,
     ) -> (Option<ResourceDetails>, Option<Value>) {
         let holder = self.inner.holder.as_str();
         let wants = largest(verdicts.iter().filter_map(|v| v.wants_share.as_ref()));
         let waiting_elsewhere = allotment_wanted_back(&copy.spec, copy.status.as_ref(), holder, now);
-        escrow.give_back = false;
         let grant = self.inner.config.allotments.as_ref().and_then(|config| {
-            let idle = requests.is_empty() && escrow.idle_since(config.release_after, Instant::now());
-            if idle || waiting_elsewhere || wants.is_some() || self.inner.stopping.load(Ordering::SeqCst) {
-                return None;
-            }
-            // No room is no allotment: an entry of zero would cost a write now and another to
-            // give it back.
-            state
-                .allotment_room(admitted)
-                .ok()
-                .filter(|room| !room.is_empty())
+            let pass = Pass {
+                requests: !requests.is_empty(),
+                wanted_elsewhere: waiting_elsewhere,
+                wants_share: wants.is_some(),
+                stopping: self.inner.stopping.load(Ordering::SeqCst),
+            };
+            escrow
+                .holder
+                .next_grant(instant, config, pass, || state.allotment_room(admitted).ok())
         });
         let demands = demands_after(
             copy.status.as_ref(),
@@ -254,7 +234,7 @@ impl Reserver {
         Ok(written)
     }
 
-    /// The write landed: what it recorded leaves the escrow, the allotment is what it wrote.
+    /// The write landed: what it recorded leaves the holder, the allotment is what it wrote.
     pub(super) fn written(
         &self,
         project: &str,
@@ -265,31 +245,19 @@ impl Reserver {
     ) {
         let mut escrows = lock(&self.inner.escrows);
         let escrow = escrows.entry(project.to_owned()).or_default();
-        escrow.admitted.drain(..plan.recorded.min(escrow.admitted.len()));
-        escrow.admitted_total = escrow.admitted_total.saturating_sub(&plan.recorded_total);
-        escrow.cap_in_flight = None;
-        escrow.maybe_holding = false;
-        escrow.succeeded();
-        escrow.quota_uid.clone_from(&copy.uid);
-        let ttl = self.inner.config.allotments.as_ref().map(|c| c.ttl);
-        if let (Some(grant), Some(ttl)) = (&plan.grant, ttl) {
-            if plan.allotments.is_some() {
-                escrow.renewed = Some(started);
-                escrow.usable_until = Some(started + ttl / 2);
-            }
-            if !escrow.holding {
-                debug!(granted = %grant, "allotment taken");
-            }
-            escrow.holding = true;
-            escrow.granted = grant.clone();
-        } else {
-            if escrow.holding {
-                info!(quota = %copy.name, "allotment given back");
-            }
-            escrow.holding = false;
-            escrow.granted = ResourceDetails::default();
-            escrow.usable_until = None;
-            escrow.renewed = None;
+        let ttl = self
+            .inner
+            .config
+            .allotments
+            .as_ref()
+            .map_or(Duration::ZERO, |c| c.ttl);
+        match escrow
+            .holder
+            .landed(started, copy.uid.as_deref(), &plan.start, ttl)
+        {
+            Holding::Taken => debug!(granted = %escrow.holder.granted(), "allotment taken"),
+            Holding::GivenBack => info!(quota = %copy.name, "allotment given back"),
+            Holding::Kept | Holding::None => {}
         }
         let count = written
             .data
@@ -302,44 +270,31 @@ impl Reserver {
         self.set_ledger_size(project, count);
     }
 
-    /// The project has no quota (any more): nothing to hold. Admissions not recorded yet stay,
-    /// to be recorded if a copy comes back (they are Machines that exist); meanwhile upkeep backs
-    /// off.
+    /// The project has no ledger (any more): nothing to hold. Admissions not recorded yet stay,
+    /// to be recorded if a ledger comes back (they are Machines that exist); meanwhile upkeep
+    /// backs off.
     pub(super) fn forget(&self, project: &str) {
         let mut escrows = lock(&self.inner.escrows);
         if let Some(escrow) = escrows.get_mut(project) {
-            let mut kept = Escrow {
-                last_request: escrow.last_request,
-                wake: Arc::clone(&escrow.wake),
-                admitted: std::mem::take(&mut escrow.admitted),
-                admitted_total: std::mem::take(&mut escrow.admitted_total),
-                failures: escrow.failures,
-                ..Escrow::default()
-            };
-            if !kept.admitted.is_empty() {
-                kept.failed();
-            }
-            *escrow = kept;
+            escrow.holder.forget(Instant::now());
+            escrow.last_written = None;
+            escrow.parsed = None;
         }
     }
 
-    /// Notes a failed (or unknown) write for the project's upkeep backoff.
-    pub(super) fn note_failure(&self, project: &str, maybe_holding: bool) {
+    /// Notes a pass that gave up, for the project's upkeep backoff; `maybe_landed`: a write of
+    /// it may still land.
+    pub(super) fn note_failure(&self, project: &str, maybe_landed: bool) {
         if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
-            escrow.failed();
-            escrow.maybe_holding |= maybe_holding;
+            escrow.holder.gave_up(Instant::now(), maybe_landed);
         }
     }
 
-    /// A write failed. A conflict certainly did not land: the bound in force before its plan is
-    /// back. Anything else may have landed: its bound stays, and so may our allotment.
+    /// A write failed: a conflict certainly did not land, anything else may have.
     pub(super) fn write_failed(&self, project: &str, plan: &Plan, error: &kube::Error) {
         if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
-            if matches!(error, kube::Error::Api(s) if s.code == 409) {
-                escrow.cap_in_flight.clone_from(&plan.prior_cap);
-            } else {
-                escrow.maybe_holding |= plan.allotments.is_some();
-            }
+            let conflict = matches!(error, kube::Error::Api(s) if s.code == 409);
+            escrow.holder.write_failed(&plan.start, conflict);
         }
     }
 
@@ -444,7 +399,7 @@ impl Reserver {
                 match self.write(&copy, &plan).await {
                     Ok(written) => {
                         self.written(project, &copy, &plan, started, written);
-                        debug!(batch = requests.len(), recorded = plan.recorded, attempt, quota = %copy.name, "ledger written");
+                        debug!(batch = requests.len(), recorded = plan.start.recorded, attempt, quota = %copy.name, "ledger written");
                         return plan.verdicts;
                     }
                     Err(e) => {
@@ -454,14 +409,9 @@ impl Reserver {
                 }
             } else {
                 if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
-                    if plan.grant.is_none() {
-                        // Nothing of ours in this copy (seed-controller removed it, or we gave
-                        // it back): not holding; certain only on a fresh read.
-                        escrow.holding = false;
-                        escrow.usable_until = None;
-                        escrow.maybe_holding &= !verified;
-                    }
-                    escrow.succeeded();
+                    escrow
+                        .holder
+                        .nothing_written(plan.start.grant.is_some(), verified);
                 }
                 if verified || requests.is_empty() || self.all_keep_waiting(batch, &plan.verdicts) {
                     self.set_ledger_size(project, copy.reservation_count());

@@ -42,6 +42,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
+use kkp_quota_crds::shares::allotment::{FastAdmission, Holding, LedgerSight, Pass, Planned};
 use kkp_quota_crds::shares::largest;
 
 use crate::cache::{QuotaCopy, SeedCache};
@@ -50,7 +51,6 @@ use crate::decision::{
     is_counted, is_counted_json,
 };
 use crate::demand::{allotment_wanted_back, demands_after};
-use crate::escrow::{cap_while_writing, fits_within};
 use crate::metrics::Metrics;
 
 mod config;
@@ -167,10 +167,7 @@ impl Reserver {
                 for escrow in escrows.values() {
                     escrow.wake.notify_one();
                 }
-                escrows
-                    .values()
-                    .filter(|e| e.holding || e.maybe_holding || !e.admitted.is_empty())
-                    .count()
+                escrows.values().filter(|e| e.holder.holds_anything()).count()
             };
             if pending == 0 || Instant::now() >= deadline {
                 if pending > 0 {
@@ -270,74 +267,66 @@ impl Reserver {
         }
         let growth = request.ask.growth()?;
         let now = Instant::now();
+        let holder = self.inner.holder.as_str();
         let mut escrows = lock(&self.inner.escrows);
         let escrow = escrows.get_mut(project)?;
-        escrow.last_request = Some(now);
-        if !escrow.holding || escrow.usable_until.is_none_or(|t| now >= t) {
-            return None;
-        }
-        let copy = self.newest_parsed(project, escrow)?;
-        if copy.uid != escrow.quota_uid || !is_counted(copy.status.as_ref()) {
-            return None;
-        }
-        // Another process waits for headroom, or the master asks for share back: ours goes back
-        // at our next write, and nothing more is admitted from it meanwhile.
-        if allotment_wanted_back(
-            &copy.spec,
-            copy.status.as_ref(),
-            &self.inner.holder,
-            self.inner.config.now(),
-        ) {
-            escrow.give_back = true;
-            escrow.wake.notify_one();
-            return None;
-        }
-        // Our allotment must still be in the ledger as we wrote it (seed-controller removes
-        // expired ones).
-        let own = copy
-            .status
-            .as_ref()?
-            .allotments
-            .iter()
-            .find(|a| a.holder == self.inner.holder)?;
-        if own.granted != escrow.granted {
-            return None;
-        }
-        let state = QuotaState::for_holder(
-            &copy.spec,
-            copy.status.as_ref(),
-            &self.inner.holder,
-            &escrow.admitted_total,
-        )
-        .ok()?;
-        let verdict = decide(project, Some(&state), request);
-        if !verdict.allowed || verdict.reason != Reason::Fits {
-            return None;
-        }
-        let cap = escrow.cap_in_flight.as_ref().unwrap_or(&escrow.granted);
-        if !fits_within(&state.limit, cap, &escrow.admitted_total, &growth) {
-            return None;
-        }
-        if !request.dry_run {
-            let reserve = verdict.reserve.as_ref()?;
-            let total = escrow.admitted_total.checked_add(&reserve.reserved).ok()?;
-            escrow.admitted_total = total;
-            if escrow.admitted.is_empty() {
-                escrow.wake.notify_one();
+        let copy = if escrow.holder.holding() {
+            self.newest_parsed(project, escrow)
+        } else {
+            None
+        };
+        let wall = self.inner.config.now();
+        let sight = copy.as_ref().map(|copy| LedgerSight {
+            quota_uid: copy.uid.as_deref(),
+            counted: is_counted(copy.status.as_ref()),
+            wanted_back: allotment_wanted_back(&copy.spec, copy.status.as_ref(), holder, wall),
+            own_granted: copy
+                .status
+                .as_ref()
+                .and_then(|s| s.allotments.iter().find(|a| a.holder == holder))
+                .map(|a| &a.granted),
+        });
+        let mut verdict = None;
+        let limit = copy.as_ref().map(|c| c.spec.quota.clone()).unwrap_or_default();
+        let answer = escrow
+            .holder
+            .admit(now, sight.as_ref(), &limit, &growth, |admitted| {
+                let copy = copy.as_ref()?;
+                let state =
+                    QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, admitted).ok()?;
+                let decided = decide(project, Some(&state), request);
+                if !decided.allowed || decided.reason != Reason::Fits {
+                    return None;
+                }
+                let reservation = if request.dry_run {
+                    None
+                } else {
+                    let reserve = decided.reserve.clone()?;
+                    Some(Reservation {
+                        cluster: machine.cluster.clone(),
+                        uid: machine.uid.clone(),
+                        size: reserve.size,
+                        reserved: reserve.reserved,
+                        created_at: wall,
+                    })
+                };
+                verdict = Some(decided);
+                Some(reservation)
+            });
+        match answer {
+            FastAdmission::Admitted { record } => {
+                if record {
+                    escrow.wake.notify_one();
+                }
+                self.inner.metrics.allotment_admissions.inc();
+                verdict
             }
-            escrow.admitted.push((
-                now,
-                Reservation {
-                    cluster: machine.cluster.clone(),
-                    uid: machine.uid.clone(),
-                    size: reserve.size.clone(),
-                    reserved: reserve.reserved.clone(),
-                    created_at: self.inner.config.now(),
-                },
-            ));
+            FastAdmission::WantedBack => {
+                escrow.wake.notify_one();
+                None
+            }
+            FastAdmission::Wait => None,
         }
-        self.inner.metrics.allotment_admissions.inc();
-        Some(verdict)
     }
 
     fn api(&self) -> Api<DynamicObject> {

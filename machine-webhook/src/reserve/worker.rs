@@ -12,16 +12,18 @@ impl Reserver {
             let mut changes = self.inner.cache.quota_changes();
             let mut seen_version = self.known_version(&project);
             loop {
-                let (wake, due, holding) =
-                    {
-                        let mut escrows = lock(&self.inner.escrows);
-                        let escrow = escrows.entry(project.clone()).or_default();
-                        let due =
-                            self.inner.config.allotments.as_ref().and_then(|c| {
-                                escrow.upkeep_due(c, self.inner.stopping.load(Ordering::SeqCst))
-                            });
-                        (Arc::clone(&escrow.wake), due, escrow.holding)
-                    };
+                let (wake, due, holding) = {
+                    let mut escrows = lock(&self.inner.escrows);
+                    let escrow = escrows.entry(project.clone()).or_default();
+                    let stopping = self.inner.stopping.load(Ordering::SeqCst);
+                    let due = self
+                        .inner
+                        .config
+                        .allotments
+                        .as_ref()
+                        .and_then(|c| escrow.holder.upkeep_due(Instant::now(), c, stopping));
+                    (Arc::clone(&escrow.wake), due, escrow.holder.holding())
+                };
                 let upkeep = async {
                     match due {
                         Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -125,17 +127,16 @@ impl Reserver {
             &self.inner.holder,
             self.inner.config.now(),
         );
-        escrow.give_back |= waiting && escrow.holding;
-        waiting && escrow.holding
+        escrow.holder.wanted_back(waiting)
     }
 
     /// Stops the project's worker when nothing is queued, recorded or held.
     pub(super) fn retire(&self, project: &str, rx: &mpsc::UnboundedReceiver<Pending>) -> bool {
         let mut queues = lock(&self.inner.queues);
         let mut escrows = lock(&self.inner.escrows);
-        let quiet = escrows.get(project).is_none_or(|e| {
-            !e.holding && e.admitted.is_empty() && e.idle_since(self.inner.config.idle, Instant::now())
-        });
+        let quiet = escrows
+            .get(project)
+            .is_none_or(|e| e.holder.quiet(self.inner.config.idle, Instant::now()));
         if quiet && rx.is_empty() {
             queues.remove(project);
             escrows.remove(project);
