@@ -115,6 +115,10 @@ pub(crate) struct Ctx {
     pub gone_seeds: BTreeSet<String>,
     /// Quotas with a limit this system cannot read: counted, and reported by Event.
     pub unreadable: crate::unreadable::Unreadable,
+    /// Every master `ResourceQuota` (which of a project's several quotas is in force).
+    pub quotas: Store<ResourceQuota>,
+    /// Quotas not in force (another quota of their project is): counted.
+    pub not_in_force: crate::not_in_force::NotInForce,
 }
 
 fn channel_stream<T: Send + 'static>(
@@ -146,14 +150,24 @@ async fn run_as_leader(
     let (quotas, quota_writer) = reflector::store();
     let quota_events = {
         let (defaults, orphans) = (defaults.clone(), orphans.clone());
+        let (siblings, one_tx) = (quotas.clone(), one_tx.clone());
         reflector::reflector(
             quota_writer,
             watcher::watcher(quota_api.clone(), wc.clone()).modify(status::keep_usage_writers),
         )
         .default_backoff()
-        .inspect(move |_| {
+        .inspect(move |event| {
             defaults.notify_one();
             orphans.notify_one();
+            // Which of a project's quotas is in force depends on the others
+            // (`crate::not_in_force`): a change of one is a change for its siblings.
+            if let Ok(watcher::Event::Apply(q) | watcher::Event::Delete(q)) = event {
+                for sibling in siblings.state() {
+                    if sibling.spec.subject == q.spec.subject && sibling.name_any() != q.name_any() {
+                        let _ = one_tx.send(sibling.name_any());
+                    }
+                }
+            }
         })
         .applied_objects()
     };
@@ -227,6 +241,8 @@ async fn run_as_leader(
         share_slack_percent: options.share_slack_percent,
         gone_seeds: options.gone_seeds.clone(),
         unreadable: crate::unreadable::Unreadable::new(master.clone()),
+        quotas: quotas.clone(),
+        not_in_force: crate::not_in_force::NotInForce::default(),
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())
         .with_config(ControllerConfig::default().concurrency(options.concurrency))

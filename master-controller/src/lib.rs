@@ -9,7 +9,8 @@
 //!   compare-and-swap write of the record; what each ledger's `spec.shares` carries.
 //! - [`default_quota`]: `globalsettings` `spec.defaultQuota` → default project quotas.
 //! - [`status`]: the master object's conditions (pure). `unreadable`: quotas with a limit this
-//!   system cannot read, skipped alone and reported.
+//!   system cannot read, skipped alone and reported. [`not_in_force`]: a project's quotas beyond
+//!   the first by name, which the seeds do not enforce: not fanned out, and reported.
 //! - [`metrics`]: Prometheus metrics; [`project_series`]: the per-project ones, written
 //!   straight into `/metrics` (too many for the registry at 10,000 projects).
 //! - [`ledger_guard`]: the finalizer that keeps a seed's ledger until this controller deletes it.
@@ -28,6 +29,7 @@ pub mod fold;
 mod kkp_copies;
 pub mod ledger_guard;
 pub mod metrics;
+pub mod not_in_force;
 pub mod project_series;
 mod reconcile;
 pub mod seed_ledger;

@@ -59,6 +59,9 @@ pub struct Metrics {
     /// `kkp_quota_master_unreadable_quotas`: KKP quotas with a limit this system cannot read
     /// exactly (`1e40`, `0.5n`); they are not fanned out until fixed.
     pub unreadable_quotas: IntGauge,
+    /// `kkp_quota_master_quotas_not_in_force`: KKP quotas of a project that has several, other
+    /// than the first by name (the one enforced); not fanned out.
+    pub quotas_not_in_force: IntGauge,
     /// `kkp_quota_observed_clock_skew_seconds{seed,entry}`: this master's clock minus a
     /// webhook's at the write, as the newest demand or allotment first seen on the seed shows
     /// it (delay included).
@@ -167,6 +170,11 @@ impl Metrics {
             "KKP quotas with a limit this system cannot read exactly; not fanned out until fixed.",
         ));
         must(registry.register(Box::new(unreadable_quotas.clone())));
+        let quotas_not_in_force = must(IntGauge::new(
+            "kkp_quota_master_quotas_not_in_force",
+            "KKP quotas of a project that has several, other than the one enforced (the first by name); not fanned out.",
+        ));
+        must(registry.register(Box::new(quotas_not_in_force.clone())));
         let share_grant_latency = must(Histogram::with_opts(
             HistogramOpts::new(
                 "kkp_quota_share_grant_latency_seconds",
@@ -200,6 +208,7 @@ impl Metrics {
             share_records_rebuilt,
             gone_seeds_forgotten,
             unreadable_quotas,
+            quotas_not_in_force,
             clock_skew,
         }
     }

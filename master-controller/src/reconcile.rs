@@ -93,6 +93,12 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
         // In sync means it exists; the watch brings it otherwise.
         return Ok(Action::await_change());
     };
+    if let Some(in_force) =
+        crate::not_in_force::in_force_instead(master_rq, ctx.quotas.state().iter().map(|q| &**q))
+    {
+        return crate::not_in_force::report(master_rq, &project_quota, &in_force, &views, ctx).await;
+    }
+    ctx.not_in_force.track(&name, false, &ctx.metrics);
     if !master_rq.spec.quota.unreadable.is_empty() {
         return crate::unreadable::report(master_rq, &project_quota, ctx).await;
     }
@@ -212,7 +218,14 @@ async fn write_master_status(
         status::foreign_quota_controller(&foreign),
     ];
     let mut existing = pq_status.conditions.clone();
-    existing.retain(|c| c.type_ != status::SEED_CLEANUP_PENDING && c.type_ != status::QUOTA_INVALID);
+    existing.retain(|c| {
+        ![
+            status::SEED_CLEANUP_PENDING,
+            status::QUOTA_INVALID,
+            status::NOT_IN_FORCE,
+        ]
+        .contains(&c.type_.as_str())
+    });
     let conditions = status::merge_conditions(
         &existing,
         &desired,

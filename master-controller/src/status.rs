@@ -24,6 +24,7 @@ pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 pub const SEED_CLEANUP_PENDING: &str = "SeedCleanupPending";
 pub const FOREIGN_QUOTA_CONTROLLER: &str = "ForeignQuotaController";
 pub const QUOTA_INVALID: &str = "QuotaInvalid";
+pub const NOT_IN_FORCE: &str = "NotInForce";
 
 /// A condition without its transition time (filled in by [`merge_conditions`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -206,6 +207,20 @@ pub fn quota_invalid(unreadable: &[kkp_quota_crds::quota::UnreadableQuantity]) -
             "{}. Nothing of this quota reaches the seeds until it is fixed: they keep the limits they \
              last had from it (none if it never had readable ones)",
             problems.join("; ")
+        ),
+    }
+}
+
+/// `NotInForce` for a quota of `project` while `in_force`, another of its quotas, is enforced.
+pub fn not_in_force(project: &str, in_force: &str) -> Desired {
+    Desired {
+        type_: NOT_IN_FORCE,
+        status: true,
+        reason: "AnotherQuotaInForce".into(),
+        message: format!(
+            "project {project} has several quotas; {in_force:?}, the first by name, is the one \
+             enforced, and nothing of this one reaches the seeds. Delete the quotas the project \
+             should not have (or merge their limits into {in_force:?})"
         ),
     }
 }

@@ -63,10 +63,16 @@ impl Unreadable {
     }
 }
 
-/// True when `pq` already says what `desired` says, for this generation of the quota.
-fn already_said(pq: &ProjectQuota, desired: &status::Desired, generation: Option<i64>) -> bool {
+/// True when `pq` already says what `desired` (a condition of type `type_`) says, for this
+/// generation of the quota.
+pub(crate) fn already_said(
+    pq: &ProjectQuota,
+    type_: &str,
+    desired: &status::Desired,
+    generation: Option<i64>,
+) -> bool {
     pq.status.iter().flat_map(|s| &s.conditions).any(|c| {
-        c.type_ == QUOTA_INVALID
+        c.type_ == type_
             && c.status == "True"
             && c.message == desired.message
             && c.observed_generation == generation
@@ -79,7 +85,7 @@ fn already_said(pq: &ProjectQuota, desired: &status::Desired, generation: Option
 pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &Ctx) -> Result<Action, Error> {
     let desired = status::quota_invalid(&master_rq.spec.quota.unreadable);
     let generation = master_rq.metadata.generation;
-    if already_said(pq, &desired, generation) {
+    if already_said(pq, QUOTA_INVALID, &desired, generation) {
         return Ok(Action::await_change());
     }
     warn!(problem = %desired.message, "quota not fanned out: a limit cannot be read");
@@ -102,7 +108,13 @@ pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &C
         )
         .await?;
     ctx.memory.wrote(&name, written);
+    warn_event(master_rq, &desired, ctx).await;
+    Ok(Action::await_change())
+}
 
+/// A Warning Event on KKP's quota saying what `desired` says (given up after a while: the
+/// condition stays).
+pub(crate) async fn warn_event(master_rq: &ResourceQuota, desired: &status::Desired, ctx: &Ctx) {
     let event = Event {
         type_: EventType::Warning,
         reason: desired.reason.clone(),
@@ -113,8 +125,7 @@ pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &C
     let reference = master_rq.object_ref(&());
     match tokio::time::timeout(EVENT_TIMEOUT, ctx.unreadable.recorder.publish(&event, &reference)).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => error!(error = %e, "could not publish the Event about an unreadable limit"),
-        Err(_) => error!("publishing the Event about an unreadable limit timed out"),
+        Ok(Err(e)) => error!(error = %e, reason = %desired.reason, "could not publish an Event"),
+        Err(_) => error!(reason = %desired.reason, "publishing an Event timed out"),
     }
-    Ok(Action::await_change())
 }

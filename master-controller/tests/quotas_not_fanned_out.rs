@@ -1,6 +1,10 @@
-//! Quotas whose values KKP's CRD accepts but this system cannot read exactly (`1e40`, `0.5n`):
-//! a master-controller started with them in the master still reconciles every other project,
-//! and each such quota gets a condition and an Event naming the field and the accepted form.
+//! Quotas the master does not fan out, on one fleet:
+//! - values KKP's CRD accepts but this system cannot read exactly (`1e40`, `0.5n`): a
+//!   master-controller started with them in the master still reconciles every other project,
+//!   and each such quota gets a condition and an Event naming the field and the accepted form;
+//! - a project's second quota (issue #32, finding 9): the seeds enforce the first by name, so the
+//!   master fans out only that one, deletes the other's ledgers, says so, and hands over when the
+//!   first is deleted.
 
 mod common;
 
@@ -14,8 +18,9 @@ use kube::{Api, Client};
 use serde_json::json;
 
 const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
-/// The condition type on the `ProjectQuota` (a literal: the test predates the constant).
+/// The condition types on the `ProjectQuota` (literals: what a user reads).
 const QUOTA_INVALID: &str = "QuotaInvalid";
+const NOT_IN_FORCE: &str = "NotInForce";
 
 /// KKP's quotas as plain JSON: what KKP's CRD accepts, whether or not this system can read it.
 fn raw_quotas(master: &Client) -> Api<DynamicObject> {
@@ -59,15 +64,20 @@ async fn seeds_have_cpu(fleet: &Fleet, name: &str, cpu: i64, what: &str) -> Resu
 /// The `QuotaInvalid` condition and a Warning Event on KKP's object, both naming `field`,
 /// the value and the accepted form.
 async fn reported(fleet: &Fleet, name: &str, field: &str, value: &str, form: &str) -> Result<()> {
+    said(fleet, name, QUOTA_INVALID, &[field, value, form]).await
+}
+
+/// The condition `type_` and a Warning Event on KKP's object `name`, both saying every `text`.
+async fn said(fleet: &Fleet, name: &str, type_: &str, texts: &[&str]) -> Result<()> {
     let master = fleet.master().client();
     let pq: Api<ProjectQuota> = Api::all(master.clone());
     // Events about cluster-scoped objects live in `default`.
     let events: Api<Event> = Api::namespaced(master, "default");
-    wait_for(DEADLINE, &format!("{name}'s {field} reported"), || async {
+    wait_for(DEADLINE, &format!("{name}: {type_} said"), || async {
         let pq = pq.get_opt(name).await?.context("no ProjectQuota")?;
-        let c = condition(&pq, QUOTA_INVALID).context("no QuotaInvalid condition")?;
-        ensure!(c.status == "True", "QuotaInvalid is {}", c.status);
-        for text in [field, value, form] {
+        let c = condition(&pq, type_).context(format!("no {type_} condition"))?;
+        ensure!(c.status == "True", "{type_} is {}", c.status);
+        for text in texts {
             ensure!(
                 c.message.contains(text),
                 "condition message {:?} lacks {text:?}",
@@ -80,9 +90,10 @@ async fn reported(fleet: &Fleet, name: &str, field: &str, value: &str, form: &st
             .items
             .into_iter()
             .find(|e| {
-                e.regarding.as_ref().is_some_and(|r| {
-                    r.name.as_deref() == Some(name) && r.kind.as_deref() == Some("ResourceQuota")
-                })
+                e.reason.as_deref() == Some(c.reason.as_str())
+                    && e.regarding.as_ref().is_some_and(|r| {
+                        r.name.as_deref() == Some(name) && r.kind.as_deref() == Some("ResourceQuota")
+                    })
             })
             .context("no Event on the ResourceQuota")?;
         ensure!(
@@ -91,7 +102,7 @@ async fn reported(fleet: &Fleet, name: &str, field: &str, value: &str, form: &st
             event.type_
         );
         let note = event.note.unwrap_or_default();
-        for text in [field, value, form] {
+        for text in texts {
             ensure!(note.contains(text), "Event note {note:?} lacks {text:?}");
         }
         Ok(())
@@ -101,8 +112,12 @@ async fn reported(fleet: &Fleet, name: &str, field: &str, value: &str, form: &st
 
 /// Waits until `kkp_quota_master_unreadable_quotas` shows `want`.
 async fn unreadable_gauge(controller: &Running, want: f64) -> Result<()> {
-    wait_for(DEADLINE, &format!("{want} unreadable quotas counted"), || async {
-        let got = sample(&controller.scrape().await?, "kkp_quota_master_unreadable_quotas");
+    gauge(controller, "kkp_quota_master_unreadable_quotas", want).await
+}
+
+async fn gauge(controller: &Running, series: &str, want: f64) -> Result<()> {
+    wait_for(DEADLINE, &format!("{series} at {want}"), || async {
+        let got = sample(&controller.scrape().await?, series);
         ensure!(got.is_some_and(|g| (g - want).abs() < 0.5), "gauge {got:?}");
         Ok(())
     })
@@ -110,14 +125,15 @@ async fn unreadable_gauge(controller: &Running, want: f64) -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreadable_quota_does_not_stop_the_others() -> Result<()> {
+async fn quotas_the_seeds_would_not_enforce_are_reported_and_the_others_go_on() -> Result<()> {
     let fleet = Fleet::start(
         FleetSpec::empty()
             .with_seed("seed-a")
             .with_seed("seed-b")
             .with_project("good")
             .with_project("huge")
-            .with_project("tiny"),
+            .with_project("tiny")
+            .with_project("twice"),
     )
     .await?;
     let master = fleet.master().client();
@@ -175,6 +191,47 @@ async fn an_unreadable_quota_does_not_stop_the_others() -> Result<()> {
     })
     .await?;
     unreadable_gauge(&controller, 1.0).await?;
+
+    // A project with two quotas: "project-twice" is in force everywhere; "extra-twice", created
+    // later and sorting after it, is not fanned out, and says which one is.
+    create_quota(&quotas, "project-twice", "twice", cpu_mem(4, 8)).await?;
+    seeds_have_cpu(&fleet, "project-twice", 4, "the first quota fanned out").await?;
+    create_quota(&quotas, "twice-extra", "twice", cpu_mem(9, 8)).await?;
+    said(&fleet, "twice-extra", NOT_IN_FORCE, &["project-twice", "twice"]).await?;
+    gauge(&controller, "kkp_quota_master_quotas_not_in_force", 1.0).await?;
+    for seed in SEEDS {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        ensure!(
+            ledgers.get_opt("twice-extra").await?.is_none(),
+            "the second quota reached {seed}"
+        );
+    }
+    // Edits of the one in force still reach the seeds.
+    set_quota(&quotas, "project-twice", &cpu_mem(5, 8)).await?;
+    seeds_have_cpu(&fleet, "project-twice", 5, "the first quota's edit").await?;
+    // The first deleted: the second takes over, and its condition goes.
+    quotas
+        .delete("project-twice", &kube::api::DeleteParams::default())
+        .await?;
+    seeds_have_cpu(&fleet, "twice-extra", 9, "the second quota in force").await?;
+    wait_for(DEADLINE, "the first quota's ledgers gone", || async {
+        for seed in SEEDS {
+            let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+            ensure!(
+                ledgers.get_opt("project-twice").await?.is_none(),
+                "still on {seed}"
+            );
+        }
+        Ok(())
+    })
+    .await?;
+    wait_for(DEADLINE, "NotInForce gone once in force", || async {
+        let pq = pq.get("twice-extra").await?;
+        ensure!(condition(&pq, NOT_IN_FORCE).is_none(), "NotInForce still there");
+        Ok(())
+    })
+    .await?;
+    gauge(&controller, "kkp_quota_master_quotas_not_in_force", 0.0).await?;
     ensure!(!controller.is_finished(), "the controller stopped");
     Ok(())
 }

@@ -1,0 +1,180 @@
+//! Several KKP quotas for one project (issue #32, finding 9). Each seed enforces one ledger per
+//! project: the one whose name sorts first (machine-webhook's cache and seed-controller's listing
+//! both take the first by name). The master follows the same rule, so that what it fans out is
+//! what the seeds enforce: every other quota of the project is *not in force*. Nothing of it
+//! reaches the seeds (its ledgers there are deleted, so each seed holds one ledger per project),
+//! its `ProjectQuota` gets `NotInForce`, a Warning Event on KKP's object says which quota is in
+//! force instead, and `kkp_quota_master_quotas_not_in_force` counts them. Once the quota in force
+//! is deleted, the next one by name takes over (fanned out like a new quota: the seeds refuse
+//! growth until they have counted it).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use futures::future;
+use jiff::Timestamp;
+use kkp_quota_crds::quota::PROJECT_KIND;
+use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceQuota};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use tracing::warn;
+
+use crate::Error;
+use crate::controller::Ctx;
+use crate::metrics::Metrics;
+use crate::seeds::SeedView;
+use crate::status::{self, NOT_IN_FORCE};
+use crate::{ledger_guard, unreadable};
+
+/// The quota in force for `quota`'s project when it is another one: among the project's quotas
+/// not being deleted, the one whose name sorts first. `None`: `quota` is in force (or is not a
+/// project's quota).
+pub fn in_force_instead<'a>(
+    quota: &ResourceQuota,
+    all: impl IntoIterator<Item = &'a ResourceQuota>,
+) -> Option<String> {
+    if quota.spec.subject.kind != PROJECT_KIND {
+        return None;
+    }
+    let own = quota.name_any();
+    all.into_iter()
+        .filter(|q| {
+            q.spec.subject.kind == PROJECT_KIND
+                && q.spec.subject.name == quota.spec.subject.name
+                && q.metadata.deletion_timestamp.is_none()
+        })
+        .map(ResourceExt::name_any)
+        .min()
+        .filter(|first| *first < own)
+}
+
+/// The quotas known not to be in force, for the gauge.
+#[derive(Default)]
+pub(crate) struct NotInForce {
+    names: Mutex<BTreeSet<String>>,
+}
+
+impl NotInForce {
+    /// Records whether `name` is in force (a quota deleted counts as in force: not counted).
+    pub(crate) fn track(&self, name: &str, not_in_force: bool, metrics: &Metrics) {
+        let mut names = self
+            .names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if not_in_force {
+            names.insert(name.to_owned());
+        } else {
+            names.remove(name);
+        }
+        metrics
+            .quotas_not_in_force
+            .set(i64::try_from(names.len()).unwrap_or(i64::MAX));
+    }
+}
+
+/// Reports a quota that is not in force and skips the rest of its reconcile (called once its
+/// `ProjectQuota` exists, before the share round): its ledgers on the seeds are deleted, and the
+/// condition and the Event are written once per quota in force instead (and generation).
+pub(crate) async fn report(
+    master_rq: &ResourceQuota,
+    pq: &ProjectQuota,
+    in_force: &str,
+    views: &[SeedView],
+    ctx: &Ctx,
+) -> Result<Action, Error> {
+    let name = master_rq.name_any();
+    ctx.not_in_force.track(&name, true, &ctx.metrics);
+    let pending = delete_ledgers(&name, views, ctx).await;
+    let desired = status::not_in_force(master_rq.project(), in_force);
+    let generation = master_rq.metadata.generation;
+    if !unreadable::already_said(pq, NOT_IN_FORCE, &desired, generation) {
+        warn!(in_force = %in_force, "quota not fanned out: another quota of the project is in force");
+        let existing = pq.status.clone().unwrap_or_default().conditions;
+        let conditions = status::merge_conditions(
+            &existing,
+            std::slice::from_ref(&desired),
+            generation,
+            Timestamp::now(),
+        );
+        let patch = json!({ "status": { "conditions": conditions } });
+        let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+        let written = ctx
+            .metrics
+            .timed_write(
+                "master",
+                "status",
+                pq_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            )
+            .await?;
+        ctx.memory.wrote(&name, written);
+        unreadable::warn_event(master_rq, &desired, ctx).await;
+    }
+    if pending.is_empty() {
+        Ok(Action::await_change())
+    } else {
+        warn!(seeds = %pending.join(", "), "ledgers of a quota not in force not deleted yet");
+        Ok(Action::requeue(Duration::from_secs(5)))
+    }
+}
+
+/// Deletes the quota's ledger on every seed; the seeds where it could not be deleted yet.
+async fn delete_ledgers(name: &str, views: &[SeedView], ctx: &Ctx) -> Vec<String> {
+    let deletes = views.iter().map(|view| async move {
+        // A seed without a copy of it has nothing to delete.
+        view.copy.as_ref()?;
+        let client = view.client.clone()?;
+        let api = Api::<QuotaLedger>::all(client);
+        match ledger_guard::delete_ledger(&api, name, &DeleteParams::default()).await {
+            Ok(true) => {
+                ctx.metrics.wrote(&view.name, "delete");
+                None
+            }
+            Ok(false) => Some(view.name.clone()),
+            Err(e) => {
+                warn!(seed = %view.name, error = %e, "deleting the ledger of a quota not in force failed");
+                ctx.metrics.sync_error(&view.name, "delete");
+                Some(view.name.clone())
+            }
+        }
+    });
+    future::join_all(deletes).await.into_iter().flatten().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::quota::{ResourceQuotaSpec, Subject};
+
+    fn quota(name: &str, project: &str) -> ResourceQuota {
+        ResourceQuota::new(
+            name,
+            ResourceQuotaSpec {
+                subject: Subject::project(project),
+                quota: kkp_quota_crds::KkpQuota::default(),
+            },
+        )
+    }
+
+    #[test]
+    fn the_first_name_of_the_project_is_in_force() {
+        let a = quota("project-a", "a");
+        let extra = quota("a-extra", "a");
+        let later = quota("zzz", "a");
+        let other = quota("0-other", "b");
+        let all = [a.clone(), extra.clone(), later.clone(), other.clone()];
+        assert_eq!(in_force_instead(&a, &all), Some("a-extra".into()));
+        assert_eq!(in_force_instead(&later, &all), Some("a-extra".into()));
+        assert_eq!(in_force_instead(&extra, &all), None);
+        assert_eq!(in_force_instead(&other, &all), None);
+        // One being deleted no longer counts: the next takes over.
+        let mut leaving = extra;
+        leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::UNIX_EPOCH,
+        ));
+        let all = [a.clone(), leaving, later];
+        assert_eq!(in_force_instead(&a, &all), None);
+    }
+}
