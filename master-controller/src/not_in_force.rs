@@ -13,20 +13,18 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use futures::future;
-use jiff::Timestamp;
 use kkp_quota_crds::quota::PROJECT_KIND;
 use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceQuota};
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
-use serde_json::json;
 use tracing::warn;
 
 use crate::Error;
 use crate::controller::Ctx;
 use crate::metrics::Metrics;
 use crate::seeds::SeedView;
-use crate::status::{self, NOT_IN_FORCE};
+use crate::status;
 use crate::{ledger_guard, unreadable};
 
 /// The quota in force for `quota`'s project when it is another one: among the project's quotas
@@ -89,28 +87,8 @@ pub(crate) async fn report(
     ctx.not_in_force.track(&name, true, &ctx.metrics);
     let pending = delete_ledgers(&name, views, ctx).await;
     let desired = status::not_in_force(master_rq.project(), in_force);
-    let generation = master_rq.metadata.generation;
-    if !unreadable::already_said(pq, NOT_IN_FORCE, &desired, generation) {
+    if unreadable::say(master_rq, pq, &desired, ctx).await? {
         warn!(in_force = %in_force, "quota not fanned out: another quota of the project is in force");
-        let existing = pq.status.clone().unwrap_or_default().conditions;
-        let conditions = status::merge_conditions(
-            &existing,
-            std::slice::from_ref(&desired),
-            generation,
-            Timestamp::now(),
-        );
-        let patch = json!({ "status": { "conditions": conditions } });
-        let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
-        let written = ctx
-            .metrics
-            .timed_write(
-                "master",
-                "status",
-                pq_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-            )
-            .await?;
-        ctx.memory.wrote(&name, written);
-        unreadable::warn_event(master_rq, &desired, ctx).await;
     }
     if pending.is_empty() {
         Ok(Action::await_change())
@@ -172,7 +150,7 @@ mod tests {
         // One being deleted no longer counts: the next takes over.
         let mut leaving = extra;
         leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-            Timestamp::UNIX_EPOCH,
+            jiff::Timestamp::UNIX_EPOCH,
         ));
         let all = [a.clone(), leaving, later];
         assert_eq!(in_force_instead(&a, &all), None);

@@ -20,7 +20,7 @@ use tracing::{error, warn};
 use crate::Error;
 use crate::controller::Ctx;
 use crate::metrics::Metrics;
-use crate::status::{self, QUOTA_INVALID};
+use crate::status;
 
 /// An Event that cannot be published within this long is given up (the condition stays).
 const EVENT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -63,16 +63,10 @@ impl Unreadable {
     }
 }
 
-/// True when `pq` already says what `desired` (a condition of type `type_`) says, for this
-/// generation of the quota.
-pub(crate) fn already_said(
-    pq: &ProjectQuota,
-    type_: &str,
-    desired: &status::Desired,
-    generation: Option<i64>,
-) -> bool {
+/// True when `pq` already says what `desired` says, for this generation of the quota.
+fn already_said(pq: &ProjectQuota, desired: &status::Desired, generation: Option<i64>) -> bool {
     pq.status.iter().flat_map(|s| &s.conditions).any(|c| {
-        c.type_ == type_
+        c.type_ == desired.type_
             && c.status == "True"
             && c.message == desired.message
             && c.observed_generation == generation
@@ -84,15 +78,29 @@ pub(crate) fn already_said(
 /// and the Event are written once per problem (and generation), not on every resync.
 pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &Ctx) -> Result<Action, Error> {
     let desired = status::quota_invalid(&master_rq.spec.quota.unreadable);
-    let generation = master_rq.metadata.generation;
-    if already_said(pq, QUOTA_INVALID, &desired, generation) {
-        return Ok(Action::await_change());
+    if say(master_rq, pq, &desired, ctx).await? {
+        warn!(problem = %desired.message, "quota not fanned out: a limit cannot be read");
     }
-    warn!(problem = %desired.message, "quota not fanned out: a limit cannot be read");
+    Ok(Action::await_change())
+}
+
+/// Why a quota is not fanned out, said once per problem (and generation), not on every resync:
+/// the condition `desired` on its `ProjectQuota`, and a Warning Event on KKP's object. Whether
+/// it was said now.
+pub(crate) async fn say(
+    master_rq: &ResourceQuota,
+    pq: &ProjectQuota,
+    desired: &status::Desired,
+    ctx: &Ctx,
+) -> Result<bool, Error> {
+    let generation = master_rq.metadata.generation;
+    if already_said(pq, desired, generation) {
+        return Ok(false);
+    }
     let existing = pq.status.clone().unwrap_or_default().conditions;
     let conditions = status::merge_conditions(
         &existing,
-        std::slice::from_ref(&desired),
+        std::slice::from_ref(desired),
         generation,
         Timestamp::now(),
     );
@@ -108,13 +116,13 @@ pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &C
         )
         .await?;
     ctx.memory.wrote(&name, written);
-    warn_event(master_rq, &desired, ctx).await;
-    Ok(Action::await_change())
+    warn_event(master_rq, desired, ctx).await;
+    Ok(true)
 }
 
 /// A Warning Event on KKP's quota saying what `desired` says (given up after a while: the
 /// condition stays).
-pub(crate) async fn warn_event(master_rq: &ResourceQuota, desired: &status::Desired, ctx: &Ctx) {
+async fn warn_event(master_rq: &ResourceQuota, desired: &status::Desired, ctx: &Ctx) {
     let event = Event {
         type_: EventType::Warning,
         reason: desired.reason.clone(),
