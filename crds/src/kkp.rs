@@ -139,6 +139,8 @@ pub struct KubermaticSettingSpec {
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct DefaultProjectResourceQuota {
+    /// Read leniently, like a `ResourceQuota`'s: a value this project cannot hold exactly lands
+    /// in [`crate::KkpQuota::unreadable`] instead of failing the whole listing of settings.
     #[serde(default)]
-    pub quota: ResourceDetails,
+    pub quota: crate::quota::KkpQuota,
 }

@@ -347,7 +347,9 @@ impl<'de> Deserialize<'de> for Quantity {
 }
 
 /// A quantity as a non-negative string or integer, checked by the API server with the Kubernetes
-/// grammar (minus the sign), so malformed or negative limits never reach the controllers.
+/// grammar narrowed to what this type holds exactly ([`exact_quantity_pattern`]), so malformed,
+/// negative, too precise (`0.5n`) or too large (`1e40`) values never reach the controllers: one
+/// such value in one object would fail every listing of its kind (issue #32, finding 7).
 ///
 /// `minimum` and `pattern` sit side by side under `x-kubernetes-int-or-string`: each applies only
 /// to its own JSON type. (An `anyOf` of typed branches does not survive the structural-schema
@@ -361,7 +363,8 @@ impl schemars::JsonSchema for Quantity {
         schemars::json_schema!({
             "x-kubernetes-int-or-string": true,
             "minimum": 0,
-            "pattern": QUANTITY_PATTERN
+            "maximum": MAX_INTEGER_UNITS,
+            "pattern": exact_quantity_pattern()
         })
     }
 
@@ -373,6 +376,50 @@ impl schemars::JsonSchema for Quantity {
 /// The Kubernetes quantity grammar without a minus sign.
 pub const QUANTITY_PATTERN: &str =
     r"^\+?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?[0-9]+))?$";
+
+/// The largest quantity written as a JSON integer that this project's CRDs accept.
+pub const MAX_INTEGER_UNITS: i64 = 1_000_000_000_000_000_000;
+
+/// The part of the Kubernetes quantity grammar this type holds exactly, below `10^28` units
+/// (far inside `i128` nano-units, so sums of many stay in range): per suffix, at most as many
+/// integer digits as keep the value below that bound, and at most as many decimal places as keep
+/// it a whole number of nano-units (`0.5n` and `1.0000000001` are refused, `1.5m` is not).
+/// Exponents: `e0`..`e9` with up to 9 decimal places, and `e-1`..`e-9` on whole numbers.
+/// Everything [`Quantity::format`] writes for such values matches it.
+pub fn exact_quantity_pattern() -> String {
+    // (suffix as a regex, most integer digits, most decimal places)
+    const FORMS: [(&str, u32, u32); 17] = [
+        ("n", 37, 0),
+        ("u", 34, 3),
+        ("m", 31, 6),
+        ("", 28, 9),
+        ("k", 25, 9),
+        ("M", 22, 9),
+        ("G", 19, 9),
+        ("T", 16, 9),
+        ("P", 13, 9),
+        ("E", 10, 9),
+        ("Ki", 24, 9),
+        ("Mi", 21, 9),
+        ("Gi", 18, 9),
+        ("Ti", 15, 9),
+        ("Pi", 12, 9),
+        ("Ei", 9, 9),
+        ("[eE]\\+?[0-9]", 19, 9),
+    ];
+    let mut alternatives: Vec<String> = FORMS
+        .iter()
+        .map(|(suffix, digits, places)| {
+            if *places == 0 {
+                format!("[0-9]{{1,{digits}}}\\.?{suffix}")
+            } else {
+                format!("([0-9]{{1,{digits}}}(\\.[0-9]{{0,{places}}})?|\\.[0-9]{{1,{places}}}){suffix}")
+            }
+        })
+        .collect();
+    alternatives.push("[0-9]{1,28}\\.?[eE]-[1-9]".to_owned());
+    format!("^\\+?({})$", alternatives.join("|"))
+}
 
 impl PartialOrd<i64> for Quantity {
     fn partial_cmp(&self, other: &i64) -> Option<Ordering> {
@@ -514,6 +561,49 @@ mod tests {
         assert_eq!(parsed, vec![q("4"), q("4"), q("500m"), q("1Gi")]);
         assert!(serde_json::from_str::<Quantity>(r#""nope""#).is_err());
         assert_eq!(serde_json::to_string(&q("1500m")).unwrap(), r#""1500m""#);
+    }
+
+    #[test]
+    fn the_exact_pattern_refuses_what_cannot_be_held_exactly() {
+        let pattern = regex_lite::Regex::new(&exact_quantity_pattern()).unwrap();
+        for good in [
+            "500m",
+            "2",
+            "1.5Gi",
+            "2G",
+            "100Ki",
+            "1e3",
+            "0.5",
+            ".5",
+            "5.",
+            "+3",
+            "1E-3",
+            "1500n",
+            "1.5m",
+            "0.000000001",
+            "1000000000000000000000000000",
+            "999999999Ei",
+        ] {
+            assert!(pattern.is_match(good), "{good}");
+            assert!(good.parse::<Quantity>().is_ok(), "{good}");
+        }
+        for bad in [
+            "-1",
+            "1Gb",
+            "",
+            "abc",
+            "1 Gi",
+            "1e",
+            "0.5n",
+            "1.0000000001",
+            "1e40",
+            "1e10",
+            "10000000000000000000000000000",
+            "1.5u5",
+            "1.0001u",
+        ] {
+            assert!(!pattern.is_match(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -81,3 +81,47 @@ proptest! {
         }
     }
 }
+
+/// Quantities below the CRDs' bound of `10^28` units, not negative.
+fn in_crd_range() -> impl Strategy<Value = Quantity> {
+    let bound = 10_i128.pow(37);
+    prop_oneof![
+        (0_i128..bound).prop_map(Quantity::from_nanos),
+        (0_i128..1 << 60).prop_map(|n| Quantity::from_nanos(n * 1_000_000_000)),
+        (0_i64..1 << 40).prop_map(Quantity::from_mebibytes),
+        (0_i64..1 << 40).prop_map(Quantity::from_millis),
+    ]
+}
+
+fn exact_pattern() -> regex_lite::Regex {
+    regex_lite::Regex::new(&kkp_quota_crds::quantity::exact_quantity_pattern())
+        .expect("the CRD pattern compiles")
+}
+
+proptest! {
+    /// Whatever the CRDs' pattern lets through, this type holds exactly and in range, so no
+    /// object the API server accepts can fail a listing.
+    #[test]
+    fn what_the_crd_pattern_accepts_parses_exactly(
+        text in proptest::string::string_regex(
+            kkp_quota_crds::quantity::exact_quantity_pattern()
+                .trim_start_matches('^')
+                .trim_end_matches('$'),
+        )
+        .expect("the CRD pattern generates strings")
+    ) {
+        let parsed = text.parse::<Quantity>();
+        prop_assert!(parsed.is_ok(), "{text}: {parsed:?}");
+        prop_assert!(parsed.is_ok_and(|q| q.as_nanos() < 10_i128.pow(38)), "{}", text);
+    }
+
+    /// Everything the controllers write for values in range passes the CRDs' pattern.
+    #[test]
+    fn what_the_controllers_write_passes_the_crd_pattern(q in in_crd_range()) {
+        let pattern = exact_pattern();
+        for notation in [Notation::Decimal, Notation::Binary] {
+            let text = q.format(notation);
+            prop_assert!(pattern.is_match(&text), "{}", text);
+        }
+    }
+}

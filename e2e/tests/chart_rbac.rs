@@ -235,7 +235,9 @@ async fn scenarios(running: &FleetWithSystem) {
     let global = KubermaticSetting::new(
         "globalsettings",
         KubermaticSettingSpec {
-            default_quota: Some(DefaultProjectResourceQuota { quota: limits }),
+            default_quota: Some(DefaultProjectResourceQuota {
+                quota: kkp_quota_crds::KkpQuota::new(&limits),
+            }),
         },
     );
     settings.create(&PostParams::default(), &global).await.unwrap();

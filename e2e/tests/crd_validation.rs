@@ -48,6 +48,14 @@ async fn quantities_are_validated_by_the_api_server() {
         ("not-a-number", json!({"cpu": "abc"})),
         ("empty", json!({"storage": ""})),
         ("neg-fraction", json!({"gpu": -0.5})),
+        // Kubernetes quantities this project cannot hold exactly (issue #32, finding 7): one
+        // stored would fail every listing of ProjectQuotas, and with it the master.
+        ("sub-nano", json!({"cpu": "0.5n"})),
+        ("too-precise", json!({"cpu": "1.0000000001"})),
+        ("huge-exponent", json!({"cpu": "1e40"})),
+        ("huge-digits", json!({"memory": "100000000000000000000000000000"})),
+        ("huge-suffix", json!({"storage": "10000000000Ei"})),
+        ("huge-integer", json!({"machines": 2_000_000_000_000_000_000_u64})),
     ];
     // Every case is tried before failing, so a failure lists all the holes at once.
     // Pitfall seen here: `anyOf: [{minimum: 0}, {pattern: ...}]` (what an int-or-string `anyOf` of
@@ -84,6 +92,10 @@ async fn quantities_are_validated_by_the_api_server() {
     }
     let list = api.list(&kube::api::ListParams::default()).await.unwrap();
     assert_eq!(list.items.len(), accepted.len(), "only the valid quotas exist");
+    // And what was accepted decodes exactly: a typed listing (what the master's watch does) works.
+    let typed: Api<ProjectQuota> = Api::all(cp.client());
+    let typed = typed.list(&kube::api::ListParams::default()).await.unwrap();
+    assert_eq!(typed.items.len(), accepted.len());
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -114,7 +114,7 @@ pub(crate) struct Ctx {
     /// [`Options::gone_seeds`].
     pub gone_seeds: BTreeSet<String>,
     /// Quotas with a limit this system cannot read: counted, and reported by Event.
-    pub unreadable: crate::unreadable::Unreadable,
+    pub unreadable: Arc<crate::unreadable::Unreadable>,
     /// Every master `ResourceQuota` (which of a project's several quotas is in force).
     pub quotas: Store<ResourceQuota>,
     /// Quotas not in force (another quota of their project is): counted.
@@ -229,6 +229,7 @@ async fn run_as_leader(
         })
     };
 
+    let unreadable = Arc::new(crate::unreadable::Unreadable::new(master.clone()));
     let ctx = Arc::new(Ctx {
         master: master.clone(),
         seeds: seeds.clone(),
@@ -240,7 +241,7 @@ async fn run_as_leader(
         memory: ShareMemory::default(),
         share_slack_percent: options.share_slack_percent,
         gone_seeds: options.gone_seeds.clone(),
-        unreadable: crate::unreadable::Unreadable::new(master.clone()),
+        unreadable: Arc::clone(&unreadable),
         quotas: quotas.clone(),
         not_in_force: crate::not_in_force::NotInForce::default(),
     });
@@ -295,6 +296,7 @@ async fn run_as_leader(
         quotas.clone(),
         defaults,
         metrics.clone(),
+        unreadable,
     );
     let orphan_loop = crate::sweep::orphan_sweep(
         master.clone(),

@@ -33,7 +33,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
-use tracing::{Instrument as _, info, info_span, warn};
+use tracing::{Instrument as _, error, info, info_span, warn};
 
 use crate::Error;
 use crate::fanout::project_owner_reference;
@@ -161,11 +161,25 @@ fn quota_patch_value(quota: &ResourceDetails) -> Value {
     Value::Object(map)
 }
 
-/// The default from `globalsettings`, if any.
-pub fn default_from_settings(settings: Option<&KubermaticSetting>) -> Option<ResourceDetails> {
-    settings
-        .and_then(|s| s.spec.default_quota.as_ref())
-        .map(|d| d.quota.kkp_subset())
+/// The default from `globalsettings`, if any; `Err`: what cannot be read in it (one problem per
+/// field). Then nothing is planned at all: an unreadable default is neither "no default" (which
+/// would delete every default quota) nor a default.
+pub fn default_from_settings(
+    settings: Option<&KubermaticSetting>,
+) -> Result<Option<ResourceDetails>, String> {
+    let Some(default) = settings.and_then(|s| s.spec.default_quota.as_ref()) else {
+        return Ok(None);
+    };
+    if !default.quota.unreadable.is_empty() {
+        let problems: Vec<String> = default
+            .quota
+            .unreadable
+            .iter()
+            .map(|u| u.problem().replacen("spec.quota.", "spec.defaultQuota.quota.", 1))
+            .collect();
+        return Err(problems.join("; "));
+    }
+    Ok(Some(default.quota.limits.kkp_subset()))
 }
 
 /// Plans and applies the default quotas once.
@@ -179,7 +193,7 @@ pub async fn reconcile(
         .state()
         .into_iter()
         .find(|s| s.name_any() == kkp_quota_crds::kkp::GLOBAL_SETTINGS_NAME);
-    let default = default_from_settings(global.as_deref());
+    let default = default_from_settings(global.as_deref()).map_err(Error::DefaultQuotaUnreadable)?;
     let project_objects: BTreeMap<String, std::sync::Arc<Project>> = projects
         .state()
         .into_iter()
@@ -278,10 +292,12 @@ pub(crate) async fn run(
     quotas: Store<ResourceQuota>,
     wake: Arc<Notify>,
     metrics: Metrics,
+    unreadable: Arc<crate::unreadable::Unreadable>,
 ) {
     let _ = quotas.wait_until_ready().await;
     let _ = projects.wait_until_ready().await;
     let _ = settings.wait_until_ready().await;
+    let mut said = None;
     loop {
         wake.notified().await;
         let start = Instant::now();
@@ -292,7 +308,19 @@ pub(crate) async fn run(
             .reconcile_duration
             .with_label_values(&["default_quota"])
             .observe(start.elapsed().as_secs_f64());
+        let unreadable_default = match &result {
+            Err(Error::DefaultQuotaUnreadable(problem)) => Some(problem.clone()),
+            _ => None,
+        };
+        unreadable.track_named(SETTINGS_ENTRY, unreadable_default.is_some(), &metrics);
         match result {
+            // Said once per problem; the settings watch wakes this loop when it is fixed.
+            Err(Error::DefaultQuotaUnreadable(problem)) => {
+                if said.as_ref() != Some(&problem) {
+                    error!(%problem, "the default project quota cannot be read; default quotas are left as they are until it is fixed");
+                }
+                said = Some(problem);
+            }
             Ok(0) => {}
             Ok(n) => {
                 metrics
@@ -316,6 +344,9 @@ pub(crate) async fn run(
         tokio::time::sleep(PAUSE).await;
     }
 }
+
+/// How the default quota counts among the unreadable quotas.
+const SETTINGS_ENTRY: &str = "KubermaticSetting/globalsettings";
 
 /// The shortest time between two rounds.
 const PAUSE: Duration = Duration::from_millis(500);

@@ -56,6 +56,8 @@ pub enum Error {
     ShareRecord(String),
     #[error("seed(s) not in sync yet: {0}")]
     Seeds(String),
+    #[error("the default quota in KubermaticSetting globalsettings cannot be read: {0}")]
+    DefaultQuotaUnreadable(String),
     #[error("{0} stopped")]
     Stopped(&'static str),
 }

@@ -47,7 +47,12 @@ impl Unreadable {
     pub(crate) fn track(&self, quota: &ResourceQuota, metrics: &Metrics) {
         let unreadable =
             !quota.spec.quota.unreadable.is_empty() && quota.metadata.deletion_timestamp.is_none();
-        let name = quota.name_any();
+        self.track_named(&quota.name_any(), unreadable, metrics);
+    }
+
+    /// Counts `name` (a quota, or the default quota in the settings) while it is `unreadable`.
+    pub(crate) fn track_named(&self, name: &str, unreadable: bool, metrics: &Metrics) {
+        let name = name.to_owned();
         let mut names = self
             .names
             .lock()

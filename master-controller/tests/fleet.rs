@@ -392,7 +392,7 @@ async fn default_quota(w: &World) -> Result<()> {
         "globalsettings",
         KubermaticSettingSpec {
             default_quota: Some(DefaultProjectResourceQuota {
-                quota: cpu_mem(10, 20),
+                quota: kkp_quota_crds::KkpQuota::new(&cpu_mem(10, 20)),
             }),
         },
     );

@@ -2,6 +2,8 @@
 //! - values KKP's CRD accepts but this system cannot read exactly (`1e40`, `0.5n`): a
 //!   master-controller started with them in the master still reconciles every other project,
 //!   and each such quota gets a condition and an Event naming the field and the accepted form;
+//! - a default quota in KKP's settings that cannot be read: default quotas are left as they are
+//!   (never taken for "no default"), it is counted, and it applies once fixed;
 //! - a project's second quota (issue #32, finding 9): the seeds enforce the first by name, so the
 //!   master fans out only that one, deletes the other's ledgers, says so, and hands over when the
 //!   first is deleted.
@@ -133,7 +135,8 @@ async fn quotas_the_seeds_would_not_enforce_are_reported_and_the_others_go_on() 
             .with_project("good")
             .with_project("huge")
             .with_project("tiny")
-            .with_project("twice"),
+            .with_project("twice")
+            .with_project("fresh"),
     )
     .await?;
     let master = fleet.master().client();
@@ -180,7 +183,7 @@ async fn quotas_the_seeds_would_not_enforce_are_reported_and_the_others_go_on() 
     )
     .await?;
     seeds_have_cpu(&fleet, "project-huge", 40, "the fixed quota fanned out").await?;
-    let pq: Api<ProjectQuota> = Api::all(master);
+    let pq: Api<ProjectQuota> = Api::all(master.clone());
     wait_for(DEADLINE, "QuotaInvalid gone once fixed", || async {
         let pq = pq.get("project-huge").await?;
         ensure!(
@@ -192,13 +195,26 @@ async fn quotas_the_seeds_would_not_enforce_are_reported_and_the_others_go_on() 
     .await?;
     unreadable_gauge(&controller, 1.0).await?;
 
-    // A project with two quotas: "project-twice" is in force everywhere; "extra-twice", created
-    // later and sorting after it, is not fanned out, and says which one is.
-    create_quota(&quotas, "project-twice", "twice", cpu_mem(4, 8)).await?;
-    seeds_have_cpu(&fleet, "project-twice", 4, "the first quota fanned out").await?;
-    create_quota(&quotas, "twice-extra", "twice", cpu_mem(9, 8)).await?;
-    said(&fleet, "twice-extra", NOT_IN_FORCE, &["project-twice", "twice"]).await?;
-    gauge(&controller, "kkp_quota_master_quotas_not_in_force", 1.0).await?;
+    several_quotas_for_one_project(&fleet, &controller, &quotas, &pq).await?;
+    an_unreadable_default_quota(&fleet, &controller, &quotas, &master).await?;
+    ensure!(!controller.is_finished(), "the controller stopped");
+    Ok(())
+}
+
+/// A project with two quotas: "project-twice" is in force everywhere; "twice-extra", created
+/// later and sorting after it, is not fanned out, and says which one is; deleting the first hands
+/// over to the second.
+async fn several_quotas_for_one_project(
+    fleet: &Fleet,
+    controller: &Running,
+    quotas: &Api<ResourceQuota>,
+    pq: &Api<ProjectQuota>,
+) -> Result<()> {
+    create_quota(quotas, "project-twice", "twice", cpu_mem(4, 8)).await?;
+    seeds_have_cpu(fleet, "project-twice", 4, "the first quota fanned out").await?;
+    create_quota(quotas, "twice-extra", "twice", cpu_mem(9, 8)).await?;
+    said(fleet, "twice-extra", NOT_IN_FORCE, &["project-twice", "twice"]).await?;
+    gauge(controller, "kkp_quota_master_quotas_not_in_force", 1.0).await?;
     for seed in SEEDS {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
         ensure!(
@@ -207,13 +223,13 @@ async fn quotas_the_seeds_would_not_enforce_are_reported_and_the_others_go_on() 
         );
     }
     // Edits of the one in force still reach the seeds.
-    set_quota(&quotas, "project-twice", &cpu_mem(5, 8)).await?;
-    seeds_have_cpu(&fleet, "project-twice", 5, "the first quota's edit").await?;
+    set_quota(quotas, "project-twice", &cpu_mem(5, 8)).await?;
+    seeds_have_cpu(fleet, "project-twice", 5, "the first quota's edit").await?;
     // The first deleted: the second takes over, and its condition goes.
     quotas
         .delete("project-twice", &kube::api::DeleteParams::default())
         .await?;
-    seeds_have_cpu(&fleet, "twice-extra", 9, "the second quota in force").await?;
+    seeds_have_cpu(fleet, "twice-extra", 9, "the second quota in force").await?;
     wait_for(DEADLINE, "the first quota's ledgers gone", || async {
         for seed in SEEDS {
             let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
@@ -231,7 +247,43 @@ async fn quotas_the_seeds_would_not_enforce_are_reported_and_the_others_go_on() 
         Ok(())
     })
     .await?;
-    gauge(&controller, "kkp_quota_master_quotas_not_in_force", 0.0).await?;
-    ensure!(!controller.is_finished(), "the controller stopped");
+    gauge(controller, "kkp_quota_master_quotas_not_in_force", 0.0).await?;
+
+    Ok(())
+}
+
+/// The default quota in KKP's settings unreadable: counted, nothing written; once fixed, the
+/// project without a quota ("fresh") gets it.
+async fn an_unreadable_default_quota(
+    fleet: &Fleet,
+    controller: &Running,
+    quotas: &Api<ResourceQuota>,
+    master: &Client,
+) -> Result<()> {
+    let settings = Api::<DynamicObject>::all_with(
+        master.clone(),
+        &ApiResource::erase::<kkp_quota_crds::kkp::KubermaticSetting>(&()),
+    );
+    let global: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "kubermatic.k8c.io/v1",
+        "kind": "KubermaticSetting",
+        "metadata": {"name": "globalsettings"},
+        "spec": {"defaultQuota": {"quota": {"cpu": "1e40"}}},
+    }))?;
+    settings.create(&PostParams::default(), &global).await?;
+    unreadable_gauge(controller, 2.0).await?;
+    ensure!(
+        quotas.get_opt("project-fresh").await?.is_none(),
+        "a default quota was written from an unreadable default"
+    );
+    settings
+        .patch(
+            "globalsettings",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"defaultQuota": {"quota": {"cpu": "3"}}}})),
+        )
+        .await?;
+    seeds_have_cpu(fleet, "project-fresh", 3, "the fixed default applied").await?;
+    unreadable_gauge(controller, 1.0).await?;
     Ok(())
 }
