@@ -101,6 +101,8 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     // A grace far longer than the test: whatever is counted here was counted by its reservation.
     let mut config = Config::for_tests("seed");
     config.admission_record_grace = Duration::from_mins(10);
+    // The ghost reservation below expires this long after the controller first sees it.
+    config.reservation_ttl = Duration::from_secs(10);
     // Recount every second (it is also the liveness probe that finds alpha back after its
     // apiserver restarts): a held-back Machine must stay held through it.
     config.resync_period = Duration::from_secs(1);

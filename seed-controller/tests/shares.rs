@@ -168,6 +168,9 @@ async fn share_is_released_in_the_ledger_write_down_to_the_target_then_when_quie
     let mut config = Config::for_tests("seed");
     // Not quiet during this part: only the target releases.
     config.share_quiet_period = Duration::from_hours(1);
+    // The ghost reservation expires this long after the controller first sees it (its own
+    // clock, not the 10 minutes old `createdAt`).
+    config.reservation_ttl = Duration::from_secs(10);
     let running = start_controller(&seed_cp, config).await;
     running.wait_ready().await;
     wait_released(&seed, Quantity::from_units(6)).await;

@@ -19,6 +19,9 @@ use seed_controller::usage::same_usage;
 use seed_controller::{Config, REASON_UNADMITTED, REASON_UNSIZEABLE};
 use serde_json::json;
 
+/// The controller's reservation TTL in this test.
+const RESERVATION_TTL: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// Appends reservations as the webhook does: a merge patch conditioned on resourceVersion.
 async fn add_reservations(seed: &Client, project: &str, add: Vec<Reservation>) {
     let api: Api<QuotaLedger> = Api::all(seed.clone());
@@ -100,6 +103,8 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     // flight for drift.
     config.resync_period = std::time::Duration::from_secs(1);
     config.user_cluster_timeout = std::time::Duration::from_secs(3);
+    // Long enough to tell "dropped at once" from "expired", short enough to see expiry.
+    config.reservation_ttl = RESERVATION_TTL;
     let running = start_controller(&seed_cp, config.clone()).await;
     running.wait_ready().await;
     let s0 = size_of(&m0_spec);
@@ -146,8 +151,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     wait_cluster_usage(&seed, "beta", &ResourceDetails::zero()).await;
     wait_local_usage(&seed, "demo", &sum(&[&s0, &s1])).await;
     wait_local_usage(&seed, "other", &s3).await;
-    // A reservation recorded only after its Machine was deleted goes at once, not at its TTL
-    // (2m, longer than WAIT).
+    // A reservation recorded only after its Machine was deleted goes at once, not at its TTL.
     let m2_uid = uid(&m2);
     add_reservations(
         &seed,
@@ -155,7 +159,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
         vec![reservation("beta", &m2_uid, &s2, SignedDuration::ZERO)],
     )
     .await;
-    e2e::wait_for(WAIT, "m2's late reservation dropped", || async {
+    e2e::wait_for(RESERVATION_TTL / 2, "m2's late reservation dropped", || async {
         !reservation_uids(&seed, "demo").await.contains(&m2_uid)
     })
     .await
@@ -280,7 +284,10 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     create_machine(&alpha, "m5", &m5_spec).await;
     let s5 = size_of(&m5_spec);
     wait_local_usage(&seed, "demo", &sum(&[&alpha_usage, &s5, &s4])).await;
-    // Old reservations: alpha's expires, unreachable beta's is kept.
+    // Reservations dated 10 minutes ago (a webhook whose clock is behind, issue #32 finding 8):
+    // each lives the TTL from when seed-controller first sees it, by its own clock; then
+    // alpha's expires, unreachable beta's is kept.
+    let added = std::time::Instant::now();
     add_reservations(
         &seed,
         "demo",
@@ -290,6 +297,25 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
         ],
     )
     .await;
+    // Seen, and the skew exported (10 minutes and the delay).
+    e2e::wait_for(WAIT, "the reservations' clock skew seen", || async {
+        metric(
+            &running.metrics,
+            "kkp_quota_observed_clock_skew_seconds",
+            &[("entry", "reservation")],
+        )
+        .is_some_and(|s| s >= 600.0)
+    })
+    .await
+    .unwrap();
+    if added.elapsed() < RESERVATION_TTL {
+        assert!(
+            reservation_uids(&seed, "demo")
+                .await
+                .contains(&"ghost-alpha".to_owned()),
+            "a reservation dated by a clock behind expired before its TTL"
+        );
+    }
     e2e::wait_for(WAIT, "alpha's old reservation expired", || async {
         !reservation_uids(&seed, "demo")
             .await
@@ -297,6 +323,11 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     })
     .await
     .unwrap();
+    assert!(
+        added.elapsed() >= RESERVATION_TTL,
+        "expired after {:?}",
+        added.elapsed()
+    );
     assert!(
         reservation_uids(&seed, "demo")
             .await

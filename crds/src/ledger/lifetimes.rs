@@ -1,12 +1,15 @@
-//! How long a ledger's demands and allotments live, as one observer judges them (issue #32,
-//! finding 8). `expiresAt` is written by the webhook's clock; judged by another machine's clock,
-//! a skew of 30 s expires every demand on arrival, and a skew of a minute drops allotments still
-//! in use. So an entry that carries `ttlSeconds` lives, for each observer, `ttlSeconds` from the
+//! How long a ledger's demands, allotments and reservations live, as one observer judges them
+//! (issue #32, finding 8). `expiresAt` and `createdAt` are written by the webhook's clock; judged
+//! by another machine's clock, a skew of 30 s expires every demand on arrival, a skew of a minute
+//! drops allotments still in use, and a reservation judged by a clock far enough ahead goes
+//! before its Machine appears (its headroom admitted again meanwhile). So an entry that carries `ttlSeconds` lives, for each observer, `ttlSeconds` from the
 //! moment that observer first saw it (this `expiresAt` of this holder), by the observer's own
 //! clock. It first sees an entry at or after the write, so it never counts it shorter-lived
 //! than the writer meant (an allotment is never removed while its holder may admit from it); an
 //! observer that restarts counts entries anew, which only makes them live longer. Entries
-//! without `ttlSeconds` (older writers) keep their `expiresAt`.
+//! without `ttlSeconds` (older writers) keep their `expiresAt`. A reservation's lifetime is the
+//! observer's own (`--reservation-ttl`): it counts from when the observer first saw the
+//! reservation, so [`Observed`] gives each one with `createdAt` replaced by that moment.
 //!
 //! [`Lifetimes::observe`] gives the status with each `expiresAt` replaced by the observer's
 //! judgement, for deciding only: never write it back (each entry is its holder's).
@@ -15,7 +18,7 @@ use std::collections::{HashMap, HashSet};
 
 use jiff::{SignedDuration, Timestamp};
 
-use crate::ledger::Allotment;
+use crate::ledger::{Allotment, Reservation};
 use crate::quota_ledger::{QuotaLedgerStatus, ShareDemand};
 
 /// `ttlSeconds` for a lifetime of `ttl`: whole seconds, rounded up (never shorter than meant).
@@ -28,16 +31,18 @@ pub fn ttl_seconds(ttl: std::time::Duration) -> u64 {
 pub enum EntryKind {
     Demand,
     Allotment,
+    Reservation,
 }
 
 impl EntryKind {
-    pub const ALL: &'static [EntryKind] = &[EntryKind::Demand, EntryKind::Allotment];
+    pub const ALL: &'static [EntryKind] = &[EntryKind::Demand, EntryKind::Allotment, EntryKind::Reservation];
 
     /// The metrics label value.
     pub fn as_str(self) -> &'static str {
         match self {
             EntryKind::Demand => "demand",
             EntryKind::Allotment => "allotment",
+            EntryKind::Reservation => "reservation",
         }
     }
 }
@@ -67,6 +72,8 @@ pub struct Observed {
     pub demands: Vec<ShareDemand>,
     /// `status.allotments`, likewise.
     pub allotments: Vec<Allotment>,
+    /// `status.reservations`, each `createdAt` replaced by when this observer first saw it.
+    pub reservations: Vec<Reservation>,
     /// The skew seen on each entry seen for the first time now.
     pub skews: Vec<Skew>,
 }
@@ -77,6 +84,7 @@ impl Observed {
         QuotaLedgerStatus {
             allotments: self.allotments,
             demands: self.demands,
+            reservations: self.reservations,
             ..status.clone()
         }
     }
@@ -140,12 +148,36 @@ impl Lifetimes {
                 ..a.clone()
             })
             .collect();
+        let reservations: Vec<Reservation> = status
+            .reservations
+            .iter()
+            .map(|r| {
+                let key = Key {
+                    kind: EntryKind::Reservation,
+                    holder: format!("{}/{}", r.cluster, r.uid),
+                    expires_at: r.created_at,
+                };
+                let first = before.get(&key).copied().unwrap_or_else(|| {
+                    skews.push(Skew {
+                        kind: EntryKind::Reservation,
+                        seconds: now.duration_since(r.created_at).as_secs_f64(),
+                    });
+                    now
+                });
+                seen.insert(key, first);
+                Reservation {
+                    created_at: first,
+                    ..r.clone()
+                }
+            })
+            .collect();
         if !seen.is_empty() {
             self.ledgers.insert(ledger.to_owned(), seen);
         }
         Observed {
             demands,
             allotments,
+            reservations,
             skews,
         }
     }
@@ -266,6 +298,33 @@ mod tests {
         assert_eq!(back.demands[0].expires_at, at(55));
         l.forget("q");
         assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_reservation_lives_its_ttl_from_when_the_observer_first_saw_it() {
+        // The webhook's clock is 90 s behind: a reservation it dates 10 reads, at our 100, as
+        // 90 s old; with a 2 minute TTL it would go at our 130, maybe before its Machine exists.
+        let mut l = Lifetimes::new();
+        let r = Reservation {
+            cluster: "c".into(),
+            uid: "u".into(),
+            size: ResourceDetails::default(),
+            reserved: ResourceDetails::default(),
+            created_at: at(10),
+        };
+        let s = QuotaLedgerStatus {
+            reservations: vec![r],
+            ..QuotaLedgerStatus::default()
+        };
+        let seen = l.observe("q", &s, at(100));
+        assert_eq!(seen.reservations[0].created_at, at(100));
+        assert_eq!(seen.skews[0].kind, EntryKind::Reservation);
+        assert!((seen.skews[0].seconds - 90.0).abs() < f64::EPSILON);
+        // Later reads keep the first sight; the written status is untouched.
+        let again = l.observe("q", &s, at(200));
+        assert_eq!(again.reservations[0].created_at, at(100));
+        assert!(again.skews.is_empty());
+        assert_eq!(s.reservations[0].created_at, at(10));
     }
 
     #[test]
