@@ -48,7 +48,10 @@ pub struct ControlPlane {
     /// Declared before `etcd` and `dir`: fields drop in order, so kube-apiserver dies first,
     /// then etcd, then the directory goes.
     apiserver: Mutex<Option<Proc>>,
-    etcd: Proc,
+    /// `None` only for a moment while [`ControlPlane::restore_etcd`] swaps its data.
+    etcd: Mutex<Option<Proc>>,
+    /// etcd's client and peer ports, kept across a restore.
+    etcd_ports: (u16, u16),
     dir: tempfile::TempDir,
 }
 
@@ -83,9 +86,11 @@ impl ControlPlane {
         let mut certs = ClusterCerts::generate(name)?;
         write_pki(dir.path(), &certs)?;
 
-        let (mut etcd, etcd_url) = start_etcd(&binaries, dir.path())
+        let (etcd, etcd_ports) = start_etcd(&binaries, dir.path())
             .await
             .with_context(|| format!("{name}: etcd"))?;
+        let etcd_url = format!("http://127.0.0.1:{}", etcd_ports.0);
+        let mut etcd = Mutex::new(Some(etcd));
         tracing::debug!(cluster = name, elapsed = ?started.elapsed(), "etcd ready");
 
         let mut last_err = None;
@@ -104,6 +109,7 @@ impl ControlPlane {
                 audit,
                 apiserver: Mutex::new(None),
                 etcd,
+                etcd_ports,
                 dir,
             };
             match cp.spawn_apiserver().await {
@@ -239,7 +245,11 @@ impl ControlPlane {
 
     /// Process id of etcd.
     pub fn etcd_pid(&self) -> u32 {
-        self.etcd.pid()
+        self.etcd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .map_or(0, Proc::pid)
     }
 
     /// Process id of kube-apiserver, `None` while it is stopped.
@@ -287,6 +297,72 @@ impl ControlPlane {
         ensure!(status.success(), "kill -{signal} {pid}: {status}");
         tracing::info!(cluster = self.name, signal, "kube-apiserver signalled");
         Ok(pid)
+    }
+
+    /// Takes a copy of etcd's data as it is now (a crash-consistent snapshot: etcd is frozen with
+    /// SIGSTOP while its data directory is copied, then continued), for
+    /// [`restore_etcd`](Self::restore_etcd). What an operator's backup of a seed is.
+    pub fn snapshot_etcd(&self) -> Result<PathBuf> {
+        let pid = self.etcd_pid();
+        let taken = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let snapshot = self.dir.path().join(format!("etcd-snapshot-{taken}"));
+        let signal = |sig: &str| -> Result<()> {
+            let status = Command::new("kill")
+                .arg(format!("-{sig}"))
+                .arg(pid.to_string())
+                .status()?;
+            ensure!(status.success(), "kill -{sig} {pid}: {status}");
+            Ok(())
+        };
+        signal("STOP")?;
+        crate::wait::wait_until_blocking(Duration::from_secs(10), "etcd stopped for the snapshot", || {
+            crate::procfs::is_stopped(pid)
+        })?;
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(self.dir.path().join("etcd-data"))
+            .arg(&snapshot)
+            .status();
+        signal("CONT")?;
+        ensure!(copied?.success(), "copying etcd's data failed");
+        tracing::info!(cluster = self.name, snapshot = %snapshot.display(), "etcd snapshot taken");
+        Ok(snapshot)
+    }
+
+    /// Restores etcd from `snapshot` the way an operator restores a seed from a backup without
+    /// `--bump-revision`: kube-apiserver and etcd stop, etcd's data is replaced by the snapshot,
+    /// both start again on the same ports. Every object is as it was at the snapshot, and
+    /// resourceVersions go back to what they were then.
+    pub async fn restore_etcd(&self, snapshot: &Path) -> Result<()> {
+        self.stop_apiserver().await;
+        let old = self
+            .etcd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(mut old) = old {
+            let _ = tokio::task::spawn_blocking(move || old.kill()).await;
+        }
+        let data = self.dir.path().join("etcd-data");
+        std::fs::remove_dir_all(&data).context("removing etcd's data")?;
+        let copied = Command::new("cp").arg("-a").arg(snapshot).arg(&data).status()?;
+        ensure!(copied.success(), "restoring etcd's data failed");
+        let etcd = crate::wait_for(Duration::from_secs(30), "etcd back on its ports", || async {
+            match spawn_etcd(&self.binaries, self.dir.path(), self.etcd_ports).await {
+                Ok(proc) => Some(Ok(proc)),
+                Err(StartError::PortTaken(_)) => None,
+                Err(StartError::Other(e)) => Some(Err(e)),
+            }
+        })
+        .await??;
+        *self
+            .etcd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(etcd);
+        tracing::info!(cluster = self.name, "etcd restored from a snapshot");
+        self.start_apiserver().await
     }
 
     /// Kills kube-apiserver (SIGKILL, like a crash or a network cut) and waits until it is gone;
@@ -521,41 +597,14 @@ fn classify(e: anyhow::Error) -> StartError {
     }
 }
 
-async fn start_etcd(binaries: &Path, dir: &Path) -> Result<(Proc, String)> {
+async fn start_etcd(binaries: &Path, dir: &Path) -> Result<(Proc, (u16, u16))> {
     let mut last_err = None;
     for _ in 0..PORT_ATTEMPTS {
-        let (client_port, peer_port) = (free_port()?, free_port()?);
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let data = dir.join("etcd-data");
-        // Unique across processes (the temp dir's random name), so that readiness can tell our
-        // etcd from another one on the same port.
-        let member = dir
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("etcd")
-            .to_owned();
-        let args = vec![
-            format!("--name={member}"),
-            format!("--data-dir={}", data.display()),
-            format!("--listen-client-urls={client_url}"),
-            format!("--advertise-client-urls={client_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster={member}={peer_url}"),
-            "--unsafe-no-fsync=true".to_owned(),
-            "--log-level=warn".to_owned(),
-        ];
-        let mut proc = Proc::spawn("etcd", &binaries.join("etcd"), &args, &dir.join("etcd.log"))?;
-        let result = wait_process(&mut proc, STARTUP_TIMEOUT, "/health", || {
-            etcd_ready(client_port, &member)
-        })
-        .await;
-        match result.map_err(classify) {
-            Ok(()) => return Ok((proc, client_url)),
+        let ports = (free_port()?, free_port()?);
+        match spawn_etcd(binaries, dir, ports).await {
+            Ok(proc) => return Ok((proc, ports)),
             Err(StartError::PortTaken(e)) => {
-                drop(proc);
-                let _ = std::fs::remove_dir_all(&data);
+                let _ = std::fs::remove_dir_all(dir.join("etcd-data"));
                 last_err = Some(e);
             }
             Err(StartError::Other(e)) => return Err(e),
@@ -564,6 +613,43 @@ async fn start_etcd(binaries: &Path, dir: &Path) -> Result<(Proc, String)> {
     Err(last_err
         .unwrap_or_else(|| anyhow!("no attempt made"))
         .context("no free port"))
+}
+
+/// etcd on `(client, peer)` ports with its data in `dir/etcd-data`, once healthy.
+async fn spawn_etcd(
+    binaries: &Path,
+    dir: &Path,
+    (client_port, peer_port): (u16, u16),
+) -> Result<Proc, StartError> {
+    let client_url = format!("http://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let data = dir.join("etcd-data");
+    // Unique across processes (the temp dir's random name), so that readiness can tell our
+    // etcd from another one on the same port.
+    let member = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("etcd")
+        .to_owned();
+    let args = vec![
+        format!("--name={member}"),
+        format!("--data-dir={}", data.display()),
+        format!("--listen-client-urls={client_url}"),
+        format!("--advertise-client-urls={client_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster={member}={peer_url}"),
+        "--unsafe-no-fsync=true".to_owned(),
+        "--log-level=warn".to_owned(),
+    ];
+    let mut proc = Proc::spawn("etcd", &binaries.join("etcd"), &args, &dir.join("etcd.log"))
+        .map_err(StartError::Other)?;
+    wait_process(&mut proc, STARTUP_TIMEOUT, "/health", || {
+        etcd_ready(client_port, &member)
+    })
+    .await
+    .map_err(classify)?;
+    Ok(proc)
 }
 
 /// Healthy, and ours: `GET /health`, then the member list must name `member` (a port picked as

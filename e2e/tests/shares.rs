@@ -809,6 +809,69 @@ async fn fill(setup: &FleetWithSystem, user: &str, mut admitted: usize, total: u
     }
 }
 
+/// A seed's etcd restored from a snapshot (issue #32, finding 6), the harsh way: a copy of its
+/// data taken while seed-a held share, restored after seed-a had released it and seed-b had
+/// filled the quota with it, without `--bump-revision` (resourceVersions go back). The restored
+/// ledger holds the old share again; the master's released floor in its spec, re-applied once the
+/// master's watch lists the restored seed again (every watch of the system lists again when the
+/// API server's data went back in time), takes it away; seed-a then admits nothing, and the
+/// whole quota is usable again once seed-b's Machines go.
+async fn a_restored_seed_does_not_regain_released_share(setup: &FleetWithSystem) {
+    let fleet = &setup.fleet;
+    restore_limit(fleet).await;
+    settle(fleet).await;
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
+    let seed_a = fleet.seed("seed-a");
+    fill(setup, "alpha", 0, LIMIT_MACHINES, "before-snapshot").await;
+    delete_all(fleet, &["alpha"]).await;
+    let held = wait_for(WAIT, "seed-a idle, holding share", || async {
+        match seed_figures(&seed_a.client()).await {
+            Some((0, share)) if share > 0 => Some(share),
+            _ => None,
+        }
+    })
+    .await
+    .unwrap();
+    let snapshot = seed_a.snapshot_etcd().unwrap();
+
+    // seed-a releases, seed-b fills the quota.
+    fill(setup, "gamma", 0, LIMIT_MACHINES, "after-snapshot").await;
+    let _ = stop.send(());
+    watching.await.unwrap();
+    seed_a.restore_etcd(&snapshot).await.unwrap();
+    // At once: the restored ledger says seed-a holds the share it had at the snapshot, with an
+    // older word of the master than seed-a's webhook saw before: refused until the master has
+    // rewritten it (reason `ledger_missing`, the message says the seed was restored).
+    let (at_once, refused) = e2e::shares::burst_counting(fleet, "demo", &["alpha"; 3], "restored").await;
+    wait_for(WAIT, "the restored seed-a back to no share", || async {
+        match seed_figures(&seed_a.client()).await {
+            Some((_, 0)) => Ok(()),
+            other => Err(format!("seed-a: {other:?}")),
+        }
+    })
+    .await
+    .unwrap();
+    wait_others_folded(fleet, "seed-a", LIMIT).await;
+    let later = burst(fleet, &["alpha"; 3], "restored-later").await;
+    eprintln!(
+        "etcd restore: seed-a held {held} cpu at the snapshot; restored, it admitted {at_once} at once ({refused} refused as restored) and {later} later"
+    );
+    assert_eq!((at_once, later), (0, 0), "{}", describe(setup).await);
+
+    // Healed: seed-b's Machines go, and seed-a gets the whole quota.
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(fleet, stopped);
+    delete_all(fleet, &["gamma"]).await;
+    wait_others_folded(fleet, "seed-a", 0).await;
+    wait_no_demands(fleet, &["seed-a", "seed-b"]).await;
+    fill(setup, "alpha", 0, LIMIT_MACHINES, "after-restore").await;
+    delete_all(fleet, &["alpha"]).await;
+    wait_idle(fleet).await;
+    let _ = stop.send(());
+    watching.await.unwrap();
+}
+
 /// A seed gone for good (issue #32, finding 3). Removed from the fleet, seed-b keeps the share
 /// it held, counted (its Machines may still exist) and shown as stuck: seed-a gets only the
 /// rest. Declared gone (`--gone-seeds=seed-b`, the chart's `masterController.goneSeeds`), the
@@ -905,5 +968,6 @@ async fn faults_operators_cause_never_overrun_and_heal() {
     a_deleted_ledger_fails_closed_and_heals(&setup).await;
     a_limit_added_to_a_resource_in_use_counts_that_use(&setup).await;
     a_catalog_edit_that_grows_running_machines_is_counted(&setup).await;
+    a_restored_seed_does_not_regain_released_share(&setup).await;
     a_seed_declared_gone_returns_its_share(&mut setup).await;
 }

@@ -6,12 +6,13 @@
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceQuota};
 use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::WatchStreamExt as _;
@@ -58,6 +59,16 @@ impl<K: Resource> Mirror<K> {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(key)
             .cloned()
+    }
+
+    /// Every object.
+    pub fn all(&self) -> Vec<Arc<K>> {
+        self.objects
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// The first object (by key) that matches.
@@ -138,6 +149,12 @@ pub struct SeedCache {
     catalog: RwLock<SizeCatalog>,
     catalog_synced: AtomicBool,
     quota_resource: ApiResource,
+    /// Times the ledgers were listed again because the seed's data went back in time (an etcd
+    /// restore): copies this process wrote before that are no newer than the cache's.
+    restores: Arc<std::sync::atomic::AtomicU64>,
+    /// After such a restore, per ledger: the master's word version it carried before. A ledger
+    /// carrying an older word is not used until the master has rewritten it.
+    restored: Mutex<HashMap<String, u64>>,
 }
 
 /// A quota copy as read: its name, resourceVersion, typed spec and status, and the raw
@@ -231,6 +248,11 @@ impl QuotaCopy {
     }
 }
 
+/// The master's word version a ledger carries (`spec.shares.version`).
+pub fn word_version(ledger: &DynamicObject) -> Option<u64> {
+    ledger.data.get("spec")?.get("shares")?.get("version")?.as_u64()
+}
+
 /// Whether a quota object is the project's quota (by labels, never by name).
 pub fn is_quota_of(object: &impl Resource, project: &str) -> bool {
     let labels = object.labels();
@@ -248,7 +270,54 @@ impl SeedCache {
             catalog: RwLock::new(SizeCatalog::shipped()),
             catalog_synced: AtomicBool::new(false),
             quota_resource: ApiResource::erase::<QuotaLedger>(&()),
+            restores: Arc::default(),
+            restored: Mutex::default(),
         }
+    }
+
+    /// How often the seed's data went back in time while this process ran ([`Self::run`]).
+    pub fn restores(&self) -> u64 {
+        self.restores.load(Ordering::SeqCst)
+    }
+
+    /// The seed's data went back in time (its watch had to list again, or a fresh read came back
+    /// older than the cache): remembers the master's word version each ledger carried before,
+    /// from the cache (which still holds the objects from before), unless an earlier restore
+    /// remembered a newer one.
+    pub fn note_restore(&self) {
+        let mut restored = self
+            .restored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for ledger in self.quotas.all() {
+            if let Some(version) = word_version(&ledger) {
+                let known = restored.entry(ledger.name_any()).or_insert(version);
+                *known = (*known).max(version);
+            }
+        }
+        self.restores.fetch_add(1, Ordering::SeqCst);
+        warn!(
+            ledgers = restored.len(),
+            "this seed's data went back in time (an etcd restore?): ledgers carrying an older word of the master wait for a newer one"
+        );
+    }
+
+    /// Whether `ledger` carries an older word of the master than it did before a restore of the
+    /// seed's data (forgotten once it carries one as new).
+    pub fn behind_a_restore(&self, ledger: &DynamicObject) -> bool {
+        let mut restored = self
+            .restored
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let name = ledger.name_any();
+        let Some(&before) = restored.get(&name) else {
+            return false;
+        };
+        if word_version(ledger).unwrap_or(0) >= before {
+            restored.remove(&name);
+            return false;
+        }
+        true
     }
 
     pub fn quota_resource(&self) -> &ApiResource {
@@ -316,22 +385,30 @@ impl SeedCache {
 
     /// Runs the watches until dropped.
     pub async fn run(self: Arc<Self>, client: Client, kubermatic_namespace: String) {
-        let quotas = watcher::watcher(
+        let cache = Arc::clone(&self);
+        let quotas = relisting_watcher(
             Api::<DynamicObject>::all_with(client.clone(), &self.quota_resource),
             watcher::Config::default(),
+            Some(Arc::new(move || cache.note_restore())),
         )
         .default_backoff();
         // Metadata only: the labels are all that is read.
-        let kkp_quotas = watcher::watcher(
+        let kkp_quotas = relisting_watcher(
             Api::<PartialObjectMeta<ResourceQuota>>::all(client.clone()),
             watcher::Config::default(),
+            None,
         )
         .default_backoff();
-        let clusters = watcher::watcher(Api::<Cluster>::all(client.clone()), watcher::Config::default())
-            .default_backoff();
-        let catalog = watcher::watcher(
+        let clusters = relisting_watcher(
+            Api::<Cluster>::all(client.clone()),
+            watcher::Config::default(),
+            None,
+        )
+        .default_backoff();
+        let catalog = relisting_watcher(
             Api::<ConfigMap>::namespaced(client, &kubermatic_namespace),
             watcher::Config::default().fields(&format!("metadata.name={SIZE_CATALOG_CONFIGMAP}")),
+            None,
         )
         .default_backoff();
         let catalog_mirror: Mirror<ConfigMap> = Mirror::default();

@@ -10,6 +10,7 @@ use futures::{StreamExt, future, stream};
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
 use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_crds::runtime::ops::Readiness;
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kkp_quota_crds::{ProjectQuota, ResourceQuota};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -153,7 +154,7 @@ async fn run_as_leader(
         let (siblings, one_tx) = (quotas.clone(), one_tx.clone());
         reflector::reflector(
             quota_writer,
-            watcher::watcher(quota_api.clone(), wc.clone()).modify(status::keep_usage_writers),
+            relisting_watcher(quota_api.clone(), wc.clone(), None).modify(status::keep_usage_writers),
         )
         .default_backoff()
         .inspect(move |event| {
@@ -177,7 +178,7 @@ async fn run_as_leader(
         let (defaults, quotas, one_tx) = (defaults.clone(), quotas.clone(), one_tx.clone());
         reflector::reflector(
             project_writer,
-            watcher::watcher(Api::<Project>::all(master.clone()), wc.clone())
+            relisting_watcher(Api::<Project>::all(master.clone()), wc.clone(), None)
                 .modify(crate::api::forget_managed_fields),
         )
         .default_backoff()
@@ -201,7 +202,7 @@ async fn run_as_leader(
         let one_tx = one_tx.clone();
         reflector::reflector(
             pq_writer,
-            watcher::watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone())
+            relisting_watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone(), None)
                 .modify(crate::api::forget_managed_fields),
         )
         .default_backoff()
@@ -220,7 +221,7 @@ async fn run_as_leader(
         let defaults = defaults.clone();
         reflector::reflector(
             settings_writer,
-            watcher::watcher(Api::<KubermaticSetting>::all(master.clone()), wc.clone()),
+            relisting_watcher(Api::<KubermaticSetting>::all(master.clone()), wc.clone(), None),
         )
         .default_backoff()
         .for_each(move |_| {

@@ -23,6 +23,7 @@ use kkp_quota_crds::QuotaLedger;
 use kkp_quota_crds::kkp::{KUBECONFIG_KEY, Seed};
 use kkp_quota_crds::ledger::lifetimes::Lifetimes;
 use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector};
@@ -217,11 +218,14 @@ pub async fn manage(
     let seed_api: Api<Seed> = Api::namespaced(master.clone(), &namespace);
     let secret_api: Api<PartialObjectMeta<Secret>> = Api::namespaced(master.clone(), &namespace);
     let (store, writer) = reflector::store();
-    let seed_events = reflector(writer, watcher::watcher(seed_api, watcher::Config::default()))
-        .default_backoff()
-        .map(|_| ());
+    let seed_events = reflector(
+        writer,
+        relisting_watcher(seed_api, watcher::Config::default(), None),
+    )
+    .default_backoff()
+    .map(|_| ());
     // Only the fact that a Secret changed matters; its content is read when resolving.
-    let secret_events = watcher::watcher(secret_api, watcher::Config::default())
+    let secret_events = relisting_watcher(secret_api, watcher::Config::default(), None)
         .default_backoff()
         .map(|_| ());
     let ticks = stream::unfold(
@@ -364,7 +368,7 @@ async fn watch_seed(
     // When this master first saw each demand: kept across watch restarts (issue #32, finding 8).
     let mut lifetimes = Lifetimes::new();
     loop {
-        let mut events = watcher::watcher(api.clone(), watcher::Config::default()).boxed();
+        let mut events = relisting_watcher(api.clone(), watcher::Config::default(), None).boxed();
         let mut buffer: BTreeMap<String, Arc<SeedLedger>> = BTreeMap::new();
         let mut probes = tokio::time::interval_at(Instant::now() + link.probe_every, link.probe_every);
         probes.set_missed_tick_behavior(MissedTickBehavior::Delay);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -37,7 +38,7 @@ pub fn catalog_from(config_map: Option<&ConfigMap>) -> Result<SizeCatalog, Strin
 pub async fn run(shared: Arc<Shared>) {
     let api: Api<ConfigMap> = Api::namespaced(shared.seed.clone(), &shared.config.kubermatic_namespace);
     let config = watcher::Config::default().fields(&format!("metadata.name={CONFIG_MAP}"));
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut stream = relisting_watcher(api, config, None).default_backoff().boxed();
     let mut current: Option<String> = None;
     let started = std::time::Instant::now();
     let mut seen = false;

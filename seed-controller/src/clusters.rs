@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::runtime::kubeconfig::client_from_yaml;
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kube::api::ListParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
@@ -43,16 +44,18 @@ enum Change {
 
 /// Follows the seed's Clusters and kubeconfig Secrets; runs until the future is dropped.
 pub async fn run(shared: Arc<Shared>) -> Result<(), Error> {
-    let clusters = watcher::watcher(
+    let clusters = relisting_watcher(
         Api::<Cluster>::all(shared.seed.clone()),
         watcher::Config::default(),
+        None,
     )
     .default_backoff()
     .map(Change::Cluster)
     .boxed();
-    let secrets = watcher::watcher(
+    let secrets = relisting_watcher(
         Api::<Secret>::all(shared.seed.clone()),
         watcher::Config::default().fields(&format!("metadata.name={ADMIN_KUBECONFIG_SECRET}")),
+        None,
     )
     .default_backoff()
     .map(Change::Secret)
@@ -303,7 +306,7 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     // Machines queued before the sender existed (initial listing) are re-sent by `account` on
     // the next listing; the first listing comes after this point anyway.
     let api: Api<Machine> = Api::namespaced(client, &namespace);
-    let mut machines = watcher::watcher(api.clone(), watcher::Config::default())
+    let mut machines = relisting_watcher(api.clone(), watcher::Config::default(), None)
         .default_backoff()
         .boxed();
     let mut buffer: Vec<Machine> = Vec::new();

@@ -11,6 +11,7 @@ use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::kkp::Cluster;
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -242,7 +243,9 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
     let mut wanted = build(&uid, &keys, &ca);
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
     let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
-    let mut stream = watcher::watcher(api.clone(), config).default_backoff().boxed();
+    let mut stream = relisting_watcher(api.clone(), config, None)
+        .default_backoff()
+        .boxed();
     let mut seen = false;
     let mut actual: Option<Value> = None;
     let mut recheck = tokio::time::interval(shared.config.resync_period);

@@ -7,6 +7,7 @@ pub mod kubeconfig;
 pub mod leader;
 pub mod ops;
 pub mod telemetry;
+pub mod watch;
 
 /// Why a runtime helper failed.
 #[derive(Debug, thiserror::Error)]

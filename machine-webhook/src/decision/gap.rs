@@ -15,6 +15,10 @@ pub enum LedgerGap {
     Missing,
     /// The ledger is there, but seed-controller has not counted it yet.
     Uncounted,
+    /// The seed's data went back in time (an etcd restore) and the ledger still carries an
+    /// older word of the master than this process saw before: it may hold share the master has
+    /// since given to another seed.
+    Restored,
 }
 
 /// Whether seed-controller has counted the ledger: `status.localUsage` is present. seed-controller
@@ -38,6 +42,9 @@ fn gap_detail(project: &str, quota: &str, gap: LedgerGap) -> String {
     match gap {
         LedgerGap::Missing => format!(
             "cannot be admitted yet: the quota ledger of project {project:?} is missing on this seed (KKP's ResourceQuota {quota:?} is here, the QuotaLedger {quota:?} is not) and the quota system is re-creating it; try again in a minute. If this lasts, check that master-controller is running and reaches this seed, and that the CRD quotaledgers.kkp-quota.dev is installed"
+        ),
+        LedgerGap::Restored => format!(
+            "cannot be admitted yet: this seed's data was restored from an older backup, and the quota ledger {quota:?} of project {project:?} still carries an older word of the master (it may hold share already given to another seed); it is admitted again once master-controller has rewritten the ledger. If this lasts, check that master-controller is running and reaches this seed"
         ),
         LedgerGap::Uncounted => format!(
             "cannot be admitted yet: the quota ledger {quota:?} of project {project:?} on this seed has not been counted yet (seed-controller has not written what already runs into it since it was created); try again in a minute. If this lasts, check that seed-controller is running on this seed and reaches the project's user clusters"

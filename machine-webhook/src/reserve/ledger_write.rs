@@ -320,6 +320,9 @@ impl Reserver {
                 self.forget(project);
                 Some((LedgerGap::Missing, kkp))
             }
+            Some(ledger) if self.inner.cache.behind_a_restore(ledger) => {
+                Some((LedgerGap::Restored, ledger.name_any()))
+            }
             Some(ledger) => (!is_counted_json(ledger.data.get("status")))
                 .then(|| (LedgerGap::Uncounted, ledger.name_any())),
         }
@@ -385,6 +388,7 @@ impl Reserver {
             let planned = {
                 let mut escrows = lock(&self.inner.escrows);
                 let escrow = escrows.entry(project.to_owned()).or_default();
+                self.notice_restore(escrow);
                 self.plan(project, &copy, batch, requests, escrow)
             };
             let plan = match planned {

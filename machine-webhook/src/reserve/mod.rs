@@ -350,6 +350,7 @@ impl Reserver {
 
     /// [`Self::newest_copy`], parsed (once per resourceVersion).
     fn newest_parsed(&self, project: &str, escrow: &mut Escrow) -> Option<Arc<QuotaCopy>> {
+        self.notice_restore(escrow);
         let object = self.newest_copy(project, escrow)?;
         if let Some(parsed) = &escrow.parsed
             && parsed.uid == object.metadata.uid
@@ -363,14 +364,47 @@ impl Reserver {
     }
 
     fn known_copy(&self, project: &str) -> Option<Arc<DynamicObject>> {
-        let escrows = lock(&self.inner.escrows);
-        match escrows.get(project) {
-            Some(escrow) => self.newest_copy(project, escrow),
+        let mut escrows = lock(&self.inner.escrows);
+        match escrows.get_mut(project) {
+            Some(escrow) => {
+                self.notice_restore(escrow);
+                self.newest_copy(project, escrow)
+            }
             None => self.inner.cache.quota_for(project),
         }
     }
 
+    /// After the seed's etcd went back in time (the cache listed again), what this process wrote
+    /// before is no guide: resourceVersions started over (our old write would look newest
+    /// forever) and our allotment may not be in the restored ledger. It is forgotten like a
+    /// missing ledger's (admissions not recorded yet stay, to be recorded); the next write
+    /// starts from the restored ledger.
+    fn notice_restore(&self, escrow: &mut Escrow) {
+        let restores = self.inner.cache.restores();
+        if escrow.restores_seen != restores {
+            if escrow.last_written.is_some() || escrow.holder.holds_anything() {
+                warn!(
+                    "the seed's data went back in time (an etcd restore?): forgetting this process's allotment"
+                );
+            }
+            escrow.restores_seen = restores;
+            escrow.last_written = None;
+            escrow.parsed = None;
+            escrow.holder.forget(Instant::now());
+        }
+    }
+
+    /// The ledger as the API server has it now. One older than the cache's copy of the same
+    /// object can only come from a seed whose data went back in time (resourceVersions are
+    /// etcd's revisions and only grow): noted at once, before the watch notices.
     async fn fresh_copy(&self, name: &str) -> Result<Option<DynamicObject>, kube::Error> {
-        self.api().get_opt(name).await
+        let fresh = self.api().get_opt(name).await?;
+        if let (Some(fresh), Some(cached)) = (&fresh, self.inner.cache.quotas.get(name))
+            && fresh.uid() == cached.uid()
+            && rv_number(fresh) < rv_number(&cached)
+        {
+            self.inner.cache.note_restore();
+        }
+        Ok(fresh)
     }
 }

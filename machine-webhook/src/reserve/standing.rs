@@ -21,6 +21,9 @@ pub(super) struct Escrow {
     /// The copy as our last successful write returned it (often newer than the cache, which
     /// would make the next write's first attempt a certain conflict).
     pub(super) last_written: Option<Arc<DynamicObject>>,
+    /// [`crate::cache::SeedCache::restores`] when this standing was last confirmed: a restore of
+    /// the seed's etcd since makes our last write and our allotment unknown.
+    pub(super) restores_seen: u64,
     /// The newest copy, parsed once per resourceVersion.
     pub(super) parsed: Option<Arc<QuotaCopy>>,
     /// Wakes the worker when there is something to record.

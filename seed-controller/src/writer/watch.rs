@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kkp_quota_crds::{QuotaLedger, Resource};
 use kube::Api;
 use kube::runtime::WatchStreamExt;
@@ -28,7 +29,7 @@ use crate::usage::same_usage;
 /// its cluster is unsettled).
 pub async fn watch_quotas(shared: Arc<Shared>) {
     let api: Api<QuotaLedger> = Api::all(shared.seed.clone());
-    let mut stream = watcher::watcher(api, watcher::Config::default())
+    let mut stream = relisting_watcher(api, watcher::Config::default(), None)
         .default_backoff()
         .boxed();
     // Project -> when its ledger is next due for a write.
