@@ -78,10 +78,9 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                             || upkeep.due_now;
                         (write_due, upkeep.next)
                     };
-                    // Judged as the writer judges it (reservations and allotments by this
-                    // process's clock from when it first saw them).
-                    let judged = super::judge_lifetimes(&shared, &project, &status, now);
-                    match ledger_due(&judged, ttl).into_iter().chain(share_next).min() {
+                    // `status` is judged (reservations and allotments by this process's clock
+                    // from when it first saw them), as the writer judges it.
+                    match ledger_due(&status, ttl).into_iter().chain(share_next).min() {
                         Some(t) => { due.insert(project.clone(), t); }
                         None => { due.remove(&project); }
                     }
