@@ -394,14 +394,16 @@ impl Reserver {
         }
     }
 
-    /// The ledger as the API server has it now. One older than the cache's copy of the same
-    /// object can only come from a seed whose data went back in time (resourceVersions are
-    /// etcd's revisions and only grow): noted at once, before the watch notices.
+    /// The ledger as the API server has it now. One older than what the cache held before the
+    /// read (the same object) can only come from a seed whose data went back in time
+    /// (resourceVersions are etcd's revisions and only grow): noted at once, before the watch
+    /// notices. The cache is read first: during the read it may receive newer versions.
     async fn fresh_copy(&self, name: &str) -> Result<Option<DynamicObject>, kube::Error> {
+        let before = self.inner.cache.quotas.get(name);
         let fresh = self.api().get_opt(name).await?;
-        if let (Some(fresh), Some(cached)) = (&fresh, self.inner.cache.quotas.get(name))
-            && fresh.uid() == cached.uid()
-            && rv_number(fresh) < rv_number(&cached)
+        if let (Some(fresh), Some(before)) = (&fresh, before)
+            && fresh.uid() == before.uid()
+            && rv_number(fresh) < rv_number(&before)
         {
             self.inner.cache.note_restore();
         }
