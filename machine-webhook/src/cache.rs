@@ -151,7 +151,7 @@ pub struct SeedCache {
     quota_resource: ApiResource,
     /// Times the ledgers were listed again because the seed's data went back in time (an etcd
     /// restore): copies this process wrote before that are no newer than the cache's.
-    restores: Arc<std::sync::atomic::AtomicU64>,
+    restores: std::sync::atomic::AtomicU64,
     /// After such a restore, per ledger: the master's word version it carried before. A ledger
     /// carrying an older word is not used until the master has rewritten it.
     restored: Mutex<HashMap<String, u64>>,
@@ -270,7 +270,7 @@ impl SeedCache {
             catalog: RwLock::new(SizeCatalog::shipped()),
             catalog_synced: AtomicBool::new(false),
             quota_resource: ApiResource::erase::<QuotaLedger>(&()),
-            restores: Arc::default(),
+            restores: std::sync::atomic::AtomicU64::new(0),
             restored: Mutex::default(),
         }
     }

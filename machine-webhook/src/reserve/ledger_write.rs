@@ -4,15 +4,17 @@
 use super::*;
 
 impl Reserver {
+    /// The reservation an admission of `machine` records (none for a denial or a dry run).
     pub(super) fn reservation_of(
-        pending: &Pending,
+        machine: &MachineRef,
+        request: &Request,
         verdict: &Verdict,
         now: Timestamp,
     ) -> Option<Reservation> {
         let reserve = verdict.reserve.as_ref().filter(|_| verdict.allowed)?;
-        (!pending.request.dry_run).then(|| Reservation {
-            cluster: pending.machine.cluster.clone(),
-            uid: pending.machine.uid.clone(),
+        (!request.dry_run).then(|| Reservation {
+            cluster: machine.cluster.clone(),
+            uid: machine.uid.clone(),
             size: reserve.size.clone(),
             reserved: reserve.reserved.clone(),
             created_at: now,
@@ -57,7 +59,8 @@ impl Reserver {
         let verdicts = decide_batch(project, Some(&state), requests);
         let mut admitted = ResourceDetails::zero();
         for (pending, verdict) in batch.iter().zip(&verdicts) {
-            if let Some(reservation) = Self::reservation_of(pending, verdict, now) {
+            if let Some(reservation) = Self::reservation_of(&pending.machine, &pending.request, verdict, now)
+            {
                 admitted = admitted
                     .checked_add(&reservation.reserved)
                     .map_err(|e| e.to_string())?;

@@ -298,18 +298,10 @@ impl Reserver {
                 if !decided.allowed || decided.reason != Reason::Fits {
                     return None;
                 }
-                let reservation = if request.dry_run {
-                    None
-                } else {
-                    let reserve = decided.reserve.clone()?;
-                    Some(Reservation {
-                        cluster: machine.cluster.clone(),
-                        uid: machine.uid.clone(),
-                        size: reserve.size,
-                        reserved: reserve.reserved,
-                        created_at: wall,
-                    })
-                };
+                let reservation = Self::reservation_of(machine, request, &decided, wall);
+                if reservation.is_none() && !request.dry_run {
+                    return None;
+                }
                 verdict = Some(decided);
                 Some(reservation)
             });
