@@ -1,7 +1,7 @@
 //! The cost of the webhook on Machine updates that cannot change a size: machine-controller
 //! updates every Machine many times in its life (finalizers, annotations). With the webhook
 //! configuration seed-controller writes (CEL `matchConditions`: only UPDATEs that change the
-//! spec are sent), such updates should cost what they cost without any webhook.
+//! provider spec are sent), such updates should cost what they cost without any webhook.
 //!
 //! Six modes, interleaved round by round (an order that changes every round, each phase after an
 //! unmeasured warm-up of a quarter of its updates in the same mode) in one run on one

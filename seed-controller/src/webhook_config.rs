@@ -26,27 +26,41 @@ use crate::Shared;
 pub const NAME: &str = "kkp-quota-machines";
 pub const FIELD_MANAGER: &str = "kkp-quota-seed-controller";
 
-/// The webhook's CEL match condition: every CREATE, and an UPDATE only when the spec changed
-/// (a Machine's size comes from its spec alone).
+/// The webhook's CEL match condition: every CREATE, and an UPDATE only when `spec.providerSpec`
+/// changed (a Machine's size comes from its provider spec alone, and the webhook answers any other
+/// update as unchanged).
+///
+/// Other spec fields change under machine-controller without any change of size: its own
+/// mutating webhook defaults `spec.name` on the update that adds its finalizer, before the
+/// instance is created, and its status writes (a full update: its CRD has no status subresource)
+/// re-serialise a spec another client created, with its defaults filled in. Were those sent here,
+/// a quota webhook that is down (`failurePolicy: Fail`) would stop Machines it had already
+/// admitted from ever getting an instance.
 ///
 /// The generation test comes first because it is cheap: the API server moves a custom
 /// resource's `metadata.generation` before validating admission whenever anything outside
 /// `metadata` (and `status`, where that is a subresource) changed, so an unchanged generation
 /// means an unchanged spec, and the metadata-only updates machine-controller makes all through a
-/// Machine's life stop at an integer comparison instead of walking both specs. (The saving is
-/// below what `update_storm` resolves: every condition measured there costs the API server the
-/// same within its noise.) Where the generation did move (a status write, when the CRD has no
-/// status subresource, as machine-controller's has not), the spec comparison decides.
-pub const SPEC_CHANGES_ONLY: &str = "request.operation != 'UPDATE' \
+/// Machine's life stop at an integer comparison instead of walking both provider specs. (The
+/// saving is below what `update_storm` resolves: every condition measured there costs the API
+/// server the same within its noise.) Where the generation did move, the provider specs decide
+/// (compared as JSON values: a re-serialisation that only reorders keys is no change).
+pub const PROVIDER_SPEC_CHANGES_ONLY: &str = "request.operation != 'UPDATE' \
     || ((!has(object.metadata.generation) || !has(oldObject.metadata.generation) \
          || object.metadata.generation != oldObject.metadata.generation) \
-        && (!has(object.spec) || !has(oldObject.spec) || object.spec != oldObject.spec))";
+        && (!has(object.spec) || !has(oldObject.spec) \
+            || has(object.spec.providerSpec) != has(oldObject.spec.providerSpec) \
+            || (has(object.spec.providerSpec) && object.spec.providerSpec != oldObject.spec.providerSpec)))";
+
+/// The match condition's name in the configuration.
+pub const MATCH_CONDITION_NAME: &str = "provider-spec-changes-only";
 
 /// Which Machine operations the user clusters' API servers send to the webhook
 /// (`--webhook-operations`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Operations {
-    /// CREATE, and every UPDATE that changes the spec ([`SPEC_CHANGES_ONLY`]): a Machine grown
+    /// CREATE, and every UPDATE that changes the provider spec
+    /// ([`PROVIDER_SPEC_CHANGES_ONLY`]): a Machine grown
     /// by editing its providerSpec is checked like a new one.
     #[default]
     CreateAndUpdate,
@@ -106,12 +120,12 @@ pub fn desired(url: &str, ca_bundle: Option<&[u8]>, operations: Operations) -> V
                 "resources": ["machines"],
                 "operations": operations.names(),
             }],
-            // An UPDATE that leaves the spec alone (finalizers, annotations, labels, status:
-            // machine-controller makes many in a Machine's life) cannot change its size, so the
-            // API server does not call the webhook for it at all.
+            // An UPDATE that leaves the provider spec alone (finalizers, annotations, labels,
+            // status, `spec.name`: machine-controller makes many in a Machine's life) cannot
+            // change its size, so the API server does not call the webhook for it at all.
             "matchConditions": [{
-                "name": "spec-changes-only",
-                "expression": SPEC_CHANGES_ONLY,
+                "name": MATCH_CONDITION_NAME,
+                "expression": PROVIDER_SPEC_CHANGES_ONLY,
             }],
             "failurePolicy": "Fail",
             "matchPolicy": "Equivalent",

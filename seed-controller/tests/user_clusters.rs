@@ -12,7 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{ValidatingWebhook, ValidatingW
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use seed_controller::Config;
-use seed_controller::webhook_config::{Operations, SPEC_CHANGES_ONLY};
+use seed_controller::webhook_config::{Operations, PROVIDER_SPEC_CHANGES_ONLY};
 use serde_json::json;
 
 async fn webhook_configuration(user: &Client) -> Option<ValidatingWebhookConfiguration> {
@@ -190,7 +190,7 @@ async fn webhook_operations_choose_the_rule_and_a_restart_rewrites_it() {
     assert_eq!(hook.failure_policy.as_deref(), Some("Fail"));
     let conditions = hook.match_conditions.unwrap_or_default();
     assert_eq!(conditions.len(), 1);
-    assert_eq!(conditions[0].expression, SPEC_CHANGES_ONLY);
+    assert_eq!(conditions[0].expression, PROVIDER_SPEC_CHANGES_ONLY);
     running.stop().await;
 
     // Restarted with the default: the configuration in place is rewritten.

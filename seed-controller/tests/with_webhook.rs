@@ -13,7 +13,7 @@ use common::*;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::{Quantity, Resource};
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
 use seed_controller::{Config, REASON_UNADMITTED};
 use serde_json::json;
 
@@ -45,7 +45,7 @@ async fn webhook_reservations_are_counted_and_dropped() {
     let address = webhook.address;
     let webhook_metrics = webhook.metrics.clone();
     let webhook_ready = webhook.readiness.clone();
-    let _webhook = seed_controller::AbortOnDrop(tokio::spawn(webhook.run()));
+    let webhook_task = seed_controller::AbortOnDrop(tokio::spawn(webhook.run()));
     e2e::wait_for(WAIT, "webhook ready", || async { webhook_ready.is_ready() })
         .await
         .unwrap();
@@ -140,6 +140,40 @@ async fn webhook_reservations_are_counted_and_dropped() {
         "the status write did not move the generation, so it does not test the spec comparison"
     );
     assert_eq!(calls(), before, "a status-only update reached the webhook");
+    // machine-controller's two spec-touching writes. Its mutating webhook defaults the spec's
+    // own name (`spec.metadata.name`) on the update that adds its finalizer, before any instance
+    // exists; and its status write is a full update that re-serialises a spec another client
+    // created, with its defaults filled in (here `versions` and the embedded metadata). Both move
+    // the generation, neither touches `spec.providerSpec`, so neither reaches the webhook.
+    let name_default = json!({
+        "metadata": {"finalizers": ["example.com/x", "machine-controller.kubermatic.io/delete-finalizer"]},
+        "spec": {"metadata": {"name": "m1"}},
+    });
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(alpha.clone(), "kube-system", &ApiResource::erase::<Machine>(&()));
+    let named = raw
+        .patch("m1", &PatchParams::default(), &Patch::Merge(&name_default))
+        .await
+        .unwrap();
+    let mut reserialised = named.clone();
+    reserialised.data["spec"]["metadata"]["creationTimestamp"] = json!(null);
+    reserialised.data["spec"]["versions"] = json!({"kubelet": "1.31.1"});
+    reserialised.data["status"]["lastUpdated"] = json!("2026-11-26T00:00:00Z");
+    let after_reserialise = raw
+        .replace("m1", &PostParams::default(), &reserialised)
+        .await
+        .unwrap();
+    let generation_of = |m: &DynamicObject| m.metadata.generation.unwrap_or_default();
+    assert_eq!(named.data["spec"]["metadata"]["name"], json!("m1"), "{named:?}");
+    assert!(
+        generation_of(&after_reserialise) > generation_of(&named),
+        "the re-serialising write did not move the generation, so it does not test the provider spec comparison"
+    );
+    assert_eq!(
+        calls(),
+        before,
+        "machine-controller's own spec writes reached the webhook"
+    );
     let shrink =
         json!({"spec": {"providerSpec": {"value": {"cloudProviderSpec": {"instanceType": "t3.small"}}}}});
     machines
@@ -169,5 +203,31 @@ async fn webhook_reservations_are_counted_and_dropped() {
     let unadmitted = running.unadmitted("alpha");
     assert!(unadmitted.unwrap_or(0.0) < 1.0, "unadmitted: {unadmitted:?}");
     assert!(metric(&running.metrics, "kkp_quota_reservations_counted_total", &[]).unwrap_or(0.0) >= 6.0);
+
+    // With the webhook down (failurePolicy: Fail), an admitted Machine still gets
+    // machine-controller's finalizer and spec name, while a provider spec change is refused:
+    // the webhook is in the path, and only what sizing reads goes through it.
+    drop(webhook_task);
+    let name_default = json!({
+        "metadata": {"finalizers": ["machine-controller.kubermatic.io/delete-finalizer"]},
+        "spec": {"metadata": {"name": "m2"}},
+    });
+    let named = machines
+        .patch("m2", &PatchParams::default(), &Patch::Merge(&name_default))
+        .await
+        .unwrap();
+    assert_eq!(
+        named.metadata.finalizers.as_deref(),
+        Some(&["machine-controller.kubermatic.io/delete-finalizer".to_owned()][..])
+    );
+    let grow =
+        json!({"spec": {"providerSpec": {"value": {"cloudProviderSpec": {"instanceType": "t3.large"}}}}});
+    let refused = machines
+        .patch("m2", &PatchParams::default(), &Patch::Merge(&grow))
+        .await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook")),
+        "a provider spec change went through with the webhook down: {refused:?}"
+    );
     running.stop().await;
 }
