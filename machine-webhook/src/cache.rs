@@ -22,7 +22,7 @@ use provider_sizes::{AdminCatalog, SizeCatalog};
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
-use crate::decision::{QuotaState, StateError};
+use crate::decision::{LedgerGap, QuotaState, StateError, is_counted_json};
 
 /// The admin size catalog: `ConfigMap` in the seed's kubermatic namespace.
 pub const SIZE_CATALOG_CONFIGMAP: &str = "kkp-quota-size-catalog";
@@ -318,6 +318,15 @@ impl SeedCache {
             return false;
         }
         true
+    }
+
+    /// Why `ledger`, as cached, cannot be decided on yet, if it cannot: it is behind a restore
+    /// of the seed's data, or not counted yet (it holds nothing of what already runs).
+    pub fn ledger_gap(&self, ledger: &DynamicObject) -> Option<LedgerGap> {
+        if self.behind_a_restore(ledger) {
+            return Some(LedgerGap::Restored);
+        }
+        (!is_counted_json(ledger.data.get("status"))).then_some(LedgerGap::Uncounted)
     }
 
     pub fn quota_resource(&self) -> &ApiResource {

@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
-use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
+use kkp_quota_crds::kkp::Cluster;
+use kkp_quota_crds::runtime::chain::Chain;
 use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource as _};
 use serde_json::json;
@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 
 use crate::cache::SeedCache;
 use crate::metrics::Metrics;
+use crate::user_clients::UserClients;
 
 /// The component name on Events.
 pub const COMPONENT: &str = "kkp-quota-machine-webhook";
@@ -107,7 +108,7 @@ struct Sender {
     cache: Arc<SeedCache>,
     metrics: Metrics,
     window: Duration,
-    clients: HashMap<String, (String, Client)>,
+    clients: UserClients,
     sent: HashMap<(Target, String, String), Sent>,
 }
 
@@ -123,12 +124,13 @@ pub fn start(
         tx,
         metrics: metrics.clone(),
     };
+    let clients = UserClients::new(seed.clone());
     let sender = Sender {
         seed,
         cache,
         metrics,
         window,
-        clients: HashMap::new(),
+        clients,
         sent: HashMap::new(),
     };
     (events, sender.run(rx))
@@ -147,29 +149,13 @@ impl Sender {
                 Ok(result) => self.metrics.events.with_label_values(&[result]).inc(),
                 Err(e) => {
                     self.metrics.events.with_label_values(&["failed"]).inc();
-                    self.clients.remove(&event.cluster);
+                    self.clients.forget(&event.cluster);
                     warn!(error = %e, cluster = %event.cluster, "could not record a denial event");
                 }
             }
             let window = self.window;
             self.sent.retain(|_, s| s.first.elapsed() < window);
         }
-    }
-
-    async fn user_client(&mut self, cluster: &Cluster) -> Result<Client, String> {
-        let name = cluster.metadata.name.clone().unwrap_or_default();
-        let namespace = cluster.control_plane_namespace();
-        let text = kubeconfig_from_secret(&self.seed, &namespace, ADMIN_KUBECONFIG_SECRET, KUBECONFIG_KEY)
-            .await
-            .map_err(|e| e.to_string())?;
-        if let Some((known, client)) = self.clients.get(&name)
-            && *known == text
-        {
-            return Ok(client.clone());
-        }
-        let client = client_from_yaml(&text).await.map_err(|e| e.to_string())?;
-        self.clients.insert(name, (text, client.clone()));
-        Ok(client)
     }
 
     /// The `MachineDeployment` owning the Machine's `MachineSet`, else the `MachineSet`, else the
@@ -208,7 +194,7 @@ impl Sender {
         let mut user_client = None;
         if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some()
         {
-            match self.user_client(&cluster).await {
+            match self.clients.get(&cluster).await {
                 Ok(client) => {
                     if let Some(reference) = self.owner_in_user_cluster(&client, event).await {
                         target = Some(Target::User {
@@ -219,7 +205,7 @@ impl Sender {
                     }
                 }
                 Err(e) => {
-                    debug!(error = %e, "user cluster unreachable; the event goes to the Cluster on the seed");
+                    debug!(error = %Chain(&e), "user cluster unreachable; the event goes to the Cluster on the seed");
                 }
             }
         }

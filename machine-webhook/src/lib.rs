@@ -8,6 +8,9 @@
 //! - [`demand`]: this process's demand for share while requests wait for it (pure).
 //! - [`cache`]: watches on the seed (quota copies, Clusters, admin size catalog).
 //! - [`events`]: denial Events on the `MachineDeployment` / `MachineSet` / `Cluster`.
+//! - [`waiting`] (pure) and [`wake`]: the owners of Machines refused for room, nudged when room
+//!   appears so that machine-controller tries again at once.
+//! - [`user_clients`]: clients for user clusters from their admin kubeconfigs on the seed.
 //! - [`auth`]: the per-cluster token in the URL that authenticates each call.
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk, limits on bodies and time.
 //! - [`metrics`]: Prometheus metrics.
@@ -25,6 +28,9 @@ pub mod reserve;
 pub mod review;
 pub mod server;
 pub mod tls;
+pub mod user_clients;
+pub mod waiting;
+pub mod wake;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,6 +81,8 @@ pub struct Config {
     pub share_demand_ttl: Duration,
     /// Added to the wall clock where ledger entries are dated: for tests of clock skew only.
     pub test_clock_offset: jiff::SignedDuration,
+    /// Waking the owners of Machines refused for room when room appears; `None`: never.
+    pub wake: Option<waiting::WakeConfig>,
 }
 
 /// How admission calls are authenticated.
@@ -104,6 +112,7 @@ impl Config {
             share_wait: ReserverConfig::default().share_wait,
             share_demand_ttl: ReserverConfig::default().demand_ttl,
             test_clock_offset: jiff::SignedDuration::ZERO,
+            wake: Some(waiting::WakeConfig::default()),
         }
     }
 }
@@ -144,6 +153,17 @@ fn authenticator(auth: Option<&AuthConfig>) -> Result<Authenticator, Error> {
             Ok(Authenticator::Disabled)
         }
     }
+}
+
+/// The admission listener, and the address it got (port 0 picks one).
+async fn bind(address: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), Error> {
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|source| Error::Bind { address, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| Error::Bind { address, source })?;
+    Ok((listener, bound))
 }
 
 type Serving = Pin<Box<dyn Future<Output = Result<(), Error>> + Send>>;
@@ -200,21 +220,20 @@ impl Webhook {
             metrics.clone(),
             config.event_window,
         );
+        let waiting = wake::SharedWaiting::new(config.wake.unwrap_or_default());
+        let waker = config.wake.map(|wake_config| wake::Waker {
+            cache: Arc::clone(&cache),
+            waiting: waiting.clone(),
+            clients: user_clients::UserClients::new(seed.clone()),
+            metrics: metrics.clone(),
+            config: wake_config,
+        });
         let cert = Arc::new(tls::ReloadingCert::new(
             &config.tls_cert_file,
             &config.tls_key_file,
         )?);
         let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(cert)?));
-        let listener = tokio::net::TcpListener::bind(config.listen_address)
-            .await
-            .map_err(|source| Error::Bind {
-                address: config.listen_address,
-                source,
-            })?;
-        let address = listener.local_addr().map_err(|source| Error::Bind {
-            address: config.listen_address,
-            source,
-        })?;
+        let (listener, address) = bind(config.listen_address).await?;
         let ops = match config.metrics_address {
             Some(addr) => {
                 let (bound, fut) = ops::bind(addr, metrics.registry.clone(), readiness.clone()).await?;
@@ -227,6 +246,7 @@ impl Webhook {
             cache: Arc::clone(&cache),
             reserver: reserver.clone(),
             events,
+            waiting: config.wake.is_some().then_some(waiting),
             metrics: metrics.clone(),
             readiness: readiness.clone(),
             auth: authenticator,
@@ -259,6 +279,7 @@ impl Webhook {
                 () = events_future => Ok(()),
                 () = server::serve_https(listener, acceptor, router, server_metrics, limits, token.clone()) => Ok(()),
                 () = watch_ready => Ok(()),
+                () = wake::Waker::run(waker) => Ok(()),
                 r = ops_future => r,
             }
         });

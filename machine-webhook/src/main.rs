@@ -10,6 +10,7 @@ use kkp_quota_crds::runtime::kubeconfig::own_client;
 use kkp_quota_crds::runtime::telemetry::init_tracing;
 use machine_webhook::reserve::AllotmentConfig;
 use machine_webhook::server::Limits;
+use machine_webhook::waiting::WakeConfig;
 use machine_webhook::{AuthConfig, Config, Webhook};
 
 /// Validating admission webhook that keeps every project within its resource quota.
@@ -98,6 +99,12 @@ struct Args {
     /// Seconds allowed for a request's headers, and for its body.
     #[arg(long, env = "MACHINE_WEBHOOK_READ_TIMEOUT_SECONDS", default_value_t = 10)]
     read_timeout_seconds: u64,
+    /// When room appears for a project, the `MachineSet`s whose Machines this process refused for
+    /// room in the last hour get the annotation `kkp-quota.dev/room-available-at`, so that
+    /// machine-controller tries again at once instead of after its back-off; at most once per
+    /// `MachineSet` per this many seconds. 0: never write to users' objects.
+    #[arg(long, env = "MACHINE_WEBHOOK_WAKE_GAP_SECONDS", default_value_t = 10)]
+    wake_gap_seconds: u64,
     /// Log JSON lines instead of text.
     #[arg(long, env = "MACHINE_WEBHOOK_LOG_JSON")]
     log_json: bool,
@@ -137,6 +144,10 @@ async fn main() -> anyhow::Result<()> {
     });
     config.share_wait = Duration::from_millis(args.share_wait_ms);
     config.share_demand_ttl = Duration::from_secs(args.share_demand_ttl_seconds);
+    config.wake = (args.wake_gap_seconds > 0).then(|| WakeConfig {
+        min_gap: Duration::from_secs(args.wake_gap_seconds),
+        ..WakeConfig::default()
+    });
     config.test_clock_offset = jiff::SignedDuration::from_secs(args.test_clock_offset_seconds);
     config.auth = match args.url_signing_keys {
         Some(path) => Some(AuthConfig::UrlSigningKeys(path)),

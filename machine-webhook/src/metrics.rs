@@ -2,7 +2,7 @@
 //! label).
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 use crate::decision::{Reason, Verdict};
@@ -54,6 +54,15 @@ pub struct Metrics {
     /// `kkp_quota_webhook_invalid_requests_total{reason}`: authenticated calls answered 4xx
     /// without a decision (`too_large`, `read_timeout`, `malformed`).
     pub invalid_requests: IntCounterVec,
+    /// `kkp_quota_webhook_wakes_total{result}`: owners of refused Machines nudged because room
+    /// appeared (`sent`), found deleted or replaced (`gone`), or not reached (`failed`).
+    pub wakes: IntCounterVec,
+    /// `kkp_quota_webhook_wake_checks_total{result}`: waiting owners checked against a project's
+    /// room in a wake pass, by whether their Machine now fits (`fits`, `no_room`).
+    pub wake_checks: IntCounterVec,
+    /// `kkp_quota_webhook_waiting_owners`: owners of Machines refused for room in the last hour,
+    /// remembered to be woken.
+    pub waiting_owners: IntGauge,
 }
 
 impl Metrics {
@@ -153,6 +162,7 @@ impl Metrics {
             &["result"],
         )?;
         let (auth_failures, authenticated, invalid_requests) = auth_metrics(&registry)?;
+        let (wakes, wake_checks, waiting_owners) = wake_metrics(&registry)?;
         registry.register(Box::new(admissions.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(conflicts.clone()))?;
@@ -195,6 +205,9 @@ impl Metrics {
             auth_failures,
             authenticated,
             invalid_requests,
+            wakes,
+            wake_checks,
+            waiting_owners,
         })
     }
 
@@ -258,4 +271,35 @@ fn auth_metrics(
         invalid_requests.with_label_values(&[reason]);
     }
     Ok((auth_failures, authenticated, invalid_requests))
+}
+
+fn wake_metrics(registry: &Registry) -> Result<(IntCounterVec, IntCounterVec, IntGauge), prometheus::Error> {
+    let wakes = IntCounterVec::new(
+        Opts::new(
+            "kkp_quota_webhook_wakes_total",
+            "Owners of Machines refused for room, nudged when room appeared, by result (sent, gone, failed)",
+        ),
+        &["result"],
+    )?;
+    let wake_checks = IntCounterVec::new(
+        Opts::new(
+            "kkp_quota_webhook_wake_checks_total",
+            "Waiting owners checked against their project's room, by whether their Machine now fits (fits, no_room)",
+        ),
+        &["result"],
+    )?;
+    let waiting_owners = IntGauge::new(
+        "kkp_quota_webhook_waiting_owners",
+        "Owners of Machines refused for room in the last hour, remembered to be woken when room appears",
+    )?;
+    for result in ["sent", "gone", "failed"] {
+        wakes.with_label_values(&[result]);
+    }
+    for result in ["fits", "no_room"] {
+        wake_checks.with_label_values(&[result]);
+    }
+    registry.register(Box::new(wakes.clone()))?;
+    registry.register(Box::new(wake_checks.clone()))?;
+    registry.register(Box::new(waiting_owners.clone()))?;
+    Ok((wakes, wake_checks, waiting_owners))
 }

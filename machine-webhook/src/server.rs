@@ -24,6 +24,7 @@ use axum::routing::{get, post};
 use http_body_util::BodyExt as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kkp_quota_crds::runtime::ops::Readiness;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -40,6 +41,8 @@ use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::reserve::{MachineRef, Reserver};
 use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse_review};
+use crate::waiting::Owner;
+use crate::wake::SharedWaiting;
 
 /// Bounds on what one call may cost the server.
 #[derive(Debug, Clone, Copy)]
@@ -81,6 +84,8 @@ pub struct App {
     pub cache: Arc<SeedCache>,
     pub reserver: Reserver,
     pub events: Events,
+    /// Owners of Machines refused for room, to wake when room appears (`None`: not woken).
+    pub waiting: Option<SharedWaiting>,
     pub metrics: Metrics,
     pub readiness: Readiness,
     pub auth: Authenticator,
@@ -295,6 +300,7 @@ impl App {
             )
             && let Some(message) = &verdict.event_message
         {
+            self.remember_waiting(cluster, request, &owners, &verdict, &decision_request);
             self.events.emit(DenialEvent {
                 cluster: cluster.to_owned(),
                 machine_namespace: request.namespace.clone().unwrap_or_default(),
@@ -305,6 +311,55 @@ impl App {
         }
         debug!(machine = %name, allowed = verdict.allowed, reason = %verdict.reason, "admission decided");
         verdict
+    }
+
+    /// A new Machine refused until room appears (not one that cannot be sized, nor a grown
+    /// Machine: machine-controller retries creates, never updates): its owner is remembered,
+    /// to be woken when room appears ([`crate::wake`]).
+    fn remember_waiting(
+        &self,
+        cluster: &str,
+        request: &AdmissionRequest,
+        owners: &[OwnerReference],
+        verdict: &Verdict,
+        decision_request: &DecisionRequest,
+    ) {
+        let (Some(waiting), Ask::Create(size)) = (&self.waiting, &decision_request.ask) else {
+            return;
+        };
+        if !matches!(
+            verdict.reason,
+            Reason::QuotaExceeded | Reason::ShareInTransit | Reason::LedgerMissing
+        ) {
+            return;
+        }
+        let Some(owner) = ["MachineSet", "MachineDeployment"].iter().find_map(|kind| {
+            owners
+                .iter()
+                .find(|o| o.kind == *kind && o.api_version.starts_with("cluster.k8s.io/"))
+        }) else {
+            return;
+        };
+        let Some(project) = self
+            .cache
+            .cluster(cluster)
+            .and_then(|c| c.project_id().map(str::to_owned))
+        else {
+            return;
+        };
+        let owner = Owner {
+            cluster: cluster.to_owned(),
+            namespace: request.namespace.clone().unwrap_or_default(),
+            api_version: owner.api_version.clone(),
+            kind: owner.kind.clone(),
+            name: owner.name.clone(),
+            uid: owner.uid.clone(),
+        };
+        let mut table = waiting.lock();
+        table.refused(owner, &project, size.clone(), jiff::Timestamp::now());
+        self.metrics
+            .waiting_owners
+            .set(i64::try_from(table.len()).unwrap_or(i64::MAX));
     }
 
     /// A request that would grow the project's usage (or cannot be sized): needs the project,

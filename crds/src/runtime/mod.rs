@@ -3,6 +3,7 @@
 //!
 //! Behind the `runtime` cargo feature, so that `crdgen` and the pure crates stay free of I/O.
 
+pub mod chain;
 pub mod kubeconfig;
 pub mod leader;
 pub mod ops;

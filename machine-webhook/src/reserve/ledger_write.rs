@@ -323,11 +323,11 @@ impl Reserver {
                 self.forget(project);
                 Some((LedgerGap::Missing, kkp))
             }
-            Some(ledger) if self.inner.cache.behind_a_restore(ledger) => {
-                Some((LedgerGap::Restored, ledger.name_any()))
-            }
-            Some(ledger) => (!is_counted_json(ledger.data.get("status")))
-                .then(|| (LedgerGap::Uncounted, ledger.name_any())),
+            Some(ledger) => self
+                .inner
+                .cache
+                .ledger_gap(ledger)
+                .map(|gap| (gap, ledger.name_any())),
         }
     }
 

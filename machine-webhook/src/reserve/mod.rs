@@ -48,7 +48,7 @@ use kkp_quota_crds::shares::largest;
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::decision::{
     LedgerGap, QuotaState, Reason, Request, Verdict, decide, decide_batch, decide_batch_without_ledger,
-    is_counted, is_counted_json,
+    is_counted,
 };
 use crate::demand::{allotment_wanted_back, demands_after};
 use crate::metrics::Metrics;

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::missing_panics_doc)]
 
 pub mod bursts;
+pub mod owners;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -121,9 +122,19 @@ pub async fn start_webhook_with(
     address: SocketAddr,
     allotments: Option<AllotmentConfig>,
 ) -> Result<RunningWebhook> {
+    start_webhook_configured(seed, certs, address, |config| config.allotments = allotments).await
+}
+
+/// [`start_webhook`] with the configuration changed by `adjust`.
+pub async fn start_webhook_configured(
+    seed: Client,
+    certs: &Certs,
+    address: SocketAddr,
+    adjust: impl FnOnce(&mut Config),
+) -> Result<RunningWebhook> {
     let mut config = Config::new(address, certs.paths.cert.clone(), certs.paths.key.clone());
-    config.allotments = allotments;
     config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(certs.keys.clone()));
+    adjust(&mut config);
     let webhook = Webhook::start(config, seed).await?;
     let address = webhook.address;
     let readiness = webhook.readiness.clone();

@@ -1,0 +1,137 @@
+use super::*;
+use kkp_quota_crds::{Quantity, Resource};
+
+fn cpu(n: i64) -> ResourceDetails {
+    let mut details = ResourceDetails::default();
+    details.set(Resource::Cpu, Some(Quantity::from_units(n)));
+    details
+}
+
+fn owner(name: &str) -> Owner {
+    Owner {
+        cluster: "alpha".into(),
+        namespace: "kube-system".into(),
+        api_version: "cluster.k8s.io/v1alpha1".into(),
+        kind: "MachineSet".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+    }
+}
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + seconds).unwrap()
+}
+
+/// What `decide_batch` answers with `free` cpu of room: each size fits beside the ones before it
+/// that fitted.
+fn room(free: i64) -> impl FnOnce(&[ResourceDetails]) -> Vec<bool> {
+    move |sizes| {
+        let mut left = free;
+        sizes
+            .iter()
+            .map(|size| {
+                let need = i64::try_from(size.amount(Resource::Cpu).ceil_units()).unwrap();
+                let fits = need <= left;
+                if fits {
+                    left -= need;
+                }
+                fits
+            })
+            .collect()
+    }
+}
+
+fn names(owners: &[Owner]) -> Vec<&str> {
+    owners.iter().map(|o| o.name.as_str()).collect()
+}
+
+#[test]
+fn nothing_is_woken_while_nothing_fits() {
+    let mut waiting = Waiting::new(WakeConfig::default());
+    waiting.refused(owner("a"), "demo", cpu(2), at(0));
+    assert!(waiting.to_wake("demo", at(1), room(1)).is_empty());
+    assert!(waiting.to_wake("demo", at(2), room(0)).is_empty());
+    assert_eq!(waiting.projects(), BTreeSet::from(["demo".to_owned()]));
+    assert_eq!(names(&waiting.to_wake("demo", at(3), room(2))), ["a"]);
+}
+
+#[test]
+fn oldest_refusal_first_and_only_as_many_as_fit() {
+    let mut waiting = Waiting::new(WakeConfig::default());
+    waiting.refused(owner("small-old"), "demo", cpu(2), at(0));
+    waiting.refused(owner("big"), "demo", cpu(8), at(1));
+    waiting.refused(owner("small-new"), "demo", cpu(2), at(2));
+    waiting.refused(owner("third"), "demo", cpu(2), at(3));
+    // 4 cpu of room: the two oldest 2-cpu owners fit, the 8-cpu one does not, and the last
+    // small one no longer fits beside the first two.
+    assert_eq!(
+        names(&waiting.to_wake("demo", at(5), room(4))),
+        ["small-old", "small-new"]
+    );
+    // The rest still wait.
+    assert_eq!(names(&waiting.to_wake("demo", at(6), room(10))), ["big", "third"]);
+}
+
+#[test]
+fn an_owner_is_woken_once_per_refusal_and_not_twice_within_the_gap() {
+    let config = WakeConfig {
+        min_gap: Duration::from_secs(10),
+        ..WakeConfig::default()
+    };
+    let mut waiting = Waiting::new(config);
+    waiting.refused(owner("a"), "demo", cpu(2), at(0));
+    assert_eq!(names(&waiting.to_wake("demo", at(1), room(4))), ["a"]);
+    // Not refused again: room alone wakes nothing more.
+    assert!(waiting.to_wake("demo", at(2), room(4)).is_empty());
+    assert!(waiting.projects().is_empty());
+    // Refused again right after the wake (the room was gone): not before the gap is over.
+    waiting.refused(owner("a"), "demo", cpu(2), at(3));
+    assert!(waiting.to_wake("demo", at(5), room(4)).is_empty());
+    assert_eq!(names(&waiting.to_wake("demo", at(11), room(4))), ["a"]);
+}
+
+#[test]
+fn other_projects_are_left_alone() {
+    let mut waiting = Waiting::new(WakeConfig::default());
+    waiting.refused(owner("a"), "demo", cpu(2), at(0));
+    waiting.refused(owner("b"), "other", cpu(2), at(0));
+    assert_eq!(names(&waiting.to_wake("other", at(1), room(4))), ["b"]);
+    assert_eq!(waiting.projects(), BTreeSet::from(["demo".to_owned()]));
+}
+
+#[test]
+fn owners_refused_long_ago_are_forgotten() {
+    let config = WakeConfig {
+        remember: Duration::from_hours(1),
+        ..WakeConfig::default()
+    };
+    let mut waiting = Waiting::new(config);
+    waiting.refused(owner("old"), "demo", cpu(2), at(0));
+    waiting.refused(owner("recent"), "demo", cpu(2), at(100));
+    assert_eq!(names(&waiting.to_wake("demo", at(3650), room(10))), ["recent"]);
+    assert_eq!(waiting.len(), 1);
+}
+
+#[test]
+fn memory_and_each_pass_are_bounded() {
+    let config = WakeConfig {
+        max_owners: 3,
+        max_per_pass: 2,
+        ..WakeConfig::default()
+    };
+    let mut waiting = Waiting::new(config);
+    for (i, name) in ["a", "b", "c", "d"].iter().enumerate() {
+        waiting.refused(owner(name), "demo", cpu(1), at(i64::try_from(i).unwrap()));
+    }
+    // "a", the longest refused, was forgotten to keep three.
+    assert_eq!(waiting.len(), 3);
+    assert_eq!(names(&waiting.to_wake("demo", at(10), room(10))), ["b", "c"]);
+    assert_eq!(names(&waiting.to_wake("demo", at(11), room(10))), ["d"]);
+}
+
+#[test]
+fn the_fit_is_asked_only_when_someone_waits() {
+    let mut waiting = Waiting::new(WakeConfig::default());
+    let woken = waiting.to_wake("demo", at(0), |_| panic!("asked with nobody waiting"));
+    assert!(woken.is_empty());
+}
