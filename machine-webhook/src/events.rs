@@ -22,6 +22,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
 use crate::cache::SeedCache;
+use crate::decision::rollout_blocked;
 use crate::metrics::Metrics;
 use crate::user_clients::UserClients;
 
@@ -136,6 +137,29 @@ pub fn start(
     (events, sender.run(rx))
 }
 
+/// machine-controller's `MachineSet` or `MachineDeployment`.
+fn owner_resource(kind: &str) -> ApiResource {
+    ApiResource {
+        group: "cluster.k8s.io".into(),
+        version: "v1alpha1".into(),
+        api_version: MACHINE_GROUP_VERSION.into(),
+        kind: kind.into(),
+        plural: format!("{}s", kind.to_lowercase()),
+    }
+}
+
+/// Whether a `MachineDeployment` is replacing its Machines: some of them are not of its current
+/// template yet (`status.updatedReplicas` below `status.replicas`), or its controller has not
+/// seen its latest spec.
+fn rolling_out(deployment: &DynamicObject) -> bool {
+    let status = &deployment.data["status"];
+    let count = |field: &str| status[field].as_i64().unwrap_or(0);
+    let observed = status["observedGeneration"].as_i64();
+    let generation = deployment.metadata.generation;
+    count("updatedReplicas") < count("replicas")
+        || matches!((observed, generation), (Some(o), Some(g)) if o < g)
+}
+
 fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerReference> {
     owners
         .iter()
@@ -159,30 +183,32 @@ impl Sender {
     }
 
     /// The `MachineDeployment` owning the Machine's `MachineSet`, else the `MachineSet`, else the
-    /// `MachineDeployment` owning the Machine directly, else `None`.
-    async fn owner_in_user_cluster(&self, client: &Client, event: &DenialEvent) -> Option<ObjectRef> {
+    /// `MachineDeployment` owning the Machine directly, else `None`; and whether that
+    /// `MachineDeployment` is rolling out.
+    async fn owner_in_user_cluster(&self, client: &Client, event: &DenialEvent) -> Option<(ObjectRef, bool)> {
         let ns = &event.machine_namespace;
-        if let Some(set) = owner(&event.owners, "MachineSet") {
-            let resource = ApiResource {
-                group: "cluster.k8s.io".into(),
-                version: "v1alpha1".into(),
-                api_version: MACHINE_GROUP_VERSION.into(),
-                kind: "MachineSet".into(),
-                plural: "machinesets".into(),
+        let deployment = if let Some(set) = owner(&event.owners, "MachineSet") {
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client.clone(), ns, &owner_resource("MachineSet"));
+            let Ok(Some(object)) = api.get_opt(&set.name).await else {
+                return Some((ObjectRef::from_owner(set, ns), false));
             };
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
-            if let Ok(Some(object)) = api.get_opt(&set.name).await
-                && let Some(deployment) = object
-                    .meta()
-                    .owner_references
-                    .as_deref()
-                    .and_then(|o| owner(o, "MachineDeployment"))
-            {
-                return Some(ObjectRef::from_owner(deployment, ns));
-            }
-            return Some(ObjectRef::from_owner(set, ns));
-        }
-        owner(&event.owners, "MachineDeployment").map(|d| ObjectRef::from_owner(d, ns))
+            let Some(deployment) = object
+                .meta()
+                .owner_references
+                .as_deref()
+                .and_then(|o| owner(o, "MachineDeployment"))
+            else {
+                return Some((ObjectRef::from_owner(set, ns), false));
+            };
+            deployment.clone()
+        } else {
+            owner(&event.owners, "MachineDeployment")?.clone()
+        };
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &owner_resource("MachineDeployment"));
+        let rolling_out = matches!(api.get_opt(&deployment.name).await, Ok(Some(d)) if rolling_out(&d));
+        Some((ObjectRef::from_owner(&deployment, ns), rolling_out))
     }
 
     async fn send(&mut self, event: &DenialEvent) -> Result<&'static str, String> {
@@ -192,15 +218,17 @@ impl Sender {
             .ok_or_else(|| format!("unknown cluster {}", event.cluster))?;
         let mut target = None;
         let mut user_client = None;
+        let mut rollout = false;
         if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some()
         {
             match self.clients.get(&cluster).await {
                 Ok(client) => {
-                    if let Some(reference) = self.owner_in_user_cluster(&client, event).await {
+                    if let Some((reference, rolling)) = self.owner_in_user_cluster(&client, event).await {
                         target = Some(Target::User {
                             cluster: event.cluster.clone(),
                             reference,
                         });
+                        rollout = rolling && event.reason == "QuotaExceeded";
                         user_client = Some(client);
                     }
                 }
@@ -231,7 +259,13 @@ impl Sender {
         let namespace = reference.namespace.clone().unwrap_or_else(|| "default".into());
         let api: Api<Event> = Api::namespaced(client, &namespace);
         let now = Time(Timestamp::now());
-        let key = (target, event.reason.clone(), event.message.clone());
+        // A rollout at full quota: the Event says what blocks it and both ways out.
+        let message = if rollout {
+            rollout_blocked(event.message.strip_prefix("a ").unwrap_or(&event.message))
+        } else {
+            event.message.clone()
+        };
+        let key = (target, event.reason.clone(), message.clone());
         if let Some(sent) = self.sent.get_mut(&key) {
             sent.count += 1;
             let patch = json!({"count": sent.count, "lastTimestamp": now});
@@ -255,7 +289,7 @@ impl Sender {
             },
             involved_object: reference.to_reference(),
             reason: Some(event.reason.clone()),
-            message: Some(event.message.clone()),
+            message: Some(message),
             type_: Some("Warning".into()),
             count: Some(1),
             first_timestamp: Some(now.clone()),

@@ -35,7 +35,7 @@ use tracing::{Instrument as _, debug, info_span, warn};
 use crate::auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::decision::{
-    Ask, LedgerGap, Reason, Request as DecisionRequest, Verdict, decide, decide_without_ledger,
+    Ask, LedgerGap, Reason, Request as DecisionRequest, Verdict, decide, decide_without_ledger, rollout_hint,
 };
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
@@ -291,7 +291,14 @@ impl App {
                 .and_then(|m| m.metadata.uid.clone())
                 .unwrap_or_default(),
         };
-        let verdict = self.admit_growing(machine, &decision_request).await;
+        let mut verdict = self.admit_growing(machine, &decision_request).await;
+        if verdict.reason == Reason::QuotaExceeded
+            && matches!(decision_request.ask, Ask::Create(_))
+            && owners.iter().any(|o| o.kind == "MachineSet")
+            && let Some(message) = verdict.message.as_mut()
+        {
+            message.push_str(&rollout_hint());
+        }
         if !verdict.allowed
             && !decision_request.dry_run
             && matches!(

@@ -92,6 +92,44 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
             .is_empty()
     );
 
+    // A MachineDeployment rolling out (one of its 3 Machines replaced so far) at full quota: its
+    // surge Machine is refused, the denial names both ways out, and the Event says the rollout
+    // is blocked.
+    let mut rolling = DynamicObject::new("rolling", &resource("machinedeployments"));
+    rolling.data = json!({
+        "spec": {"replicas": 3},
+        "status": {"replicas": 4, "updatedReplicas": 1, "observedGeneration": 1},
+    });
+    let rolling = deployments.create(&PostParams::default(), &rolling).await?;
+    let mut new_set = DynamicObject::new("rolling-7c9d", &resource("machinesets"));
+    new_set.metadata.owner_references = Some(vec![owner_ref(&rolling, "MachineDeployment")]);
+    new_set.data = json!({"spec": {"replicas": 2}});
+    let new_set = sets.create(&PostParams::default(), &new_set).await?;
+    let mut surge = machine("", 2);
+    surge.metadata.name = None;
+    surge.metadata.generate_name = Some("rolling-7c9d-".into());
+    surge.metadata.owner_references = Some(vec![owner_ref(&new_set, "MachineSet")]);
+    let message = denial(api.create(&PostParams::default(), &surge).await);
+    assert!(
+        message.ends_with(r#"needs 2 cpu, project "demo" uses 16 of 16 cpu; if this Machine is the surge of a MachineDeployment rollout (such as a Kubernetes upgrade), set its MachineDeployment's rollout strategy to maxSurge: 0 and maxUnavailable: 1 (Machines are then replaced one at a time, without an extra one), or raise the project's quota"#),
+        "{message}"
+    );
+    let blocked = wait_for(
+        Duration::from_secs(30),
+        "an Event on the rolling MachineDeployment",
+        || async {
+            let events = events_about(&alpha, NS, "MachineDeployment", "rolling").await?;
+            events.into_iter().next().context("none yet")
+        },
+    )
+    .await?;
+    assert_eq!(
+        blocked.message.as_deref(),
+        Some(
+            r#"the rollout is blocked: its surge Machine needs 2 cpu, project "demo" uses 16 of 16 cpu; set its MachineDeployment's rollout strategy to maxSurge: 0 and maxUnavailable: 1 (Machines are then replaced one at a time, without an extra one), or raise the project's quota"#
+        )
+    );
+
     // No owner: the Event goes to the Cluster on the seed.
     denial(api.create(&PostParams::default(), &machine("lonely-1", 1)).await);
     let on_cluster = wait_for(
@@ -109,12 +147,12 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
     );
     // The counter moves just after the API call returns: wait for it rather than race it.
     let events = webhook.metrics.events.clone();
-    wait_for(Duration::from_secs(10), "2 Events created, 2 updated", || {
+    wait_for(Duration::from_secs(10), "3 Events created, 2 updated", || {
         let counts = (
             events.with_label_values(&["created"]).get(),
             events.with_label_values(&["updated"]).get(),
         );
-        async move { counts == (2, 2) }
+        async move { counts == (3, 2) }
     })
     .await?;
     webhook.kill().await;

@@ -37,6 +37,25 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool) -> St
     )
 }
 
+/// Both ways out for a `MachineDeployment` whose rollout needs room for a surge Machine (with the
+/// default `maxSurge: 1`, every rollout of a project at full quota stalls on it).
+pub const ROLLOUT_WAYS_OUT: &str = "set its MachineDeployment's rollout strategy to maxSurge: 0 and maxUnavailable: 1 \
+     (Machines are then replaced one at a time, without an extra one), or raise the project's quota";
+
+/// Appended to a denial for room of a Machine a `MachineSet` creates: the user cannot tell from
+/// the denial alone that a rollout is what asks for the extra Machine.
+pub fn rollout_hint() -> String {
+    format!(
+        "; if this Machine is the surge of a MachineDeployment rollout (such as a Kubernetes upgrade), {ROLLOUT_WAYS_OUT}"
+    )
+}
+
+/// The Event on a `MachineDeployment` that is rolling out, for a denial for room (`detail`: the
+/// denial without the Machine's name).
+pub fn rollout_blocked(detail: &str) -> String {
+    format!("the rollout is blocked: its surge {detail}; {ROLLOUT_WAYS_OUT}")
+}
+
 /// "`used` of `limit`", e.g. "6 of 8 cpu".
 fn uses(resource: Resource, used: Quantity, limit: Quantity) -> String {
     format!("{} of {}", resource.amount(used), resource.describe(limit))

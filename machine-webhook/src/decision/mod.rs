@@ -30,7 +30,7 @@ mod state;
 mod tests;
 
 pub use gap::{LedgerGap, decide_batch_without_ledger, decide_without_ledger, is_counted, is_counted_json};
-pub use messages::{exceeded_detail, over_quota_warnings};
+pub use messages::{ROLLOUT_WAYS_OUT, exceeded_detail, over_quota_warnings, rollout_blocked, rollout_hint};
 pub use state::{QuotaState, SeedCapacity, StateError};
 
 use messages::{held_note, share_detail};
