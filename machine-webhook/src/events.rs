@@ -211,25 +211,18 @@ impl Sender {
         Some((ObjectRef::from_owner(&deployment, ns), rolling_out))
     }
 
-    async fn send(&mut self, event: &DenialEvent) -> Result<&'static str, String> {
-        let cluster = self
-            .cache
-            .cluster(&event.cluster)
-            .ok_or_else(|| format!("unknown cluster {}", event.cluster))?;
-        let mut target = None;
-        let mut user_client = None;
-        let mut rollout = false;
+    /// Where the Event goes, the client for it, and whether the owner is rolling out.
+    async fn target(&mut self, cluster: &Cluster, event: &DenialEvent) -> (Target, Client, bool) {
         if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some()
         {
-            match self.clients.get(&cluster).await {
+            match self.clients.get(cluster).await {
                 Ok(client) => {
                     if let Some((reference, rolling)) = self.owner_in_user_cluster(&client, event).await {
-                        target = Some(Target::User {
+                        let target = Target::User {
                             cluster: event.cluster.clone(),
                             reference,
-                        });
-                        rollout = rolling && event.reason == "QuotaExceeded";
-                        user_client = Some(client);
+                        };
+                        return (target, client, rolling);
                     }
                 }
                 Err(e) => {
@@ -237,21 +230,25 @@ impl Sender {
                 }
             }
         }
-        let (target, client) = match (target, user_client) {
-            (Some(t), Some(c)) => (t, c),
-            _ => (
-                Target::Seed {
-                    reference: ObjectRef {
-                        api_version: Cluster::api_version(&()).into_owned(),
-                        kind: Cluster::kind(&()).into_owned(),
-                        namespace: None,
-                        name: cluster.metadata.name.clone().unwrap_or_default(),
-                        uid: cluster.metadata.uid.clone().unwrap_or_default(),
-                    },
-                },
-                self.seed.clone(),
-            ),
+        let target = Target::Seed {
+            reference: ObjectRef {
+                api_version: Cluster::api_version(&()).into_owned(),
+                kind: Cluster::kind(&()).into_owned(),
+                namespace: None,
+                name: cluster.metadata.name.clone().unwrap_or_default(),
+                uid: cluster.metadata.uid.clone().unwrap_or_default(),
+            },
         };
+        (target, self.seed.clone(), false)
+    }
+
+    async fn send(&mut self, event: &DenialEvent) -> Result<&'static str, String> {
+        let cluster = self
+            .cache
+            .cluster(&event.cluster)
+            .ok_or_else(|| format!("unknown cluster {}", event.cluster))?;
+        let (target, client, rolling_out) = self.target(&cluster, event).await;
+        let rollout = rolling_out && event.reason == "QuotaExceeded";
         let reference = match &target {
             Target::User { reference, .. } | Target::Seed { reference } => reference.clone(),
         };

@@ -1,5 +1,6 @@
 //! A denial is told where the user looks: one Event on the owning `MachineDeployment` in the user
-//! cluster, its count increased on every retry; without an owner, on the Cluster on the seed.
+//! cluster, its count increased on every retry (and, when it is rolling out, that its rollout is
+//! blocked); without an owner, on the Cluster on the seed.
 
 mod common;
 
@@ -28,6 +29,7 @@ async fn events_about(client: &Client, namespace: &str, kind: &str, name: &str) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)]
 async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
     let fleet = fleet().await?;
     let seed = fleet.seed(SEED).client();
