@@ -1,5 +1,5 @@
-//! The example Machines and MachineDeployment in `deploy/examples` are what machine-controller
-//! needs (a kubelet version, the operating system's settings, a MachineDeployment whose selector
+//! The example Machines and `MachineDeployment` in `deploy/examples` are what machine-controller
+//! needs (a kubelet version, the operating system's settings, a `MachineDeployment` whose selector
 //! matches its template) and are sized as their comments say.
 
 #![allow(clippy::unwrap_used)]
@@ -17,11 +17,18 @@ fn example(file: &str) -> Value {
 /// What machine-controller refuses a Machine spec without.
 fn assert_complete(spec: &Value, what: &str) {
     assert!(
-        spec["versions"]["kubelet"].as_str().is_some_and(|v| !v.is_empty()),
+        spec["versions"]["kubelet"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty()),
         "{what}: no spec.versions.kubelet"
     );
     let value = &spec["providerSpec"]["value"];
-    for field in ["cloudProvider", "cloudProviderSpec", "operatingSystem", "operatingSystemSpec"] {
+    for field in [
+        "cloudProvider",
+        "cloudProviderSpec",
+        "operatingSystem",
+        "operatingSystemSpec",
+    ] {
         assert!(!value[field].is_null(), "{what}: no providerSpec.value.{field}");
     }
 }
@@ -53,7 +60,11 @@ fn example_machine_deployment_is_complete_and_rolls_out_without_a_surge() {
     let selector = spec["selector"]["matchLabels"].as_object().unwrap();
     let labels = spec["template"]["metadata"]["labels"].as_object().unwrap();
     for (key, value) in selector {
-        assert_eq!(labels.get(key), Some(value), "the selector does not match the template");
+        assert_eq!(
+            labels.get(key),
+            Some(value),
+            "the selector does not match the template"
+        );
     }
     assert_eq!(spec["strategy"]["rollingUpdate"]["maxSurge"], 0);
     assert_complete(&spec["template"]["spec"], "the template");
