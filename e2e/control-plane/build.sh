@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and etcd from their published Go modules (wrapper modules beside this
+# Builds kube-apiserver, kube-controller-manager and etcd from their published Go modules (wrapper modules beside this
 # script) into a cache directory keyed by version, and prints the directory that holds them.
 #
 #   KUBEBUILDER_ASSETS=/dir   use the binaries in /dir, build nothing (the envtest convention)
@@ -43,6 +43,8 @@ build() { # name, wrapper dir, package, extra ldflags
 minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
 cb=k8s.io/component-base/version
 build etcd etcd go.etcd.io/etcd/server/v3 ""
-build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver \
-  "-X $cb.gitVersion=${KUBE_VERSION} -X $cb.gitMajor=1 -X $cb.gitMinor=${minor} -X $cb.gitTreeState=clean"
+kube_ldflags="-X $cb.gitVersion=${KUBE_VERSION} -X $cb.gitMajor=1 -X $cb.gitMinor=${minor} -X $cb.gitTreeState=clean"
+build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
+# From the same module and version: the fleet runs its garbage collector and namespace controller.
+build kube-controller-manager kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
 echo "$out"

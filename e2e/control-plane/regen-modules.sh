@@ -23,7 +23,7 @@ gomod=$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*
   echo ")"
 } > go.mod
 rm -f go.sum
-go get "k8s.io/kubernetes/cmd/kube-apiserver@${KUBE_VERSION}"
+go get "k8s.io/kubernetes/cmd/kube-apiserver@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-controller-manager@${KUBE_VERSION}"
 go mod tidy
 
 cd "$here/etcd"

@@ -1,4 +1,4 @@
-//! Where the kube-apiserver and etcd binaries come from.
+//! Where the kube-apiserver, kube-controller-manager and etcd binaries come from.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -25,6 +25,7 @@ use crate::assets::control_plane_binaries;
 use crate::certs::{CertPem, ClusterCerts};
 use crate::process::{Proc, wait_process};
 
+mod controller_manager;
 mod etcd;
 
 use etcd::start_etcd;
@@ -48,6 +49,9 @@ pub struct ControlPlane {
     binaries: PathBuf,
     /// Whether kube-apiserver writes an audit log ([`ControlPlane::audit_log`]).
     audit: bool,
+    /// kube-controller-manager, when started ([`ControlPlane::start_controller_manager`]).
+    /// Declared first of the processes: fields drop in order, so it dies before its API server.
+    controller_manager: Mutex<Option<Proc>>,
     /// Declared before `etcd` and `dir`: fields drop in order, so kube-apiserver dies first,
     /// then etcd, then the directory goes.
     apiserver: Mutex<Option<Proc>>,
@@ -110,6 +114,7 @@ impl ControlPlane {
                 certs,
                 binaries: binaries.clone(),
                 audit,
+                controller_manager: Mutex::new(None),
                 apiserver: Mutex::new(None),
                 etcd,
                 etcd_ports,

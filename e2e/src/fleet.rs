@@ -75,6 +75,11 @@ pub struct FleetSpec {
     /// The master's and the seeds' API servers write an audit log
     /// ([`ControlPlane::audit_log`]); user clusters never (only the platform's roles are audited).
     pub audit: bool,
+    /// Every cluster runs kube-controller-manager's garbage collector and namespace controller
+    /// ([`ControlPlane::start_controller_manager`]), so owner references cascade and deleted
+    /// namespaces empty as in a real cluster. On in [`FleetSpec::default`] (the demo fleet), off
+    /// in [`FleetSpec::empty`] (benchmarks measure without it).
+    pub controller_managers: bool,
 }
 
 impl Default for FleetSpec {
@@ -87,6 +92,7 @@ impl Default for FleetSpec {
             .with_user_cluster("alpha", "seed-a", "demo")
             .with_user_cluster("beta", "seed-a", "demo")
             .with_user_cluster("gamma", "seed-b", "demo")
+            .with_controller_managers()
     }
 }
 
@@ -98,6 +104,7 @@ impl FleetSpec {
             projects: Vec::new(),
             user_clusters: Vec::new(),
             audit: false,
+            controller_managers: false,
         }
     }
 
@@ -105,6 +112,14 @@ impl FleetSpec {
     #[must_use]
     pub fn with_audit_log(mut self) -> FleetSpec {
         self.audit = true;
+        self
+    }
+
+    /// Every cluster runs a garbage collector and namespace controller (see
+    /// [`FleetSpec::controller_managers`]).
+    #[must_use]
+    pub fn with_controller_managers(mut self) -> FleetSpec {
+        self.controller_managers = true;
         self
     }
 
@@ -237,6 +252,9 @@ impl Fleet {
             seeds,
             users,
         };
+        if fleet.spec.controller_managers {
+            try_join_all(fleet.clusters().map(ControlPlane::start_controller_manager)).await?;
+        }
         let populating = std::time::Instant::now();
         fleet
             .populate()
@@ -275,6 +293,13 @@ impl Fleet {
         } else {
             self.seeds.get(name).or_else(|| self.users.get(name))
         }
+    }
+
+    /// Every cluster's control plane: master, seeds, user clusters.
+    pub fn clusters(&self) -> impl Iterator<Item = &ControlPlane> {
+        std::iter::once(&self.master)
+            .chain(self.seeds.values())
+            .chain(self.users.values())
     }
 
     /// The spec of user cluster `name` (its seed and project).

@@ -161,7 +161,8 @@ async fn master_controller_on_a_real_fleet() -> Result<()> {
             .with_seed("seed-b")
             .with_project("demo")
             .with_project("other")
-            .with_project("third"),
+            .with_project("third")
+            .with_controller_managers(),
     )
     .await?;
     let master = Api::all(fleet.master().client());
@@ -179,6 +180,9 @@ async fn master_controller_on_a_real_fleet() -> Result<()> {
         .context("quota lowered below usage")?;
     orphan_copies_removed(&world).await.context("orphan copies")?;
     default_quota(&world).await.context("default quota")?;
+    project_deleted_takes_its_quota(&world)
+        .await
+        .context("project deleted")?;
     seed_down_and_back(&world).await.context("stale seed")?;
     seed_set_changes(&world).await.context("seed set changes")?;
     foreign_usage_writer_reported(&world)
@@ -732,6 +736,35 @@ async fn foreign_usage_writer_reported(w: &World) -> Result<()> {
         "the other writer's figure is left alone"
     );
     Ok(())
+}
+
+/// Deleting a Project takes its quota with it, as in KKP: the master's garbage collector follows
+/// the quota's owner reference to its Project (kube-controller-manager runs in this fleet;
+/// nothing in master-controller deletes a quota whose project is gone: without it this step
+/// fails), and the finalizer then takes the seed copies and the `ProjectQuota`.
+async fn project_deleted_takes_its_quota(w: &World) -> Result<()> {
+    create_quota(&w.master, "project-other", "other", cpu_mem(2, 2)).await?;
+    w.converged("project-other", "project-other on every seed")
+        .await?;
+    wait_for(DEADLINE, "project-other owned by its Project", || async {
+        let q = w.master.get("project-other").await?;
+        ensure!(
+            q.owner_references()
+                .iter()
+                .any(|o| o.kind == "Project" && o.name == "other"),
+            "no owner reference yet"
+        );
+        Ok(())
+    })
+    .await?;
+    Api::<Project>::all(w.fleet.master().client())
+        .delete("other", &DeleteParams::default())
+        .await?;
+    w.gone_everywhere(
+        "project-other",
+        "project-other garbage-collected with its Project",
+    )
+    .await
 }
 
 async fn delete_converges(w: &World) -> Result<()> {

@@ -1,6 +1,11 @@
 //go:build tools
 
-// Package tools pins the kube-apiserver command as a dependency of this wrapper module.
+// Package tools pins the control-plane commands the local fleet runs as dependencies of this
+// wrapper module: kube-apiserver, and kube-controller-manager (garbage collector and namespace
+// controller, so that owner cascades happen as in a real cluster).
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
