@@ -4,7 +4,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 use crate::kkp_shape;
-use crate::machine::Machine;
+use crate::machine::{Machine, MachineDeployment, MachineSet};
 use crate::project_quota::ProjectQuota;
 use crate::quota_ledger::QuotaLedger;
 
@@ -61,6 +61,14 @@ pub fn fleet_only() -> Vec<CrdFile> {
             path: "fleet-only/machines.cluster.k8s.io.yaml",
             crd: machine_stand_in(),
         },
+        CrdFile {
+            path: "fleet-only/machinesets.cluster.k8s.io.yaml",
+            crd: keeping_every_field(MachineSet::crd()),
+        },
+        CrdFile {
+            path: "fleet-only/machinedeployments.cluster.k8s.io.yaml",
+            crd: keeping_every_field(MachineDeployment::crd()),
+        },
     ];
     for file in &mut files {
         let annotations = file.crd.metadata.annotations.get_or_insert_with(Default::default);
@@ -85,7 +93,11 @@ pub fn fleet_only() -> Vec<CrdFile> {
 /// has no status subresource; the stand-in does the same, so a status write reaches the object
 /// (and moves its generation) as it does in a real user cluster.
 fn machine_stand_in() -> CustomResourceDefinition {
-    let mut crd = Machine::crd();
+    keeping_every_field(Machine::crd())
+}
+
+/// The CRD with every field kept at the top level too (`status` included).
+fn keeping_every_field(mut crd: CustomResourceDefinition) -> CustomResourceDefinition {
     for version in &mut crd.spec.versions {
         if let Some(schema) = version
             .schema

@@ -71,3 +71,29 @@ pub struct GlobalKeyRef {
     #[serde(default)]
     pub key: String,
 }
+
+/// machine-controller's `MachineSet`, as far as the local fleet needs it: an owner of Machines
+/// (a stand-in; nothing of its spec is read, and the CRD keeps every field).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "cluster.k8s.io",
+    version = "v1alpha1",
+    kind = "MachineSet",
+    plural = "machinesets",
+    namespaced
+)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MachineSetSpec {}
+
+/// machine-controller's `MachineDeployment`, as far as the local fleet needs it: the owner of
+/// `MachineSet`s (a stand-in, like [`MachineSet`]).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "cluster.k8s.io",
+    version = "v1alpha1",
+    kind = "MachineDeployment",
+    plural = "machinedeployments",
+    namespaced
+)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MachineDeploymentSpec {}

@@ -244,10 +244,12 @@ impl ControlPlane {
         self.dir.path().join("etcd.log")
     }
 
-    /// Process ids: etcd, then kube-apiserver if it is running.
+    /// Process ids: etcd, then kube-apiserver if it is running, then kube-controller-manager
+    /// if it was started.
     pub fn pids(&self) -> Vec<u32> {
         let mut pids = vec![self.etcd_pid()];
         pids.extend(self.apiserver_pid());
+        pids.extend(self.controller_manager_pid());
         pids
     }
 

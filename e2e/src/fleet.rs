@@ -253,7 +253,12 @@ impl Fleet {
             users,
         };
         if fleet.spec.controller_managers {
-            try_join_all(fleet.clusters().map(ControlPlane::start_controller_manager)).await?;
+            try_join_all(
+                fleet
+                    .control_planes()
+                    .map(|(_, cp)| cp.start_controller_manager()),
+            )
+            .await?;
         }
         let populating = std::time::Instant::now();
         fleet
@@ -293,13 +298,6 @@ impl Fleet {
         } else {
             self.seeds.get(name).or_else(|| self.users.get(name))
         }
-    }
-
-    /// Every cluster's control plane: master, seeds, user clusters.
-    pub fn clusters(&self) -> impl Iterator<Item = &ControlPlane> {
-        std::iter::once(&self.master)
-            .chain(self.seeds.values())
-            .chain(self.users.values())
     }
 
     /// The spec of user cluster `name` (its seed and project).
@@ -342,7 +340,7 @@ impl Fleet {
             .chain(self.users.iter().map(|(n, cp)| (n.as_str(), cp)))
     }
 
-    /// Every process id (etcd and kube-apiserver of every cluster).
+    /// Every process id (etcd, kube-apiserver and kube-controller-manager of every cluster).
     pub fn pids(&self) -> Vec<u32> {
         self.control_planes().flat_map(|(_, cp)| cp.pids()).collect()
     }

@@ -32,8 +32,10 @@
 //! [`Fleet::start`]`(`[`FleetSpec::default()`]`)` starts a master, seeds `seed-a` and `seed-b`,
 //! user clusters `alpha` and `beta` (on `seed-a`) and `gamma` (on `seed-b`), all three in project
 //! `demo`; project `other` has no cluster. All control planes start concurrently, then the KKP
-//! objects are written (see [`fleet`]). Build other shapes with [`FleetSpec::empty`],
-//! `with_seed`, `with_project`, `with_user_cluster(name, seed, project)`.
+//! objects are written (see [`fleet`]); every cluster of it runs kube-controller-manager's garbage
+//! collector and namespace controller. Build other shapes with [`FleetSpec::empty`] (no
+//! controller manager), `with_seed`, `with_project`, `with_user_cluster(name, seed, project)`,
+//! `with_controller_managers()`.
 //!
 //! Accessors: `master()`, `seed(name)`, `user_cluster(name)` (panic on an unknown name),
 //! `get(name)`, `spec()`, `user_cluster_spec(name)`, `members()`, `control_planes()`, `pids()`,

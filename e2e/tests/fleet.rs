@@ -12,10 +12,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kkp_quota_crds::kkp::{
     ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, PROJECT_ID_LABEL, Project, Seed,
 };
-use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::machine::{
+    Machine, MachineDeployment, MachineDeploymentSpec, MachineSet, MachineSetSpec,
+};
 use kkp_quota_crds::{QuotaLedger, ResourceQuota};
-use kube::Api;
-use kube::api::{ListParams, ObjectMeta, PostParams};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams, PropagationPolicy};
+use kube::{Api, Resource as _};
 
 async fn client_from_secret(client: kube::Client, namespace: &str, name: &str) -> kube::Client {
     let secret = Api::<Secret>::namespaced(client, namespace)
@@ -157,7 +159,11 @@ async fn the_default_fleet_has_what_kkp_would_have() {
         "default fleet: started in {startup:?}, {} processes, RSS {rss_mib:.0} MiB",
         fleet.pids().len()
     );
-    assert_eq!(fleet.pids().len(), 12);
+    assert_eq!(
+        fleet.pids().len(),
+        18,
+        "etcd, kube-apiserver and kube-controller-manager per cluster"
+    );
     check_master(&fleet).await;
     check_seeds(&fleet).await;
     check_files(&fleet).await;
@@ -180,8 +186,16 @@ fn fleet_specs_are_validated() {
         .unwrap();
 }
 
+/// A Machine from `deploy/examples`.
+#[allow(clippy::unwrap_used, reason = "a test helper: a panic is the failure report")]
+fn example(file: &str) -> Machine {
+    let path = format!("{}/../deploy/examples/{file}", env!("CARGO_MANIFEST_DIR"));
+    serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 /// The demo project end to end: its quota on every seed, the webhook configuration in a user
-/// cluster, a fitting Machine counted up to the master, and one too big refused with the reason.
+/// cluster, a fitting Machine counted up to the master, one too big refused with the reason, and
+/// a `MachineDeployment`'s Machines garbage-collected with it.
 #[allow(clippy::unwrap_used, reason = "a test helper: a panic is the failure report")]
 async fn check_demo_project(fleet_dir: &std::path::Path) {
     let client_for = |name: &str| {
@@ -215,10 +229,6 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
 
     // deploy/examples: the small Machine is admitted and counted up to the master ...
     let machines = Api::<Machine>::namespaced(alpha, "kube-system");
-    let example = |file: &str| -> Machine {
-        let path = format!("{}/../deploy/examples/{file}", env!("CARGO_MANIFEST_DIR"));
-        serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
-    };
     machines
         .create(&PostParams::default(), &example("machine-small.yaml"))
         .await
@@ -248,6 +258,78 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     assert!(message.contains("worker-too-big"), "{message}");
     assert!(message.contains("needs 32 cpu"), "{message}");
     assert!(message.contains("of 16 cpu"), "{message}");
+
+    a_deleted_machine_deployment_frees_its_room(client_for("alpha").await, master).await;
+}
+
+/// Real cascades (kube-controller-manager runs in every cluster of the demo fleet): a deleted
+/// `MachineDeployment` takes its `MachineSet` and Machines, and their room comes back.
+#[allow(clippy::unwrap_used, reason = "a test helper: a panic is the failure report")]
+async fn a_deleted_machine_deployment_frees_its_room(alpha: kube::Client, master: Api<ResourceQuota>) {
+    let machines = Api::<Machine>::namespaced(alpha.clone(), "kube-system");
+    let deployments = Api::<MachineDeployment>::namespaced(alpha.clone(), "kube-system");
+    let sets = Api::<MachineSet>::namespaced(alpha.clone(), "kube-system");
+    let deployment = deployments
+        .create(
+            &PostParams::default(),
+            &MachineDeployment::new("workers", MachineDeploymentSpec {}),
+        )
+        .await
+        .unwrap();
+    let mut set = MachineSet::new("workers-5d8f", MachineSetSpec {});
+    set.metadata.owner_references = deployment.controller_owner_ref(&()).map(|o| vec![o]);
+    let set = sets.create(&PostParams::default(), &set).await.unwrap();
+    for name in ["workers-5d8f-a", "workers-5d8f-b"] {
+        let mut machine = example("machine-small.yaml");
+        machine.metadata.name = Some(name.to_owned());
+        machine.metadata.owner_references = set.controller_owner_ref(&()).map(|o| vec![o]);
+        machines.create(&PostParams::default(), &machine).await.unwrap();
+    }
+    let global_cpu = |cpus: i64| {
+        let master = master.clone();
+        async move {
+            let usage = master.get("project-demo").await.ok()?.status?.global_usage?;
+            (usage.cpu == Some(cpus.to_string().parse().unwrap())).then_some(())
+        }
+    };
+    wait_for(
+        Duration::from_mins(1),
+        "3 Machines (6 cpu) in globalUsage",
+        || global_cpu(6),
+    )
+    .await
+    .unwrap();
+    let background = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..DeleteParams::default()
+    };
+    deployments.delete("workers", &background).await.unwrap();
+    wait_for(
+        Duration::from_mins(1),
+        "the MachineDeployment's Machines garbage-collected",
+        || async {
+            let left = machines.list(&ListParams::default()).await.ok()?;
+            let names: Vec<String> = left
+                .items
+                .iter()
+                .filter_map(|m| m.metadata.name.clone())
+                .collect();
+            (names == ["worker-small"]).then_some(())
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        sets.get_opt("workers-5d8f").await.unwrap().is_none(),
+        "the MachineSet is still there"
+    );
+    wait_for(
+        Duration::from_mins(1),
+        "their room back in globalUsage (2 cpu)",
+        || global_cpu(2),
+    )
+    .await
+    .unwrap();
 }
 
 /// The fleet binary, stopped the way it expects (SIGTERM, then up to 30 s for its teardown) when a
@@ -320,8 +402,8 @@ async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
     let processes = procfs::children(pid);
     assert_eq!(
         processes.len(),
-        17,
-        "etcd + kube-apiserver per cluster, master-controller, a seed-controller and a webhook per seed"
+        23,
+        "etcd, kube-apiserver and kube-controller-manager per cluster, master-controller, a seed-controller and a webhook per seed"
     );
     let status = Command::new("kill")
         .args(["-TERM", &pid.to_string()])

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use common::owners::{install_owner_crds, owner_ref, resource};
+use common::owners::{owner_ref, resource};
 use common::*;
 use e2e::wait_for;
 use k8s_openapi::api::core::v1::Event;
@@ -39,7 +39,6 @@ async fn denial_events_land_on_the_machine_deployment_once() -> Result<()> {
     write_quota(seed.clone(), PROJECT, "16", "16").await?;
     let webhook = start_webhook(seed.clone(), &certs, "127.0.0.1:0".parse()?).await?;
     register(&seed, alpha.clone(), "alpha", webhook.address, &certs).await?;
-    install_owner_crds(&alpha).await?;
 
     let deployments: Api<DynamicObject> =
         Api::namespaced_with(alpha.clone(), NS, &resource("machinedeployments"));

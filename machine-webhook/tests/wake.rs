@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use common::owners::{install_owner_crds, owner_ref, resource};
+use common::owners::{owner_ref, resource};
 use common::*;
 use e2e::wait_for;
 use futures::StreamExt as _;
@@ -119,7 +119,6 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     })
     .await?;
     register(&seed, alpha.clone(), "alpha", webhook.address, &certs).await?;
-    install_owner_crds(&alpha).await?;
     let (nudged, watch) = watch_nudges(alpha.clone());
 
     let sets: Api<DynamicObject> = Api::namespaced_with(alpha.clone(), NS, &resource("machinesets"));

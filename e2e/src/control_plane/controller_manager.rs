@@ -67,6 +67,11 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Process id of kube-controller-manager, `None` unless started.
+    pub fn controller_manager_pid(&self) -> Option<u32> {
+        self.controller_manager().as_ref().map(Proc::pid)
+    }
+
     /// kube-controller-manager's output.
     pub fn controller_manager_log(&self) -> std::path::PathBuf {
         self.dir.path().join("kube-controller-manager.log")
