@@ -1,5 +1,6 @@
 //! Asking for share, pure: the entry this process keeps in the ledger's `status.demands` while
-//! its requests wait for share, and whether another process is waiting.
+//! its requests wait for share, and whether another process is waiting (by this process's clock,
+//! [`DemandClock`]; no I/O here).
 //!
 //! A request that fits the project's quota but not what this seed may commit
 //! ([`crate::decision::Reason::ShareInTransit`]) waits, and this process records a demand: the
@@ -12,17 +13,51 @@
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
-use kkp_quota_crds::ledger::lifetimes::ttl_seconds;
+use kkp_quota_crds::ledger::lifetimes::{Lifetimes, ttl_seconds};
 use kkp_quota_crds::ledger::with_own_entry;
 use kkp_quota_crds::quota_ledger::ShareDemand;
-use kkp_quota_crds::shares::objects::{committed, live_demands, seed_share};
+use kkp_quota_crds::shares::objects::{committed, seed_share};
 use kkp_quota_crds::shares::{SeedShare, bounded_by};
 use kkp_quota_crds::{QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
 use serde_json::Value;
 
-/// Whether a process other than `holder` waits for share (a live demand of its own).
-pub fn others_waiting(status: Option<&QuotaLedgerStatus>, holder: &str, now: Timestamp) -> bool {
-    status.is_some_and(|s| live_demands(s, now).any(|d| d.holder != holder))
+/// Other processes' demands judged by this process's clock (issue #32, finding 8): a demand that
+/// carries `ttlSeconds` lives that long from when this process first saw it, not until the
+/// `expiresAt` its writer's clock wrote. Judged by the writer's clock, a webhook whose clock is
+/// 30 s ahead would see every fresh demand of another webhook as expired, and keep its idle
+/// allotment from the process that waits for it until the allotment idled out. First sight is at
+/// or after the write, so a demand never lives shorter here than its writer meant.
+#[derive(Debug, Default)]
+pub struct DemandClock(std::sync::Mutex<Lifetimes>);
+
+impl DemandClock {
+    /// Whether a process other than `holder` waits for share in `ledger`, as this process judges.
+    pub fn others_waiting(
+        &self,
+        ledger: &str,
+        status: Option<&QuotaLedgerStatus>,
+        holder: &str,
+        now: Timestamp,
+    ) -> bool {
+        let Some(status) = status else { return false };
+        // The common case, and the admission fast path: nobody else waits.
+        if !status.demands.iter().any(|d| d.holder != holder) {
+            return false;
+        }
+        let demands_only = QuotaLedgerStatus {
+            demands: status.demands.clone(),
+            ..QuotaLedgerStatus::default()
+        };
+        let judged = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .observe(ledger, &demands_only, now);
+        judged
+            .demands
+            .iter()
+            .any(|d| d.holder != holder && d.expires_at > now)
+    }
 }
 
 /// Whether headroom this process holds is wanted elsewhere, so that its allotment must go back
@@ -35,10 +70,9 @@ pub fn others_waiting(status: Option<&QuotaLedgerStatus>, holder: &str, now: Tim
 pub fn allotment_wanted_back(
     spec: &QuotaLedgerSpec,
     status: Option<&QuotaLedgerStatus>,
-    holder: &str,
-    now: Timestamp,
+    others_waiting: bool,
 ) -> bool {
-    others_waiting(status, holder, now)
+    others_waiting
         || seed_share(spec, status)
             .is_some_and(|share| share.asked_back(&spec.quota) || overcommitted(spec, status, &share))
 }
@@ -103,6 +137,7 @@ pub fn demands_after(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kkp_quota_crds::shares::objects::live_demands;
     use kkp_quota_crds::{Quantity, Resource};
 
     fn cpu(n: i64) -> ResourceDetails {
@@ -191,17 +226,17 @@ mod tests {
             ..plain_spec()
         };
         let (s, _) = status(vec![]);
-        assert!(!allotment_wanted_back(&spec(6), Some(&s), "me", at(0)));
-        assert!(!allotment_wanted_back(&spec(8), Some(&s), "me", at(0)));
-        assert!(allotment_wanted_back(&spec(4), Some(&s), "me", at(0)));
+        assert!(!allotment_wanted_back(&spec(6), Some(&s), false));
+        assert!(!allotment_wanted_back(&spec(8), Some(&s), false));
+        assert!(allotment_wanted_back(&spec(4), Some(&s), false));
         // Released down to the target: nothing more is asked.
         let released = QuotaLedgerStatus {
             released: Some(cpu(2)),
             ..QuotaLedgerStatus::default()
         };
-        assert!(!allotment_wanted_back(&spec(4), Some(&released), "me", at(0)));
+        assert!(!allotment_wanted_back(&spec(4), Some(&released), false));
         // Without shares nothing is asked back.
-        assert!(!allotment_wanted_back(&plain_spec(), Some(&s), "me", at(0)));
+        assert!(!allotment_wanted_back(&plain_spec(), Some(&s), false));
         // Usage that grew without admission (a catalog edit) above the share: back it goes.
         let grown = |local: i64| QuotaLedgerStatus {
             local_usage: Some(cpu(local)),
@@ -213,15 +248,45 @@ mod tests {
             }],
             ..QuotaLedgerStatus::default()
         };
-        assert!(!allotment_wanted_back(&spec(6), Some(&grown(5)), "me", at(0)));
-        assert!(allotment_wanted_back(&spec(6), Some(&grown(8)), "me", at(0)));
+        assert!(!allotment_wanted_back(&spec(6), Some(&grown(5)), false));
+        assert!(allotment_wanted_back(&spec(6), Some(&grown(8)), false));
     }
 
     #[test]
     fn only_live_demands_of_others_count() {
+        // Written without ttlSeconds (an older webhook): judged by their expiresAt.
         let (s, _) = status(vec![("me", 7, 30), ("other", 3, 10)]);
-        assert!(others_waiting(Some(&s), "me", at(5)));
-        assert!(!others_waiting(Some(&s), "me", at(10)));
-        assert!(!others_waiting(Some(&s), "other", at(40)));
+        let clock = DemandClock::default();
+        assert!(clock.others_waiting("q", Some(&s), "me", at(5)));
+        assert!(!clock.others_waiting("q", Some(&s), "me", at(10)));
+        assert!(!clock.others_waiting("q", Some(&s), "other", at(40)));
+    }
+
+    #[test]
+    fn another_process_demand_lives_its_ttl_from_first_sight_whatever_its_writer_s_clock() {
+        let demand = |expires: i64| ShareDemand {
+            holder: "other".to_owned(),
+            amount: cpu(3),
+            expires_at: at(expires),
+            ttl_seconds: Some(30),
+        };
+        let with = |d: ShareDemand| QuotaLedgerStatus {
+            demands: vec![d],
+            ..QuotaLedgerStatus::default()
+        };
+        let clock = DemandClock::default();
+        // Written by a clock 40 s behind ours: by its expiresAt it expired 10 s ago.
+        let behind = with(demand(-10));
+        assert!(live_demands(&behind, at(0)).next().is_none());
+        assert!(clock.others_waiting("q", Some(&behind), "me", at(0)));
+        assert!(clock.others_waiting("q", Some(&behind), "me", at(29)));
+        assert!(!clock.others_waiting("q", Some(&behind), "me", at(30)));
+        // Its renewal is a new entry, seen now: waiting again for 30 s.
+        let renewed = with(demand(20));
+        assert!(clock.others_waiting("q", Some(&renewed), "me", at(31)));
+        // Our own demand never counts; another ledger is judged apart.
+        assert!(!clock.others_waiting("q", Some(&renewed), "other", at(31)));
+        assert!(clock.others_waiting("r", Some(&behind), "me", at(100)));
+        assert!(!clock.others_waiting("q", None, "me", at(31)));
     }
 }

@@ -127,7 +127,11 @@ impl Reserver {
     ) -> (Option<ResourceDetails>, Option<Value>) {
         let holder = self.inner.holder.as_str();
         let wants = largest(verdicts.iter().filter_map(|v| v.wants_share.as_ref()));
-        let waiting_elsewhere = allotment_wanted_back(&copy.spec, copy.status.as_ref(), holder, now);
+        let others = self
+            .inner
+            .demand_clock
+            .others_waiting(&copy.name, copy.status.as_ref(), holder, now);
+        let waiting_elsewhere = allotment_wanted_back(&copy.spec, copy.status.as_ref(), others);
         let grant = self.inner.config.allotments.as_ref().and_then(|config| {
             let pass = Pass {
                 requests: !requests.is_empty(),

@@ -50,7 +50,7 @@ use crate::decision::{
     LedgerGap, QuotaState, Reason, Request, Verdict, decide, decide_batch, decide_batch_without_ledger,
     is_counted,
 };
-use crate::demand::{allotment_wanted_back, demands_after};
+use crate::demand::{DemandClock, allotment_wanted_back, demands_after};
 use crate::metrics::Metrics;
 
 mod config;
@@ -89,6 +89,8 @@ struct Inner {
     holder: String,
     queues: Mutex<HashMap<String, mpsc::UnboundedSender<Pending>>>,
     escrows: Mutex<HashMap<String, Escrow>>,
+    /// Other processes' demands judged by this process's clock.
+    demand_clock: DemandClock,
     /// Set by [`Reserver::release_all`]: no more admissions from allotments; workers record
     /// and give back.
     stopping: AtomicBool,
@@ -139,6 +141,7 @@ impl Reserver {
                 holder: holder_identity(),
                 queues: Mutex::new(HashMap::new()),
                 escrows: Mutex::new(HashMap::new()),
+                demand_clock: DemandClock::default(),
                 stopping: AtomicBool::new(false),
                 passed: Notify::new(),
                 token,
@@ -279,7 +282,13 @@ impl Reserver {
         let sight = copy.as_ref().map(|copy| LedgerSight {
             quota_uid: copy.uid.as_deref(),
             counted: is_counted(copy.status.as_ref()),
-            wanted_back: allotment_wanted_back(&copy.spec, copy.status.as_ref(), holder, wall),
+            wanted_back: allotment_wanted_back(
+                &copy.spec,
+                copy.status.as_ref(),
+                self.inner
+                    .demand_clock
+                    .others_waiting(&copy.name, copy.status.as_ref(), holder, wall),
+            ),
             own_granted: copy
                 .status
                 .as_ref()

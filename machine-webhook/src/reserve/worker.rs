@@ -121,12 +121,13 @@ impl Reserver {
         let Some(copy) = self.newest_parsed(project, escrow) else {
             return false;
         };
-        let waiting = allotment_wanted_back(
-            &copy.spec,
+        let others = self.inner.demand_clock.others_waiting(
+            &copy.name,
             copy.status.as_ref(),
             &self.inner.holder,
             self.inner.config.now(),
         );
+        let waiting = allotment_wanted_back(&copy.spec, copy.status.as_ref(), others);
         escrow.holder.wanted_back(waiting)
     }
 
