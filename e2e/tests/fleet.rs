@@ -299,6 +299,23 @@ async fn a_deleted_machine_deployment_frees_its_room(alpha: kube::Client, master
     )
     .await
     .unwrap();
+    // Another MachineSet's 12-cpu Machine does not fit beside them (6 + 12 > 16): refused, and
+    // its owner remembered by the webhook.
+    let waiting = sets
+        .create(
+            &PostParams::default(),
+            &MachineSet::new("big-7f6c", MachineSetSpec {}),
+        )
+        .await
+        .unwrap();
+    let mut big = example("machine-small.yaml");
+    big.metadata.name = Some("big-7f6c-a".to_owned());
+    big.metadata.owner_references = waiting.controller_owner_ref(&()).map(|o| vec![o]);
+    big.spec.provider_spec.value.as_mut().unwrap()["cloudProviderSpec"]["instanceType"] =
+        serde_json::json!("m5zn.3xlarge");
+    let refused = machines.create(&PostParams::default(), &big).await.unwrap_err();
+    assert!(refused.to_string().contains("needs 12 cpu"), "{refused}");
+
     let background = DeleteParams {
         propagation_policy: Some(PropagationPolicy::Background),
         ..DeleteParams::default()
@@ -330,6 +347,19 @@ async fn a_deleted_machine_deployment_frees_its_room(alpha: kube::Client, master
     )
     .await
     .unwrap();
+    // The room reached the refused MachineSet at once: seed-controller counted the garbage
+    // collector's deletes, and the webhook woke the waiting owner (machine-controller would now
+    // create its Machine, which fits).
+    wait_for(Duration::from_mins(1), "the waiting MachineSet woken", || async {
+        let set = sets.get("big-7f6c").await.ok()?;
+        set.metadata
+            .annotations?
+            .contains_key("kkp-quota.dev/room-available-at")
+            .then_some(())
+    })
+    .await
+    .unwrap();
+    machines.create(&PostParams::default(), &big).await.unwrap();
 }
 
 /// The fleet binary, stopped the way it expects (SIGTERM, then up to 30 s for its teardown) when a

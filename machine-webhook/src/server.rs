@@ -41,7 +41,7 @@ use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::reserve::{MachineRef, Reserver};
 use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse_review};
-use crate::waiting::Owner;
+use crate::waiting::{Owner, Refusal};
 use crate::wake::SharedWaiting;
 
 /// Bounds on what one call may cost the server.
@@ -334,12 +334,12 @@ impl App {
         let (Some(waiting), Ask::Create(size)) = (&self.waiting, &decision_request.ask) else {
             return;
         };
-        if !matches!(
-            verdict.reason,
-            Reason::QuotaExceeded | Reason::ShareInTransit | Reason::LedgerMissing
-        ) {
-            return;
-        }
+        let refusal = match verdict.reason {
+            Reason::QuotaExceeded => Refusal::NoRoom,
+            Reason::ShareInTransit => Refusal::ShareElsewhere,
+            Reason::LedgerMissing => Refusal::LedgerMissing,
+            _ => return,
+        };
         let Some(owner) = ["MachineSet", "MachineDeployment"].iter().find_map(|kind| {
             owners
                 .iter()
@@ -363,7 +363,7 @@ impl App {
             uid: owner.uid.clone(),
         };
         let mut table = waiting.lock();
-        table.refused(owner, &project, size.clone(), jiff::Timestamp::now());
+        table.refused(owner, &project, size.clone(), refusal, jiff::Timestamp::now());
         self.metrics
             .waiting_owners
             .set(i64::try_from(table.len()).unwrap_or(i64::MAX));

@@ -26,6 +26,42 @@ pub struct Owner {
     pub uid: String,
 }
 
+/// Why a Machine was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The project's quota had no room for it.
+    NoRoom,
+    /// The quota had room, but not this seed's share (`share_in_transit`).
+    ShareElsewhere,
+    /// The project's ledger could not be used.
+    LedgerMissing,
+}
+
+/// What admission would say now to a waiting size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoomNow {
+    /// Admitted.
+    Fits,
+    /// It fits the quota, not this seed's share yet: a retry asks the master for share and
+    /// waits for it.
+    ShareElsewhere,
+    /// Refused.
+    NoRoom,
+}
+
+impl RoomNow {
+    /// Whether an owner refused for `refusal` is woken: when its Machine fits, or when the
+    /// quota has room again for a Machine refused for want of it (the retry moves the share);
+    /// not while the share it waits for has still not arrived.
+    fn wakes(self, refusal: Refusal) -> bool {
+        match self {
+            RoomNow::Fits => true,
+            RoomNow::ShareElsewhere => refusal != Refusal::ShareElsewhere,
+            RoomNow::NoRoom => false,
+        }
+    }
+}
+
 /// Bounds on remembering and waking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WakeConfig {
@@ -55,6 +91,7 @@ struct Waiter {
     project: String,
     /// The last refused Machine's size.
     size: ResourceDetails,
+    refusal: Refusal,
     refused_at: Timestamp,
     woken_at: Option<Timestamp>,
 }
@@ -86,13 +123,21 @@ impl Waiting {
     }
 
     /// A new Machine of `owner`, of `size`, was refused for room in `project`.
-    pub fn refused(&mut self, owner: Owner, project: &str, size: ResourceDetails, now: Timestamp) {
+    pub fn refused(
+        &mut self,
+        owner: Owner,
+        project: &str,
+        size: ResourceDetails,
+        refusal: Refusal,
+        now: Timestamp,
+    ) {
         let woken_at = self.waiters.get(&owner).and_then(|w| w.woken_at);
         self.waiters.insert(
             owner,
             Waiter {
                 project: project.to_owned(),
                 size,
+                refusal,
                 refused_at: now,
                 woken_at,
             },
@@ -126,14 +171,14 @@ impl Waiting {
         self.waiters.is_empty()
     }
 
-    /// The owners of `project` to wake now, marked woken. `fits` gets the waiting sizes in
-    /// order (oldest refusal first) and answers, for each, whether it fits beside the ones
-    /// before it that fit (`decide_batch` does exactly that); its answer may be shorter.
+    /// The owners of `project` to wake now, marked woken. `room` gets the waiting sizes in
+    /// order (oldest refusal first) and answers, for each, what admission would say beside the
+    /// ones before it that fit (`decide_batch` does exactly that); its answer may be shorter.
     pub fn to_wake(
         &mut self,
         project: &str,
         now: Timestamp,
-        fits: impl FnOnce(&[ResourceDetails]) -> Vec<bool>,
+        room: impl FnOnce(&[ResourceDetails]) -> Vec<RoomNow>,
     ) -> Vec<Owner> {
         let remember = signed(self.config.remember);
         self.waiters
@@ -152,16 +197,19 @@ impl Waiting {
         candidates.sort_by(|(a, x), (b, y)| (x.refused_at, a).cmp(&(y.refused_at, b)));
         candidates.truncate(self.config.max_per_pass);
         let sizes: Vec<ResourceDetails> = candidates.iter().map(|(_, w)| w.size.clone()).collect();
-        let owners: Vec<Owner> = candidates.into_iter().map(|(o, _)| o.clone()).collect();
+        let owners: Vec<(Owner, Refusal)> = candidates
+            .into_iter()
+            .map(|(o, w)| (o.clone(), w.refusal))
+            .collect();
         let answers = if owners.is_empty() {
             Vec::new()
         } else {
-            fits(&sizes)
+            room(&sizes)
         };
         let woken: Vec<Owner> = owners
             .into_iter()
             .zip(answers)
-            .filter_map(|(owner, fits)| fits.then_some(owner))
+            .filter_map(|((owner, refusal), now)| now.wakes(refusal).then_some(owner))
             .collect();
         for owner in &woken {
             if let Some(waiter) = self.waiters.get_mut(owner) {

@@ -24,10 +24,10 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Ask, QuotaState, Request, decide_batch};
+use crate::decision::{Ask, QuotaState, Reason, Request, decide_batch};
 use crate::metrics::Metrics;
 use crate::user_clients::UserClients;
-use crate::waiting::{Owner, Waiting, WakeConfig};
+use crate::waiting::{Owner, RoomNow, Waiting, WakeConfig};
 
 /// The annotation a nudge writes on a waiting owner: when room appeared for it (RFC 3339).
 pub const ROOM_ANNOTATION: &str = "kkp-quota.dev/room-available-at";
@@ -124,20 +124,24 @@ impl Waker {
                         dry_run: false,
                     })
                     .collect();
-                let fits: Vec<bool> = decide_batch(&project, quota.state(), &requests)
+                let room: Vec<RoomNow> = decide_batch(&project, quota.state(), &requests)
                     .iter()
-                    .map(|v| v.allowed)
+                    .map(|v| match (v.allowed, v.reason) {
+                        (true, _) => RoomNow::Fits,
+                        (false, Reason::ShareInTransit) => RoomNow::ShareElsewhere,
+                        (false, _) => RoomNow::NoRoom,
+                    })
                     .collect();
-                let woken = fits.iter().filter(|f| **f).count();
+                let no_room = room.iter().filter(|r| **r == RoomNow::NoRoom).count();
                 metrics
                     .wake_checks
                     .with_label_values(&["fits"])
-                    .inc_by(woken as u64);
+                    .inc_by((room.len() - no_room) as u64);
                 metrics
                     .wake_checks
                     .with_label_values(&["no_room"])
-                    .inc_by((fits.len() - woken) as u64);
-                fits
+                    .inc_by(no_room as u64);
+                room
             });
             for owner in woken {
                 let result = self.nudge(&owner, now).await;
