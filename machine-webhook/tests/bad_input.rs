@@ -98,7 +98,7 @@ async fn bad_input_gets_a_clear_answer_and_never_breaks_the_server() -> Result<(
         webhook.readiness.clone(),
         webhook.metrics.clone(),
     );
-    let _task = AbortOnDrop(tokio::spawn(webhook.run()));
+    let _task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(webhook.run()));
     wait_for(Duration::from_secs(30), "the webhook to be ready", || {
         let ready = readiness.is_ready();
         async move { ready }
@@ -337,13 +337,4 @@ async fn raw(
     }
     let answer = read.await?;
     Ok((answer, started.elapsed()))
-}
-
-/// Aborts the task when dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -30,6 +30,7 @@ use kube::runtime::{WatchStreamExt, reflector};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc};
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fold::Health;
@@ -174,15 +175,6 @@ impl Iterator for SeedBackoff {
     }
 }
 
-/// Aborts a task when dropped (so dropping the manager stops every seed watch).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The Secret (namespace, name) holding `seed`'s kubeconfig: the one named by `template`
 /// (`{seed}` replaced by the seed's name) in `namespace` when given, else the `Seed`'s own
 /// `spec.kubeconfig` (its namespace defaulting to `namespace`).
@@ -201,7 +193,7 @@ pub fn kubeconfig_secret(seed: &Seed, namespace: &str, template: Option<&str>) -
 
 struct Running {
     kubeconfig: String,
-    _task: AbortOnDrop,
+    _task: AbortOnDropHandle<()>,
 }
 
 /// Keeps the seed set in line with the `Seed` objects in `namespace` on the master, for as
@@ -348,7 +340,7 @@ async fn configure(
         name.to_owned(),
         Running {
             kubeconfig: text,
-            _task: AbortOnDrop(task),
+            _task: AbortOnDropHandle::new(task),
         },
     );
     true

@@ -32,8 +32,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
 use provider_sizes::{SizeCatalog, size_machine};
 use seed_controller::usage::same_usage;
-use seed_controller::{AbortOnDrop, Config, Controller};
+use seed_controller::{Config, Controller};
 use serde_json::{Value, json};
+use tokio_util::task::AbortOnDropHandle;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -132,7 +133,7 @@ async fn main() -> Result<()> {
     Api::<ResourceQuota>::all(master.clone())
         .create(&PostParams::default(), &rq)
         .await?;
-    let _master_controller = AbortOnDrop(tokio::spawn(master_controller::run(
+    let _master_controller = AbortOnDropHandle::new(tokio::spawn(master_controller::run(
         master.clone(),
         master_controller::Options::new("kubermatic"),
         master_controller::Metrics::new(),
@@ -140,7 +141,7 @@ async fn main() -> Result<()> {
     )));
     let controller = Controller::new(Config::for_tests("seed-a"), seed.clone()).await?;
     let ready = controller.readiness();
-    let _seed_controller = AbortOnDrop(tokio::spawn(controller.run()));
+    let _seed_controller = AbortOnDropHandle::new(tokio::spawn(controller.run()));
     e2e::wait_for(Duration::from_mins(1), "seed-controller ready", || async {
         ready.is_ready()
     })

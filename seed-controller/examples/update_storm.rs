@@ -43,8 +43,9 @@ use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL
 use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec};
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use seed_controller::{AbortOnDrop, webhook_config};
+use seed_controller::webhook_config;
 use serde_json::{Value, json};
+use tokio_util::task::AbortOnDropHandle;
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -258,7 +259,7 @@ async fn main() -> Result<()> {
     );
     let metrics = webhook.metrics.clone();
     let ready = webhook.readiness.clone();
-    let _webhook = AbortOnDrop(tokio::spawn(async move {
+    let _webhook = AbortOnDropHandle::new(tokio::spawn(async move {
         let _ = webhook.run().await;
     }));
     e2e::wait_for(std::time::Duration::from_secs(30), "webhook ready", || async {

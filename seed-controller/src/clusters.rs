@@ -26,7 +26,9 @@ use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::state::{MachineEvent, Reachability};
-use crate::{AbortOnDrop, Error, Shared, webhook_config};
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::{Error, Shared, webhook_config};
 
 /// How long the recount waits before confirming a difference with a second listing.
 const RECOUNT_CONFIRM_AFTER: Duration = Duration::from_secs(3);
@@ -34,7 +36,7 @@ const RECOUNT_CONFIRM_AFTER: Duration = Duration::from_secs(3);
 struct Task {
     namespace: String,
     kubeconfig: Option<String>,
-    _handle: Option<AbortOnDrop<()>>,
+    _handle: Option<AbortOnDropHandle<()>>,
 }
 
 enum Change {
@@ -228,7 +230,7 @@ fn ensure_task(
             .and_then(|c| c.project.clone())
             .unwrap_or_default();
         let span = info_span!("user_cluster", cluster = %name, project = %project);
-        Some(AbortOnDrop(tokio::spawn(
+        Some(AbortOnDropHandle::new(tokio::spawn(
             run_cluster(Arc::clone(shared), name.to_owned(), text.clone()).instrument(span),
         )))
     } else {
@@ -295,11 +297,11 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     };
     let (sender, receiver) = unbounded_channel();
     shared.state().set_events_sender(&name, Some(sender));
-    let _events = AbortOnDrop(tokio::spawn(
+    let _events = AbortOnDropHandle::new(tokio::spawn(
         publish_events(client.clone(), receiver, shared.config.user_cluster_timeout).in_current_span(),
     ));
     let _webhook = shared.config.webhook_url.as_ref().map(|_| {
-        AbortOnDrop(tokio::spawn(
+        AbortOnDropHandle::new(tokio::spawn(
             webhook_config::keep(client.clone(), Arc::clone(&shared), name.clone()).in_current_span(),
         ))
     });

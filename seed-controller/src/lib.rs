@@ -36,7 +36,7 @@ use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_crds::runtime::ops::{Readiness, bind};
 use provider_sizes::SizeCatalog;
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::{info, warn};
 
 pub use metrics::Metrics;
@@ -272,16 +272,6 @@ impl Shared {
     }
 }
 
-/// A spawned task that is aborted when this handle is dropped (so aborting the controller stops
-/// every watch it started).
-pub struct AbortOnDrop<T>(pub JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The controller: construct, keep [`Controller::shared`] for metrics and state, then
 /// [`Controller::run`].
 pub struct Controller {
@@ -361,21 +351,19 @@ impl Controller {
     pub async fn run(self) -> Result<(), Error> {
         let shared = self.shared;
         info!(seed = %shared.config.seed_name, "seed-controller starting");
-        let mut catalog = AbortOnDrop(tokio::spawn(catalog::run(Arc::clone(&shared))));
-        let mut quotas = AbortOnDrop(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
-        let mut writer = AbortOnDrop(tokio::spawn(writer::run(Arc::clone(&shared))));
-        let mut resync = AbortOnDrop(tokio::spawn(resync(Arc::clone(&shared))));
+        let mut catalog = AbortOnDropHandle::new(tokio::spawn(catalog::run(Arc::clone(&shared))));
+        let mut quotas = AbortOnDropHandle::new(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
+        let mut writer = AbortOnDropHandle::new(tokio::spawn(writer::run(Arc::clone(&shared))));
+        let mut resync = AbortOnDropHandle::new(tokio::spawn(resync(Arc::clone(&shared))));
         let _keys = shared.url_key_file.as_ref().map(|keys| {
-            AbortOnDrop(tokio::spawn(webhook_config::follow_keys(
+            AbortOnDropHandle::new(tokio::spawn(webhook_config::follow_keys(
                 Arc::clone(keys),
                 Arc::clone(&shared),
             )))
         });
-        let _ca = shared
-            .config
-            .webhook_ca_file
-            .clone()
-            .map(|path| AbortOnDrop(tokio::spawn(webhook_config::follow_ca(path, Arc::clone(&shared)))));
+        let _ca = shared.config.webhook_ca_file.clone().map(|path| {
+            AbortOnDropHandle::new(tokio::spawn(webhook_config::follow_ca(path, Arc::clone(&shared))))
+        });
         let _certificate = shared.config.webhook_certificate_secret.clone().map(|name| {
             let config = &shared.config;
             let namespace = config
@@ -388,7 +376,7 @@ impl Controller {
                 validity: seconds(config.webhook_certificate_validity).max(1),
                 overlap: seconds(config.webhook_certificate_overlap),
             };
-            AbortOnDrop(tokio::spawn(webhook_cert::run(
+            AbortOnDropHandle::new(tokio::spawn(webhook_cert::run(
                 Arc::clone(&shared),
                 namespace,
                 name,
@@ -405,10 +393,10 @@ impl Controller {
         };
         tokio::select! {
             result = clusters::run(Arc::clone(&shared)) => result,
-            r = &mut catalog.0 => stopped("size catalog watch", r),
-            r = &mut quotas.0 => stopped("quota watch", r),
-            r = &mut writer.0 => stopped("writer", r),
-            r = &mut resync.0 => stopped("resync", r),
+            r = &mut catalog => stopped("size catalog watch", r),
+            r = &mut quotas => stopped("quota watch", r),
+            r = &mut writer => stopped("writer", r),
+            r = &mut resync => stopped("resync", r),
         }
     }
 }
@@ -436,7 +424,7 @@ pub async fn run(config: Config) -> Result<(), Error> {
     )
     .await?;
     info!(%address, "serving /metrics, /healthz, /readyz");
-    let ops = AbortOnDrop(tokio::spawn(async move {
+    let ops = AbortOnDropHandle::new(tokio::spawn(async move {
         if let Err(e) = serve.await {
             warn!(error = %e, "ops server stopped");
         }

@@ -25,17 +25,18 @@ use kkp_quota_crds::{
 };
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use seed_controller::{AbortOnDrop, Config};
+use seed_controller::Config;
 use serde_json::json;
+use tokio_util::task::AbortOnDropHandle;
 
 const LEDGER: &str = "project-demo";
 
 /// The fleet (seed-a with user cluster alpha of project demo), the master's quota, and the
 /// three components. Fields drop in order: components before the fleet.
 struct World {
-    master_controller: Option<AbortOnDrop<Result<(), master_controller::Error>>>,
+    master_controller: Option<AbortOnDropHandle<Result<(), master_controller::Error>>>,
     seed_controller: Option<Running>,
-    _webhook: AbortOnDrop<Result<(), machine_webhook::Error>>,
+    _webhook: AbortOnDropHandle<Result<(), machine_webhook::Error>>,
     webhook_metrics: machine_webhook::metrics::Metrics,
     seed_config: Config,
     _dir: tempfile::TempDir,
@@ -89,7 +90,7 @@ impl World {
             webhook.metrics.clone(),
             webhook.readiness.clone(),
         );
-        let webhook = AbortOnDrop(tokio::spawn(webhook.run()));
+        let webhook = AbortOnDropHandle::new(tokio::spawn(webhook.run()));
         wait_for(WAIT, "webhook ready", || async { ready.is_ready() })
             .await
             .unwrap();
@@ -143,7 +144,7 @@ impl World {
 
     fn start_master(&mut self) {
         let master = self.fleet.master().client();
-        self.master_controller = Some(AbortOnDrop(tokio::spawn(master_controller::run(
+        self.master_controller = Some(AbortOnDropHandle::new(tokio::spawn(master_controller::run(
             master,
             master_controller::Options::new("kubermatic"),
             master_controller::Metrics::new(),
@@ -153,8 +154,8 @@ impl World {
 
     async fn stop_master(&mut self) {
         if let Some(mut task) = self.master_controller.take() {
-            task.0.abort();
-            let _ = (&mut task.0).await;
+            task.abort();
+            let _ = (&mut task).await;
         }
     }
 

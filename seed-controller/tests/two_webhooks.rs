@@ -28,7 +28,7 @@ async fn start_webhook(
 ) -> (
     std::net::SocketAddr,
     machine_webhook::metrics::Metrics,
-    seed_controller::AbortOnDrop<()>,
+    tokio_util::task::AbortOnDropHandle<()>,
 ) {
     let mut config = machine_webhook::Config::new(
         "127.0.0.1:0".parse().unwrap(),
@@ -44,7 +44,7 @@ async fn start_webhook(
         webhook.metrics.clone(),
         webhook.readiness.clone(),
     );
-    let task = seed_controller::AbortOnDrop(tokio::spawn(async move {
+    let task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
         let _ = webhook.run().await;
     }));
     e2e::wait_for(WAIT, "webhook ready", || async { ready.is_ready() })

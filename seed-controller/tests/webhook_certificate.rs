@@ -20,9 +20,9 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use seed_controller::AbortOnDrop;
 use seed_controller::webhook_cert::{CA_KEY, CERT_KEY, NEXT_CERT_KEY};
 use serde_json::json;
+use tokio_util::task::AbortOnDropHandle;
 
 const DNS_NAME: &str = "kkp-quota-machine-webhook.kubermatic.svc";
 const OVERLAP: Duration = Duration::from_secs(3);
@@ -169,8 +169,12 @@ fn handshake(port: u16, bundle: &[u8]) -> Result<(), String> {
 /// A kubelet's part, played by the test: every version of the Secret reaches the files `delay`
 /// later (each file replaced whole, as the kubelet's atomic writer does). The delay is the
 /// propagation lag being simulated, not a wait for a condition.
-fn sync_secret_to_files(secrets: Api<Secret>, dir: std::path::PathBuf, delay: Duration) -> AbortOnDrop<()> {
-    AbortOnDrop(tokio::spawn(async move {
+fn sync_secret_to_files(
+    secrets: Api<Secret>,
+    dir: std::path::PathBuf,
+    delay: Duration,
+) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(async move {
         let config = watcher::Config::default().fields("metadata.name=kkp-quota-webhook-tls");
         let mut versions = watcher::watcher(secrets, config).applied_objects().boxed();
         while let Some(Ok(secret)) = versions.next().await {
@@ -233,7 +237,7 @@ async fn admission_goes_on_through_rotations_of_the_self_managed_certificate() {
     let webhook = machine_webhook::Webhook::start(webhook_config, seed.clone())
         .await
         .unwrap();
-    let _webhook = AbortOnDrop(tokio::spawn(webhook.run()));
+    let _webhook = AbortOnDropHandle::new(tokio::spawn(webhook.run()));
 
     // Machines are created one after another until the Secret has served three certificates;
     // each is decided by the webhook (a Machine it cannot size is refused by it, by name).

@@ -67,7 +67,7 @@ async fn machines_reach_the_master_global_usage() {
         .unwrap();
     let metrics = master_controller::Metrics::new();
     let readiness = kkp_quota_crds::runtime::ops::Readiness::default();
-    let _master_controller = seed_controller::AbortOnDrop(tokio::spawn(master_controller::run(
+    let _master_controller = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(master_controller::run(
         master.clone(),
         master_controller::Options::new("kubermatic"),
         metrics,

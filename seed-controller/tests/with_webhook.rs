@@ -45,7 +45,7 @@ async fn webhook_reservations_are_counted_and_dropped() {
     let address = webhook.address;
     let webhook_metrics = webhook.metrics.clone();
     let webhook_ready = webhook.readiness.clone();
-    let webhook_task = seed_controller::AbortOnDrop(tokio::spawn(webhook.run()));
+    let webhook_task = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(webhook.run()));
     e2e::wait_for(WAIT, "webhook ready", || async { webhook_ready.is_ready() })
         .await
         .unwrap();

@@ -18,8 +18,9 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use provider_sizes::{SizeCatalog, size_machine};
 use seed_controller::usage::same_usage;
-use seed_controller::{AbortOnDrop, Config, Controller, Metrics};
+use seed_controller::{Config, Controller, Metrics};
 use serde_json::{Value, json};
+use tokio_util::task::AbortOnDropHandle;
 
 pub const WAIT: Duration = Duration::from_secs(90);
 
@@ -297,7 +298,7 @@ pub fn metric(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> Option<
 pub struct Running {
     pub metrics: Metrics,
     pub readiness: kkp_quota_crds::runtime::ops::Readiness,
-    task: Option<AbortOnDrop<Result<(), seed_controller::Error>>>,
+    task: Option<AbortOnDropHandle<Result<(), seed_controller::Error>>>,
 }
 
 impl Running {
@@ -319,8 +320,8 @@ impl Running {
 
     pub async fn stop(mut self) {
         if let Some(mut task) = self.task.take() {
-            task.0.abort();
-            let _ = (&mut task.0).await;
+            task.abort();
+            let _ = (&mut task).await;
         }
     }
 }
@@ -329,7 +330,7 @@ pub async fn start_controller(seed: &ControlPlane, config: Config) -> Running {
     let controller = Controller::new(config, seed.client()).await.unwrap();
     let metrics = controller.metrics().clone();
     let readiness = controller.readiness();
-    let task = AbortOnDrop(tokio::spawn(controller.run()));
+    let task = AbortOnDropHandle::new(tokio::spawn(controller.run()));
     Running {
         metrics,
         readiness,
@@ -345,7 +346,7 @@ pub fn uid(m: &Machine) -> String {
 /// so a test can check a property of each version a reader could have seen.
 pub struct QuotaVersions {
     versions: std::sync::Arc<std::sync::Mutex<Vec<QuotaLedger>>>,
-    _watch: AbortOnDrop<()>,
+    _watch: AbortOnDropHandle<()>,
 }
 
 impl QuotaVersions {
@@ -356,7 +357,7 @@ impl QuotaVersions {
         let versions: std::sync::Arc<std::sync::Mutex<Vec<QuotaLedger>>> = std::sync::Arc::default();
         let sink = std::sync::Arc::clone(&versions);
         let api: Api<QuotaLedger> = Api::all(seed.clone());
-        let watch = AbortOnDrop(tokio::spawn(async move {
+        let watch = AbortOnDropHandle::new(tokio::spawn(async move {
             let mut stream = watcher::watcher(
                 api,
                 watcher::Config::default().fields("metadata.name=project-demo"),
