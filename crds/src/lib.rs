@@ -10,8 +10,11 @@
 //! - [`kkp_shape`]: KKP's CRDs in KKP's shape, for the local fleet only.
 //! - [`crd`]: the CRD manifests `crdgen` writes.
 //! - `runtime` (feature `runtime`): clients from kubeconfigs, the ops server, leader election.
+//! - `fixtures` (feature `test-support`): test data every crate's tests share.
 
 pub mod crd;
+#[cfg(any(test, feature = "test-support"))]
+pub mod fixtures;
 pub mod kkp;
 pub mod kkp_shape;
 pub mod ledger;

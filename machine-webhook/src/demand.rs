@@ -138,17 +138,10 @@ pub fn demands_after(
 mod tests {
     use super::*;
     use kkp_quota_crds::shares::objects::live_demands;
-    use kkp_quota_crds::{Quantity, Resource};
 
-    fn cpu(n: i64) -> ResourceDetails {
-        let mut d = ResourceDetails::default();
-        d.set(Resource::Cpu, Some(Quantity::from_units(n)));
-        d
-    }
+    use kkp_quota_crds::fixtures::cpu;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use kkp_quota_crds::fixtures::at;
 
     fn status(demands: Vec<(&str, i64, i64)>) -> (QuotaLedgerStatus, Vec<Value>) {
         let demands: Vec<ShareDemand> = demands

@@ -354,14 +354,8 @@ const PAUSE: Duration = Duration::from_millis(500);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kkp_quota_crds::Quantity;
 
-    fn cpu(n: i64) -> ResourceDetails {
-        ResourceDetails {
-            cpu: Some(Quantity::from_units(n)),
-            ..ResourceDetails::default()
-        }
-    }
+    use kkp_quota_crds::fixtures::cpu;
 
     fn view(name: &str, project: &str, is_default: bool, q: ResourceDetails) -> QuotaView {
         QuotaView {

@@ -32,12 +32,7 @@ struct World {
     fleet: Fleet,
 }
 
-fn cpu(n: i64) -> ResourceDetails {
-    ResourceDetails {
-        cpu: Some(Quantity::from_units(n)),
-        ..ResourceDetails::default()
-    }
-}
+use kkp_quota_crds::fixtures::cpu;
 
 fn cpu_of(d: &ResourceDetails) -> Quantity {
     d.amount(Resource::Cpu)

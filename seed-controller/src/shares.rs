@@ -214,15 +214,9 @@ mod tests {
     use kkp_quota_crds::{LedgerSubject, Resource};
     use proptest::prelude::*;
 
-    fn cpu(n: i64) -> ResourceDetails {
-        let mut d = ResourceDetails::default();
-        d.set(Resource::Cpu, Some(Quantity::from_units(n)));
-        d
-    }
+    use kkp_quota_crds::fixtures::cpu;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use kkp_quota_crds::fixtures::at;
 
     fn spec(limit: i64, granted: i64, target: Option<i64>) -> QuotaLedgerSpec {
         QuotaLedgerSpec {

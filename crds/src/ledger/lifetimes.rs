@@ -208,9 +208,7 @@ mod tests {
     use crate::ResourceDetails;
     use crate::shares::objects::live_demands;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::fixtures::at;
 
     fn demand(holder: &str, expires: i64, ttl: Option<u64>) -> ShareDemand {
         ShareDemand {

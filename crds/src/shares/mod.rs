@@ -150,11 +150,7 @@ mod tests {
     use super::*;
     use crate::Resource;
 
-    pub(crate) fn cpu(n: i64) -> ResourceDetails {
-        let mut d = ResourceDetails::default();
-        d.set(Resource::Cpu, Some(Quantity::from_units(n)));
-        d
-    }
+    pub(crate) use crate::fixtures::cpu;
 
     #[test]
     fn fits_only_within_the_limited_capacity() {

@@ -188,9 +188,7 @@ mod tests {
     use crate::quota_ledger::LedgerSubject;
     use crate::shares::tests::cpu;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use crate::fixtures::at;
 
     #[test]
     fn a_ledger_without_shares_is_not_under_shares() {

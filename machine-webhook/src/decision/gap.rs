@@ -88,15 +88,11 @@ pub fn decide_batch_without_ledger(
 
 #[cfg(test)]
 mod tests {
-    use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
+    use kkp_quota_crds::ResourceDetails;
 
     use super::*;
 
-    fn cpu(n: i64) -> ResourceDetails {
-        let mut d = ResourceDetails::default();
-        d.set(Resource::Cpu, Some(Quantity::from_units(n)));
-        d
-    }
+    use kkp_quota_crds::fixtures::cpu;
 
     fn request(ask: Ask) -> Request {
         Request {

@@ -1,11 +1,7 @@
 use super::*;
-use kkp_quota_crds::{Quantity, Resource};
+use kkp_quota_crds::Resource;
 
-fn cpu(n: i64) -> ResourceDetails {
-    let mut details = ResourceDetails::default();
-    details.set(Resource::Cpu, Some(Quantity::from_units(n)));
-    details
-}
+use kkp_quota_crds::fixtures::cpu;
 
 fn owner(name: &str) -> Owner {
     Owner {
@@ -18,9 +14,7 @@ fn owner(name: &str) -> Owner {
     }
 }
 
-fn at(seconds: i64) -> Timestamp {
-    Timestamp::from_second(1_800_000_000 + seconds).unwrap()
-}
+use kkp_quota_crds::fixtures::at;
 
 /// What `decide_batch` answers with `free` cpu of room: each size fits beside the ones before it
 /// that fitted.

@@ -183,16 +183,9 @@ pub(super) mod tests {
     use kkp_quota_crds::shares::SeedReport;
     use kkp_quota_crds::{LedgerSubject, Quantity, QuotaLedger, Resource};
 
-    pub(crate) fn cpu(n: i64) -> ResourceDetails {
-        ResourceDetails {
-            cpu: Some(Quantity::from_units(n)),
-            ..ResourceDetails::default()
-        }
-    }
+    pub(crate) use kkp_quota_crds::fixtures::cpu;
 
-    fn at(secs: i64) -> Timestamp {
-        Timestamp::from_second(1_800_000_000 + secs).unwrap()
-    }
+    use kkp_quota_crds::fixtures::at;
 
     fn ledger(rv: &str, status: QuotaLedgerStatus) -> QuotaLedger {
         let mut l = QuotaLedger::new(

@@ -2,11 +2,7 @@ use super::*;
 use jiff::Timestamp;
 use proptest::prelude::*;
 
-fn cpu(n: i64) -> ResourceDetails {
-    let mut d = ResourceDetails::default();
-    d.set(Resource::Cpu, Some(Quantity::from_units(n)));
-    d
-}
+use crate::fixtures::cpu;
 
 fn cpu_mem(c: i64, gib: i64) -> ResourceDetails {
     let mut d = cpu(c);
