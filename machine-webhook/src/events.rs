@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::runtime::chain::Chain;
-use kube::api::{ApiResource, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource as _};
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -24,11 +24,11 @@ use tracing::{debug, warn};
 use crate::cache::SeedCache;
 use crate::decision::rollout_blocked;
 use crate::metrics::Metrics;
+use crate::owners::{owner, reconciling_owner, resource};
 use crate::user_clients::UserClients;
 
 /// The component name on Events.
 pub const COMPONENT: &str = "kkp-quota-machine-webhook";
-const MACHINE_GROUP_VERSION: &str = "cluster.k8s.io/v1alpha1";
 
 /// One denial to tell a user about.
 #[derive(Debug, Clone)]
@@ -137,17 +137,6 @@ pub fn start(
     (events, sender.run(rx))
 }
 
-/// machine-controller's `MachineSet` or `MachineDeployment`.
-fn owner_resource(kind: &str) -> ApiResource {
-    ApiResource {
-        group: "cluster.k8s.io".into(),
-        version: "v1alpha1".into(),
-        api_version: MACHINE_GROUP_VERSION.into(),
-        kind: kind.into(),
-        plural: format!("{}s", kind.to_lowercase()),
-    }
-}
-
 /// Whether a `MachineDeployment` is replacing its Machines: some of them are not of its current
 /// template yet (`status.updatedReplicas` below `status.replicas`), or its controller has not
 /// seen its latest spec.
@@ -158,12 +147,6 @@ fn rolling_out(deployment: &DynamicObject) -> bool {
     let generation = deployment.metadata.generation;
     count("updatedReplicas") < count("replicas")
         || matches!((observed, generation), (Some(o), Some(g)) if o < g)
-}
-
-fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerReference> {
-    owners
-        .iter()
-        .find(|o| o.kind == kind && o.api_version.starts_with("cluster.k8s.io/"))
 }
 
 impl Sender {
@@ -189,7 +172,7 @@ impl Sender {
         let ns = &event.machine_namespace;
         let deployment = if let Some(set) = owner(&event.owners, "MachineSet") {
             let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), ns, &owner_resource("MachineSet"));
+                Api::namespaced_with(client.clone(), ns, &resource(&set.api_version, "MachineSet"));
             let Ok(Some(object)) = api.get_opt(&set.name).await else {
                 return Some((ObjectRef::from_owner(set, ns), false));
             };
@@ -205,16 +188,18 @@ impl Sender {
         } else {
             owner(&event.owners, "MachineDeployment")?.clone()
         };
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), ns, &owner_resource("MachineDeployment"));
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            ns,
+            &resource(&deployment.api_version, "MachineDeployment"),
+        );
         let rolling_out = matches!(api.get_opt(&deployment.name).await, Ok(Some(d)) if rolling_out(&d));
         Some((ObjectRef::from_owner(&deployment, ns), rolling_out))
     }
 
     /// Where the Event goes, the client for it, and whether the owner is rolling out.
     async fn target(&mut self, cluster: &Cluster, event: &DenialEvent) -> (Target, Client, bool) {
-        if owner(&event.owners, "MachineSet").is_some() || owner(&event.owners, "MachineDeployment").is_some()
-        {
+        if reconciling_owner(&event.owners).is_some() {
             match self.clients.get(cluster).await {
                 Ok(client) => {
                     if let Some((reference, rolling)) = self.owner_in_user_cluster(&client, event).await {

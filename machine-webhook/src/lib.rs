@@ -11,6 +11,7 @@
 //! - [`waiting`] (pure) and [`wake`]: the owners of Machines refused for room, nudged when room
 //!   appears so that machine-controller tries again at once.
 //! - [`user_clients`]: clients for user clusters from their admin kubeconfigs on the seed.
+//! - [`owners`]: a Machine's `MachineSet` / `MachineDeployment`.
 //! - [`auth`]: the per-cluster token in the URL that authenticates each call.
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk, limits on bodies and time.
 //! - [`metrics`]: Prometheus metrics.
@@ -24,6 +25,7 @@ pub mod decision;
 pub mod demand;
 pub mod events;
 pub mod metrics;
+pub mod owners;
 pub mod reserve;
 pub mod review;
 pub mod server;

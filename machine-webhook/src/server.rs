@@ -39,6 +39,7 @@ use crate::decision::{
 };
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
+use crate::owners::{owner, reconciling_owner};
 use crate::reserve::{MachineRef, Reserver};
 use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse_review};
 use crate::waiting::{Owner, Refusal};
@@ -294,7 +295,7 @@ impl App {
         let mut verdict = self.admit_growing(machine, &decision_request).await;
         if verdict.reason == Reason::QuotaExceeded
             && matches!(decision_request.ask, Ask::Create(_))
-            && owners.iter().any(|o| o.kind == "MachineSet")
+            && owner(&owners, "MachineSet").is_some()
             && let Some(message) = verdict.message.as_mut()
         {
             message.push_str(&rollout_hint());
@@ -340,11 +341,7 @@ impl App {
             Reason::LedgerMissing => Refusal::LedgerMissing,
             _ => return,
         };
-        let Some(owner) = ["MachineSet", "MachineDeployment"].iter().find_map(|kind| {
-            owners
-                .iter()
-                .find(|o| o.kind == *kind && o.api_version.starts_with("cluster.k8s.io/"))
-        }) else {
+        let Some(owner) = reconciling_owner(owners) else {
             return;
         };
         let Some(project) = self

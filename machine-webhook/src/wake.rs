@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use jiff::Timestamp;
 use kkp_quota_crds::runtime::chain::Chain;
-use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tracing::{info, warn};
@@ -26,6 +26,7 @@ use tracing::{info, warn};
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::decision::{Ask, QuotaState, Reason, Request, decide_batch};
 use crate::metrics::Metrics;
+use crate::owners::resource;
 use crate::user_clients::UserClients;
 use crate::waiting::{Owner, RoomNow, Waiting, WakeConfig};
 
@@ -184,23 +185,12 @@ impl Waker {
     }
 }
 
-/// `MachineSet` -> `machinesets` in the owner's group and version.
-fn owner_resource(owner: &Owner) -> ApiResource {
-    let (group, version) = owner
-        .api_version
-        .split_once('/')
-        .unwrap_or(("", owner.api_version.as_str()));
-    ApiResource {
-        group: group.to_owned(),
-        version: version.to_owned(),
-        api_version: owner.api_version.clone(),
-        kind: owner.kind.clone(),
-        plural: format!("{}s", owner.kind.to_lowercase()),
-    }
-}
-
 async fn patch_owner(client: Client, owner: &Owner, now: Timestamp) -> Result<(), kube::Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(client, &owner.namespace, &owner_resource(owner));
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client,
+        &owner.namespace,
+        &resource(&owner.api_version, &owner.kind),
+    );
     let patch = json!({"metadata": {
         "uid": owner.uid,
         "annotations": {ROOM_ANNOTATION: now.to_string()},
