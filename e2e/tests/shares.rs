@@ -675,6 +675,120 @@ async fn restore_limit(fleet: &Fleet) {
     }
 }
 
+/// What a watch saw change: the Machines of a user cluster, or a seed's ledger.
+enum Change {
+    Machine {
+        cluster: usize,
+        name: String,
+        exists: bool,
+    },
+    MachinesListed {
+        cluster: usize,
+    },
+    Ledger {
+        seed: usize,
+        committed: Option<i64>,
+    },
+}
+
+/// Follows every change of the Machines in `alpha` and `gamma` and of both seeds' ledgers until
+/// `stop`: the most Machines that existed together at any moment, and the most the ledgers
+/// committed together above `LIMIT` with the share state then (for the message). Driven by the
+/// watches' events, so no change between two looks is missed.
+async fn follow_machines_and_ledgers(
+    setup: &FleetWithSystem,
+    stop: oneshot::Receiver<()>,
+) -> (usize, i64, String) {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+    let fleet = &setup.fleet;
+    let mut changes = Vec::new();
+    for (cluster, user) in ["alpha", "gamma"].into_iter().enumerate() {
+        let machines = e2e::machines::api(fleet, user);
+        changes.push(
+            watcher::watcher(machines, watcher::Config::default())
+                .default_backoff()
+                .filter_map(move |event| async move {
+                    let name =
+                        |m: &kkp_quota_crds::machine::Machine| m.metadata.name.clone().unwrap_or_default();
+                    match event.ok()? {
+                        watcher::Event::Init => Some(Change::MachinesListed { cluster }),
+                        watcher::Event::Apply(m) | watcher::Event::InitApply(m) => Some(Change::Machine {
+                            cluster,
+                            name: name(&m),
+                            exists: true,
+                        }),
+                        watcher::Event::Delete(m) => Some(Change::Machine {
+                            cluster,
+                            name: name(&m),
+                            exists: false,
+                        }),
+                        watcher::Event::InitDone => None,
+                    }
+                })
+                .boxed(),
+        );
+    }
+    for (seed, name) in ["seed-a", "seed-b"].into_iter().enumerate() {
+        let ledgers = Api::<QuotaLedger>::all(fleet.seed(name).client());
+        let ours = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+        changes.push(
+            watcher::watcher(ledgers, ours)
+                .default_backoff()
+                .filter_map(move |event| async move {
+                    match event.ok()? {
+                        watcher::Event::Apply(l) | watcher::Event::InitApply(l) => Some(Change::Ledger {
+                            seed,
+                            committed: figures(&l).map(|f| f.0),
+                        }),
+                        watcher::Event::Delete(_) => Some(Change::Ledger {
+                            seed,
+                            committed: None,
+                        }),
+                        watcher::Event::Init | watcher::Event::InitDone => None,
+                    }
+                })
+                .boxed(),
+        );
+    }
+    let mut changes = futures::stream::select_all(changes);
+    let mut existing: [std::collections::BTreeSet<String>; 2] = Default::default();
+    let mut committed: [Option<i64>; 2] = [None, None];
+    let mut most = (0, 0, String::new());
+    tokio::pin!(stop);
+    loop {
+        let change = tokio::select! {
+            change = changes.next() => change,
+            _ = &mut stop => return most,
+        };
+        match change {
+            Some(Change::MachinesListed { cluster }) => existing[cluster].clear(),
+            Some(Change::Machine {
+                cluster,
+                name,
+                exists,
+            }) => {
+                if exists {
+                    existing[cluster].insert(name);
+                } else {
+                    existing[cluster].remove(&name);
+                }
+                most.0 = most
+                    .0
+                    .max(existing.iter().map(std::collections::BTreeSet::len).sum());
+            }
+            Some(Change::Ledger { seed, committed: c }) => {
+                committed[seed] = c;
+                let together = committed.iter().flatten().sum::<i64>();
+                if together > LIMIT && together > most.1 {
+                    most = (most.0, together, describe(setup).await);
+                }
+            }
+            None => return most,
+        }
+    }
+}
+
 /// A seed's ledger deleted mid-burst (issue #32, finding 2), the worst way: by hand, and its
 /// finalizer stripped too (what a re-installed CRD or a forced delete does). Until the master has
 /// re-created it and seed-controller has counted what runs, the webhook on that seed refuses
@@ -685,8 +799,8 @@ async fn restore_limit(fleet: &Fleet) {
 /// admitted Machines from its allotment on the deleted ledger records them as reservations on the
 /// new one (it cannot tell whether the new ledger's first count saw them), so for a moment they
 /// count twice there. What exists is checked instead: the Machines in the user clusters, sampled
-/// all along (a sample where the ledgers add up above the limit is printed); the committed
-/// watcher runs again for the heal.
+/// all along by watches (a moment where the ledgers add up above the limit is printed); the
+/// committed watcher runs again for the heal.
 async fn a_deleted_ledger_fails_closed_and_heals(setup: &FleetWithSystem) {
     let fleet = &setup.fleet;
     restore_limit(fleet).await;
@@ -713,45 +827,23 @@ async fn a_deleted_ledger_fails_closed_and_heals(setup: &FleetWithSystem) {
             .await
             .unwrap();
     };
-    let done = std::sync::atomic::AtomicBool::new(false);
-    let sampling = async {
-        let mut most = (0, 0, String::new());
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            let mut machines = 0;
-            for user in ["alpha", "gamma"] {
-                let list = e2e::machines::api(fleet, user)
-                    .list(&kube::api::ListParams::default())
-                    .await
-                    .unwrap();
-                machines += list.items.len();
-            }
-            let mut committed = 0;
-            for seed in ["seed-a", "seed-b"] {
-                committed += seed_figures(&fleet.seed(seed).client()).await.map_or(0, |f| f.0);
-            }
-            if committed > LIMIT && committed > most.1 {
-                most = (most.0, committed, describe(setup).await);
-            }
-            most.0 = most.0.max(machines);
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        most
-    };
+    let (stop, stopped) = oneshot::channel();
+    let following = follow_machines_and_ledgers(setup, stopped);
     let burst_and_stop = async {
         let result = tokio::join!(
             e2e::shares::burst_counting(fleet, "demo", &spread, "del"),
             deleting
         );
-        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let _ = stop.send(());
         result
     };
-    let ((admitted, ()), (most_machines, most_committed, state)) = tokio::join!(burst_and_stop, sampling);
+    let ((admitted, ()), (most_machines, most_committed, state)) = tokio::join!(burst_and_stop, following);
     eprintln!(
         "ledger deleted mid-burst: {} admitted, {} refused for the missing ledger; at most {most_machines} Machines existed",
         admitted.0, admitted.1
     );
     if most_committed > LIMIT {
-        eprintln!("the ledgers committed {most_committed} together at one sample:\n{state}");
+        eprintln!("the ledgers committed {most_committed} together at one moment:\n{state}");
     }
     assert!(admitted.0 <= LIMIT_MACHINES, "{admitted:?}");
     assert!(
