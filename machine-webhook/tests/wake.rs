@@ -182,21 +182,23 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     // another seed holds the rest. The quota has room for "big" now, this seed's share not yet:
     // it is woken (its retry asks the master for share and waits for it).
     let ledgers: Api<QuotaLedger> = Api::all(seed.clone());
+    // The master's word: the limit and this seed's share (the rest on seed-b).
     let grant = |version: u64, granted: i64| {
-        json!({"spec": {"quota": {"cpu": "40"}, "shares": {
+        let word = json!({"spec": {"quota": {"cpu": "40"}, "shares": {
             "version": version,
             "granted": {"cpu": granted.to_string()},
             "target": {"cpu": granted.to_string()},
             "others": {"seed-b": {"cpu": (40 - granted).to_string()}},
-        }}})
+        }}});
+        let ledgers = ledgers.clone();
+        async move {
+            let name = format!("project-{PROJECT}");
+            ledgers
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&word))
+                .await
+        }
     };
-    ledgers
-        .patch(
-            &format!("project-{PROJECT}"),
-            &PatchParams::default(),
-            &Patch::Merge(&grant(1, 15)),
-        )
-        .await?;
+    grant(1, 15).await?;
     wait_nudge(&nudged, "big", 1, deleted).await?;
     assert_eq!(sent(), 3);
     // "small" fits the quota but not the share: refused, share in transit.
@@ -204,13 +206,7 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     assert!(refused.contains("share") || refused.contains("seed"), "{refused}");
     // The master moves 2 cpu of share here from the other seed.
     let granted = Instant::now();
-    ledgers
-        .patch(
-            &format!("project-{PROJECT}"),
-            &PatchParams::default(),
-            &Patch::Merge(&grant(2, 17)),
-        )
-        .await?;
+    grant(2, 17).await?;
     let after_share = wait_nudge(&nudged, "small", 3, granted).await?;
     assert_eq!(sent(), 4);
     // Its retry never came (nothing reconciles it here): not refused again, not woken again.
