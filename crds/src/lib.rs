@@ -6,6 +6,7 @@
 //! - [`project_quota`], [`quota_ledger`]: this project's own objects (`kkp-quota.dev/v1alpha1`):
 //!   the master's view of a project quota, and each seed's ledger of it.
 //! - [`ledger`]: admission reservations and allotments kept in a `QuotaLedger`'s status.
+//! - [`rollout`]: the opt-in rollout allowance (surge Machines over the limit) and its rules.
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
 //! - [`kkp_shape`]: KKP's CRDs in KKP's shape, for the local fleet only.
 //! - [`crd`]: the CRD manifests `crdgen` writes.
@@ -24,6 +25,7 @@ pub mod quantity;
 pub mod quota;
 pub mod quota_ledger;
 pub mod resources;
+pub mod rollout;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 pub mod shares;

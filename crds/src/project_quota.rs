@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::quota_ledger::LedgerSubject;
 use crate::resources::ResourceDetails;
+use crate::rollout::RolloutAllowance;
 
 /// The project's quota as this system sees it.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -47,6 +48,11 @@ pub struct ProjectQuotaSpec {
     /// no further limit.
     #[serde(default)]
     pub quota: ResourceDetails,
+    /// Opt-in: a surge Machine replacing one of the same `MachineDeployment` may take the
+    /// project over its limit by its own size until the replaced Machine is gone (README,
+    /// "Rollouts at full quota"). Absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_allowance: Option<RolloutAllowance>,
 }
 
 /// Written by master-controller.

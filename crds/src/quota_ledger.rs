@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::ledger::{Allotment, Reservation, ReservationGroup};
 use crate::quota::Subject;
 use crate::resources::ResourceDetails;
+use crate::rollout::{RolloutAllowance, RolloutSurge};
 
 /// This project's API group.
 pub const GROUP: &str = "kkp-quota.dev";
@@ -71,6 +72,10 @@ pub struct QuotaLedgerSpec {
     /// Written by master-controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shares: Option<LedgerShares>,
+    /// The project's rollout allowance, copied from its `ProjectQuota` (`crate::rollout`).
+    /// Absent: no Machine is admitted over the limit. Written by master-controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout_allowance: Option<RolloutAllowance>,
 }
 
 /// A seed's share as the master's record holds it. The seed's share is
@@ -207,6 +212,11 @@ pub struct QuotaLedgerStatus {
     /// write as `localUsage`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub last_known_sizes: Vec<LastKnownSize>,
+    /// Surge Machines admitted over the limit by the rollout allowance (`crate::rollout`), each
+    /// until the Machine it replaces is gone. Added by machine-webhook with the surge's
+    /// reservation, removed by seed-controller, both by compare-and-swap.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rollout_surges: Vec<RolloutSurge>,
 }
 
 /// A Machine counted at its last known size (`status.lastKnownSizes`).

@@ -1,5 +1,8 @@
 //! The default fleet: KKP's objects where KKP would have them, and the demo binary.
 
+#[path = "fleet/rollout.rs"]
+mod rollout;
+
 use std::collections::BTreeSet;
 use std::io::{BufRead as _, BufReader};
 use std::process::{Command, Stdio};
@@ -259,7 +262,14 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     assert!(message.contains("needs 32 cpu"), "{message}");
     assert!(message.contains("of 16 cpu"), "{message}");
 
-    a_deleted_machine_deployment_frees_its_room(client_for("alpha").await, master).await;
+    a_deleted_machine_deployment_frees_its_room(client_for("alpha").await, master.clone()).await;
+    rollout::a_rollout_at_full_quota(
+        client_for("alpha").await,
+        client_for("master").await,
+        [client_for("seed-a").await, client_for("seed-b").await],
+        master,
+    )
+    .await;
 }
 
 /// Real cascades (kube-controller-manager runs in every cluster of the demo fleet): a deleted

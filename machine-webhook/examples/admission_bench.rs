@@ -646,6 +646,7 @@ async fn main() -> Result<()> {
     let mut quota = QuotaLedger::new(
         "project-demo",
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project(PROJECT),
             quota: serde_json::from_value::<ResourceDetails>(
                 json!({"cpu": LOOSE_CPU.to_string(), "memory": "1Ei"}),

@@ -196,6 +196,7 @@ mod tests {
 
     fn plain_spec() -> QuotaLedgerSpec {
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: kkp_quota_crds::quota_ledger::LedgerSubject {
                 name: "demo".to_owned(),
                 kind: "project".to_owned(),
@@ -209,6 +210,7 @@ mod tests {
     fn a_target_below_the_share_wants_allotments_back() {
         use kkp_quota_crds::quota_ledger::LedgerShares;
         let spec = |target: i64| QuotaLedgerSpec {
+            rollout_allowance: None,
             quota: cpu(10),
             shares: Some(LedgerShares {
                 version: 3,

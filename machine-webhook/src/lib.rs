@@ -12,6 +12,7 @@
 //!   appears so that machine-controller tries again at once.
 //! - [`user_clients`]: clients for user clusters from their admin kubeconfigs on the seed.
 //! - [`owners`]: a Machine's `MachineSet` / `MachineDeployment`.
+//! - [`rollout`]: the Machine a rollout's surge replaces, for the opt-in rollout allowance.
 //! - [`auth`]: the per-cluster token in the URL that authenticates each call.
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk, limits on bodies and time.
 //! - [`metrics`]: Prometheus metrics.
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod owners;
 pub mod reserve;
 pub mod review;
+pub mod rollout;
 pub mod server;
 pub mod tls;
 pub mod user_clients;
@@ -249,6 +251,7 @@ impl Webhook {
             reserver: reserver.clone(),
             events,
             waiting: config.wake.is_some().then_some(waiting),
+            rollouts: Arc::new(rollout::Rollouts::new(Arc::clone(&cache), seed.clone())),
             metrics: metrics.clone(),
             readiness: readiness.clone(),
             auth: authenticator,

@@ -25,6 +25,7 @@ use http_body_util::BodyExt as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kkp_quota_crds::rollout::SurgeRefusal;
 use kkp_quota_crds::runtime::ops::Readiness;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -42,6 +43,7 @@ use crate::metrics::Metrics;
 use crate::owners::{owner, reconciling_owner};
 use crate::reserve::{MachineRef, Reserver};
 use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse_review};
+use crate::rollout::Rollouts;
 use crate::waiting::{Owner, Refusal};
 use crate::wake::SharedWaiting;
 
@@ -87,6 +89,8 @@ pub struct App {
     pub events: Events,
     /// Owners of Machines refused for room, to wake when room appears (`None`: not woken).
     pub waiting: Option<SharedWaiting>,
+    /// Reads user clusters for quotas with a rollout allowance.
+    pub rollouts: Arc<Rollouts>,
     pub metrics: Metrics,
     pub readiness: Readiness,
     pub auth: Authenticator,
@@ -292,13 +296,24 @@ impl App {
                 .and_then(|m| m.metadata.uid.clone())
                 .unwrap_or_default(),
         };
-        let mut verdict = self.admit_growing(machine, &decision_request).await;
+        let mut verdict = self.admit_growing(machine.clone(), &decision_request).await;
         if verdict.reason == Reason::QuotaExceeded
             && matches!(decision_request.ask, Ask::Create(_))
             && owner(&owners, "MachineSet").is_some()
-            && let Some(message) = verdict.message.as_mut()
         {
-            message.push_str(&rollout_hint());
+            match self.try_surge(&machine, &owners, &decision_request).await {
+                Some(Ok(surge)) => return surge,
+                Some(Err(refusal)) => {
+                    if let Some(message) = verdict.message.as_mut() {
+                        message.push_str("; the project's rollout allowance does not apply: ");
+                        message.push_str(&refusal.to_string());
+                    }
+                }
+                None => {}
+            }
+            if let Some(message) = verdict.message.as_mut() {
+                message.push_str(&rollout_hint());
+            }
         }
         if !verdict.allowed
             && !decision_request.dry_run
@@ -319,6 +334,40 @@ impl App {
         }
         debug!(machine = %name, allowed = verdict.allowed, reason = %verdict.reason, "admission decided");
         verdict
+    }
+
+    /// A new Machine of a `MachineSet` refused for room, under a quota with a rollout allowance:
+    /// admitted over the limit if it is a rollout's surge that may be ([`crate::rollout`],
+    /// [`Reserver::admit_surge`]). `None`: the quota has no allowance.
+    async fn try_surge(
+        &self,
+        machine: &MachineRef,
+        owners: &[OwnerReference],
+        request: &DecisionRequest,
+    ) -> Option<Result<Verdict, SurgeRefusal>> {
+        let project = self.cache.cluster(&machine.cluster)?.project_id()?.to_owned();
+        let copy = QuotaCopy::from_dynamic(&*self.cache.quota_for(&project)?).ok()?;
+        copy.spec.rollout_allowance.as_ref()?;
+        let growth = request.ask.growth()?;
+        let taken: Vec<String> = copy
+            .status
+            .iter()
+            .flat_map(|s| s.rollout_surges.iter().map(|r| r.replaces.clone()))
+            .collect();
+        let outcome = async {
+            let replaced = self
+                .rollouts
+                .replaced(&machine.cluster, &machine.namespace, owners, &growth, &taken)
+                .await?;
+            self.reserver
+                .admit_surge(&project, &copy.name, machine, request, &replaced)
+                .await
+        }
+        .await;
+        if let Err(refusal) = &outcome {
+            debug!(machine = %machine.name, %refusal, "no rollout surge");
+        }
+        Some(outcome)
     }
 
     /// A new Machine refused until room appears (not one that cannot be sized, nor a grown

@@ -26,6 +26,7 @@ use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::{LEDGER_FINALIZER, LedgerShares};
+use kkp_quota_crds::rollout::RolloutAllowance;
 use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
@@ -151,6 +152,7 @@ pub fn ledger_apply_body(
     master: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
+    rollout: Option<&RolloutAllowance>,
 ) -> Value {
     let mut spec = json!({
         "subject": LedgerSubject::from(&master.spec.subject),
@@ -158,6 +160,9 @@ pub fn ledger_apply_body(
     });
     if let Some(shares) = shares {
         spec["shares"] = json!(shares);
+    }
+    if let Some(rollout) = rollout {
+        spec["rolloutAllowance"] = json!(rollout);
     }
     json!({
         "apiVersion": QuotaLedger::api_version(&()),
@@ -180,6 +185,7 @@ pub fn ledger_in_sync(
     master: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
+    rollout: Option<&RolloutAllowance>,
     ledger: &SeedLedger,
 ) -> bool {
     ledger.protected
@@ -188,6 +194,7 @@ pub fn ledger_in_sync(
                 &LedgerSubject::from(&master.spec.subject),
                 limits,
                 shares,
+                rollout,
                 &copy_labels(master),
             )
 }
@@ -199,12 +206,14 @@ pub fn ledger_word(
     subject: &LedgerSubject,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
+    rollout: Option<&RolloutAllowance>,
     labels: &BTreeMap<String, String>,
 ) -> Fingerprint {
     Fingerprint::of(&json!({
         "subject": subject,
         "quota": limits,
         "shares": shares.map(LedgerShares::word),
+        "rolloutAllowance": rollout,
         "labels": labels,
     }))
 }
@@ -378,23 +387,44 @@ mod tests {
     #[test]
     fn ledger_carries_the_limits_in_force() {
         let m = master();
-        let body = ledger_apply_body(&m, &limits(4), None);
+        let body = ledger_apply_body(&m, &limits(4), None, None);
         assert_eq!(body["apiVersion"], "kkp-quota.dev/v1alpha1");
         assert_eq!(body["spec"]["quota"]["machines"], "3");
         assert!(body["spec"].get("shares").is_none(), "no record, no shares");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
         let ledger = SeedLedger::from(&ledger);
-        assert!(ledger_in_sync(&m, &limits(4), None, &ledger));
+        assert!(ledger_in_sync(&m, &limits(4), None, None, &ledger));
         assert!(
-            !ledger_in_sync(&m, &limits(5), None, &ledger),
+            !ledger_in_sync(&m, &limits(5), None, None, &ledger),
             "a changed limit is applied again"
         );
         let mut relabelled = m.clone();
         relabelled.metadata.labels = None;
         assert!(
-            !ledger_in_sync(&relabelled, &limits(4), None, &ledger),
+            !ledger_in_sync(&relabelled, &limits(4), None, None, &ledger),
             "a label removed on the master is removed on the copy"
         );
+    }
+
+    #[test]
+    fn ledger_carries_the_rollout_allowance_and_its_changes() {
+        let m = master();
+        let allowance = RolloutAllowance {
+            overdue_after_seconds: 600,
+        };
+        let body = ledger_apply_body(&m, &limits(4), None, Some(&allowance));
+        assert_eq!(body["spec"]["rolloutAllowance"]["overdueAfterSeconds"], 600);
+        let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
+        let ledger = SeedLedger::from(&ledger);
+        assert!(ledger_in_sync(&m, &limits(4), None, Some(&allowance), &ledger));
+        assert!(
+            !ledger_in_sync(&m, &limits(4), None, None, &ledger),
+            "an allowance taken back is applied"
+        );
+        let longer = RolloutAllowance {
+            overdue_after_seconds: 900,
+        };
+        assert!(!ledger_in_sync(&m, &limits(4), None, Some(&longer), &ledger));
     }
 
     #[test]
@@ -407,25 +437,25 @@ mod tests {
             others: BTreeMap::from([("seed-b".to_owned(), limits(1))]),
             ..LedgerShares::default()
         };
-        let body = ledger_apply_body(&m, &limits(4), Some(&share(2, 3)));
+        let body = ledger_apply_body(&m, &limits(4), Some(&share(2, 3)), None);
         assert_eq!(body["spec"]["shares"]["version"], 2);
         assert_eq!(body["spec"]["shares"]["granted"]["cpu"], "3");
         assert_eq!(body["spec"]["shares"]["others"]["seed-b"]["cpu"], "1");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
         let ledger = SeedLedger::from(&ledger);
-        assert!(ledger_in_sync(&m, &limits(4), Some(&share(2, 3)), &ledger));
+        assert!(ledger_in_sync(&m, &limits(4), Some(&share(2, 3)), None, &ledger));
         let mut others_moved = share(2, 3);
         others_moved.others.insert("seed-c".to_owned(), limits(2));
         assert!(
-            ledger_in_sync(&m, &limits(4), Some(&others_moved), &ledger),
+            ledger_in_sync(&m, &limits(4), Some(&others_moved), None, &ledger),
             "the other seeds' shares alone are no reason to write"
         );
         assert!(
-            !ledger_in_sync(&m, &limits(4), Some(&share(3, 3)), &ledger),
+            !ledger_in_sync(&m, &limits(4), Some(&share(3, 3)), None, &ledger),
             "a newer record is sent"
         );
-        assert!(!ledger_in_sync(&m, &limits(4), Some(&share(3, 4)), &ledger));
-        assert!(!ledger_in_sync(&m, &limits(4), None, &ledger));
+        assert!(!ledger_in_sync(&m, &limits(4), Some(&share(3, 4)), None, &ledger));
+        assert!(!ledger_in_sync(&m, &limits(4), None, None, &ledger));
     }
 
     #[test]
@@ -469,7 +499,7 @@ mod tests {
     #[test]
     fn status_patches_only_when_changed() {
         let mut ledger: QuotaLedger =
-            serde_json::from_value(ledger_apply_body(&master(), &limits(4), None)).unwrap();
+            serde_json::from_value(ledger_apply_body(&master(), &limits(4), None, None)).unwrap();
         let g = ResourceDetails::zero();
         assert!(ledger_status_patch(&SeedLedger::from(&ledger), Some(&g), Some(&g)).is_some());
         ledger.status = Some(QuotaLedgerStatus {

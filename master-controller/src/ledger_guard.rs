@@ -117,7 +117,7 @@ mod tests {
 
     fn applied(m: &ResourceQuota) -> QuotaLedger {
         let limits = m.spec.quota.limits.clone();
-        serde_json::from_value(ledger_apply_body(m, &limits, None)).unwrap()
+        serde_json::from_value(ledger_apply_body(m, &limits, None, None)).unwrap()
     }
 
     #[test]
@@ -127,12 +127,18 @@ mod tests {
         let mut ledger = applied(&m);
         assert_eq!(ledger.finalizers(), [LEDGER_FINALIZER.to_owned()]);
         assert!(is_protected(&ledger));
-        assert!(ledger_in_sync(&m, &limits, None, &SeedLedger::from(&ledger)));
+        assert!(ledger_in_sync(
+            &m,
+            &limits,
+            None,
+            None,
+            &SeedLedger::from(&ledger)
+        ));
         // Applied before the finalizer existed (or it was removed): applied again.
         ledger.metadata.finalizers = Some(vec!["example.com/other".into()]);
         let seen = SeedLedger::from(&ledger);
         assert!(!seen.protected);
-        assert!(!ledger_in_sync(&m, &limits, None, &seen));
+        assert!(!ledger_in_sync(&m, &limits, None, None, &seen));
     }
 
     #[test]
@@ -146,7 +152,7 @@ mod tests {
         let seen = SeedLedger::from(&ledger);
         assert!(seen.deleting && seen.protected);
         assert!(
-            ledger_in_sync(&m, &limits, None, &seen),
+            ledger_in_sync(&m, &limits, None, None, &seen),
             "no apply loop on a Terminating ledger"
         );
     }

@@ -44,7 +44,13 @@ impl From<&QuotaLedger> for SeedLedger {
             project: ledger.project().to_owned(),
             deleting: ledger.metadata.deletion_timestamp.is_some(),
             protected: crate::ledger_guard::is_protected(ledger),
-            word: fanout::ledger_word(&spec.subject, &spec.quota, spec.shares.as_ref(), ledger.labels()),
+            word: fanout::ledger_word(
+                &spec.subject,
+                &spec.quota,
+                spec.shares.as_ref(),
+                spec.rollout_allowance.as_ref(),
+                ledger.labels(),
+            ),
             global_usage: status.and_then(|s| s.global_usage.clone()),
             other_seeds_usage: status.and_then(|s| s.other_seeds_usage.clone()),
             local_usage: status.and_then(|s| s.local_usage.clone()),
@@ -88,6 +94,7 @@ mod tests {
         let mut ledger = QuotaLedger::new(
             "project-demo",
             QuotaLedgerSpec {
+                rollout_allowance: None,
                 subject: LedgerSubject::project("demo"),
                 quota: ResourceDetails::default(),
                 shares: None,

@@ -145,6 +145,7 @@ async fn main() -> Result<()> {
         let mut rq = QuotaLedger::new(
             &format!("project-{project}"),
             QuotaLedgerSpec {
+                rollout_allowance: None,
                 subject: LedgerSubject::project(project),
                 quota: ResourceDetails::default(),
                 shares: None,

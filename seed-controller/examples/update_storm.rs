@@ -221,6 +221,7 @@ async fn main() -> Result<()> {
     let mut ledger = QuotaLedger::new(
         "project-demo",
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project("demo"),
             quota: serde_json::from_value(json!({"cpu": "100000"}))?,
             shares: None,

@@ -40,6 +40,10 @@ pub struct Metrics {
     pub share_released: CounterVec,
     /// `kkp_quota_share_held{project,resource}`
     pub share_held: GaugeVec,
+    /// `kkp_quota_rollout_surge{project,resource}`
+    pub rollout_surge: GaugeVec,
+    /// `kkp_quota_rollout_surge_overdue_at_seconds{project}`
+    pub rollout_surge_overdue_at: GaugeVec,
     /// `kkp_quota_size_catalog_errors_total`
     pub catalog_errors: IntCounter,
     /// `kkp_quota_reconcile_duration_seconds{controller}`
@@ -143,6 +147,20 @@ impl Metrics {
                 ),
                 &["project", "resource"],
             )?,
+            rollout_surge: GaugeVec::new(
+                Opts::new(
+                    "kkp_quota_rollout_surge",
+                    "What surge Machines admitted by a project's rollout allowance add over its limit on this seed, until the Machines they replace are gone (cores, bytes, machines)",
+                ),
+                &["project", "resource"],
+            )?,
+            rollout_surge_overdue_at: GaugeVec::new(
+                Opts::new(
+                    "kkp_quota_rollout_surge_overdue_at_seconds",
+                    "When the oldest running rollout surge of a project outlives its allowance's overdueAfterSeconds (Unix time; absent while no surge runs)",
+                ),
+                &["project"],
+            )?,
             catalog_errors: IntCounter::new(
                 "kkp_quota_size_catalog_errors_total",
                 "Admin size catalogs that could not be loaded (the previous one stays in use)",
@@ -182,6 +200,9 @@ impl Metrics {
         m.registry.register(Box::new(m.demands_expired.clone()))?;
         m.registry.register(Box::new(m.share_released.clone()))?;
         m.registry.register(Box::new(m.share_held.clone()))?;
+        m.registry.register(Box::new(m.rollout_surge.clone()))?;
+        m.registry
+            .register(Box::new(m.rollout_surge_overdue_at.clone()))?;
         m.registry.register(Box::new(m.catalog_errors.clone()))?;
         m.registry.register(Box::new(m.reconcile_duration.clone()))?;
         m.registry.register(Box::new(m.reconcile_errors.clone()))?;

@@ -220,6 +220,7 @@ mod tests {
 
     fn spec(limit: i64, granted: i64, target: Option<i64>) -> QuotaLedgerSpec {
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project("p"),
             quota: cpu(limit),
             shares: Some(LedgerShares {

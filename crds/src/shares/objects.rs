@@ -193,12 +193,14 @@ mod tests {
     #[test]
     fn a_ledger_without_shares_is_not_under_shares() {
         let spec = QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project("p"),
             quota: cpu(16),
             shares: None,
         };
         assert!(seed_share(&spec, None).is_none());
         let spec = QuotaLedgerSpec {
+            rollout_allowance: None,
             shares: Some(LedgerShares {
                 version: 3,
                 granted: cpu(6),

@@ -26,12 +26,14 @@ use kkp_quota_crds::shares::{self, SeedShare};
 mod gap;
 mod messages;
 mod state;
+mod surge;
 #[cfg(test)]
 mod tests;
 
 pub use gap::{LedgerGap, decide_batch_without_ledger, decide_without_ledger, is_counted, is_counted_json};
 pub use messages::{ROLLOUT_WAYS_OUT, exceeded_detail, over_quota_warnings, rollout_blocked, rollout_hint};
 pub use state::{QuotaState, SeedCapacity, StateError};
+pub use surge::{Replaced, decide_surge};
 
 use messages::{held_note, share_detail};
 
@@ -103,6 +105,9 @@ pub enum Reason {
     LedgerMissing,
     /// The request names a user cluster this seed does not know.
     UnknownCluster,
+    /// A surge Machine of a `MachineDeployment` rollout admitted over the limit by the quota's
+    /// rollout allowance (`kkp_quota_crds::rollout`).
+    RolloutSurge,
     /// The request could not be read.
     BadRequest,
     /// The decision or its reservation failed (conflicts, API errors, overflow).
@@ -120,6 +125,7 @@ impl Reason {
         Reason::Unsizeable,
         Reason::LedgerMissing,
         Reason::UnknownCluster,
+        Reason::RolloutSurge,
         Reason::BadRequest,
         Reason::Error,
     ];
@@ -135,6 +141,7 @@ impl Reason {
             Reason::Unsizeable => "unsizeable",
             Reason::LedgerMissing => "ledger_missing",
             Reason::UnknownCluster => "unknown_cluster",
+            Reason::RolloutSurge => "rollout_surge",
             Reason::BadRequest => "bad_request",
             Reason::Error => "error",
         }
@@ -152,6 +159,7 @@ impl Reason {
             Reason::Unsizeable => "Unsizeable",
             Reason::LedgerMissing => "QuotaLedgerMissing",
             Reason::UnknownCluster => "UnknownCluster",
+            Reason::RolloutSurge => "RolloutSurge",
             Reason::BadRequest => "BadRequest",
             Reason::Error => "QuotaCheckFailed",
         }

@@ -94,6 +94,7 @@ fn denial_names_every_resource_that_does_not_fit() {
 #[test]
 fn a_ledger_of_a_newer_format_is_not_read() {
     let spec = QuotaLedgerSpec {
+        rollout_allowance: None,
         subject: LedgerSubject::project("p"),
         quota: cpu("10"),
         shares: None,
@@ -152,6 +153,7 @@ fn a_holder_counts_what_it_admitted_instead_of_its_own_allotment() {
         ttl_seconds: None,
     };
     let spec = QuotaLedgerSpec {
+        rollout_allowance: None,
         subject: LedgerSubject::project("p"),
         quota: cpu("16"),
         shares: None,
@@ -191,6 +193,7 @@ fn a_holder_counts_what_it_admitted_instead_of_its_own_allotment() {
     );
     // Held headroom is not usage: no over-quota warning for it.
     let lowered = QuotaLedgerSpec {
+        rollout_allowance: None,
         quota: cpu("8"),
         ..spec.clone()
     };
@@ -203,6 +206,7 @@ fn from_copy_falls_back_to_global_minus_local() {
     let mut quota = QuotaLedger::new(
         "project-p",
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project("p"),
             quota: cpu("16"),
             shares: None,
@@ -445,6 +449,7 @@ fn a_share_never_admits_into_room_other_seeds_already_use() {
     let mut ledger = QuotaLedger::new(
         "project-p",
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project("p"),
             quota: cpu("10"),
             shares: Some(kkp_quota_crds::quota_ledger::LedgerShares {

@@ -56,6 +56,7 @@ use crate::metrics::Metrics;
 mod config;
 mod ledger_write;
 mod standing;
+mod surge;
 mod worker;
 
 pub use config::{AllotmentConfig, ReserverConfig};

@@ -232,6 +232,7 @@ pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu
     let mut quota = QuotaLedger::new(
         &name,
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project(project),
             quota: details(limit_cpu),
             shares: None,

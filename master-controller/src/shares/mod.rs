@@ -269,6 +269,7 @@ mod tests {
             let mut p = ProjectQuota::new(
                 "q",
                 kkp_quota_crds::ProjectQuotaSpec {
+                    rollout_allowance: None,
                     subject: LedgerSubject::project("demo"),
                     quota: ResourceDetails::default(),
                 },

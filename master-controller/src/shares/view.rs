@@ -191,6 +191,7 @@ pub(super) mod tests {
         let mut l = QuotaLedger::new(
             "project-demo",
             QuotaLedgerSpec {
+                rollout_allowance: None,
                 subject: LedgerSubject::project("demo"),
                 quota: cpu(10),
                 shares: None,
@@ -348,6 +349,7 @@ pub(super) mod tests {
         let pq = ProjectQuota::new(
             "q",
             kkp_quota_crds::ProjectQuotaSpec {
+                rollout_allowance: None,
                 subject: LedgerSubject::project("demo"),
                 quota: ResourceDetails::default(),
             },

@@ -2,6 +2,9 @@
 //! its usage, counted and gone Machines, appeared Machines, whether it is unsettled, the Machines
 //! counted at their last known size), and the record of its ledger's share activity.
 
+use std::collections::HashSet;
+
+use kkp_quota_crds::rollout::Presence;
 use kkp_quota_crds::{LastKnownSize, ResourceDetails};
 
 use super::State;
@@ -20,6 +23,34 @@ pub struct ProjectPlan {
     pub project_unsettled: bool,
     /// `status.lastKnownSizes`: the Machines counted at their last known size, sorted.
     pub last_known: Vec<LastKnownSize>,
+    /// The project's clusters watched in full now (listed, settled): a Machine of one of them
+    /// that is not counted is gone.
+    pub watched: HashSet<String>,
+    /// Every cluster on the seed: the Machines of any other are gone with their cluster.
+    pub known: HashSet<String>,
+}
+
+impl ProjectPlan {
+    /// Where a Machine a rollout surge replaces stands (`kkp_quota_crds::rollout`): one not
+    /// counted in a cluster watched in full is gone (it existed when the surge was admitted).
+    pub fn presence(&self, cluster: &str, uid: &str) -> Presence {
+        let key = (cluster.to_owned(), uid.to_owned());
+        if self.seen_gone(cluster, uid) {
+            Presence::Gone
+        } else if self.counted.machines.contains_key(&key) {
+            Presence::There
+        } else if self.watched.contains(cluster) {
+            Presence::Gone
+        } else {
+            Presence::Unknown
+        }
+    }
+
+    /// A Machine seen deleted lately, or of a cluster no longer on the seed. (A Machine merely
+    /// not counted yet may not have appeared yet: not gone.)
+    pub fn seen_gone(&self, cluster: &str, uid: &str) -> bool {
+        !self.known.contains(cluster) || self.counted.gone.contains(&(cluster.to_owned(), uid.to_owned()))
+    }
 }
 
 impl State {
@@ -29,6 +60,7 @@ impl State {
         let mut usages = Vec::new();
         let mut appeared = Vec::new();
         let mut project_unsettled = false;
+        let mut watched = HashSet::new();
         for (name, cluster) in &self.clusters {
             if cluster.unsettled() {
                 counted.unsettled.insert(name.clone());
@@ -38,6 +70,9 @@ impl State {
             }
             project_unsettled |= cluster.unsettled();
             usages.push(cluster.reported_usage());
+            if cluster.synced && !cluster.unsettled() {
+                watched.insert(name.clone());
+            }
             if cluster.synced {
                 for (uid, size) in cluster.usage.iter() {
                     counted
@@ -61,6 +96,8 @@ impl State {
             appeared,
             project_unsettled,
             last_known: self.last_known_of(project),
+            watched,
+            known: self.clusters.keys().cloned().collect(),
         })
     }
 

@@ -12,6 +12,7 @@ use std::time::Instant;
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
+use kkp_quota_crds::rollout;
 use kkp_quota_crds::{LastKnownSize, QuantityError, QuotaLedger, QuotaLedgerStatus, ResourceDetails};
 use kube::ResourceExt;
 use serde_json::{Value, json};
@@ -45,6 +46,8 @@ pub(super) struct Decision {
     pub(super) bypassed: Vec<(String, String)>,
     /// `status.lastKnownSizes` to write, when it is not what the copy read has.
     pub(super) last_known: Option<Vec<LastKnownSize>>,
+    /// Rollout surges removed (by index): the Machine each replaced, or the surge itself, is gone.
+    pub(super) surges_ended: Vec<usize>,
 }
 
 pub(super) fn decide(
@@ -92,6 +95,11 @@ pub(super) fn decide(
         checked: judged.iter().map(|a| a.key()).collect(),
         bypassed: unadmitted(judged.iter().copied(), &status.reservations),
         last_known: last_known_change(&plan.last_known, &status.last_known_sizes),
+        surges_ended: rollout::ended(
+            &status.rollout_surges,
+            |cluster, uid| plan.presence(cluster, uid),
+            |cluster, uid| plan.seen_gone(cluster, uid),
+        ),
     })
 }
 
@@ -114,6 +122,7 @@ pub(super) fn status_after(status: &QuotaLedgerStatus, decision: &Decision) -> Q
             .last_known
             .clone()
             .unwrap_or_else(|| status.last_known_sizes.clone()),
+        rollout_surges: remaining(&status.rollout_surges, decision.surges_ended.iter().copied()),
         ..status.clone()
     }
 }
@@ -164,6 +173,15 @@ pub(super) fn ledger_patch(
             Value::Null
         } else {
             serde_json::to_value(last_known).unwrap_or(Value::Null)
+        };
+    }
+    // Surges end only here; new ones are the webhook's to add (by compare-and-swap too).
+    if !decision.surges_ended.is_empty() {
+        let kept = remaining(&status.rollout_surges, decision.surges_ended.iter().copied());
+        patch["status"]["rolloutSurges"] = if kept.is_empty() {
+            Value::Null
+        } else {
+            serde_json::to_value(&kept).unwrap_or(Value::Null)
         };
     }
     // The release rides on this compare-and-swap: it was computed from the status this very

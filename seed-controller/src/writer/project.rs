@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use super::MAX_ATTEMPTS;
 use super::decision::{Decision, decide, ledger_patch, status_after};
-use super::report::{Dropped, set_usage_gauges, timed, written};
+use super::report::{Dropped, set_surge_gauges, set_usage_gauges, timed, written};
 use crate::shares::{self, Release};
 use crate::usage::same_usage;
 use crate::{Error, Shared};
@@ -61,6 +61,12 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
         let judged_status = super::judge_lifetimes(shared, project, &status, Timestamp::now());
         let decision = decide(&plan, &judged_status, &shared.config)?;
         set_usage_gauges(&shared.metrics.local_usage, &[project], &decision.local_usage);
+        set_surge_gauges(
+            shared,
+            project,
+            &quota.spec,
+            &status_after(&status, &decision).rollout_surges,
+        );
         let usage_same = status
             .local_usage
             .as_ref()
@@ -78,6 +84,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             && decision.expired.is_empty()
             && decision.demands_expired.is_empty()
             && decision.last_known.is_none()
+            && decision.surges_ended.is_empty()
             && release.is_none()
         {
             judged(shared, project, &decision);

@@ -5,9 +5,10 @@
 use std::time::Instant;
 
 use kkp_quota_crds::quota_ledger::QuotaLedgerSpec;
+use kkp_quota_crds::rollout::{self, RolloutSurge};
 use kkp_quota_crds::shares::objects::seed_share;
 use kkp_quota_crds::{QuotaLedgerStatus, Resource, ResourceDetails};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::decision::Decision;
 use crate::ledger::DropReason;
@@ -37,6 +38,45 @@ pub(super) fn set_usage_gauges(gauge: &prometheus::GaugeVec, prefix: &[&str], us
         gauge
             .with_label_values(&labels)
             .set(as_f64(usage.amount(resource)));
+    }
+}
+
+/// The rollout surges running after a write (`kkp_quota_crds::rollout`): what they add over the
+/// limit, and when the oldest becomes overdue (no series while none runs).
+pub(super) fn set_surge_gauges(
+    shared: &Shared,
+    project: &str,
+    spec: &QuotaLedgerSpec,
+    surges: &[RolloutSurge],
+) {
+    match rollout::surge_total(surges) {
+        Ok(total) => set_usage_gauges(&shared.metrics.rollout_surge, &[project], &total),
+        Err(e) => warn!(%project, error = %e, "rollout surges cannot be summed"),
+    }
+    let overdue_after = spec
+        .rollout_allowance
+        .as_ref()
+        .map_or(rollout::DEFAULT_OVERDUE_AFTER_SECONDS, |a| {
+            a.overdue_after_seconds
+        });
+    match rollout::oldest(surges) {
+        Some(oldest) => {
+            let at = oldest
+                .as_second()
+                .saturating_add(i64::try_from(overdue_after).unwrap_or(i64::MAX));
+            #[allow(clippy::cast_precision_loss, reason = "Unix seconds fit a float exactly")]
+            shared
+                .metrics
+                .rollout_surge_overdue_at
+                .with_label_values(&[project])
+                .set(at as f64);
+        }
+        None => {
+            let _ = shared
+                .metrics
+                .rollout_surge_overdue_at
+                .remove_label_values(&[project]);
+        }
     }
 }
 

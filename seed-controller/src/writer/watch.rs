@@ -100,7 +100,9 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                     }
                     for &resource in Resource::ALL {
                         let _ = shared.metrics.share_held.remove_label_values(&[project, resource.name()]);
+                        let _ = shared.metrics.rollout_surge.remove_label_values(&[project, resource.name()]);
                     }
+                    let _ = shared.metrics.rollout_surge_overdue_at.remove_label_values(&[project]);
                 }
                 Some(Ok(Event::Init | Event::InitDone)) => {}
                 Some(Err(e)) => warn!(error = %e, "QuotaLedger watch on the seed failed; retrying"),

@@ -102,6 +102,7 @@ pub async fn create_quota_copy(seed: &Client, project: &str, cpu_limit: &str) {
     let mut rq = QuotaLedger::new(
         &format!("project-{project}"),
         QuotaLedgerSpec {
+            rollout_allowance: None,
             subject: LedgerSubject::project(project),
             quota,
             shares: None,

@@ -1,0 +1,191 @@
+//! Finding the Machine a surge replaces, in the user cluster: the rollout allowance's reads.
+//! The rule itself is pure (`kkp_quota_crds::rollout`, [`crate::decision::decide_surge`]); the
+//! choice of the replaced Machine is pure too ([`find_replaced`]); this module only reads.
+//!
+//! A new Machine is a surge when its `MachineSet` belongs to a `MachineDeployment` that already
+//! has at least `spec.replicas` Machines not being deleted (so it is not a scale-up), and it
+//! replaces one of them that belongs to another (older) `MachineSet` of the same
+//! `MachineDeployment`, is at least as large in every resource, and is not already replaced by a
+//! running surge.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::rollout::SurgeRefusal;
+use kkp_quota_crds::runtime::chain::Chain;
+use kube::api::{DynamicObject, ListParams};
+use kube::{Api, Resource as _, ResourceExt as _};
+use provider_sizes::size_machine;
+
+use crate::cache::SeedCache;
+use crate::decision::Replaced;
+use crate::owners::{owner, resource};
+use crate::user_clients::UserClients;
+
+/// Reads user clusters for the rollout allowance.
+pub struct Rollouts {
+    cache: Arc<SeedCache>,
+    clients: tokio::sync::Mutex<UserClients>,
+}
+
+impl Rollouts {
+    pub fn new(cache: Arc<SeedCache>, seed: kube::Client) -> Rollouts {
+        Rollouts {
+            cache,
+            clients: tokio::sync::Mutex::new(UserClients::new(seed)),
+        }
+    }
+
+    /// The Machine the new Machine (of `cluster`, `namespace`, with `owners`) replaces, if it is
+    /// a surge of a rollout. `taken`: UIDs already replaced by running surges.
+    pub async fn replaced(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        owners: &[OwnerReference],
+        growth: &ResourceDetails,
+        taken: &[String],
+    ) -> Result<Replaced, SurgeRefusal> {
+        let lookup = |what: &str, e: &(dyn std::error::Error + 'static)| {
+            SurgeRefusal::Lookup(format!("{what} could not be read: {}", Chain(e)))
+        };
+        let not_a_surge = |why: &str| SurgeRefusal::NoReplacement(why.to_owned());
+        let set_ref = owner(owners, "MachineSet").ok_or_else(|| not_a_surge("it has no MachineSet"))?;
+        let cluster_object = self
+            .cache
+            .cluster(cluster)
+            .ok_or_else(|| not_a_surge("its user cluster is not known on this seed"))?;
+        let client = {
+            let mut clients = self.clients.lock().await;
+            match clients.get(&cluster_object).await {
+                Ok(client) => client,
+                Err(e) => {
+                    clients.forget(cluster);
+                    return Err(lookup("the user cluster", &e));
+                }
+            }
+        };
+        let sets: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            namespace,
+            &resource(&set_ref.api_version, "MachineSet"),
+        );
+        let set = sets
+            .get(&set_ref.name)
+            .await
+            .map_err(|e| lookup("its MachineSet", &e))?;
+        let deployment_ref = set
+            .meta()
+            .owner_references
+            .as_deref()
+            .and_then(|o| owner(o, "MachineDeployment"))
+            .ok_or_else(|| not_a_surge("its MachineSet has no MachineDeployment"))?;
+        let deployments: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            namespace,
+            &resource(&deployment_ref.api_version, "MachineDeployment"),
+        );
+        let deployment = deployments
+            .get(&deployment_ref.name)
+            .await
+            .map_err(|e| lookup("its MachineDeployment", &e))?;
+        let all_sets = sets
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| lookup("the MachineSets", &e))?;
+        let machines: Api<Machine> = Api::namespaced(client, namespace);
+        let machines = machines
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| lookup("the Machines", &e))?;
+        let catalog = self.cache.catalog();
+        find_replaced(
+            &deployment,
+            &set_ref.uid,
+            &all_sets.items,
+            &machines.items,
+            growth,
+            taken,
+            |m| size_machine(m, &catalog, None).ok(),
+        )
+    }
+}
+
+/// The controller owner of `kind` among `owners`, by UID.
+fn controller_uid<'a>(owners: Option<&'a [OwnerReference]>, kind: &str) -> Option<&'a str> {
+    owners.and_then(|o| owner(o, kind)).map(|o| o.uid.as_str())
+}
+
+/// The Machine a new Machine of the `MachineSet` `new_set` replaces (see the module text), from
+/// the `MachineDeployment`, every `MachineSet` and every Machine of the namespace.
+pub fn find_replaced(
+    deployment: &DynamicObject,
+    new_set: &str,
+    sets: &[DynamicObject],
+    machines: &[Machine],
+    growth: &ResourceDetails,
+    taken: &[String],
+    size_of: impl Fn(&Machine) -> Option<ResourceDetails>,
+) -> Result<Replaced, SurgeRefusal> {
+    let deployment_uid = deployment.uid().unwrap_or_default();
+    let name = format!(
+        "{}/{}",
+        deployment.namespace().unwrap_or_default(),
+        deployment.name_any()
+    );
+    let own_sets: HashSet<String> = sets
+        .iter()
+        .filter(|s| {
+            controller_uid(s.meta().owner_references.as_deref(), "MachineDeployment") == Some(&deployment_uid)
+        })
+        .filter_map(kube::ResourceExt::uid)
+        .collect();
+    let live: Vec<(&Machine, &str)> = machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .filter_map(|m| {
+            controller_uid(m.metadata.owner_references.as_deref(), "MachineSet")
+                .filter(|set| own_sets.contains(*set))
+                .map(|set| (m, set))
+        })
+        .collect();
+    let replicas = deployment
+        .data
+        .pointer("/spec/replicas")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(1);
+    if (live.len() as u64) < replicas {
+        return Err(SurgeRefusal::NoReplacement(format!(
+            "MachineDeployment {name:?} has {} of its {replicas} Machines, so this one adds a Machine rather than replacing one",
+            live.len()
+        )));
+    }
+    let mut candidates: Vec<(&Machine, ResourceDetails)> = live
+        .iter()
+        .filter(|(m, set)| *set != new_set && !taken.contains(&m.uid().unwrap_or_default()))
+        .filter_map(|(m, _)| size_of(m).map(|size| (*m, size)))
+        .filter(|(_, size)| size.covers(growth))
+        .collect();
+    candidates.sort_by_key(|(m, _)| (m.metadata.creation_timestamp.clone().map(|t| t.0), m.name_any()));
+    let (machine, size) = candidates.into_iter().next().ok_or_else(|| {
+        SurgeRefusal::NoReplacement(format!(
+            "no Machine of an older MachineSet of MachineDeployment {name:?} at least this large is left to replace"
+        ))
+    })?;
+    Ok(Replaced {
+        deployment: name,
+        uid: machine.uid().unwrap_or_default(),
+        machine: format!(
+            "{}/{}",
+            machine.namespace().unwrap_or_default(),
+            machine.name_any()
+        ),
+        size,
+    })
+}
+
+#[cfg(test)]
+mod tests;
