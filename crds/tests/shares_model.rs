@@ -4,7 +4,8 @@
 //! the webhook's allotment (the real `AllotmentHolder`, its writes landing, conflicting, timing
 //! out, landing with their answer lost or landing late), time passing,
 //! message delay, reordering, duplication and loss, releases, quota edits, crashes, partitions
-//! and seed removal. Every reachable state is checked (see `World::check`); after each run, a
+//! and seed removal, and rollout surges admitted over the limit by the rollout allowance (counted
+//! apart: every invariant holds for what is committed besides them). Every reachable state is checked (see `World::check`); after each run, a
 //! liveness phase heals everything and checks that a lone seed with demand gets all the free
 //! headroom within a bounded number of fair rounds.
 //!
@@ -24,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kkp_quota_crds::ledger::Reservation;
+use kkp_quota_crds::rollout::surge_fits;
 use kkp_quota_crds::shares::allotment::{
     AllotmentConfig, FastAdmission, LedgerSight, Pass, Planned, WriteStart, grant_for,
 };
@@ -137,6 +139,11 @@ struct Seed {
     /// Counted usage that appeared without any admission (a catalog edit made Machines bigger,
     /// a limit added to a resource in use, a cluster moved here), still counted.
     unadmitted: Rd,
+    /// Surge Machines admitted over the limit by the rollout allowance (`kkp_quota_crds::rollout`),
+    /// each until the Machine of the same size it replaces is deleted: what is really over by
+    /// the admin's leave, whatever the ledger keeps (a re-created ledger forgets its records, not
+    /// the Machines).
+    surges: Vec<Rd>,
 }
 
 impl Seed {
@@ -166,6 +173,12 @@ impl Seed {
     /// `committed` without what is counted twice.
     fn committed_once(&self) -> Rd {
         self.copy.committed().saturating_sub(&self.counted_twice())
+    }
+
+    /// `committed_once` without the running surges, counted apart: what the share must cover.
+    fn committed_apart(&self) -> Rd {
+        let surging = ResourceDetails::checked_sum(self.surges.iter()).unwrap();
+        self.committed_once().saturating_sub(&surging)
     }
 
     /// Seed-controller counts the Machines admitted from allotments that neither a reservation
@@ -301,6 +314,16 @@ enum Step {
         seed: usize,
         amount: [u8; 2],
     },
+    /// A rollout's surge Machine of this size, replacing a counted Machine as large, admitted
+    /// over the limit if the allowance's rule lets it.
+    Surge {
+        seed: usize,
+        amount: [u8; 2],
+    },
+    /// The oldest surge's replaced Machine is deleted: the rollout step is done.
+    SurgeEnds {
+        seed: usize,
+    },
     /// Usage that appears without any admission.
     Appear {
         seed: usize,
@@ -401,6 +424,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop_oneof![Just(1_u64), Just(15), Just(31), Just(61)].prop_map(|secs| Step::Tick { secs }),
         2 => seed.clone().prop_map(|seed| Step::Count { seed }),
         2 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Delete { seed, amount }),
+        1 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Surge { seed, amount }),
+        1 => seed.clone().prop_map(|seed| Step::SurgeEnds { seed }),
         1 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Appear { seed, amount }),
         1 => seed.clone().prop_map(|seed| Step::CrashWebhook { seed }),
         1 => (seed.clone(), any::<bool>()).prop_map(|(seed, seen_gap)| Step::RecreateLedger { seed, seen_gap }),
@@ -493,6 +518,9 @@ struct Coverage {
     allotment_conflicts: usize,
     late_landings: usize,
     expired_allotments: usize,
+    /// Surges admitted over the limit by the rollout allowance, and those refused by its rule.
+    surges: usize,
+    surges_refused: usize,
 }
 
 struct World {
@@ -552,6 +580,7 @@ impl World {
                 pending_release: None,
                 partitioned: false,
                 unadmitted: zero.clone(),
+                surges: Vec::new(),
             })
             .collect();
         let record = MasterView {
@@ -915,8 +944,38 @@ impl World {
                 let s = &mut self.seeds[seed % len];
                 s.copy.counted = s.copy.counted.saturating_sub(&rd(n, amount));
                 // What is above the share shrinks with the use: never more allowed than there is.
-                let excess = s.copy.committed().saturating_sub(&s.copy.share.share());
+                let excess = s.committed_apart().saturating_sub(&s.copy.share.share());
                 s.unadmitted = s.unadmitted.saturating_sub(&s.unadmitted.saturating_sub(&excess));
+                s.bump();
+            }
+            Step::Surge { seed, amount } => {
+                let request = rd(n, amount);
+                let s = &mut self.seeds[seed % len];
+                // Only a Machine that replaces one as large that is counted.
+                if request.is_empty() || !s.copy.counted.covers(&request) {
+                    return Ok(());
+                }
+                // machine-webhook's rule (`decide_surge`): every allotment counted whole.
+                let capacity = s.copy.share.capacity_beside(&s.copy.limit, &s.copy.others);
+                if surge_fits(&capacity, &s.copy.committed(), &request, &request).is_err() {
+                    cov.surges_refused += 1;
+                    return Ok(());
+                }
+                let before = s.committed_apart();
+                s.copy.reserved = add(&s.copy.reserved, &request);
+                s.surges.push(request);
+                s.bump();
+                check_within_capacity(s, &before)?;
+                self.check_beside_others(seed % len, &before)?;
+                cov.surges += 1;
+            }
+            Step::SurgeEnds { seed } => {
+                let s = &mut self.seeds[seed % len];
+                if s.surges.is_empty() {
+                    return Ok(());
+                }
+                let replaced = s.surges.remove(0);
+                s.copy.counted = s.copy.counted.saturating_sub(&replaced);
                 s.bump();
             }
             Step::Appear { seed, amount } => {
@@ -1267,10 +1326,31 @@ impl World {
             let mut sum_exposure = Quantity::ZERO;
             for s in &self.seeds {
                 let share = s.copy.share.share().amount(r);
-                let committed = s.committed_once().amount(r);
-                if s.real_usage().amount(r) > committed {
+                if s.real_usage().amount(r) > s.committed_once().amount(r) {
                     return Err(format!("{}: {r} used beyond committed", s.name));
                 }
+                // The rollout allowance's bound: a seed is over its share by at most one surge
+                // Machine (the largest running), never by surges stacked on each other.
+                let largest_surge = s
+                    .surges
+                    .iter()
+                    .map(|g| g.amount(r))
+                    .max()
+                    .unwrap_or(Quantity::ZERO);
+                if s.committed_once()
+                    .amount(r)
+                    .saturating_sub_to_zero(s.unadmitted.amount(r))
+                    > share.checked_add(largest_surge).unwrap()
+                {
+                    return Err(format!(
+                        "{}: {r} committed {:?} above share {share:?} by more than one surge ({:?})",
+                        s.name,
+                        s.committed_once().amount(r),
+                        s.surges
+                    ));
+                }
+                // Surges are over by the admin's leave, counted apart.
+                let committed = s.committed_apart().amount(r);
                 if committed.saturating_sub_to_zero(s.unadmitted.amount(r)) > share {
                     return Err(format!(
                         "{}: {r} committed {committed:?} above share {share:?}",
@@ -1313,17 +1393,17 @@ impl World {
         }
         let seed = &self.seeds[i];
         for (r, limit) in self.limit().iter() {
-            if seed.committed_once().amount(r) <= before.amount(r) {
+            if seed.committed_apart().amount(r) <= before.amount(r) {
                 continue;
             }
             let total = self
                 .seeds
                 .iter()
                 .try_fold(Quantity::ZERO, |sum, s| {
-                    sum.checked_add(s.committed_once().amount(r))
+                    sum.checked_add(s.committed_apart().amount(r))
                 })
                 .unwrap();
-            let others_now = total.saturating_sub_to_zero(seed.committed_once().amount(r));
+            let others_now = total.saturating_sub_to_zero(seed.committed_apart().amount(r));
             if total > limit && seed.copy.others.amount(r) >= others_now {
                 return Err(format!(
                     "{}: admitted {r} to a total of {total:?} > limit {limit:?} while it knew the \
@@ -1345,6 +1425,12 @@ impl World {
     fn liveness(&mut self, lone: usize, cov: &mut Coverage) -> Result<(), String> {
         for s in &mut self.seeds {
             s.partitioned = false;
+        }
+        // Every rollout finishes.
+        for i in 0..self.seeds.len() {
+            while !self.seeds[i].surges.is_empty() {
+                self.step(&Step::SurgeEnds { seed: i }, cov)?;
+            }
         }
         if self.master.is_none() {
             self.master = Some(Master {
@@ -1541,7 +1627,7 @@ fn check_within_capacity(s: &Seed, before: &Rd) -> Result<(), String> {
         let held = share.amount(r).min(limit);
         capacity.set(r, Some(target.get(r).map_or(held, |t| held.min(t))));
     }
-    let after = s.committed_once();
+    let after = s.committed_apart();
     for (r, cap) in capacity.iter() {
         if after.amount(r) > before.amount(r) && after.amount(r) > cap {
             return Err(format!(
@@ -1605,7 +1691,9 @@ fn shares_hold_the_limit_and_follow_demand() {
             && cov.fast_admissions > 0
             && cov.allotment_conflicts > 0
             && cov.late_landings > 0
-            && cov.expired_allotments > 0,
+            && cov.expired_allotments > 0
+            && cov.surges > 0
+            && cov.surges_refused > 0,
         "{cov:?}"
     );
 }
