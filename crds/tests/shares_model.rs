@@ -424,8 +424,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => prop_oneof![Just(1_u64), Just(15), Just(31), Just(61)].prop_map(|secs| Step::Tick { secs }),
         2 => seed.clone().prop_map(|seed| Step::Count { seed }),
         2 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Delete { seed, amount }),
-        1 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Surge { seed, amount }),
-        1 => seed.clone().prop_map(|seed| Step::SurgeEnds { seed }),
+        4 => (seed.clone(), amount.clone()).prop_map(|(seed, amount)| Step::Surge { seed, amount }),
+        2 => seed.clone().prop_map(|seed| Step::SurgeEnds { seed }),
         1 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Appear { seed, amount }),
         1 => seed.clone().prop_map(|seed| Step::CrashWebhook { seed }),
         1 => (seed.clone(), any::<bool>()).prop_map(|(seed, seen_gap)| Step::RecreateLedger { seed, seen_gap }),
@@ -944,7 +944,7 @@ impl World {
                 let s = &mut self.seeds[seed % len];
                 s.copy.counted = s.copy.counted.saturating_sub(&rd(n, amount));
                 // What is above the share shrinks with the use: never more allowed than there is.
-                let excess = s.committed_apart().saturating_sub(&s.copy.share.share());
+                let excess = s.copy.committed().saturating_sub(&s.copy.share.share());
                 s.unadmitted = s.unadmitted.saturating_sub(&s.unadmitted.saturating_sub(&excess));
                 s.bump();
             }
