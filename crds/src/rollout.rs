@@ -150,18 +150,19 @@ pub enum Presence {
 }
 
 /// The surges that have ended, by index: their replaced Machine is gone, or the surge Machine
-/// itself was deleted (the rollout went back). `replaced` and `surge` tell where a Machine of a
-/// cluster stands; a surge Machine not seen yet is not gone (it may not have appeared yet).
+/// itself is (deleted: the rollout went back; or never created). `replaced` tells where a
+/// replaced Machine of a cluster stands, `surge_gone` whether a surge Machine is gone (one not
+/// seen yet may still appear while its reservation lasts: not gone).
 pub fn ended(
     surges: &[RolloutSurge],
     replaced: impl Fn(&str, &str) -> Presence,
-    surge_deleted: impl Fn(&str, &str) -> bool,
+    surge_gone: impl Fn(&str, &str) -> bool,
 ) -> Vec<usize> {
     surges
         .iter()
         .enumerate()
         .filter(|(_, s)| {
-            replaced(&s.cluster, &s.replaces) == Presence::Gone || surge_deleted(&s.cluster, &s.uid)
+            replaced(&s.cluster, &s.replaces) == Presence::Gone || surge_gone(&s.cluster, &s.uid)
         })
         .map(|(i, _)| i)
         .collect()

@@ -12,7 +12,7 @@ use std::time::Instant;
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
-use kkp_quota_crds::rollout;
+use kkp_quota_crds::rollout::{self, Presence};
 use kkp_quota_crds::{LastKnownSize, QuantityError, QuotaLedger, QuotaLedgerStatus, ResourceDetails};
 use kube::ResourceExt;
 use serde_json::{Value, json};
@@ -86,7 +86,6 @@ pub(super) fn decide(
         .collect();
     Ok(Decision {
         local_usage,
-        drops,
         expired,
         demands_expired,
         had_allotments: !status.allotments.is_empty(),
@@ -95,12 +94,29 @@ pub(super) fn decide(
         checked: judged.iter().map(|a| a.key()).collect(),
         bypassed: unadmitted(judged.iter().copied(), &status.reservations),
         last_known: last_known_change(&plan.last_known, &status.last_known_sizes),
-        surges_ended: rollout::ended(
-            &status.rollout_surges,
-            |cluster, uid| plan.presence(cluster, uid),
-            |cluster, uid| plan.seen_gone(cluster, uid),
-        ),
+        surges_ended: surges_ended(plan, status, &drops),
+        drops,
     })
+}
+
+/// The rollout surges that end with this write: the Machine each replaced is gone, or the surge
+/// Machine is: seen deleted, or never created (another admission webhook refused it, or the
+/// webhook's answer was lost), which shows when its reservation expires with it nowhere.
+/// Otherwise the record would keep its replaced Machine taken, and the rollout stuck.
+fn surges_ended(plan: &ProjectPlan, status: &QuotaLedgerStatus, drops: &[(usize, DropReason)]) -> Vec<usize> {
+    let kept = remaining(&status.reservations, drops.iter().map(|(i, _)| *i));
+    let reserved: HashSet<(&str, &str)> = kept
+        .iter()
+        .map(|r| (r.cluster.as_str(), r.uid.as_str()))
+        .collect();
+    rollout::ended(
+        &status.rollout_surges,
+        |cluster, uid| plan.presence(cluster, uid),
+        |cluster, uid| {
+            plan.seen_gone(cluster, uid)
+                || (plan.presence(cluster, uid) == Presence::Gone && !reserved.contains(&(cluster, uid)))
+        },
+    )
 }
 
 /// The plan's `lastKnownSizes` (sorted), if the copy read does not hold the same.
@@ -232,5 +248,86 @@ mod tests {
         );
         assert_eq!(last_known_change(&[], &[entry("a", "1")]), Some(vec![]));
         assert_eq!(last_known_change(&[], &[]), None);
+    }
+
+    /// A surge ends with the Machine it replaced, or with itself: deleted, or never created
+    /// (its reservation gone with it nowhere), and not before.
+    #[test]
+    fn a_surge_ends_when_either_machine_is_gone_or_the_surge_never_came() {
+        use std::collections::HashSet;
+
+        use kkp_quota_crds::fixtures::{at, cpu};
+        use kkp_quota_crds::ledger::Reservation;
+        use kkp_quota_crds::rollout::RolloutSurge;
+        use kkp_quota_crds::{QuotaLedgerStatus, ResourceDetails};
+
+        use super::surges_ended;
+        use crate::ledger::Counted;
+        use crate::state::ProjectPlan;
+
+        let plan = |counted: &[&str], gone: &[&str]| {
+            let mut c = Counted::default();
+            for uid in counted {
+                c.machines.insert(("c".into(), (*uid).into()), cpu(2));
+            }
+            c.gone = gone
+                .iter()
+                .map(|uid| ("c".to_owned(), (*uid).to_owned()))
+                .collect();
+            ProjectPlan {
+                project: "p".into(),
+                local_usage: ResourceDetails::default(),
+                counted: c,
+                appeared: Vec::new(),
+                project_unsettled: false,
+                last_known: Vec::new(),
+                watched: HashSet::from(["c".to_owned()]),
+                known: HashSet::from(["c".to_owned()]),
+            }
+        };
+        let status = |reserved: bool| QuotaLedgerStatus {
+            rollout_surges: vec![RolloutSurge {
+                cluster: "c".into(),
+                uid: "new".into(),
+                machine: "ns/new".into(),
+                deployment: "ns/d".into(),
+                replaces: "old".into(),
+                replaces_machine: "ns/old".into(),
+                size: cpu(2),
+                admitted_at: at(0),
+            }],
+            reservations: if reserved {
+                vec![Reservation {
+                    cluster: "c".into(),
+                    uid: "new".into(),
+                    size: cpu(2),
+                    reserved: cpu(2),
+                    created_at: at(0),
+                }]
+            } else {
+                Vec::new()
+            },
+            ..QuotaLedgerStatus::default()
+        };
+        let none: Vec<usize> = Vec::new();
+        // Admitted, not seen yet, reserved: runs. Counted: runs.
+        assert_eq!(surges_ended(&plan(&["old"], &[]), &status(true), &[]), none);
+        assert_eq!(
+            surges_ended(&plan(&["old", "new"], &[]), &status(false), &[]),
+            none
+        );
+        // The replaced Machine gone (absent from the watched cluster, or seen deleted): ends.
+        assert_eq!(surges_ended(&plan(&["new"], &[]), &status(false), &[]), [0]);
+        assert_eq!(surges_ended(&plan(&["new"], &["old"]), &status(false), &[]), [0]);
+        // The surge deleted, or never created (its reservation dropped in this very write): ends.
+        assert_eq!(surges_ended(&plan(&["old"], &["new"]), &status(false), &[]), [0]);
+        assert_eq!(
+            surges_ended(
+                &plan(&["old"], &[]),
+                &status(true),
+                &[(0, crate::ledger::DropReason::Expired)]
+            ),
+            [0]
+        );
     }
 }
