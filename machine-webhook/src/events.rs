@@ -24,7 +24,7 @@ use tracing::{debug, warn};
 use crate::cache::SeedCache;
 use crate::decision::rollout_blocked;
 use crate::metrics::Metrics;
-use crate::owners::{owner, reconciling_owner, resource};
+use crate::owners::{self, owner, reconciling_owner};
 use crate::user_clients::UserClients;
 
 /// The component name on Events.
@@ -171,29 +171,20 @@ impl Sender {
     async fn owner_in_user_cluster(&self, client: &Client, event: &DenialEvent) -> Option<(ObjectRef, bool)> {
         let ns = &event.machine_namespace;
         let deployment = if let Some(set) = owner(&event.owners, "MachineSet") {
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), ns, &resource(&set.api_version, "MachineSet"));
-            let Ok(Some(object)) = api.get_opt(&set.name).await else {
+            let Ok(Some(object)) = owners::read(client, ns, set, "MachineSet").await else {
                 return Some((ObjectRef::from_owner(set, ns), false));
             };
-            let Some(deployment) = object
-                .meta()
-                .owner_references
-                .as_deref()
-                .and_then(|o| owner(o, "MachineDeployment"))
-            else {
+            let Some(deployment) = owners::deployment_of(&object) else {
                 return Some((ObjectRef::from_owner(set, ns), false));
             };
             deployment.clone()
         } else {
             owner(&event.owners, "MachineDeployment")?.clone()
         };
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            client.clone(),
-            ns,
-            &resource(&deployment.api_version, "MachineDeployment"),
+        let rolling_out = matches!(
+            owners::read(client, ns, &deployment, "MachineDeployment").await,
+            Ok(Some(d)) if rolling_out(&d)
         );
-        let rolling_out = matches!(api.get_opt(&deployment.name).await, Ok(Some(d)) if rolling_out(&d));
         Some((ObjectRef::from_owner(&deployment, ns), rolling_out))
     }
 

@@ -3,7 +3,8 @@
 //! rollout hint and the waking of refused owners.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::ApiResource;
+use kube::api::{ApiResource, DynamicObject};
+use kube::{Api, Client};
 
 /// machine-controller's API group.
 const GROUP: &str = "cluster.k8s.io";
@@ -19,6 +20,26 @@ pub fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerRe
 /// directly.
 pub fn reconciling_owner(owners: &[OwnerReference]) -> Option<&OwnerReference> {
     owner(owners, "MachineSet").or_else(|| owner(owners, "MachineDeployment"))
+}
+
+/// An owner of `kind` as `reference` names it, read from the user cluster (`None`: gone).
+pub async fn read(
+    client: &Client,
+    namespace: &str,
+    reference: &OwnerReference,
+    kind: &str,
+) -> Result<Option<DynamicObject>, kube::Error> {
+    Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource(&reference.api_version, kind))
+        .get_opt(&reference.name)
+        .await
+}
+
+/// The `MachineDeployment` owning a `MachineSet` object, if one does.
+pub fn deployment_of(set: &DynamicObject) -> Option<&OwnerReference> {
+    set.metadata
+        .owner_references
+        .as_deref()
+        .and_then(|o| owner(o, "MachineDeployment"))
 }
 
 /// The API resource of an owner (`MachineSet` -> `machinesets`), in its own group and version.

@@ -22,7 +22,7 @@ use provider_sizes::size_machine;
 
 use crate::cache::SeedCache;
 use crate::decision::Replaced;
-use crate::owners::{owner, resource};
+use crate::owners::{self, owner, resource};
 use crate::user_clients::UserClients;
 
 /// Reads user clusters for the rollout allowance.
@@ -68,30 +68,22 @@ impl Rollouts {
                 }
             }
         };
+        let gone = |what: &str| SurgeRefusal::NoReplacement(format!("{what} is gone"));
+        let set = owners::read(&client, namespace, set_ref, "MachineSet")
+            .await
+            .map_err(|e| lookup("its MachineSet", &e))?
+            .ok_or_else(|| gone("its MachineSet"))?;
+        let deployment_ref = owners::deployment_of(&set)
+            .ok_or_else(|| not_a_surge("its MachineSet has no MachineDeployment"))?;
+        let deployment = owners::read(&client, namespace, deployment_ref, "MachineDeployment")
+            .await
+            .map_err(|e| lookup("its MachineDeployment", &e))?
+            .ok_or_else(|| gone("its MachineDeployment"))?;
         let sets: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
             namespace,
             &resource(&set_ref.api_version, "MachineSet"),
         );
-        let set = sets
-            .get(&set_ref.name)
-            .await
-            .map_err(|e| lookup("its MachineSet", &e))?;
-        let deployment_ref = set
-            .meta()
-            .owner_references
-            .as_deref()
-            .and_then(|o| owner(o, "MachineDeployment"))
-            .ok_or_else(|| not_a_surge("its MachineSet has no MachineDeployment"))?;
-        let deployments: Api<DynamicObject> = Api::namespaced_with(
-            client.clone(),
-            namespace,
-            &resource(&deployment_ref.api_version, "MachineDeployment"),
-        );
-        let deployment = deployments
-            .get(&deployment_ref.name)
-            .await
-            .map_err(|e| lookup("its MachineDeployment", &e))?;
         let all_sets = sets
             .list(&ListParams::default())
             .await

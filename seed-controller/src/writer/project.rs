@@ -65,7 +65,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             shared,
             project,
             &quota.spec,
-            &status_after(&status, &decision).rollout_surges,
+            &crate::ledger::remaining(&status.rollout_surges, decision.surges_ended.iter().copied()),
         );
         let usage_same = status
             .local_usage
