@@ -10,6 +10,7 @@ FLEET_DIR ?= .fleet
 help:
 	@echo "make demo   - start a local fleet (master, 2 seeds, 3 user clusters) with the quota system"
 	@echo "              (CHART_RBAC=1: every component as its ServiceAccount from the Helm chart)"
+	@echo "              (NODE=1: seed-a's components as pods from the chart on a real node; root)"
 	@echo "make test   - everything CI runs: fmt, clippy, CRD drift, unit, property and fleet tests"
 	@echo "make crds   - regenerate deploy/crds/ from the Rust types"
 	@echo "make bench  - every benchmark, one after another, into results/benchmarks.md (long: see e2e/bench.sh)"
@@ -52,9 +53,9 @@ chart-check:
 test: system-deps control-plane lint rules-test chart-check
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) test --workspace --locked --no-fail-fast
 
-demo: control-plane
+demo: control-plane $(if $(NODE),system-deps)
 	$(CARGO) build --locked --bins -p e2e -p master-controller -p seed-controller -p machine-webhook
-	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR) $(if $(CHART_RBAC),--chart-rbac)
+	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR) $(if $(CHART_RBAC),--chart-rbac) $(if $(NODE),--node)
 
 # Container images without a daemon or base image: target/images/kkp-quota-<component>.oci.tar (umoci).
 .PHONY: images

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager and etcd from their published Go modules (wrapper modules beside this
-# script) into a cache directory keyed by version, and prints the directory that holds them.
+# Builds kube-apiserver, kube-controller-manager and etcd, and a node's kube-scheduler, kubelet and
+# kube-proxy, from their published Go modules (wrapper modules beside this script) into a cache
+# directory keyed by version, and prints the directory that holds them.
 #
 #   KUBEBUILDER_ASSETS=/dir   use the binaries in /dir, build nothing (the envtest convention)
 #   KKP_QUOTA_CACHE=/dir      cache root (default: ${XDG_CACHE_HOME:-~/.cache}/kkp-quota)
@@ -47,4 +48,8 @@ kube_ldflags="-X $cb.gitVersion=${KUBE_VERSION} -X $cb.gitMajor=1 -X $cb.gitMino
 build kube-apiserver kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$kube_ldflags"
 # From the same module and version: the fleet runs its garbage collector and namespace controller.
 build kube-controller-manager kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager "$kube_ldflags"
+# The node that runs the chart as pods (e2e/src/node): scheduler, kubelet and kube-proxy.
+build kube-scheduler kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
+build kubelet kube-apiserver k8s.io/kubernetes/cmd/kubelet "$kube_ldflags"
+build kube-proxy kube-apiserver k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
 echo "$out"

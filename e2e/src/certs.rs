@@ -121,8 +121,15 @@ pub struct ClusterCerts {
 
 impl ClusterCerts {
     pub fn generate(cluster: &str) -> Result<ClusterCerts> {
+        ClusterCerts::generate_with(cluster, &[])
+    }
+
+    /// [`ClusterCerts::generate`], the serving certificate also valid for `extra_sans`.
+    pub fn generate_with(cluster: &str, extra_sans: &[String]) -> Result<ClusterCerts> {
         let ca = Ca::generate(&format!("kkp-quota {cluster} CA"))?;
-        let serving = ca.serving_cert("kube-apiserver", &["127.0.0.1", "localhost"])?;
+        let mut sans = vec!["127.0.0.1", "localhost"];
+        sans.extend(extra_sans.iter().map(String::as_str));
+        let serving = ca.serving_cert("kube-apiserver", &sans)?;
         let admin = ca.client_cert(ADMIN_USER, &[MASTERS_GROUP])?;
         let sa = KeyPair::generate().context("generating service-account key")?;
         Ok(ClusterCerts {

@@ -6,7 +6,7 @@
 //! logs, kubeconfig) is removed after the processes are gone.
 
 use std::collections::HashSet;
-use std::net::TcpListener;
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -49,6 +49,8 @@ pub struct ControlPlane {
     binaries: PathBuf,
     /// Whether kube-apiserver writes an audit log ([`ControlPlane::audit_log`]).
     audit: bool,
+    /// Where pods of a fleet node reach this API server ([`StartOptions::pod_address`]).
+    pod_address: Option<Ipv4Addr>,
     /// kube-controller-manager, when started ([`ControlPlane::start_controller_manager`]).
     /// Declared first of the processes: fields drop in order, so it dies before its API server.
     controller_manager: Mutex<Option<Proc>>,
@@ -83,6 +85,19 @@ impl ControlPlane {
     /// who, verb, resource, namespace, name, response code) in [`ControlPlane::audit_log`] when
     /// `audit` is set. The RBAC test reads it to see which permissions each component used.
     pub async fn start_with(name: &str, audit: bool) -> Result<ControlPlane> {
+        ControlPlane::start_opts(
+            name,
+            StartOptions {
+                audit,
+                pod_address: None,
+            },
+        )
+        .await
+    }
+
+    /// [`ControlPlane::start`] with every option.
+    pub async fn start_opts(name: &str, options: StartOptions) -> Result<ControlPlane> {
+        let StartOptions { audit, pod_address } = options;
         let started = Instant::now();
         let _ = rustls::crypto::ring::default_provider().install_default();
         let binaries = control_plane_binaries()?;
@@ -90,7 +105,13 @@ impl ControlPlane {
             .prefix(&format!("kkp-quota-{name}-"))
             .tempdir()
             .context("creating the control plane's temp dir")?;
-        let mut certs = ClusterCerts::generate(name)?;
+        // Pods reach the API server at the pod address, or as the `kubernetes` Service
+        // (in-cluster clients connect to its ClusterIP and check the certificate for it).
+        let extra_sans: Vec<String> = pod_address
+            .iter()
+            .flat_map(|ip| [ip.to_string(), KUBERNETES_SERVICE_IP.to_owned()])
+            .collect();
+        let mut certs = ClusterCerts::generate_with(name, &extra_sans)?;
         write_pki(dir.path(), &certs)?;
 
         let (etcd, etcd_ports) = start_etcd(&binaries, dir.path())
@@ -114,6 +135,7 @@ impl ControlPlane {
                 certs,
                 binaries: binaries.clone(),
                 audit,
+                pod_address,
                 controller_manager: Mutex::new(None),
                 apiserver: Mutex::new(None),
                 etcd,
@@ -175,6 +197,23 @@ impl ControlPlane {
     /// An admin kubeconfig (user in `system:masters`) with every certificate embedded.
     pub fn kubeconfig_yaml(&self) -> String {
         self.kubeconfig.clone()
+    }
+
+    /// The admin kubeconfig for a reader inside the fleet's clusters: the one a Secret on a seed
+    /// or on the master holds. It names [`StartOptions::pod_address`] when the control plane has
+    /// one (a pod's 127.0.0.1 is the pod itself), else it is [`ControlPlane::kubeconfig_yaml`].
+    pub fn in_cluster_kubeconfig_yaml(&self) -> String {
+        match self.pod_address {
+            Some(ip) => self
+                .kubeconfig
+                .replace(&self.url(), &format!("https://{ip}:{}", self.port)),
+            None => self.kubeconfig.clone(),
+        }
+    }
+
+    /// [`StartOptions::pod_address`].
+    pub fn pod_address(&self) -> Option<Ipv4Addr> {
+        self.pod_address
     }
 
     /// The admin kubeconfig as a file inside the control plane's temp dir (for child processes).
@@ -366,6 +405,14 @@ impl ControlPlane {
     async fn spawn_apiserver(&self) -> Result<(), StartError> {
         let pki = self.dir.path().join("pki");
         let p = |f: &str| pki.join(f).display().to_string();
+        // Reachable from pods when a node is to run them: on every address, advertised (the
+        // `kubernetes` Service's endpoint) at the pod-reachable one, and with the ServiceAccount
+        // admission plugin that gives pods their tokens. Otherwise loopback only, and no pod
+        // ever needs a token.
+        let (bind, advertise) = match self.pod_address {
+            Some(ip) => ("0.0.0.0".to_owned(), ip.to_string()),
+            None => ("127.0.0.1".to_owned(), "127.0.0.1".to_owned()),
+        };
         let mut args = vec![
             format!("--etcd-servers={}", self.etcd_url),
             format!("--cert-dir={}", self.dir.path().join("apiserver-certs").display()),
@@ -376,13 +423,15 @@ impl ControlPlane {
             format!("--service-account-signing-key-file={}", p("sa.key")),
             format!("--service-account-issuer={}/", self.url()),
             format!("--secure-port={}", self.port),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            format!("--bind-address={bind}"),
+            format!("--advertise-address={advertise}"),
+            format!("--service-cluster-ip-range={SERVICE_CIDR}"),
             "--allow-privileged=true".to_owned(),
-            "--disable-admission-plugins=ServiceAccount".to_owned(),
             "--authorization-mode=RBAC".to_owned(),
         ];
+        if self.pod_address.is_none() {
+            args.push("--disable-admission-plugins=ServiceAccount".to_owned());
+        }
         if self.audit {
             let policy = self.dir.path().join("audit-policy.yaml");
             std::fs::write(&policy, AUDIT_POLICY).map_err(|e| StartError::Other(e.into()))?;
@@ -539,6 +588,23 @@ fn classify(e: anyhow::Error) -> StartError {
     } else {
         StartError::Other(e)
     }
+}
+
+/// The Service IP range of every fleet cluster (the `kubernetes` Service is its first address).
+pub const SERVICE_CIDR: &str = "10.0.0.0/24";
+
+/// The `kubernetes` Service's `ClusterIP`: the first address of [`SERVICE_CIDR`].
+pub const KUBERNETES_SERVICE_IP: &str = "10.0.0.1";
+
+/// How a control plane starts ([`ControlPlane::start_opts`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// kube-apiserver writes an audit log ([`ControlPlane::audit_log`]).
+    pub audit: bool,
+    /// A host address that pods of a fleet node reach (e2e's node puts it on `lo`): the API
+    /// server listens on every address, advertises this one, has it in its certificate, and
+    /// [`ControlPlane::in_cluster_kubeconfig_yaml`] names it.
+    pub pod_address: Option<Ipv4Addr>,
 }
 
 /// Every request at metadata level, once when its response is complete (a watch also when it

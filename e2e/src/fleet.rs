@@ -31,6 +31,7 @@ use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use serde::Serialize;
 
 use crate::ControlPlane;
+use crate::control_plane::StartOptions;
 
 /// Name of the master control plane.
 pub const MASTER: &str = "master";
@@ -80,6 +81,11 @@ pub struct FleetSpec {
     /// namespaces empty as in a real cluster. On in [`FleetSpec::default`] (the demo fleet), off
     /// in [`FleetSpec::empty`] (benchmarks measure without it).
     pub controller_managers: bool,
+    /// Every control plane is reachable from pods at this host address
+    /// ([`crate::control_plane::StartOptions::pod_address`]), and the kubeconfigs the fleet puts
+    /// into Secrets name it: for a seed whose components run as pods on a node
+    /// ([`crate::node`]).
+    pub pod_address: Option<std::net::Ipv4Addr>,
 }
 
 impl Default for FleetSpec {
@@ -105,7 +111,15 @@ impl FleetSpec {
             user_clusters: Vec::new(),
             audit: false,
             controller_managers: false,
+            pod_address: None,
         }
+    }
+
+    /// Every control plane reachable from pods at `ip` (see [`FleetSpec::pod_address`]).
+    #[must_use]
+    pub fn with_pod_address(mut self, ip: std::net::Ipv4Addr) -> FleetSpec {
+        self.pod_address = Some(ip);
+        self
     }
 
     /// The master's and seeds' API servers record every request (see [`FleetSpec::audit`]).
@@ -230,12 +244,15 @@ impl Fleet {
             .chain(spec.user_clusters.iter().map(|u| u.name.as_str()))
             .collect();
         let audited = 1 + spec.seeds.len();
-        let mut planes = try_join_all(
-            names
-                .iter()
-                .enumerate()
-                .map(|(i, name)| ControlPlane::start_with(name, spec.audit && i < audited)),
-        )
+        let mut planes = try_join_all(names.iter().enumerate().map(|(i, name)| {
+            ControlPlane::start_opts(
+                name,
+                StartOptions {
+                    audit: spec.audit && i < audited,
+                    pod_address: spec.pod_address,
+                },
+            )
+        }))
         .await?
         .into_iter();
         let master = planes.next().context("master missing")?;
@@ -523,7 +540,7 @@ fn kubeconfig_secret(name: &str, namespace: &str, cp: &ControlPlane) -> Secret {
         },
         data: Some(BTreeMap::from([(
             KUBECONFIG_KEY.to_owned(),
-            ByteString(cp.kubeconfig_yaml().into_bytes()),
+            ByteString(cp.in_cluster_kubeconfig_yaml().into_bytes()),
         )])),
         ..Secret::default()
     }

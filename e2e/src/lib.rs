@@ -73,6 +73,7 @@ pub mod control_plane;
 pub mod demo;
 pub mod fleet;
 pub mod machines;
+pub mod node;
 pub mod pprof;
 pub mod process;
 pub mod procfs;

@@ -310,6 +310,18 @@ impl System {
         extra: &[(&str, &str)],
         credentials: &Credentials,
     ) -> Result<System> {
+        System::start_except(fleet, dir, extra, credentials, &[]).await
+    }
+
+    /// [`System::start_as`], without the components of the seeds in `elsewhere` (whose
+    /// seed-controller and machine-webhook run as pods on a node, from the chart).
+    pub async fn start_except(
+        fleet: &Fleet,
+        dir: &Path,
+        extra: &[(&str, &str)],
+        credentials: &Credentials,
+        elsewhere: &[&str],
+    ) -> Result<System> {
         let logs = dir.join("logs");
         let certs = WebhookCerts::generate()?.write_to(&dir.join("webhook"))?;
         let url_signing_keys = dir.join("webhook").join("url-signing-keys");
@@ -338,7 +350,8 @@ impl System {
             metrics,
             ComponentSpec::workspace_bin("master-controller", master_args)?,
         ));
-        for member in fleet.members().into_iter().filter(|m| m.role == Role::Seed) {
+        let seeds = fleet.members().into_iter().filter(|m| m.role == Role::Seed);
+        for member in seeds.filter(|m| !elsewhere.contains(&m.name.as_str())) {
             let seed = member.name;
             let webhook_port = free_port()?;
             let webhook_metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));

@@ -182,7 +182,17 @@ pub struct Webhook {
     pub metrics: Metrics,
     /// The ledger writer; [`Reserver::release_all`] gives allotments back on a clean stop.
     pub reserver: Reserver,
+    /// Stops serving gracefully (the binary's SIGTERM handling).
+    pub shutdown: server::Shutdown,
     serving: Serving,
+}
+
+/// `/readyz` follows the caches (synced: ready), and stays false once the webhook is stopping.
+async fn follow_readiness(ready: &Readiness, cache: &SeedCache, stopping: &server::Shutdown) {
+    loop {
+        ready.set(cache.is_synced() && !stopping.is_unready());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 impl std::fmt::Debug for Webhook {
@@ -259,6 +269,8 @@ impl Webhook {
             limits: config.limits,
         };
         let router = server::router(app);
+        let shutdown = server::Shutdown::default();
+        let stopping = shutdown.clone();
         let ready = readiness.clone();
         let server_metrics = metrics.clone();
         let namespace = config.kubermatic_namespace.clone();
@@ -266,12 +278,7 @@ impl Webhook {
         let serving = Box::pin(async move {
             // Dropping this future cancels every task it started.
             let _guard = token.clone().drop_guard();
-            let watch_ready = async {
-                loop {
-                    ready.set(cache.is_synced());
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            };
+            let watch_ready = follow_readiness(&ready, &cache, &stopping);
             let ops_future = async move {
                 match ops {
                     Some((_, fut)) => fut.await.map_err(Error::from),
@@ -282,7 +289,7 @@ impl Webhook {
             tokio::select! {
                 () = Arc::clone(&cache).run(seed, namespace) => Ok(()),
                 () = events_future => Ok(()),
-                () = server::serve_https(listener, acceptor, router, server_metrics, limits, token.clone()) => Ok(()),
+                () = server::serve_https(listener, acceptor, router, server_metrics, limits, token.clone(), stopping.clone()) => Ok(()),
                 () = watch_ready => Ok(()),
                 () = wake::Waker::run(waker) => Ok(()),
                 r = ops_future => r,
@@ -294,6 +301,7 @@ impl Webhook {
             readiness,
             metrics,
             reserver,
+            shutdown,
             serving,
         })
     }

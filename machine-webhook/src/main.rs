@@ -99,6 +99,11 @@ struct Args {
     /// Seconds allowed for a request's headers, and for its body.
     #[arg(long, env = "MACHINE_WEBHOOK_READ_TIMEOUT_SECONDS", default_value_t = 10)]
     read_timeout_seconds: u64,
+    /// On SIGTERM, seconds to keep serving while /readyz says not ready, before closing
+    /// connections: longer than the cluster takes to drop a stopping pod from its Service's
+    /// endpoints (kube-proxy's rules), or API servers still send it requests that then fail.
+    #[arg(long, env = "MACHINE_WEBHOOK_SHUTDOWN_DELAY_SECONDS", default_value_t = 0)]
+    shutdown_delay_seconds: u64,
     /// When room appears for a project, the `MachineSet`s whose Machines this process refused for
     /// room in the last hour get the annotation `kkp-quota.dev/room-available-at`, so that
     /// machine-controller tries again at once instead of after its back-off; at most once per
@@ -161,18 +166,35 @@ async fn main() -> anyhow::Result<()> {
     };
     let webhook = Webhook::start(config, client).await?;
     let reserver = webhook.reserver.clone();
+    let shutdown = webhook.shutdown.clone();
     let serving = webhook.run();
     tokio::pin!(serving);
+    let signal = tokio::select! {
+        result = &mut serving => return Ok(result?),
+        signal = kkp_quota_crds::runtime::shutdown_signal() => signal,
+    };
+    // Each step keeps `serving` polled: the workers that record and give back run inside it.
+    let delay = Duration::from_secs(args.shutdown_delay_seconds);
+    tracing::info!(
+        signal,
+        ?delay,
+        "stopping: not ready, still serving while endpoints drop this pod"
+    );
+    shutdown.unready();
     tokio::select! {
+        () = tokio::time::sleep(delay) => {}
+        result = &mut serving => return Ok(result?),
+    }
+    tracing::info!("stopping: closing connections once their requests are answered");
+    shutdown.close();
+    tokio::select! {
+        () = shutdown.drained() => {}
+        result = &mut serving => return Ok(result?),
+    }
+    tracing::info!("stopping: giving allotments back");
+    tokio::select! {
+        _ = reserver.release_all(Duration::from_secs(5)) => {}
         result = &mut serving => result?,
-        signal = kkp_quota_crds::runtime::shutdown_signal() => {
-            tracing::info!(signal, "stopping: giving allotments back");
-            // Keep serving meanwhile: the workers that record and give back run inside it.
-            tokio::select! {
-                _ = reserver.release_all(Duration::from_secs(5)) => {}
-                result = &mut serving => result?,
-            }
-        }
     }
     Ok(())
 }

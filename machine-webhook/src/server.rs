@@ -23,6 +23,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::BodyExt as _;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kkp_quota_crds::rollout::SurgeRefusal;
@@ -31,7 +32,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument as _, debug, info_span, warn};
+use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 use crate::cache::{QuotaCopy, SeedCache};
@@ -420,7 +421,9 @@ impl App {
     async fn admit_growing(&self, machine: MachineRef, request: &DecisionRequest) -> Verdict {
         let name = &request.machine;
         let cluster = machine.cluster.clone();
-        if !self.readiness.is_ready() {
+        // The caches, not `/readyz`: a stopping webhook reports not ready while it still
+        // answers (see [`Shutdown`]).
+        if !self.cache.is_synced() {
             return Verdict::deny(
                 Reason::Error,
                 name,
@@ -462,8 +465,14 @@ impl App {
     }
 }
 
+/// How long a graceful close waits for the requests in flight.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Serves `router` over TLS on `listener` until `token` is cancelled (or this future is
-/// dropped, which also ends every open connection).
+/// dropped, which also ends every open connection). When `shutdown` closes, it stops accepting
+/// and closes every connection gracefully (requests in flight are answered; idle HTTP/1
+/// connections close, HTTP/2 ones get GOAWAY, so the API server opens new ones elsewhere),
+/// marks `shutdown` drained, and then waits for `token` without serving.
 pub async fn serve_https(
     listener: TcpListener,
     acceptor: TlsAcceptor,
@@ -471,11 +480,14 @@ pub async fn serve_https(
     metrics: Metrics,
     limits: Limits,
     token: CancellationToken,
+    shutdown: Shutdown,
 ) {
     let mut connections = JoinSet::new();
+    let graceful = GracefulShutdown::new();
     loop {
         tokio::select! {
             () = token.cancelled() => return,
+            () = shutdown.close.cancelled() => break,
             accepted = listener.accept() => {
                 let (tcp, peer) = match accepted {
                     Ok(pair) => pair,
@@ -488,6 +500,7 @@ pub async fn serve_https(
                 let acceptor = acceptor.clone();
                 // Every request of the connection carries the peer's address (for refusal logs).
                 let router = router.clone().layer(axum::Extension(Peer(peer)));
+                let watcher = graceful.watcher();
                 connections.spawn(async move {
                     let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
                         Ok(Ok(tls)) => tls,
@@ -511,15 +524,54 @@ pub async fn serve_https(
                         .max_concurrent_streams(256)
                         .keep_alive_interval(Some(Duration::from_secs(30)))
                         .keep_alive_timeout(Duration::from_secs(20));
-                    if let Err(e) = builder
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await
-                    {
+                    let connection = builder.serve_connection(TokioIo::new(tls), service).into_owned();
+                    if let Err(e) = watcher.watch(connection).await {
                         debug!(error = %e, %peer, "connection ended with an error");
                     }
                 });
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
+    }
+    drop(listener);
+    info!(connections = graceful.count(), "closing connections gracefully");
+    if tokio::time::timeout(CLOSE_TIMEOUT, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        warn!(timeout = ?CLOSE_TIMEOUT, "requests still in flight after the close timeout; dropping them");
+    }
+    shutdown.drained.cancel();
+    token.cancelled().await;
+}
+
+/// A webhook's stop, in the steps a pod being stopped needs (the binary runs them on SIGTERM):
+/// [`Shutdown::unready`] turns `/readyz` false while the webhook still serves, so the pod
+/// leaves its Service's endpoints before it stops answering; [`Shutdown::close`] then stops
+/// accepting and closes the connections gracefully; [`Shutdown::drained`] resolves when that
+/// is done.
+#[derive(Clone, Debug, Default)]
+pub struct Shutdown {
+    unready: CancellationToken,
+    close: CancellationToken,
+    drained: CancellationToken,
+}
+
+impl Shutdown {
+    pub fn unready(&self) {
+        self.unready.cancel();
+    }
+
+    pub fn is_unready(&self) -> bool {
+        self.unready.is_cancelled()
+    }
+
+    pub fn close(&self) {
+        self.unready.cancel();
+        self.close.cancel();
+    }
+
+    pub async fn drained(&self) {
+        self.drained.cancelled().await;
     }
 }

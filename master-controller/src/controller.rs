@@ -80,9 +80,24 @@ pub async fn run(
     metrics: Metrics,
     readiness: Readiness,
 ) -> Result<(), Error> {
+    run_until(master, options, metrics, readiness, std::future::pending()).await
+}
+
+/// [`run`] until `shutdown` resolves; a leader then stops its work and releases the Lease, so
+/// the standby takes over within one renewal period instead of a whole lease duration.
+pub async fn run_until(
+    master: Client,
+    options: Options,
+    metrics: Metrics,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let Some(lease) = options.lease.clone() else {
         metrics.leader.set(1);
-        return Box::pin(run_as_leader(master, options, metrics, readiness)).await;
+        return tokio::select! {
+            result = Box::pin(run_as_leader(master, options, metrics, readiness)) => result,
+            () = shutdown => Ok(()),
+        };
     };
     // Ready as a standby; as the leader, once its caches are synced.
     let elector = LeaderElector::new(master.clone(), lease.clone());
@@ -94,10 +109,10 @@ pub async fn run(
             Box::pin(run_as_leader(master, options, metrics, readiness)).await
         }
     };
-    let result = Box::pin(elector.run(&readiness, work)).await;
+    let result = Box::pin(elector.run_until(&readiness, work, shutdown)).await;
     metrics.leader.set(0);
     readiness.set(false);
-    result?
+    result?.unwrap_or(Ok(()))
 }
 
 pub(crate) struct Ctx {

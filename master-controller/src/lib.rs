@@ -40,7 +40,7 @@ pub mod status;
 mod sweep;
 mod unreadable;
 
-pub use controller::{Options, run};
+pub use controller::{Options, run, run_until};
 pub use metrics::Metrics;
 
 /// Why a reconcile or the controller failed.

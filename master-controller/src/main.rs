@@ -134,11 +134,11 @@ async fn main() -> anyhow::Result<()> {
             args.identity.unwrap_or_else(LeaseConfig::default_identity),
         ));
     }
-    tokio::select! {
-        result = master_controller::run(client, options, metrics, readiness) => result.context("master-controller stopped"),
-        signal = kkp_quota_crds::runtime::shutdown_signal() => {
-            tracing::info!(signal, "stopping");
-            Ok(())
-        }
-    }
+    let shutdown = async {
+        let signal = kkp_quota_crds::runtime::shutdown_signal().await;
+        tracing::info!(signal, "stopping");
+    };
+    master_controller::run_until(client, options, metrics, readiness, shutdown)
+        .await
+        .context("master-controller stopped")
 }

@@ -197,3 +197,60 @@ async fn a_conflicting_renewal_does_not_lose_the_lease() -> Result<()> {
 async fn holder_of(leases: &Api<Lease>, name: &str) -> Result<Option<String>> {
     Ok(leases.get(name).await?.spec.and_then(|s| s.holder_identity))
 }
+
+/// A holder that is stopped gives the lease up once its work has stopped: the standby takes it
+/// at its next round, long before the lease (five minutes here) would have expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_releases_the_lease() -> Result<()> {
+    use kkp_quota_crds::runtime::ops::Readiness;
+    let fleet = Fleet::start(FleetSpec::empty()).await?;
+    let master = fleet.master().client();
+    let config = |identity: &str| {
+        let mut config = LeaseConfig::new("default", "handover", identity);
+        config.lease_duration = Duration::from_mins(5);
+        config.renew_every = Duration::from_millis(200);
+        config
+    };
+    let leases: Api<Lease> = Api::namespaced(master.clone(), "default");
+    let (stop_a, stopped) = tokio::sync::oneshot::channel::<()>();
+    let a = LeaderElector::new(master.clone(), config("a"));
+    let a = tokio::spawn(async move {
+        a.run_until(&Readiness::default(), std::future::pending::<()>(), async {
+            let _ = stopped.await;
+        })
+        .await
+    });
+    wait_for(DEADLINE, "a leads", || async {
+        holder_of(&leases, "handover")
+            .await
+            .ok()
+            .flatten()
+            .filter(|h| h == "a")
+    })
+    .await?;
+    let b = LeaderElector::new(master.clone(), config("b"));
+    let _b = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        b.run_until(
+            &Readiness::default(),
+            std::future::pending::<()>(),
+            std::future::pending(),
+        )
+        .await
+    }));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ensure!(
+        holder_of(&leases, "handover").await?.as_deref() == Some("a"),
+        "b took a live lease"
+    );
+    stop_a.send(()).ok();
+    ensure!(a.await?.is_ok_and(|out| out.is_none()), "a did not stop cleanly");
+    wait_for(DEADLINE, "b takes the released lease", || async {
+        holder_of(&leases, "handover")
+            .await
+            .ok()
+            .flatten()
+            .filter(|h| h == "b")
+    })
+    .await?;
+    Ok(())
+}

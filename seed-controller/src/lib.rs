@@ -415,6 +415,13 @@ async fn resync(shared: Arc<Shared>) {
 
 /// The binary: seed client, ops server, leader election, controller.
 pub async fn run(config: Config) -> Result<(), Error> {
+    run_until(config, std::future::pending()).await
+}
+
+/// [`run`] until `shutdown` resolves; a leader then stops its work and releases its Lease, so
+/// that the standby takes over within one renewal period (a rolling update or a deleted pod
+/// does not leave the seed without a leader for a whole lease duration).
+pub async fn run_until(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), Error> {
     let seed = own_client(config.kubeconfig.as_deref()).await?;
     let controller = Controller::new(config.clone(), seed.clone()).await?;
     let (address, serve) = bind(
@@ -445,10 +452,14 @@ pub async fn run(config: Config) -> Result<(), Error> {
         // Ready as a standby; as the leader, after the first complete count.
         let readiness = controller.readiness();
         LeaderElector::new(seed, lease)
-            .run(&readiness, controller.run())
+            .run_until(&readiness, controller.run(), shutdown)
             .await?
+            .unwrap_or(Ok(()))
     } else {
-        controller.run().await
+        tokio::select! {
+            result = controller.run() => result,
+            () = shutdown => Ok(()),
+        }
     };
     drop(ops);
     result

@@ -7,9 +7,10 @@ use seed_controller::Config;
 async fn main() -> anyhow::Result<()> {
     let config = Config::parse();
     kkp_quota_crds::runtime::telemetry::init_tracing(config.log_json);
-    tokio::select! {
-        result = seed_controller::run(config) => result?,
-        signal = kkp_quota_crds::runtime::shutdown_signal() => tracing::info!(signal, "stopping"),
-    }
+    let shutdown = async {
+        let signal = kkp_quota_crds::runtime::shutdown_signal().await;
+        tracing::info!(signal, "stopping");
+    };
+    seed_controller::run_until(config, shutdown).await?;
     Ok(())
 }

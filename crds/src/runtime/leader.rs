@@ -4,7 +4,9 @@
 //! The holder renews every `renew_every`; another candidate takes over only once the lease has not
 //! been renewed for `lease_duration`. Every write is conditioned on `resourceVersion`, so two
 //! candidates can never both believe they won the same round. A holder that cannot renew within
-//! its lease duration stops its work (the caller exits, and is restarted by its supervisor).
+//! its lease duration stops its work (the caller exits, and is restarted by its supervisor). A
+//! holder that is stopped ([`LeaderElector::run_until`]) gives the lease up after its work has
+//! stopped, so a standby takes over at its next round instead of after a whole lease duration.
 
 use std::future::Future;
 use std::time::Duration;
@@ -177,6 +179,61 @@ impl LeaderElector {
                 },
             }
         }
+    }
+}
+
+impl LeaderElector {
+    /// [`LeaderElector::run`] until `shutdown` resolves (`None` then). Whichever way it ends,
+    /// `work` has stopped (it is dropped first) before the lease is released.
+    pub async fn run_until<F, T, S>(
+        &self,
+        readiness: &Readiness,
+        work: F,
+        shutdown: S,
+    ) -> Result<Option<T>, RuntimeError>
+    where
+        F: Future<Output = T>,
+        S: Future<Output = ()>,
+    {
+        let out = tokio::select! {
+            out = self.run(readiness, work) => out.map(Some),
+            () = shutdown => Ok(None),
+        };
+        self.release().await;
+        out
+    }
+
+    /// Gives the lease up if this candidate holds it: no holder, and a one-second duration for
+    /// any reader that ignores an empty holder. Conditioned on the version read, so a lease
+    /// someone else took meanwhile is left alone; a failure is logged (the lease then expires
+    /// as it would have).
+    pub async fn release(&self) {
+        match self.try_release().await {
+            Ok(true) => {
+                info!(lease = %self.config.name, identity = %self.config.identity, "released leader lease");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                warn!(error = %e, lease = %self.config.name, "could not release leader lease; it expires instead");
+            }
+        }
+    }
+
+    async fn try_release(&self) -> Result<bool, RuntimeError> {
+        let Some(mut lease) = self.api.get_opt(&self.config.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(self.config.identity.as_str()) {
+            return Ok(false);
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        self.api
+            .replace(&self.config.name, &PostParams::default(), &lease)
+            .await?;
+        Ok(true)
     }
 }
 

@@ -1,5 +1,7 @@
 //! `make demo`: starts the default fleet, writes every kubeconfig and `fleet.json` into `--dir`,
 //! prints `fleet ready: <dir>` on stdout, and runs until SIGINT or SIGTERM, then tears down.
+//! With `--node` (`make demo NODE=1`), seed-a gets a real node and its half of the system runs
+//! there as pods from the Helm chart.
 //! Logs go to stderr (`RUST_LOG`, default `info`).
 
 use std::path::PathBuf;
@@ -7,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
+use e2e::node::{self, Node, NodeHost, chart};
 use e2e::system::{Credentials, System};
 use e2e::{Fleet, FleetSpec, demo};
 use tokio::signal::unix::{SignalKind, signal};
@@ -22,7 +25,16 @@ struct Args {
     /// install. Needs helm (built and cached by e2e/helm/build.sh).
     #[arg(long, env = "KKP_QUOTA_CHART_RBAC")]
     chart_rbac: bool,
+    /// Give seed-a a real node (containerd, kubelet, kube-proxy; needs root and the packages of
+    /// .ci/system-deps.sh) and run its seed-controller and machine-webhook there as pods:
+    /// `make images`, imported into the node, then `helm install --set role=seed`. The other
+    /// components run as processes. The machine is put back as it was on exit.
+    #[arg(long, env = "KKP_QUOTA_NODE", conflicts_with = "chart_rbac")]
+    node: bool,
 }
+
+/// The seed whose components run as pods with `--node`.
+const NODE_SEED: &str = "seed-a";
 
 #[tokio::main]
 async fn main() -> Result<()> {
@@ -48,8 +60,14 @@ async fn main() -> Result<()> {
     });
 
     let started = Instant::now();
+    let (host, spec) = if args.node {
+        let spec = FleetSpec::default().with_pod_address(node::NODE_ADDRESS);
+        (Some(node::NodeHost::prepare()?), spec)
+    } else {
+        (None, FleetSpec::default())
+    };
     let fleet = tokio::select! {
-        fleet = Fleet::start(FleetSpec::default()) => fleet?,
+        fleet = Fleet::start(spec) => fleet?,
         signal = &mut shutdown => {
             tracing::info!(signal, "interrupted during startup; stopped");
             return Ok(());
@@ -58,8 +76,19 @@ async fn main() -> Result<()> {
     let elapsed = started.elapsed();
     fleet.write_dir(&args.dir)?;
     let credentials = Credentials::for_fleet(&fleet, &args.dir, args.chart_rbac).await?;
+    let node = match host {
+        Some(host) => tokio::select! {
+            node = seed_on_a_node(host, &fleet) => Some(node?),
+            signal = &mut shutdown => {
+                tracing::info!(signal, "interrupted during startup; stopped");
+                return Ok(());
+            }
+        },
+        None => None,
+    };
+    let on_pods: &[&str] = if node.is_some() { &[NODE_SEED] } else { &[] };
     let running = tokio::select! {
-        system = System::start_as(&fleet, &args.dir, &[], &credentials) => system?,
+        system = System::start_except(&fleet, &args.dir, &[], &credentials, on_pods) => system?,
         signal = &mut shutdown => {
             tracing::info!(signal, "interrupted during startup; stopped");
             return Ok(());
@@ -94,14 +123,54 @@ async fn main() -> Result<()> {
     );
     println!("fleet ready: {}", args.dir.display());
 
-    // Until stopped: a component that exits is reported at once, with the end of its log (nothing
-    // restarts it here, unlike in a cluster).
     let mut running = running;
+    let signal = report_exits_until(&mut running, &mut shutdown).await;
+    tracing::info!(signal, "tearing down");
+    drop(running);
+    if let Some(node) = node {
+        match node.teardown() {
+            Ok(left) if left.is_empty() => tracing::info!("node stopped; the machine is as it was"),
+            Ok(left) => tracing::error!(?left, "node stopped, but the machine is not as it was"),
+            Err(e) => tracing::error!("node teardown: {e:#}"),
+        }
+    }
+    for file in fleet.dir_files(&args.dir) {
+        let _ = std::fs::remove_file(file);
+    }
+    drop(fleet);
+    tracing::info!("fleet stopped");
+    Ok(())
+}
+
+/// seed-a's node, with the seed role of the chart installed and rolled out on it.
+async fn seed_on_a_node(host: NodeHost, fleet: &Fleet) -> Result<Node> {
+    let seed = fleet.seed(NODE_SEED);
+    let node = host.start(seed).await?;
+    chart::import_seed_images(&node)?;
+    chart::install_seed(seed, NODE_SEED, &[])?;
+    for component in chart::SEED_COMPONENTS {
+        chart::wait_rolled_out(&seed.client(), component, std::time::Duration::from_mins(3)).await?;
+    }
+    tracing::info!(
+        node = node::NODE_NAME,
+        dir = %node.dir().display(),
+        "{NODE_SEED}'s seed-controller and machine-webhook run as pods (kubectl -n {} get pods)",
+        chart::NAMESPACE
+    );
+    Ok(node)
+}
+
+/// Until `shutdown` resolves (its signal is returned): a component that exits is reported at
+/// once, with the end of its log (nothing restarts it here, unlike in a cluster).
+async fn report_exits_until(
+    running: &mut System,
+    shutdown: &mut (impl std::future::Future<Output = &'static str> + Unpin),
+) -> &'static str {
     let mut reported = std::collections::BTreeSet::new();
     let mut check = tokio::time::interval(std::time::Duration::from_secs(1));
-    let signal = loop {
+    loop {
         tokio::select! {
-            signal = &mut shutdown => break signal,
+            signal = &mut *shutdown => return signal,
             _ = check.tick() => {
                 for component in &mut running.components {
                     if reported.contains(&component.name) {
@@ -122,13 +191,5 @@ async fn main() -> Result<()> {
                 }
             }
         }
-    };
-    tracing::info!(signal, "tearing down");
-    drop(running);
-    for file in fleet.dir_files(&args.dir) {
-        let _ = std::fs::remove_file(file);
     }
-    drop(fleet);
-    tracing::info!("fleet stopped");
-    Ok(())
 }

@@ -12,6 +12,15 @@ use kube::Api;
 use super::ControlPlane;
 use crate::process::{Proc, wait_process};
 
+/// The controllers of a cluster with a node: Deployments roll through `ReplicaSets`, Services get
+/// `EndpointSlices` (kube-proxy routes by them), `PodDisruptionBudgets` are kept, every namespace
+/// gets its `default` `ServiceAccount` and the `kube-root-ca.crt` `ConfigMap` that projected
+/// service-account volumes read, pods of a gone node are collected, and a node's not-ready taint
+/// goes once it is Ready.
+const NODE_CONTROLLERS: &str = "garbagecollector,namespace,deployment,replicaset,endpointslice,\
+                                disruption,serviceaccount,root-ca-cert-publisher,podgc,\
+                                nodelifecycle";
+
 /// How long to wait for it to lead (it then starts its controllers).
 const LEAD_TIMEOUT: Duration = Duration::from_mins(1);
 
@@ -23,14 +32,23 @@ impl ControlPlane {
         if self.controller_manager().is_some() {
             return Ok(());
         }
-        let args = vec![
+        let mut args = vec![
             format!("--kubeconfig={}", self.kubeconfig_path().display()),
-            "--controllers=garbagecollector,namespace".to_owned(),
             // No HTTPS endpoint: nothing here reads its metrics or health.
             "--secure-port=0".to_owned(),
             "--leader-elect=true".to_owned(),
             "--leader-elect-lease-duration=15s".to_owned(),
         ];
+        if self.pod_address.is_some() {
+            // A cluster whose pods run on a node: also what a Deployment, a Service, a
+            // PodDisruptionBudget and a pod's service-account token need.
+            args.extend([
+                format!("--controllers={NODE_CONTROLLERS}"),
+                format!("--root-ca-file={}", self.dir.path().join("pki/ca.crt").display()),
+            ]);
+        } else {
+            args.push("--controllers=garbagecollector,namespace".to_owned());
+        }
         let binary = self.binaries.join("kube-controller-manager");
         anyhow::ensure!(
             binary.is_file(),
