@@ -30,7 +30,7 @@ pub const DEFAULT_OVERDUE_AFTER_SECONDS: u64 = 1800;
 #[serde(rename_all = "camelCase")]
 pub struct RolloutAllowance {
     /// How long one surge Machine may keep the project over its limit before it is reported
-    /// overdue (`kkp_quota_rollout_surge_started_seconds`, alert `KkpQuotaRolloutSurgeOverdue`).
+    /// overdue (`kkp_quota_rollout_surge_overdue_at_seconds`, alert `KkpQuotaRolloutSurgeOverdue`).
     /// Nothing is removed when it is.
     #[serde(default = "default_overdue_after")]
     #[schemars(range(min = 1))]

@@ -203,3 +203,44 @@ async fn kkps_cluster_status_is_strict() {
         .unwrap();
     assert_eq!(written.data["status"]["resourceUsage"], json!({"cpu": "2"}));
 }
+
+/// The rollout allowance's `overdueAfterSeconds` is a whole number of at least 1 second; an
+/// empty allowance takes the default (1800).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_rollout_allowance_is_validated_by_the_api_server() {
+    let cp = ControlPlane::start("crd-rollout").await.unwrap();
+    let api = api(&cp);
+    let pp = PostParams::default();
+    let with_allowance = |name: &str, allowance: &Value| {
+        let mut quota = object(name, &json!({"cpu": 4}));
+        quota.data["spec"]["rolloutAllowance"] = allowance.clone();
+        quota
+    };
+    for (name, allowance) in [
+        ("zero", json!({"overdueAfterSeconds": 0})),
+        ("negative", json!({"overdueAfterSeconds": -5})),
+        ("text", json!({"overdueAfterSeconds": "30m"})),
+        ("fraction", json!({"overdueAfterSeconds": 1.5})),
+    ] {
+        assert_invalid(
+            api.create(&pp, &with_allowance(name, &allowance)).await,
+            &format!("rolloutAllowance {allowance}"),
+        );
+    }
+    let defaulted = api
+        .create(&pp, &with_allowance("defaulted", &json!({})))
+        .await
+        .unwrap();
+    assert_eq!(
+        defaulted.data["spec"]["rolloutAllowance"]["overdueAfterSeconds"],
+        json!(1800)
+    );
+    let set = api
+        .create(&pp, &with_allowance("set", &json!({"overdueAfterSeconds": 60})))
+        .await
+        .unwrap();
+    assert_eq!(
+        set.data["spec"]["rolloutAllowance"]["overdueAfterSeconds"],
+        json!(60)
+    );
+}
