@@ -262,48 +262,48 @@ impl HostSnapshot {
 /// SIGKILL to every process in the node's cgroups (the pods' containers), and to every process
 /// whose command line names the node's directory: its own (left running when a test process
 /// was killed before its teardown) and containerd's shims (they outlive containerd, re-parented
-/// to init).
+/// to init). Until none is left: a kubelet or containerd killed in the same pass may have
+/// started a shim after the listing.
 fn kill_pods_and_shims(node_dir: &Path) -> Result<()> {
-    let mut pids: Vec<u32> = kubepods_cgroups()
-        .iter()
-        .filter_map(|c| std::fs::read_to_string(Path::new(c).join("cgroup.procs")).ok())
-        .flat_map(|procs| {
-            procs
-                .lines()
-                .filter_map(|l| l.trim().parse().ok())
-                .collect::<Vec<u32>>()
-        })
-        .collect();
     let marker = node_dir.display().to_string();
-    for pid in all_pids() {
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if pid != std::process::id() && String::from_utf8_lossy(&cmdline).contains(&marker) {
-            pids.push(pid);
+    for _ in 0..20 {
+        let mut pids: Vec<u32> = kubepods_cgroups()
+            .iter()
+            .filter_map(|c| std::fs::read_to_string(Path::new(c).join("cgroup.procs")).ok())
+            .flat_map(|procs| {
+                procs
+                    .lines()
+                    .filter_map(|l| l.trim().parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect();
+        for pid in all_pids() {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            if pid != std::process::id() && String::from_utf8_lossy(&cmdline).contains(&marker) {
+                pids.push(pid);
+            }
         }
-    }
-    pids.sort_unstable();
-    pids.dedup();
-    if !pids.is_empty() {
-        let pids: Vec<String> = pids.iter().map(ToString::to_string).collect();
-        let mut args = vec!["-KILL"];
-        args.extend(pids.iter().map(String::as_str));
-        // Some may have exited since they were listed: that is what we wanted.
-        let _ = run("kill", &args);
-    }
-    // Gone before the next step reads the machine.
-    let alive = |pid: &u32| is_live(*pid);
-    for _ in 0..100 {
-        if !pids.iter().any(alive) {
+        pids.retain(|pid| is_live(*pid));
+        pids.sort_unstable();
+        pids.dedup();
+        if pids.is_empty() {
             return Ok(());
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
+        let args: Vec<String> = std::iter::once("-KILL".to_owned())
+            .chain(pids.iter().map(ToString::to_string))
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        // Some may have exited since they were listed: that is what we wanted.
+        let _ = run("kill", &args);
+        // Gone before the next pass lists again.
+        for _ in 0..100 {
+            if !pids.iter().any(|pid| is_live(*pid)) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
     }
-    let left: Vec<String> = pids
-        .iter()
-        .filter(|p| alive(p))
-        .map(ToString::to_string)
-        .collect();
-    bail!("still running after SIGKILL: {}", left.join(", "))
+    bail!("node processes still running after 20 rounds of SIGKILL")
 }
 
 /// Whether `pid` runs: a zombie holds nothing but its entry, until this machine's init (which
