@@ -33,8 +33,9 @@ const ROLL_OUT: Duration = Duration::from_mins(2);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_role_runs_as_pods_on_a_real_node() {
     let _ = tracing_subscriber::fmt().with_env_filter("info").try_init();
-    let machine_before = HostSnapshot::take().unwrap();
     let prepared = NodeHost::prepare().unwrap();
+    // After any clean-up of an earlier killed run's node, which `prepare` does first.
+    let machine_before = prepared.machine_before().clone();
     let spec = FleetSpec::empty()
         .with_seed("seed-a")
         .with_project("demo")

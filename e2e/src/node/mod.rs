@@ -119,6 +119,12 @@ impl NodeHost {
         Ok(host)
     }
 
+    /// The machine as `prepare` found it, after cleaning up after a killed node if there was one
+    /// (what teardown puts back).
+    pub fn machine_before(&self) -> &HostSnapshot {
+        &self.before
+    }
+
     /// Starts containerd, kubelet, kube-proxy and kube-scheduler against `cluster` (which must
     /// have been started with [`NODE_ADDRESS`] as its pod address) and waits until the node is
     /// Ready and untainted.
