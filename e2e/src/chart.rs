@@ -102,6 +102,26 @@ pub fn helm() -> Result<PathBuf> {
     .map_err(anyhow::Error::msg)
 }
 
+/// Runs helm with `args` against the cluster of `kubeconfig`: its output (stdout, then stderr),
+/// or an error that carries it.
+pub fn run(kubeconfig: &Path, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(helm()?)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .output()
+        .context("running helm")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!("helm {args:?} failed ({}):\n{text}", out.status);
+    }
+    Ok(text)
+}
+
 /// `helm template` of the chart for `role` (`master` or `seed`) with `--set` `values`: every
 /// object it renders, as JSON.
 pub fn render(role: &str, values: &[(&str, &str)]) -> Result<Vec<Value>> {

@@ -13,22 +13,23 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use base64::Engine as _;
 use futures::future::try_join_all;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::assets::control_plane_binaries;
-use crate::certs::{CertPem, ClusterCerts};
+use crate::certs::ClusterCerts;
 use crate::process::{Proc, wait_process};
 
 mod controller_manager;
 mod etcd;
+mod kubeconfig;
 
 use etcd::start_etcd;
+use kubeconfig::{admin_kubeconfig, client_cert_credentials, kubeconfig_yaml, write_pki};
+pub use kubeconfig::{client_from_kubeconfig, kube_config};
 
 /// How long `start` waits for etcd, then for kube-apiserver, each. Generous: several control
 /// planes start at once on a small, shared machine.
@@ -44,6 +45,8 @@ pub struct ControlPlane {
     port: u16,
     etcd_url: String,
     kubeconfig: String,
+    /// [`ControlPlane::in_cluster_kubeconfig_yaml`].
+    in_cluster_kubeconfig: String,
     config: kube::Config,
     certs: ClusterCerts,
     binaries: PathBuf,
@@ -124,13 +127,18 @@ impl ControlPlane {
         let mut last_err = None;
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port()?;
-            let kubeconfig = admin_kubeconfig(name, port, &certs)?;
+            let kubeconfig = admin_kubeconfig(name, &loopback_url(port), &certs)?;
+            let in_cluster_kubeconfig = match pod_address {
+                Some(ip) => admin_kubeconfig(name, &format!("https://{ip}:{port}"), &certs)?,
+                None => kubeconfig.clone(),
+            };
             let config = kube_config(&kubeconfig).await?;
             let cp = ControlPlane {
                 name: name.to_owned(),
                 port,
                 etcd_url: etcd_url.clone(),
                 kubeconfig,
+                in_cluster_kubeconfig,
                 config,
                 certs,
                 binaries: binaries.clone(),
@@ -181,7 +189,7 @@ impl ControlPlane {
     /// `https://127.0.0.1:<port>`; the same across [`stop_apiserver`](Self::stop_apiserver) and
     /// [`start_apiserver`](Self::start_apiserver).
     pub fn url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
+        loopback_url(self.port)
     }
 
     /// kube-apiserver's port on 127.0.0.1.
@@ -203,12 +211,7 @@ impl ControlPlane {
     /// or on the master holds. It names [`StartOptions::pod_address`] when the control plane has
     /// one (a pod's 127.0.0.1 is the pod itself), else it is [`ControlPlane::kubeconfig_yaml`].
     pub fn in_cluster_kubeconfig_yaml(&self) -> String {
-        match self.pod_address {
-            Some(ip) => self
-                .kubeconfig
-                .replace(&self.url(), &format!("https://{ip}:{}", self.port)),
-            None => self.kubeconfig.clone(),
-        }
+        self.in_cluster_kubeconfig.clone()
     }
 
     /// [`StartOptions::pod_address`].
@@ -238,7 +241,7 @@ impl ControlPlane {
         let cert = self.certs.ca.client_cert(user, groups)?;
         kubeconfig_yaml(
             &self.name,
-            self.port,
+            &self.url(),
             self.certs.ca.cert_pem(),
             &format!("{}-{user}", self.name),
             &client_cert_credentials(&cert),
@@ -251,7 +254,7 @@ impl ControlPlane {
         let credentials = serde_json::json!({ "token": token });
         kubeconfig_yaml(
             &self.name,
-            self.port,
+            &self.url(),
             self.certs.ca.cert_pem(),
             user,
             &credentials,
@@ -616,6 +619,10 @@ rules:
   - level: Metadata
 ";
 
+fn loopback_url(port: u16) -> String {
+    format!("https://127.0.0.1:{port}")
+}
+
 /// A free port on 127.0.0.1, never the same twice in this process. Another process may still
 /// take it before our child binds it; callers retry on "address already in use".
 fn free_port() -> Result<u16> {
@@ -630,76 +637,4 @@ fn free_port() -> Result<u16> {
             return Ok(port);
         }
     }
-}
-
-fn write_pki(dir: &Path, certs: &ClusterCerts) -> Result<()> {
-    let pki = dir.join("pki");
-    std::fs::create_dir_all(&pki)?;
-    for (file, text) in [
-        ("ca.crt", certs.ca.cert_pem()),
-        ("apiserver.crt", &certs.serving.cert),
-        ("apiserver.key", &certs.serving.key),
-        ("sa.key", &certs.service_account_key),
-        ("sa.pub", &certs.service_account_pub),
-    ] {
-        std::fs::write(pki.join(file), text).with_context(|| format!("writing {file}"))?;
-    }
-    Ok(())
-}
-
-fn admin_kubeconfig(name: &str, port: u16, certs: &ClusterCerts) -> Result<String> {
-    let credentials = client_cert_credentials(&certs.admin);
-    kubeconfig_yaml(
-        name,
-        port,
-        certs.ca.cert_pem(),
-        &format!("{name}-admin"),
-        &credentials,
-    )
-}
-
-fn b64(s: &str) -> String {
-    base64::engine::general_purpose::STANDARD.encode(s)
-}
-
-/// A kubeconfig user entry that presents a client certificate.
-fn client_cert_credentials(client: &CertPem) -> serde_json::Value {
-    serde_json::json!({
-        "client-certificate-data": b64(&client.cert),
-        "client-key-data": b64(&client.key),
-    })
-}
-
-/// A kubeconfig for the API server on 127.0.0.1:`port`, trusting `ca_pem`, as the user entry
-/// `user` with `credentials` (a client certificate, or a token).
-fn kubeconfig_yaml(
-    name: &str,
-    port: u16,
-    ca_pem: &str,
-    user: &str,
-    credentials: &serde_json::Value,
-) -> Result<String> {
-    let doc = serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": name, "cluster": {
-            "server": format!("https://127.0.0.1:{port}"),
-            "certificate-authority-data": b64(ca_pem),
-        }}],
-        "users": [{"name": user, "user": credentials}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
-        "current-context": name,
-    });
-    Ok(serde_saphyr::to_string(&doc)?)
-}
-
-/// A `kube::Config` from kubeconfig text.
-pub async fn kube_config(kubeconfig_yaml: &str) -> Result<kube::Config> {
-    let kubeconfig = Kubeconfig::from_yaml(kubeconfig_yaml).context("parsing kubeconfig")?;
-    Ok(kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?)
-}
-
-/// A `kube::Client` from kubeconfig text (for example a kubeconfig read from a Secret).
-pub async fn client_from_kubeconfig(kubeconfig_yaml: &str) -> Result<kube::Client> {
-    Ok(kube::Client::try_from(kube_config(kubeconfig_yaml).await?)?)
 }

@@ -30,19 +30,7 @@ const SEED_INSTALL: [&str; 9] = [
 
 /// Runs helm against the cluster of `kubeconfig`; panics with helm's output when it fails.
 fn helm(kubeconfig: &Path, args: &[&str]) -> String {
-    let out = std::process::Command::new(chart::helm().unwrap())
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "helm {args:?} failed:\n{text}");
-    text
+    chart::run(kubeconfig, args).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn args_of(deployment: &Deployment) -> Vec<String> {

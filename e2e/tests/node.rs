@@ -171,16 +171,9 @@ async fn the_webhook_answers_through_its_service(fleet: &Fleet) {
         .await
     {
         // Seen once: the API server found no IP SAN in the served certificate. Say what it was.
-        let served = std::process::Command::new("sh")
-            .args(["-c", &format!(
-                "openssl s_client -connect {WEBHOOK_CLUSTER_IP}:443 </dev/null 2>/dev/null | openssl x509 -noout -text"
-            )])
-            .output()
-            .unwrap();
-        panic!(
-            "the first Machine: {e}\nthe webhook Service serves:\n{}",
-            String::from_utf8_lossy(&served.stdout)
-        );
+        let served = rotation::served_certificate().await;
+        let text = served.map_or_else(|| "nothing".to_owned(), |pem| rotation::x509(&pem, &["-text"]));
+        panic!("the first Machine: {e}\nthe webhook Service serves:\n{text}");
     }
     let denied = machines
         .create(&PostParams::default(), &vsphere("too-big", 7))
@@ -335,14 +328,16 @@ impl Burst {
                 tokio::spawn(async move {
                     let (mut created, mut failures) = (0, Vec::new());
                     let mut i = 0;
+                    // A steady pace (at most 10 creates a second per client), not a wait.
+                    let mut pace = tokio::time::interval(Duration::from_millis(100));
                     while !stop.load(Ordering::Relaxed) {
+                        pace.tick().await;
                         let name = format!("{what}-{client}-{i}");
                         i += 1;
                         match machines.create(&PostParams::default(), &vsphere(&name, 1)).await {
                             Ok(_) => created += 1,
                             Err(e) => failures.push(format!("{name}: {e}")),
                         }
-                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     (created, failures)
                 })

@@ -202,55 +202,60 @@ async fn holder_of(leases: &Api<Lease>, name: &str) -> Result<Option<String>> {
 /// at its next round, long before the lease (five minutes here) would have expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_leader_releases_the_lease() -> Result<()> {
-    use kkp_quota_crds::runtime::ops::Readiness;
     let fleet = Fleet::start(FleetSpec::empty()).await?;
     let master = fleet.master().client();
-    let config = |identity: &str| {
-        let mut config = LeaseConfig::new("default", "handover", identity);
-        config.lease_duration = Duration::from_mins(5);
-        config.renew_every = Duration::from_millis(200);
-        config
-    };
     let leases: Api<Lease> = Api::namespaced(master.clone(), "default");
+    let holder_is = |identity: &'static str| {
+        let leases = leases.clone();
+        move || {
+            let leases = leases.clone();
+            async move {
+                holder_of(&leases, "handover")
+                    .await
+                    .ok()
+                    .flatten()
+                    .filter(|h| h == identity)
+            }
+        }
+    };
     let (stop_a, stopped) = tokio::sync::oneshot::channel::<()>();
-    let a = LeaderElector::new(master.clone(), config("a"));
-    let a = tokio::spawn(async move {
-        a.run_until(&Readiness::default(), std::future::pending::<()>(), async {
-            let _ = stopped.await;
-        })
-        .await
+    let (a, _) = candidate(&master, "a", async {
+        let _ = stopped.await;
     });
-    wait_for(DEADLINE, "a leads", || async {
-        holder_of(&leases, "handover")
-            .await
-            .ok()
-            .flatten()
-            .filter(|h| h == "a")
-    })
-    .await?;
-    let b = LeaderElector::new(master.clone(), config("b"));
-    let _b = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-        b.run_until(
-            &Readiness::default(),
-            std::future::pending::<()>(),
-            std::future::pending(),
-        )
-        .await
-    }));
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_for(DEADLINE, "a leads", holder_is("a")).await?;
+    let (_b, b_ready) = candidate(&master, "b", std::future::pending());
+    // A candidate is ready as a standby once a round has found the lease held by another.
+    wait_for(DEADLINE, "b is a standby", || async { b_ready.is_ready() }).await?;
     ensure!(
         holder_of(&leases, "handover").await?.as_deref() == Some("a"),
         "b took a live lease"
     );
     stop_a.send(()).ok();
     ensure!(a.await?.is_ok_and(|out| out.is_none()), "a did not stop cleanly");
-    wait_for(DEADLINE, "b takes the released lease", || async {
-        holder_of(&leases, "handover")
-            .await
-            .ok()
-            .flatten()
-            .filter(|h| h == "b")
-    })
-    .await?;
+    wait_for(DEADLINE, "b takes the released lease", holder_is("b")).await?;
     Ok(())
+}
+
+/// A candidate for the lease `default/handover` (five minutes, renewed every 200 ms) whose work
+/// never ends, until `shutdown`; its task (aborted when dropped) and its readiness.
+fn candidate(
+    master: &kube::Client,
+    identity: &str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> (
+    tokio_util::task::AbortOnDropHandle<Result<Option<()>, kkp_quota_crds::runtime::RuntimeError>>,
+    kkp_quota_crds::runtime::ops::Readiness,
+) {
+    let mut config = LeaseConfig::new("default", "handover", identity);
+    config.lease_duration = Duration::from_mins(5);
+    config.renew_every = Duration::from_millis(200);
+    let elector = LeaderElector::new(master.clone(), config);
+    let readiness = kkp_quota_crds::runtime::ops::Readiness::default();
+    let ready = readiness.clone();
+    let task = tokio::spawn(async move {
+        elector
+            .run_until(&ready, std::future::pending::<()>(), shutdown)
+            .await
+    });
+    (tokio_util::task::AbortOnDropHandle::new(task), readiness)
 }

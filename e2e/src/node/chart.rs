@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -61,24 +61,12 @@ pub fn seed_values(seed: &str) -> Vec<String> {
 
 /// Runs helm against `cluster` in the chart's namespace; its output, or an error with it.
 pub fn helm(cluster: &ControlPlane, args: &[&str], values: &[String]) -> Result<String> {
-    let mut command = std::process::Command::new(crate::chart::helm()?);
-    command
-        .args(args)
-        .args(["--namespace", NAMESPACE, "--kubeconfig"])
-        .arg(cluster.kubeconfig_path());
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--namespace", NAMESPACE]);
     for value in values {
-        command.arg("--set").arg(value);
+        all.extend(["--set", value.as_str()]);
     }
-    let out = command.output().context("running helm")?;
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    if !out.status.success() {
-        bail!("helm {args:?} failed ({}):\n{text}", out.status);
-    }
-    Ok(text)
+    crate::chart::run(&cluster.kubeconfig_path(), &all)
 }
 
 /// `helm install kkp-quota <chart> --set role=seed ...` on `cluster`.

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
@@ -67,12 +68,7 @@ impl HostSnapshot {
     /// Reads the state now.
     pub fn take() -> Result<HostSnapshot> {
         Ok(HostSnapshot {
-            addresses: lines(&run("ip", &["-o", "addr", "show"])?)
-                .map(|l| {
-                    // "1: lo    inet 127.0.0.1/8 scope host lo\ ..." -> "lo inet 127.0.0.1/8"
-                    l.split_whitespace().skip(1).take(3).collect::<Vec<_>>().join(" ")
-                })
-                .collect(),
+            addresses: addresses()?,
             links: link_names()?,
             iptables: rules(&run("iptables-save", &[])?),
             ip6tables: rules(&run("ip6tables-save", &[])?),
@@ -185,21 +181,22 @@ impl HostSnapshot {
     }
 
     fn remove_cgroups(&self) -> Result<()> {
-        // A killed process leaves its cgroup a moment after the signal: retry for a while.
-        for _ in 0..50 {
+        // A killed process leaves its cgroup a moment after the signal: retry until the deadline.
+        let removed = poll_until(Duration::from_secs(5), || {
             let mut left = kubepods_cgroups();
             left.retain(|c| !self.cgroups.contains(c));
-            if left.is_empty() {
-                return Ok(());
-            }
             // Deepest first: a cgroup with children cannot be removed.
             left.sort_by_key(|c| std::cmp::Reverse(c.matches('/').count()));
             for cgroup in &left {
                 let _ = std::fs::remove_dir(cgroup);
             }
-            std::thread::sleep(std::time::Duration::from_millis(100));
+            left.is_empty()
+        });
+        if removed {
+            Ok(())
+        } else {
+            bail!("cgroups left: {}", kubepods_cgroups().join(", "))
         }
-        bail!("cgroups left: {}", kubepods_cgroups().join(", "))
     }
 
     fn remove_links(&self) -> Result<()> {
@@ -232,7 +229,7 @@ impl HostSnapshot {
     }
 
     fn remove_addresses(&self) -> Result<()> {
-        let now = HostSnapshot::take_addresses()?;
+        let now = addresses()?;
         for address in now.iter().filter(|a| !self.addresses.contains(a)) {
             // "lo inet 10.99.0.1/32"
             let parts: Vec<&str> = address.split_whitespace().collect();
@@ -241,12 +238,6 @@ impl HostSnapshot {
             }
         }
         Ok(())
-    }
-
-    fn take_addresses() -> Result<Vec<String>> {
-        Ok(lines(&run("ip", &["-o", "addr", "show"])?)
-            .map(|l| l.split_whitespace().skip(1).take(3).collect::<Vec<_>>().join(" "))
-            .collect())
     }
 
     fn remove_paths(&self) -> Result<()> {
@@ -295,15 +286,33 @@ fn kill_pods_and_shims(node_dir: &Path) -> Result<()> {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // Some may have exited since they were listed: that is what we wanted.
         let _ = run("kill", &args);
-        // Gone before the next pass lists again.
-        for _ in 0..100 {
-            if !pids.iter().any(|pid| is_live(*pid)) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
+        // Gone before the next pass lists again (one that is not is listed again).
+        poll_until(Duration::from_secs(5), || !pids.iter().any(|pid| is_live(*pid)));
     }
     bail!("node processes still running after 20 rounds of SIGKILL")
+}
+
+/// Checks `done` until it holds or `timeout` has passed; whether it held. Synchronous, for
+/// teardown in `Drop` (the async twin is [`crate::wait_for`]).
+fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The machine's addresses, one `"<device> <family> <address>/<prefix>"` each
+/// (`ip -o addr show`: "1: lo    inet 127.0.0.1/8 scope host lo ..." -> "lo inet 127.0.0.1/8").
+fn addresses() -> Result<Vec<String>> {
+    Ok(lines(&run("ip", &["-o", "addr", "show"])?)
+        .map(|l| l.split_whitespace().skip(1).take(3).collect::<Vec<_>>().join(" "))
+        .collect())
 }
 
 /// Whether `pid` runs: a zombie holds nothing but its entry, until this machine's init (which

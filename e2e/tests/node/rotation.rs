@@ -42,7 +42,9 @@ pub async fn the_certificate_rotates_while_the_pods_serve(
     wait_for(
         Duration::from_mins(2),
         "the webhook Service serving it",
-        || async { (served_fingerprint().await.as_deref() == Some(want.as_str())).then_some(()) },
+        || async {
+            (served_certificate().await.map(|pem| fingerprint(&pem)) == Some(want.clone())).then_some(())
+        },
     )
     .await
     .unwrap_or_else(|e| panic!("{e:#} (kubelet log: {})", node_dir.join("kubelet.log").display()));
@@ -55,8 +57,14 @@ pub async fn the_certificate_rotates_while_the_pods_serve(
 
 /// SHA-256 fingerprint of the first certificate in `pem`, as openssl prints it.
 fn fingerprint(pem: &str) -> String {
+    x509(pem, &["-fingerprint", "-sha256"])
+}
+
+/// `openssl x509 -noout <args>` of the first certificate in `pem`.
+pub fn x509(pem: &str, args: &[&str]) -> String {
     let mut child = std::process::Command::new("openssl")
-        .args(["x509", "-noout", "-fingerprint", "-sha256"])
+        .args(["x509", "-noout"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -67,15 +75,10 @@ fn fingerprint(pem: &str) -> String {
         .to_owned()
 }
 
-/// The fingerprint of the certificate served at the webhook Service's `ClusterIP`.
-async fn served_fingerprint() -> Option<String> {
+/// The certificate served at the webhook Service's `ClusterIP` (PEM).
+pub async fn served_certificate() -> Option<String> {
     let out = tokio::process::Command::new("openssl")
-        .args([
-            "s_client",
-            "-connect",
-            &format!("{WEBHOOK_CLUSTER_IP}:443"),
-            "-showcerts",
-        ])
+        .args(["s_client", "-connect", &format!("{WEBHOOK_CLUSTER_IP}:443")])
         .stdin(std::process::Stdio::null())
         .output()
         .await
@@ -83,5 +86,5 @@ async fn served_fingerprint() -> Option<String> {
     let text = String::from_utf8_lossy(&out.stdout);
     let start = text.find("-----BEGIN CERTIFICATE-----")?;
     let end = text[start..].find("-----END CERTIFICATE-----")? + start + "-----END CERTIFICATE-----".len();
-    Some(fingerprint(&text[start..end]))
+    Some(text[start..end].to_owned())
 }
