@@ -51,7 +51,7 @@ chart-check:
 	deploy/charts/check.sh
 
 test: system-deps control-plane lint rules-test chart-check
-	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) test --workspace --locked --no-fail-fast
+	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" CARGO=$(CARGO) e2e/test-all.sh
 
 demo: control-plane $(if $(NODE),system-deps)
 	$(CARGO) build --locked --bins -p e2e -p master-controller -p seed-controller -p machine-webhook

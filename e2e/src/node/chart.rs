@@ -82,7 +82,7 @@ pub async fn wait_rolled_out(client: &kube::Client, component: &str, timeout: Du
     let name = format!("kkp-quota-{component}");
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
-    crate::wait_for(timeout, &format!("{name} rolled out"), || async {
+    let rolled_out = crate::wait_for(timeout, &format!("{name} rolled out"), || async {
         let d = deployments.get(&name).await.ok()?;
         let want = d.spec.as_ref()?.replicas.unwrap_or(1);
         let status = d.status.as_ref()?;
@@ -97,8 +97,83 @@ pub async fn wait_rolled_out(client: &kube::Client, component: &str, timeout: Du
             .ok()?;
         (done && listed.items.len() == usize::try_from(want).ok()?).then_some(())
     })
-    .await
-    .with_context(|| format!("{name} did not roll out"))
+    .await;
+    if rolled_out.is_err() {
+        let report = pod_report(client, component).await;
+        return rolled_out.with_context(|| format!("{name} did not roll out: {report}"));
+    }
+    Ok(())
+}
+
+/// One line on each pod of `component` and on the node, for a roll-out that did not finish: the
+/// phase, every container's waiting or terminated reason, where the pod is scheduled, and the
+/// node's pressure conditions and taints.
+async fn pod_report(client: &kube::Client, component: &str) -> String {
+    let mut lines = Vec::new();
+    for pod in pods_of(client, component).await.unwrap_or_default() {
+        let status = pod.status.clone().unwrap_or_default();
+        let containers: Vec<String> = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .filter_map(|c| {
+                let state = c.state.as_ref()?;
+                let (reason, message) = match (&state.waiting, &state.terminated) {
+                    (Some(w), _) => (w.reason.clone(), w.message.clone()),
+                    (_, Some(t)) => (t.reason.clone(), t.message.clone()),
+                    _ => return None,
+                };
+                Some(format!(
+                    "{} {} {}",
+                    c.name,
+                    reason.unwrap_or_default(),
+                    message.unwrap_or_default()
+                ))
+            })
+            .collect();
+        let unscheduled: Vec<String> = status
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| c.type_ == "PodScheduled" && c.status != "True")
+            .map(|c| format!("unscheduled: {}", c.message.clone().unwrap_or_default()))
+            .collect();
+        lines.push(format!(
+            "pod {} {} ready={} {}",
+            pod.metadata.name.clone().unwrap_or_default(),
+            status.phase.clone().unwrap_or_default(),
+            is_ready(&pod),
+            [containers, unscheduled].concat().join("; ")
+        ));
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    for node in nodes
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let conditions: Vec<String> = node
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| (c.type_ == "Ready") != (c.status == "True"))
+            .map(|c| format!("{}={}", c.type_, c.status))
+            .collect();
+        let taints: Vec<String> = node
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| t.key)
+            .collect();
+        lines.push(format!(
+            "node {} conditions off: {conditions:?}, taints: {taints:?}",
+            node.metadata.name.unwrap_or_default()
+        ));
+    }
+    lines.join(" | ")
 }
 
 /// The pods of `component`, by name.

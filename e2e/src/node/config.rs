@@ -95,8 +95,9 @@ authorization: {{mode: AlwaysAllow}}
 resolvConf: ""
 failSwapOn: false
 # A shared CI disk must not evict the test's pods, nor collect their images (they cannot be
-# pulled again).
-evictionHard: {{memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}}
+# pulled again): "0%" turns a disk threshold off (a nearly full CI disk would otherwise put the
+# node under DiskPressure, tainted and evicting).
+evictionHard: {{memory.available: 100Mi, nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%", imagefs.inodesFree: "0%"}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 # Status often enough that the node is Ready soon after start.
