@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager and etcd, and a node's kube-scheduler, kubelet and
-# kube-proxy, from their published Go modules (wrapper modules beside this script) into a cache
-# directory keyed by version, and prints the directory that holds them.
+# Builds kube-apiserver, kube-controller-manager and etcd, a node's kube-scheduler, kubelet and
+# kube-proxy, and kubectl from their published Go modules (wrapper modules beside this script)
+# into a cache directory keyed by version, and prints the directory that holds them.
 #
 #   KUBEBUILDER_ASSETS=/dir   use the binaries in /dir, build nothing (the envtest convention)
 #   KKP_QUOTA_CACHE=/dir      cache root (default: ${XDG_CACHE_HOME:-~/.cache}/kkp-quota)
@@ -52,4 +52,6 @@ build kube-controller-manager kube-apiserver k8s.io/kubernetes/cmd/kube-controll
 build kube-scheduler kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler "$kube_ldflags"
 build kubelet kube-apiserver k8s.io/kubernetes/cmd/kubelet "$kube_ldflags"
 build kube-proxy kube-apiserver k8s.io/kubernetes/cmd/kube-proxy "$kube_ldflags"
+# kubectl, for the tests that read what a user sees (warnings, dry-run answers).
+build kubectl kube-apiserver k8s.io/kubernetes/cmd/kubectl "$kube_ldflags"
 echo "$out"

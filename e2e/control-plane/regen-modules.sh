@@ -24,7 +24,8 @@ gomod=$(go mod download -json "k8s.io/kubernetes@${KUBE_VERSION}" | sed -n 's/.*
 } > go.mod
 rm -f go.sum
 go get "k8s.io/kubernetes/cmd/kube-apiserver@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-controller-manager@${KUBE_VERSION}" \
-  "k8s.io/kubernetes/cmd/kubelet@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-scheduler@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-proxy@${KUBE_VERSION}"
+  "k8s.io/kubernetes/cmd/kubelet@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-scheduler@${KUBE_VERSION}" "k8s.io/kubernetes/cmd/kube-proxy@${KUBE_VERSION} \
+  "k8s.io/kubernetes/cmd/kubectl@${KUBE_VERSION}"
 go mod tidy
 
 cd "$here/etcd"

@@ -55,3 +55,16 @@ pub fn build_script() -> PathBuf {
         .join("control-plane")
         .join("build.sh")
 }
+
+/// `kubectl`, which `e2e/control-plane/build.sh` builds beside kube-apiserver (an envtest
+/// directory in `KUBEBUILDER_ASSETS` may have none).
+pub fn kubectl() -> Result<PathBuf> {
+    let path = control_plane_binaries()?.join("kubectl");
+    if !path.is_file() {
+        bail!(
+            "{} is missing: e2e/control-plane/build.sh builds it beside kube-apiserver",
+            path.display()
+        );
+    }
+    Ok(path)
+}

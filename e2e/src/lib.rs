@@ -72,6 +72,7 @@ pub mod components;
 pub mod control_plane;
 pub mod demo;
 pub mod fleet;
+pub mod kubectl;
 pub mod machines;
 pub mod node;
 pub mod pprof;

@@ -36,9 +36,7 @@ use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{
-    Ask, LedgerGap, Reason, Request as DecisionRequest, Verdict, decide, decide_without_ledger, rollout_hint,
-};
+use crate::decision::{Ask, Reason, Request as DecisionRequest, Verdict, decide, rollout_hint};
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::owners::{owner, reconciling_owner};
@@ -449,17 +447,14 @@ impl App {
             );
         };
         tracing::Span::current().record("project", project.as_str());
-        let Some(quota) = self.cache.quota_for(&project) else {
-            // KKP's copy of the quota without its ledger: the project has a quota here that
-            // cannot be checked; only without either has it none.
-            return match self.cache.kkp_quota_for(&project) {
-                Some(kkp) => decide_without_ledger(&project, &kkp, LedgerGap::Missing, request),
-                None => decide(&project, None, request),
-            };
-        };
-        if matches!(request.ask, Ask::Unsizeable(_)) {
-            let state = QuotaCopy::from_dynamic(&quota).ok().and_then(|c| c.state().ok());
-            return decide(&project, state.as_ref(), request);
+        // Dry runs and Machines that cannot be sized write nothing; without a ledger in the
+        // cache (KKP's copy of the quota alone is here: refused, since it cannot be checked; no
+        // quota at all: passed), neither is there anything to write.
+        if matches!(request.ask, Ask::Unsizeable(_))
+            || request.dry_run
+            || self.cache.quota_for(&project).is_none()
+        {
+            return self.reserver.decide_without_writing(&project, request);
         }
         self.reserver.submit(&project, machine, request.clone()).await
     }

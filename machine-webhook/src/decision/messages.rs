@@ -133,3 +133,73 @@ pub(super) fn held_note(exceeded: &[Exceeded], allotted: &ResourceDetails) -> St
         )
     }
 }
+
+/// Above this fraction of a limit (`NEAR_LIMIT.0 / NEAR_LIMIT.1`, 80 %), an admission warns.
+const NEAR_LIMIT: (i128, i128) = (4, 5);
+
+/// The warning for an admission that leaves the project above 80 % of a limit, naming every such
+/// resource: `project "demo" now uses 14 of 16 cpu (above 80 % of its quota)`. Resources already
+/// over the limit are left to [`over_quota_warnings`].
+pub fn near_limit_warnings(project: &str, state: &QuotaState, growth: &ResourceDetails) -> Vec<String> {
+    let Ok(after) = state.used().and_then(|used| {
+        used.checked_add(growth)
+            .map_err(|e| super::StateError(e.to_string()))
+    }) else {
+        return Vec::new();
+    };
+    let near: Vec<String> = state
+        .limit
+        .iter()
+        .filter(|&(r, limit)| {
+            let used = after.amount(r).as_nanos();
+            let limit = limit.as_nanos();
+            used <= limit && used.saturating_mul(NEAR_LIMIT.1) > limit.saturating_mul(NEAR_LIMIT.0)
+        })
+        .map(|(r, limit)| uses(r, after.amount(r), limit))
+        .collect();
+    if near.is_empty() {
+        return Vec::new();
+    }
+    vec![format!(
+        "project {project:?} now uses {} (above {} % of its quota)",
+        join_human(&near),
+        NEAR_LIMIT.0 * 100 / NEAR_LIMIT.1
+    )]
+}
+
+/// How many Machines of `size` fit beside what the project uses now: the fewest over every
+/// limited resource the size asks for (`None`: no limit applies to it).
+pub fn machines_that_fit(state: &QuotaState, size: &ResourceDetails) -> Option<u64> {
+    let used = state.used().ok()?;
+    state
+        .limit
+        .iter()
+        .filter(|&(r, _)| size.amount(r) > Quantity::ZERO)
+        .map(|(r, limit)| {
+            let room = limit.saturating_sub_to_zero(used.amount(r)).as_nanos();
+            u64::try_from(room / size.amount(r).as_nanos()).unwrap_or(u64::MAX)
+        })
+        .min()
+}
+
+/// The answer a dry-run create carries: nothing was reserved, and how many Machines of its size
+/// the quota has room for now.
+pub fn dry_run_answer(project: &str, state: &QuotaState, size: &ResourceDetails) -> String {
+    // What one Machine is made of; the count of Machines (1) goes without saying.
+    let described: Vec<String> = size
+        .iter()
+        .filter(|&(r, q)| r != Resource::Machines && q > Quantity::ZERO)
+        .map(|(r, q)| r.describe(q))
+        .collect();
+    let size_text = join_human(&described);
+    let room = match machines_that_fit(state, size) {
+        None => "its quota does not limit what this Machine needs".to_owned(),
+        Some(1) => format!("1 Machine of this size ({size_text}) fits in its quota now"),
+        Some(n) => format!("{n} Machines of this size ({size_text}) fit in its quota now"),
+    };
+    format!("dry run, nothing was reserved: in project {project:?}, {room}")
+}
+
+/// Added to a dry run that fits the quota while the room is held by another seed or webhook
+/// process: a real create waits for it (and asks for it); a dry run moves nothing.
+pub const DRY_RUN_ROOM_ELSEWHERE: &str = "dry run: part of the room is held by another seed or webhook process now; a real create waits a few seconds for it to move here";

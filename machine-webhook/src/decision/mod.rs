@@ -31,7 +31,10 @@ mod surge;
 mod tests;
 
 pub use gap::{LedgerGap, decide_batch_without_ledger, decide_without_ledger, is_counted, is_counted_json};
-pub use messages::{ROLLOUT_WAYS_OUT, exceeded_detail, over_quota_warnings, rollout_blocked, rollout_hint};
+pub use messages::{
+    ROLLOUT_WAYS_OUT, dry_run_answer, exceeded_detail, machines_that_fit, near_limit_warnings,
+    over_quota_warnings, rollout_blocked, rollout_hint,
+};
 pub use state::{QuotaState, SeedCapacity, StateError};
 pub use surge::{Replaced, decide_surge};
 
@@ -245,7 +248,7 @@ pub struct Request {
 
 /// Decides one request. `quota` is `None` when the project has no quota.
 pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> Verdict {
-    let warnings = quota
+    let mut warnings = quota
         .map(|state| over_quota_warnings(project, state))
         .unwrap_or_default();
     let verdict = match (&request.ask, quota) {
@@ -265,6 +268,20 @@ pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> V
             Some(growth) => decide_growth(project, state, &request.machine, ask, growth),
         },
     };
+    // A dry run never asks for share: one that fits the quota but waits for room held elsewhere
+    // is answered as the real create would end, admitted, and says so.
+    let verdict = if request.dry_run && verdict.reason == Reason::ShareInTransit {
+        warnings.push(messages::DRY_RUN_ROOM_ELSEWHERE.to_owned());
+        Verdict::allow(Reason::Fits)
+    } else {
+        verdict
+    };
+    if let (Some(state), Some(growth), true) = (quota, request.ask.growth(), verdict.reason == Reason::Fits) {
+        warnings.extend(near_limit_warnings(project, state, &growth));
+    }
+    if let (Some(state), Ask::Create(size), true) = (quota, &request.ask, request.dry_run) {
+        warnings.push(dry_run_answer(project, state, size));
+    }
     verdict.with_warnings(warnings)
 }
 

@@ -45,7 +45,123 @@ fn fits_and_reserves_the_size() {
             reserved: cpu("4")
         })
     );
-    assert!(v.warnings.is_empty());
+    assert_eq!(
+        v.warnings,
+        [r#"project "x8k2" now uses 16 of 16 cpu (above 80 % of its quota)"#]
+    );
+}
+
+#[test]
+fn an_admission_warns_only_above_eighty_percent_of_a_limit() {
+    let limit = details(&[(Resource::Cpu, "16"), (Resource::Memory, "64Gi")]);
+    let used = details(&[(Resource::Cpu, "8"), (Resource::Memory, "40Gi")]);
+    let size = |cpu: &str, memory: &str| details(&[(Resource::Cpu, cpu), (Resource::Memory, memory)]);
+    // 12.8 of 16 is exactly 80 %: no warning; 13 of 16 is above.
+    let at = decide(
+        "demo",
+        Some(&state(limit.clone(), used.clone())),
+        &create("m", size("4800m", "8Gi")),
+    );
+    assert!(at.allowed && at.warnings.is_empty(), "{at:?}");
+    let above = decide(
+        "demo",
+        Some(&state(limit.clone(), used.clone())),
+        &create("m", size("5", "8Gi")),
+    );
+    assert_eq!(
+        above.warnings,
+        [r#"project "demo" now uses 13 of 16 cpu (above 80 % of its quota)"#]
+    );
+    let both = decide(
+        "demo",
+        Some(&state(limit.clone(), used.clone())),
+        &create("m", size("6", "16Gi")),
+    );
+    assert_eq!(
+        both.warnings,
+        [r#"project "demo" now uses 14 of 16 cpu and 56Gi of 64Gi memory (above 80 % of its quota)"#]
+    );
+    // Denials and dry runs of nothing near the limit carry none.
+    let denied = decide(
+        "demo",
+        Some(&state(limit.clone(), used.clone())),
+        &create("m", size("9", "1Gi")),
+    );
+    assert!(!denied.allowed && denied.warnings.is_empty(), "{denied:?}");
+}
+
+#[test]
+fn a_resource_already_over_the_limit_is_warned_about_once() {
+    // Quota lowered to 10 cpu under 12 used: the over-quota warning, not a near-limit one for cpu;
+    // memory (not over) still gets its own.
+    let limit = details(&[(Resource::Cpu, "10"), (Resource::Memory, "10Gi")]);
+    let used = details(&[(Resource::Cpu, "12"), (Resource::Memory, "8Gi")]);
+    let v = decide(
+        "demo",
+        Some(&state(limit, used)),
+        &create("m", details(&[(Resource::Memory, "1Gi")])),
+    );
+    assert!(v.allowed);
+    assert_eq!(v.warnings.len(), 2, "{:?}", v.warnings);
+    assert!(v.warnings[0].contains("is over its resource quota"));
+    assert_eq!(
+        v.warnings[1],
+        r#"project "demo" now uses 9Gi of 10Gi memory (above 80 % of its quota)"#
+    );
+}
+
+#[test]
+fn a_dry_run_says_how_many_machines_of_its_size_fit() {
+    let limit = details(&[(Resource::Cpu, "16"), (Resource::Memory, "32Gi")]);
+    let used = details(&[(Resource::Cpu, "6"), (Resource::Memory, "8Gi")]);
+    let size = details(&[(Resource::Cpu, "2"), (Resource::Memory, "8Gi")]);
+    let dry = |size: ResourceDetails| Request {
+        dry_run: true,
+        ..create("m", size)
+    };
+    // cpu leaves room for 5, memory for 3.
+    let v = decide(
+        "demo",
+        Some(&state(limit.clone(), used.clone())),
+        &dry(size.clone()),
+    );
+    assert!(v.allowed);
+    assert_eq!(
+        v.warnings.last().map(String::as_str),
+        Some(
+            r#"dry run, nothing was reserved: in project "demo", 3 Machines of this size (2 cpu and 8Gi memory) fit in its quota now"#
+        )
+    );
+    // Too big: denied as a real create would be, and the answer says none fits.
+    let big = details(&[(Resource::Cpu, "12")]);
+    let v = decide(
+        "demo",
+        Some(&state(limit.clone(), used.clone())),
+        &dry(big.clone()),
+    );
+    assert!(!v.allowed);
+    assert_eq!(
+        machines_that_fit(&state(limit.clone(), used.clone()), &big),
+        Some(0)
+    );
+    assert!(
+        v.warnings
+            .last()
+            .unwrap()
+            .contains("0 Machines of this size (12 cpu)"),
+        "{v:?}"
+    );
+    // Nothing limited that it needs, and no quota at all.
+    let gpu = details(&[(Resource::Gpu, "1")]);
+    assert_eq!(machines_that_fit(&state(limit, used), &gpu), None);
+    assert!(decide("demo", None, &dry(size)).warnings.is_empty());
+    // A real create carries no dry-run answer.
+    let v = decide(
+        "demo",
+        Some(&state(details(&[(Resource::Cpu, "100")]), cpu("1"))),
+        &create("m", cpu("1")),
+    );
+    assert!(v.warnings.is_empty(), "{v:?}");
 }
 
 #[test]
@@ -380,6 +496,33 @@ fn under_shares_a_request_must_fit_the_seeds_capacity_too() {
     let v = decide("p", Some(&s), &create("m", cpu("15")));
     assert_eq!(v.reason, Reason::QuotaExceeded);
     assert_eq!(v.wants_share, None);
+}
+
+#[test]
+fn a_dry_run_waiting_for_share_is_answered_as_the_create_would_end() {
+    // The seed may commit 4 of 16 (2 used here): a 3-cpu dry run fits the quota, not the share.
+    let s = with_share(state(cpu("16"), cpu("2")), "4", &[("seed-b", "10")]);
+    let dry = Request {
+        dry_run: true,
+        ..create("m", cpu("3"))
+    };
+    let v = decide("p", Some(&s), &dry);
+    assert!(v.allowed, "{v:?}");
+    assert_eq!(
+        (v.reason, &v.wants_share, &v.reserve),
+        (Reason::Fits, &None, &None)
+    );
+    assert_eq!(v.warnings[0], messages::DRY_RUN_ROOM_ELSEWHERE);
+    assert!(
+        v.warnings[1].contains("4 Machines of this size (3 cpu) fit"),
+        "{v:?}"
+    );
+    // Over the quota itself it is refused like the create.
+    let too_big = Request {
+        dry_run: true,
+        ..create("m", cpu("15"))
+    };
+    assert_eq!(decide("p", Some(&s), &too_big).reason, Reason::QuotaExceeded);
 }
 
 #[test]

@@ -54,6 +54,7 @@ use crate::demand::{DemandClock, allotment_wanted_back, demands_after};
 use crate::metrics::Metrics;
 
 mod config;
+mod dry_run;
 mod ledger_write;
 mod standing;
 mod surge;
