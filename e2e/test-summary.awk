@@ -7,12 +7,12 @@ function out(text) {
 }
 /^ *Running / { binary = $0; sub(/^ *Running /, "", binary); sub(/ \(.*$/, "", binary) }
 /^---- .* stdout ----$/ { test = $2; in_panic = 0; next }
-test != "" && /^thread '.*' panicked at / {
-  where = $0; sub(/^thread '[^']*' panicked at /, "", where)
+test != "" && /^thread '[^']*'( \([0-9]+\))? panicked at / {
+  where = $0; sub(/^thread '[^']*'( \([0-9]+\))? panicked at /, "", where)
   out("FAILED " test " (" binary ") at " where)
   in_panic = 1; lines = 0; next
 }
-in_panic && /^note: run with `RUST_BACKTRACE/ { in_panic = 0; next }
+in_panic && /^(note: run with `RUST_BACKTRACE|[Ss]tack backtrace:)/ { in_panic = 0; next }
 in_panic { if (lines < 6) out("  " $0); lines++; next }
 /^failures:$/ { test = "" }
 END { if (printed > 16) print "(" printed - 16 " more lines in the whole output)" }

@@ -7,6 +7,7 @@ use crate::kkp_shape;
 use crate::machine::{Machine, MachineDeployment, MachineSet};
 use crate::project_quota::ProjectQuota;
 use crate::quota_ledger::QuotaLedger;
+use crate::quota_view::QuotaView;
 
 /// Annotation that marks the minimal stand-in CRDs used by the local fleet and tests.
 pub const PURPOSE_ANNOTATION: &str = "kkp-quota.dev/purpose";
@@ -113,8 +114,18 @@ fn keeping_every_field(mut crd: CustomResourceDefinition) -> CustomResourceDefin
 /// Every CRD manifest, product first.
 pub fn all() -> Vec<CrdFile> {
     let mut files = product();
+    files.extend(user_cluster());
     files.extend(fleet_only());
     files
+}
+
+/// The CRD seed-controller installs in every user cluster itself (not the chart): the users'
+/// read-only view of their project's quota.
+pub fn user_cluster() -> Vec<CrdFile> {
+    vec![CrdFile {
+        path: "user-cluster/quotaviews.kkp-quota.dev.yaml",
+        crd: QuotaView::crd(),
+    }]
 }
 
 /// The YAML text of one CRD, with a header that says where it comes from.

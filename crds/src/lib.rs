@@ -3,8 +3,9 @@
 //! - [`quantity`]: exact Kubernetes quantities.
 //! - [`resources`]: the resource set (cpu, memory, storage, gpu, machines) and its arithmetic.
 //! - [`quota`]: KKP's `ResourceQuota`, exactly in KKP's shape.
-//! - [`project_quota`], [`quota_ledger`]: this project's own objects (`kkp-quota.dev/v1alpha1`):
-//!   the master's view of a project quota, and each seed's ledger of it.
+//! - [`project_quota`], [`quota_ledger`], [`quota_view`]: this project's own objects
+//!   (`kkp-quota.dev/v1alpha1`): the master's view of a project quota, each seed's ledger of it,
+//!   and the users' read-only view of it in each user cluster.
 //! - [`ledger`]: admission reservations and allotments kept in a `QuotaLedger`'s status.
 //! - [`rollout`]: the opt-in rollout allowance (surge Machines over the limit) and its rules.
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
@@ -24,6 +25,7 @@ pub mod project_quota;
 pub mod quantity;
 pub mod quota;
 pub mod quota_ledger;
+pub mod quota_view;
 pub mod resources;
 pub mod rollout;
 #[cfg(feature = "runtime")]
@@ -36,4 +38,5 @@ pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus,
 pub use quota_ledger::{
     LastKnownSize, LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
 };
+pub use quota_view::{ClusterUse, QuotaView, QuotaViewSpec, QuotaViewStatus, ViewState};
 pub use resources::{Exceeded, Resource, ResourceDetails};

@@ -101,9 +101,9 @@ pub async fn wait_in_force(fleet: &Fleet, project: &str, timeout: Duration) -> R
                     .await
                 {
                     // 409: admitted, then found to exist (admission runs before storage).
-                    Ok(_) => Some(()),
-                    Err(kube::Error::Api(e)) if e.code == 409 => Some(()),
-                    Err(_) => None,
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+                    Err(e) => Err(e.to_string()),
                 }
             },
         )

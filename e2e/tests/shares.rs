@@ -6,6 +6,9 @@
 //! master's global usage, ever exceeds the limit.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
+#[path = "shares/view.rs"]
+mod view;
+
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -447,14 +450,19 @@ async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
     // while it is down, its own again once it is back.
     fleet.seed("seed-b").stop_apiserver().await;
     wait_seed_b(fleet, "stopped seed-b's share shown stuck", |s| s.stuck).await;
+    // The users of gamma (on seed-b) are told that what their view shows is stale.
+    let stale_after = view::stale_while_its_seed_is_down(fleet).await;
+    eprintln!("gamma's quota view stale {stale_after:?} after seed-b's share was shown stuck");
     assert_eq!(burst(fleet, &["alpha"; 2], "a-full").await, 0);
     fleet.seed("seed-b").start_apiserver().await.unwrap();
+    view::current_again(fleet).await;
     wait_seed_b(fleet, "restarted seed-b's share no longer stuck", |s| {
         !s.stuck && s.share.is_some()
     })
     .await;
     delete_all(fleet, &["alpha", "gamma"]).await;
     wait_idle(fleet).await;
+    view::the_users_view_follows_the_project(fleet).await;
 
     let _ = stop.send(());
     watching.await.unwrap();

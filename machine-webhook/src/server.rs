@@ -454,7 +454,7 @@ impl App {
             || request.dry_run
             || self.cache.quota_for(&project).is_none()
         {
-            return self.reserver.decide_without_writing(&project, request);
+            return self.reserver.decide_without_writing(&project, request).await;
         }
         self.reserver.submit(&project, machine, request.clone()).await
     }

@@ -305,6 +305,11 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
             webhook_config::keep(client.clone(), Arc::clone(&shared), name.clone()).in_current_span(),
         ))
     });
+    let _view = shared.config.quota_view.then(|| {
+        AbortOnDropHandle::new(tokio::spawn(
+            crate::view::keep(client.clone(), Arc::clone(&shared), name.clone()).in_current_span(),
+        ))
+    });
     // Machines queued before the sender existed (initial listing) are re-sent by `account` on
     // the next listing; the first listing comes after this point anyway.
     let api: Api<Machine> = Api::namespaced(client, &namespace);

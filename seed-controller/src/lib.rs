@@ -11,6 +11,7 @@
 //!   dropped reservations, expired allotments and demands, and the share released, in one
 //!   compare-and-swap write).
 //! - [`webhook_config`]: the `ValidatingWebhookConfiguration` kept in every user cluster.
+//! - [`view`]: the users' read-only `QuotaView` of their project's quota in every user cluster.
 //!
 //! [`Controller`] ties them together; [`run`] adds the ops server and leader election.
 
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod shares;
 pub mod state;
 pub mod usage;
+pub mod view;
 pub mod webhook_cert;
 pub mod webhook_config;
 pub mod writer;
@@ -214,6 +216,10 @@ pub struct Config {
     /// Log JSON lines instead of text.
     #[arg(long, env = "SEED_CONTROLLER_LOG_JSON")]
     pub log_json: bool,
+    /// Keep a read-only `QuotaView` of its project's quota in every user cluster (installs the
+    /// CRD and a `ClusterRole` that lets every authenticated user read it).
+    #[arg(long, env = "SEED_CONTROLLER_QUOTA_VIEW", default_value_t = true, action = clap::ArgAction::Set)]
+    pub quota_view: bool,
 }
 
 impl Config {
@@ -248,6 +254,8 @@ pub struct Shared {
     state: Mutex<state::State>,
     /// Wakes the writer after a change.
     pub notify: Notify,
+    /// Bumped whenever a user cluster's quota view may change (`crate::view`).
+    pub views: tokio::sync::watch::Sender<u64>,
     /// The webhook CA bundle (PEM) as last read from --webhook-ca-file (re-read when it
     /// changes: a rotated CA); `None` without the flag, or while the file is empty.
     pub webhook_ca: tokio::sync::watch::Sender<Option<Arc<Vec<u8>>>>,
@@ -269,6 +277,12 @@ impl Shared {
 
     pub fn wake_writer(&self) {
         self.notify.notify_one();
+        self.views_changed();
+    }
+
+    /// Wakes the users' views: what they show may have changed.
+    pub fn views_changed(&self) {
+        self.views.send_modify(|n| *n = n.wrapping_add(1));
     }
 }
 
@@ -327,6 +341,7 @@ impl Controller {
                 readiness: Readiness::default(),
                 state: Mutex::new(state::State::new(SizeCatalog::shipped())),
                 notify: Notify::new(),
+                views: tokio::sync::watch::channel(0).0,
                 webhook_ca,
                 seed,
                 config,
@@ -354,6 +369,10 @@ impl Controller {
         let mut catalog = AbortOnDropHandle::new(tokio::spawn(catalog::run(Arc::clone(&shared))));
         let mut quotas = AbortOnDropHandle::new(tokio::spawn(writer::watch_quotas(Arc::clone(&shared))));
         let mut writer = AbortOnDropHandle::new(tokio::spawn(writer::run(Arc::clone(&shared))));
+        let _seed_probe = shared
+            .config
+            .quota_view
+            .then(|| AbortOnDropHandle::new(tokio::spawn(view::probe_seed(Arc::clone(&shared)))));
         let mut resync = AbortOnDropHandle::new(tokio::spawn(resync(Arc::clone(&shared))));
         let _keys = shared.url_key_file.as_ref().map(|keys| {
             AbortOnDropHandle::new(tokio::spawn(webhook_config::follow_keys(

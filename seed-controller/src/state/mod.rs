@@ -61,6 +61,8 @@ pub struct State {
     pub lifetimes: kkp_quota_crds::ledger::lifetimes::Lifetimes,
     /// The ledgers' `status.lastKnownSizes` as last read.
     remembered: last_size::Remembered,
+    /// The latest ledger of each project, for the users' views (`crate::view`).
+    pub ledgers: crate::view::Ledgers,
 }
 
 impl State {
@@ -78,6 +80,7 @@ impl State {
             share_activity: BTreeMap::new(),
             lifetimes: kkp_quota_crds::ledger::lifetimes::Lifetimes::new(),
             remembered: last_size::Remembered::default(),
+            ledgers: crate::view::Ledgers::default(),
         }
     }
 

@@ -45,7 +45,11 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
             Duration::try_from(t.duration_since(now)).unwrap_or(Duration::ZERO)
         });
         tokio::select! {
-            event = stream.next() => match event {
+            event = stream.next() => {
+                if let Some(event) = &event {
+                    crate::view::observe(&shared, event);
+                }
+                match event {
                 Some(Ok(Event::InitApply(quota) | Event::Apply(quota))) => {
                     let project = quota.project().to_owned();
                     let read = quota.status.clone().unwrap_or_default();
@@ -107,7 +111,7 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                 Some(Ok(Event::Init | Event::InitDone)) => {}
                 Some(Err(e)) => warn!(error = %e, "QuotaLedger watch on the seed failed; retrying"),
                 None => return,
-            },
+            }},
             () = tokio::time::sleep(wait) => {
                 let now = Timestamp::now();
                 let mut fired = Vec::new();
