@@ -91,6 +91,48 @@ async fn lowering_a_quota_below_usage_fires_the_over_quota_alert() {
     let (_prometheus, base) = start_prometheus(system, dir.path()).await;
     alert_fires_when_quota_is_lowered(&master, &base).await;
     exported_metrics_are_documented(system).await;
+    every_dashboard_query_returns_data(&base).await;
+}
+
+/// Every query of the shipped Grafana dashboard returns data from the live Prometheus that
+/// scrapes the running system, with the dashboard's variables as a user picks them (every
+/// project, resource `cpu`): a panel that shows nothing on a working system tells its reader
+/// nothing (issue #37).
+async fn every_dashboard_query_returns_data(base: &str) {
+    let path = format!("{REPO}/deploy/grafana/kkp-quota-dashboard.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let http = reqwest::Client::new();
+    let mut empty = Vec::new();
+    let mut checked = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"]
+                .as_str()
+                .unwrap()
+                .replace("$project", ".+")
+                .replace("$resource", "cpu");
+            let url = reqwest::Url::parse_with_params(&format!("{base}/api/v1/query"), &[("query", &expr)])
+                .unwrap();
+            let found = wait_for(Duration::from_secs(30), &format!("data for {expr}"), || {
+                let (http, url) = (http.clone(), url.clone());
+                async move {
+                    let body: Value = http.get(url).send().await.ok()?.json().await.ok()?;
+                    let results = body["data"]["result"].as_array()?.len();
+                    (results > 0).then_some(results)
+                }
+            })
+            .await;
+            checked += 1;
+            if found.is_err() {
+                empty.push(format!("{}: {expr}", panel["title"].as_str().unwrap_or_default()));
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} dashboard queries found");
+    assert!(
+        empty.is_empty(),
+        "dashboard queries without data on a running system: {empty:#?}"
+    );
 }
 
 fn quota(cpu: &str) -> ResourceQuota {
