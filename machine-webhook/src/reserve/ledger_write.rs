@@ -339,7 +339,7 @@ impl Reserver {
     /// project has no quota; refused when its quota is here without a usable ledger, once a
     /// fresh read confirms it (the cache may be behind a ledger re-created or counted meanwhile:
     /// `snapshot` is then that read, and `verified`).
-    async fn usable_ledger(
+    pub(super) async fn usable_ledger(
         &self,
         project: &str,
         snapshot: &mut Option<Arc<DynamicObject>>,
