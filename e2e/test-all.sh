@@ -13,5 +13,7 @@ if [ "$rc" -ne 0 ]; then
   echo
   echo "==== failures (whole output: $log) ===="
   awk -f e2e/test-summary.awk "$log"
+  # A full disk fails builds and tests in ways that name no test: say how much there was.
+  df -h . | sed 's/^/disk: /'
 fi
 exit "$rc"
