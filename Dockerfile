@@ -19,6 +19,7 @@ COPY master-controller master-controller/
 COPY seed-controller seed-controller/
 COPY machine-webhook machine-webhook/
 COPY e2e e2e/
+COPY kubectl-kkp-quota kubectl-kkp-quota/
 COPY deploy/images/static-build.sh deploy/images/static-build.sh
 RUN deploy/images/static-build.sh
 

@@ -54,7 +54,7 @@ test: system-deps control-plane lint rules-test chart-check
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" CARGO=$(CARGO) e2e/test-all.sh
 
 demo: control-plane $(if $(NODE),system-deps)
-	$(CARGO) build --locked --bins -p e2e -p master-controller -p seed-controller -p machine-webhook
+	$(CARGO) build --locked --bins -p e2e -p master-controller -p seed-controller -p machine-webhook -p kubectl-kkp-quota
 	KUBEBUILDER_ASSETS="$$(e2e/control-plane/build.sh)" $(CARGO) run --locked -p e2e --bin fleet -- --dir $(FLEET_DIR) $(if $(CHART_RBAC),--chart-rbac) $(if $(NODE),--node)
 
 # Container images without a daemon or base image: target/images/kkp-quota-<component>.oci.tar (umoci).

@@ -15,6 +15,7 @@
 //! - `fixtures` (feature `test-support`): test data every crate's tests share.
 
 pub mod crd;
+pub mod fit;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fixtures;
 pub mod kkp;

@@ -97,6 +97,13 @@ impl fmt::Display for Resource {
     }
 }
 
+/// By name (`cpu`), as in every object and metric.
+impl Serialize for Resource {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
 // Written by hand so that memory and storage come out in binary units and cpu in decimal.
 impl Serialize for ResourceDetails {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

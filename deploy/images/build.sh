@@ -106,3 +106,18 @@ for c in "${components[@]}"; do
   mv "$work/$name.oci.tar" "$archive"
   echo "$archive ($name:$version, $(du -h "$archive" | cut -f1))"
 done
+
+# The kubectl plugin, released beside the images: a tar.gz holding the static binary, and the
+# krew manifest (deploy/krew/kkp-quota.yaml) with its version, URL and sha256 filled in.
+plugin="kubectl-kkp_quota"
+plugin_archive="$out/$plugin-linux-amd64.tar.gz"
+install -d -m 0755 "$work/plugin"
+install -m 0755 "$bindir/$plugin" "$work/plugin/$plugin"
+tar --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$epoch" --format=posix \
+  --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
+  -C "$work/plugin" -cf - "$plugin" | gzip -n -9 >"$plugin_archive"
+sha="$(sha256sum "$plugin_archive" | cut -d' ' -f1)"
+sed -e "s|@VERSION@|$version|g" -e "s|@SOURCE@|$source_url|g" \
+  -e "s|@URI@|$source_url/releases/download/v$version/$plugin-linux-amd64.tar.gz|g" \
+  -e "s|@SHA256@|$sha|g" deploy/krew/kkp-quota.yaml >"$out/kkp-quota.krew.yaml"
+echo "$plugin_archive ($plugin $version, sha256 $sha) and $out/kkp-quota.krew.yaml"

@@ -280,6 +280,8 @@ pub fn build_components() -> Result<()> {
     for krate in COMPONENT_CRATES {
         command.args(["-p", krate]);
     }
+    // The kubectl plugin, which the fleet tests run as users would.
+    command.args(["-p", "kubectl-kkp-quota"]);
     command.current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let status = command
         .status()

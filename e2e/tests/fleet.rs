@@ -265,6 +265,7 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     assert!(message.contains("of 16 cpu"), "{message}");
 
     kubectl::what_kubectl_shows_near_the_limit(fleet_dir, seed_a.clone(), master.clone()).await;
+    kubectl::the_plugin_answers(fleet_dir).await;
     a_deleted_machine_deployment_frees_its_room(client_for("alpha").await, master.clone()).await;
     rollout::a_rollout_at_full_quota(
         client_for("alpha").await,

@@ -63,6 +63,7 @@ fn files(dir: &Path) -> Vec<PathBuf> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_system_runs_from_its_unpacked_images() {
     run("deploy/images/build.sh", &[]);
+    the_plugin_is_released_beside_them();
     let unpacked = tempfile::tempdir().unwrap();
     let bin = unpacked.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
@@ -145,4 +146,60 @@ async fn the_system_runs_from_its_unpacked_images() {
         .await
         .unwrap_err();
     assert!(is_quota_denial(&denied, "demo"), "{denied}");
+}
+
+/// The kubectl plugin's archive holds the static binary alone, which runs; the krew manifest
+/// beside it names that archive by its real sha256.
+fn the_plugin_is_released_beside_them() {
+    let images = Path::new(ROOT).join("target/images");
+    let archive = images.join("kubectl-kkp_quota-linux-amd64.tar.gz");
+    let unpacked = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(unpacked.path())
+        .status()
+        .unwrap();
+    assert!(status.success(), "unpacking {}", archive.display());
+    let binary = PathBuf::from("kubectl-kkp_quota");
+    assert_eq!(files(unpacked.path()), std::slice::from_ref(&binary));
+    assert!(
+        !has_interpreter(&unpacked.path().join(&binary)),
+        "the plugin is not static"
+    );
+    let version = std::process::Command::new(unpacked.path().join(&binary))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&version.stdout).trim(),
+        format!("kubectl kkp-quota {}", env!("CARGO_PKG_VERSION"))
+    );
+    let sha = std::process::Command::new("sha256sum")
+        .arg(&archive)
+        .output()
+        .unwrap();
+    let sha = String::from_utf8_lossy(&sha.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned();
+    let manifest: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(images.join("kkp-quota.krew.yaml")).unwrap())
+            .unwrap();
+    let platform = &manifest["spec"]["platforms"][0];
+    assert_eq!(platform["sha256"], sha.as_str(), "{manifest}");
+    assert_eq!(platform["bin"], "kubectl-kkp_quota");
+    assert!(
+        platform["uri"]
+            .as_str()
+            .unwrap()
+            .ends_with("/kubectl-kkp_quota-linux-amd64.tar.gz"),
+        "{manifest}"
+    );
+    assert_eq!(
+        manifest["spec"]["version"],
+        format!("v{}", env!("CARGO_PKG_VERSION"))
+    );
 }

@@ -374,13 +374,10 @@ async fn watch_seed(
                     // A watch on a server that stopped answering (frozen, or a network that
                     // drops packets) neither ends nor fails for minutes: after a quiet period,
                     // ask it something.
-                    match probe(&client, link.probe_every).await {
-                        Ok(()) => continue,
-                        Err(why) => {
-                            unreachable_seed(&seed, &seeds, &triggers, &metrics, "probe", &why);
-                            break;
-                        }
+                    if answers(&seed, &client, link.probe_every, &seeds, &triggers, &metrics).await {
+                        continue;
                     }
+                    break;
                 }
             };
             // An event is an answer: the next probe is due a whole period after it.
@@ -457,6 +454,28 @@ async fn watch_seed(
             }
         }
         tokio::time::sleep(backoff.next().unwrap_or(link.max_backoff)).await;
+    }
+}
+
+/// Probes the seed: an answer is news from it too (while it is healthy, the age of its last sync
+/// stays within a probe period, idle or busy); no answer makes it unreachable.
+async fn answers(
+    seed: &str,
+    client: &Client,
+    within: Duration,
+    seeds: &Seeds,
+    triggers: &Triggers,
+    metrics: &Metrics,
+) -> bool {
+    match probe(client, within).await {
+        Ok(()) => {
+            set_last_sync(metrics, seed, Timestamp::now());
+            true
+        }
+        Err(why) => {
+            unreachable_seed(seed, seeds, triggers, metrics, "probe", &why);
+            false
+        }
     }
 }
 

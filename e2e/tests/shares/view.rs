@@ -109,6 +109,51 @@ pub async fn the_users_view_follows_the_project(fleet: &Fleet) {
     eprintln!("quota view followed: create in {created:?}, delete in {deleted:?}, quota edit in {edited:?}");
 
     a_viewer_reads_the_view_and_cannot_change_it(fleet, &alpha).await;
+    a_moved_cluster_shows_only_its_new_project(fleet).await;
+}
+
+/// beta's `Cluster` relabelled to another project (no quota) and back: beta then holds that
+/// project's view alone, then demo's alone again.
+async fn a_moved_cluster_shows_only_its_new_project(fleet: &Fleet) {
+    let clusters: Api<kkp_quota_crds::kkp::Cluster> = Api::all(fleet.seed("seed-a").client());
+    let views: Api<QuotaView> = Api::all(fleet.user_cluster("beta").client());
+    let relabel = |project: &'static str| {
+        let clusters = clusters.clone();
+        async move {
+            let patch = json!({"metadata": {"labels": {kkp_quota_crds::kkp::PROJECT_ID_LABEL: project}}});
+            clusters
+                .patch("beta", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+        }
+    };
+    let only = |project: &'static str| {
+        let views = views.clone();
+        async move {
+            let names: Vec<String> = views
+                .list(&kube::api::ListParams::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .filter_map(|v| v.metadata.name.clone())
+                .collect();
+            (names == [format!("project-{project}")]).then_some(())
+        }
+    };
+    relabel("moved").await;
+    let started = Instant::now();
+    wait_for(WAIT, "beta with the view of project moved alone", || {
+        only("moved")
+    })
+    .await
+    .unwrap();
+    let moved = started.elapsed();
+    relabel("demo").await;
+    wait_for(WAIT, "beta with demo's view alone again", || only("demo"))
+        .await
+        .unwrap();
+    eprintln!("a moved cluster's views followed in {moved:?}");
 }
 
 /// User `jane`, bound only to the built-in `view` role: reads the view with kube-rs and kubectl,

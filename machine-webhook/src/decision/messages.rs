@@ -171,15 +171,7 @@ pub fn near_limit_warnings(project: &str, state: &QuotaState, growth: &ResourceD
 /// limited resource the size asks for (`None`: no limit applies to it).
 pub fn machines_that_fit(state: &QuotaState, size: &ResourceDetails) -> Option<u64> {
     let used = state.used().ok()?;
-    state
-        .limit
-        .iter()
-        .filter(|&(r, _)| size.amount(r) > Quantity::ZERO)
-        .map(|(r, limit)| {
-            let room = limit.saturating_sub_to_zero(used.amount(r)).as_nanos();
-            u64::try_from(room / size.amount(r).as_nanos()).unwrap_or(u64::MAX)
-        })
-        .min()
+    kkp_quota_crds::fit::machines_that_fit(&state.limit, &used, size).map(|fit| fit.count)
 }
 
 /// The answer a dry-run create carries: nothing was reserved, and how many Machines of its size

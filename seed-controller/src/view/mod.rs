@@ -129,6 +129,9 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
     let mut confirmed_at: Option<Timestamp> = None;
     let mut last_write = Instant::now();
     let mut wait = HEARTBEAT;
+    // Views of other projects may be left in the cluster (it moved to another project, or this
+    // process restarted after it did): removed once the current one is written.
+    let mut others_left = true;
     loop {
         if let Some((project, status)) = desired(&shared, &cluster) {
             let confirms = matches!(status.state, ViewState::Current | ViewState::NoQuota);
@@ -146,12 +149,32 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                             info!(cluster, project, "quota view written");
                         }
                         confirmed_at = stamped.confirmed_at;
-                        written = Some((project, status));
+                        others_left |= new_project;
+                        written = Some((project.clone(), status));
                         last_write = Instant::now();
                         wait = HEARTBEAT;
                     }
                     Err(e) => {
                         warn!(cluster, error = %e, "could not write the quota view; retrying");
+                        wait = RETRY;
+                    }
+                }
+            }
+            if others_left && written.as_ref().is_some_and(|(p, _)| *p == project) {
+                match remove_others(&api, &project).await {
+                    Ok(removed) => {
+                        others_left = false;
+                        if !removed.is_empty() {
+                            info!(
+                                cluster,
+                                project,
+                                ?removed,
+                                "quota views of other projects removed"
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        warn!(cluster, error = %e, "could not remove the quota views of other projects; retrying");
                         wait = RETRY;
                     }
                 }
@@ -201,4 +224,22 @@ async fn write(
         }
         other => other.map(drop),
     }
+}
+
+/// Deletes every view in the cluster but `project`'s: a cluster belongs to one project, and a
+/// view of another would tell its users a quota that no longer applies to them.
+async fn remove_others(api: &Api<QuotaView>, project: &str) -> Result<Vec<String>, kube::Error> {
+    let keep = name(project);
+    let mut removed = Vec::new();
+    for view in api.list_metadata(&kube::api::ListParams::default()).await? {
+        let Some(other) = view.metadata.name.filter(|n| *n != keep) else {
+            continue;
+        };
+        match api.delete(&other, &kube::api::DeleteParams::default()).await {
+            Ok(_) => removed.push(other),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(removed)
 }
