@@ -14,6 +14,7 @@ WORKDIR /src
 # Only what the build reads (never the host's target/ or .fleet/).
 COPY Cargo.toml Cargo.lock rust-toolchain.toml ./
 COPY crds crds/
+COPY runtime runtime/
 COPY provider-sizes provider-sizes/
 COPY master-controller master-controller/
 COPY seed-controller seed-controller/

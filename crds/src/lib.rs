@@ -11,7 +11,6 @@
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
 //! - [`kkp_shape`]: KKP's CRDs in KKP's shape, for the local fleet only.
 //! - [`crd`]: the CRD manifests `crdgen` writes.
-//! - `runtime` (feature `runtime`): clients from kubeconfigs, the ops server, leader election.
 //! - `fixtures` (feature `test-support`): test data every crate's tests share.
 
 pub mod crd;
@@ -29,8 +28,6 @@ pub mod quota_ledger;
 pub mod quota_view;
 pub mod resources;
 pub mod rollout;
-#[cfg(feature = "runtime")]
-pub mod runtime;
 pub mod shares;
 
 pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};

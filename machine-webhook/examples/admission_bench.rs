@@ -92,7 +92,11 @@ async fn register(
         .metadata
         .uid
         .context("Cluster without UID")?;
-    let url = machine_webhook::auth::webhook_url(&instance.base, cluster, &instance.keys.sign(cluster, &uid));
+    let url = kkp_quota_runtime::webhook_auth::webhook_url(
+        &instance.base,
+        cluster,
+        &instance.keys.sign(cluster, &uid),
+    );
     let config = ValidatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(VWC.into()),
@@ -379,7 +383,7 @@ fn write_paths(md: &mut String, histograms: &[(Mode, Snapshot)]) -> Result<()> {
 struct Instance {
     base: String,
     metrics: Metrics,
-    keys: machine_webhook::auth::SigningKeys,
+    keys: kkp_quota_runtime::webhook_auth::SigningKeys,
 }
 
 async fn start_instance(
@@ -392,8 +396,8 @@ async fn start_instance(
     let mut config = Config::new("127.0.0.1:0".parse()?, paths.cert, paths.key);
     config.allotments = allotments;
     let key_file = dir.join("url-signing-keys");
-    std::fs::write(&key_file, machine_webhook::auth::generate_key())?;
-    let keys = machine_webhook::auth::SigningKeys::load(&key_file)?;
+    std::fs::write(&key_file, kkp_quota_runtime::webhook_auth::generate_key())?;
+    let keys = kkp_quota_runtime::webhook_auth::SigningKeys::load(&key_file)?;
     config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(key_file));
     let webhook = Webhook::start(config, seed.clone()).await?;
     let base = format!("https://{}", webhook.address);

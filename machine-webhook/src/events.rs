@@ -14,7 +14,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kkp_quota_crds::kkp::Cluster;
-use kkp_quota_crds::runtime::chain::Chain;
+use kkp_quota_runtime::chain::Chain;
 use kube::api::{DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource as _};
 use serde_json::json;

@@ -13,14 +13,14 @@
 //! - [`user_clients`]: clients for user clusters from their admin kubeconfigs on the seed.
 //! - [`owners`]: a Machine's `MachineSet` / `MachineDeployment`.
 //! - [`rollout`]: the Machine a rollout's surge replaces, for the opt-in rollout allowance.
-//! - [`auth`]: the per-cluster token in the URL that authenticates each call.
+//! - `kkp_quota_runtime::webhook_auth`: the per-cluster token in the URL that authenticates each call
+//!   (shared with seed-controller, which writes the URLs).
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk, limits on bodies and time.
 //! - [`metrics`]: Prometheus metrics.
 //!
 //! [`Webhook::start`] binds everything and returns the future that serves it; dropping that
 //! future (or aborting its task) stops every part of it.
 
-pub mod auth;
 pub mod cache;
 pub mod decision;
 pub mod demand;
@@ -42,8 +42,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kkp_quota_crds::runtime::RuntimeError;
-use kkp_quota_crds::runtime::ops::{self, Readiness};
+use kkp_quota_runtime::RuntimeError;
+use kkp_quota_runtime::ops::{self, Readiness};
+use kkp_quota_runtime::webhook_auth as auth;
 use kube::Client;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;

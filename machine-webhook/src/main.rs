@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kkp_quota_crds::runtime::kubeconfig::own_client;
-use kkp_quota_crds::runtime::telemetry::init_tracing;
+use kkp_quota_runtime::kubeconfig::own_client;
+use kkp_quota_runtime::telemetry::init_tracing;
 use machine_webhook::reserve::AllotmentConfig;
 use machine_webhook::server::Limits;
 use machine_webhook::waiting::WakeConfig;
@@ -131,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
     init_tracing(args.log_json);
     // A key file that does not load stops the process before anything else is done.
     if let Some(path) = &args.url_signing_keys {
-        machine_webhook::auth::SigningKeys::load(path)?;
+        kkp_quota_runtime::webhook_auth::SigningKeys::load(path)?;
     }
     let client = own_client(args.kubeconfig.as_deref())
         .await
@@ -171,7 +171,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::pin!(serving);
     let signal = tokio::select! {
         result = &mut serving => return Ok(result?),
-        signal = kkp_quota_crds::runtime::shutdown_signal() => signal,
+        signal = kkp_quota_runtime::shutdown_signal() => signal,
     };
     // Each step keeps `serving` polled: the workers that record and give back run inside it.
     let delay = Duration::from_secs(args.shutdown_delay_seconds);

@@ -261,7 +261,7 @@ fn auth_metrics(
     registry.register(Box::new(auth_failures.clone()))?;
     registry.register(Box::new(authenticated.clone()))?;
     registry.register(Box::new(invalid_requests.clone()))?;
-    for reason in crate::auth::AuthFailure::ALL {
+    for reason in kkp_quota_runtime::webhook_auth::AuthFailure::ALL {
         auth_failures.with_label_values(&[reason.as_str()]);
     }
     for key in ["signing", "older"] {

@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::rollout::SurgeRefusal;
-use kkp_quota_crds::runtime::chain::Chain;
+use kkp_quota_runtime::chain::Chain;
 use kube::api::{DynamicObject, ListParams};
 use kube::{Api, Resource as _, ResourceExt as _};
 use provider_sizes::size_machine;

@@ -2,7 +2,7 @@
 //! plus `/healthz` and `/readyz`.
 //!
 //! Order of checks on an admission call, each answered without going further:
-//! 1. the token in the path ([`crate::auth`]): 401 without one, 403 when it is not valid for that
+//! 1. the token in the path ([`kkp_quota_runtime::webhook_auth`]): 401 without one, 403 when it is not valid for that
 //!    cluster (or the cluster is unknown), 503 before the `Cluster`s are listed. Nothing is read
 //!    of the body, no quota is looked at, nothing is reserved;
 //! 2. the body: at most [`Limits::max_body_bytes`] (413), read within
@@ -27,14 +27,13 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kkp_quota_crds::rollout::SurgeRefusal;
-use kkp_quota_crds::runtime::ops::Readiness;
+use kkp_quota_runtime::ops::Readiness;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
-use crate::auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::decision::{Ask, Reason, Request as DecisionRequest, Verdict, decide, rollout_hint};
 use crate::events::{DenialEvent, Events};
@@ -45,6 +44,7 @@ use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse
 use crate::rollout::Rollouts;
 use crate::waiting::{Owner, Refusal};
 use crate::wake::SharedWaiting;
+use kkp_quota_runtime::webhook_auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
 
 /// Bounds on what one call may cost the server.
 #[derive(Debug, Clone, Copy)]
@@ -70,7 +70,7 @@ impl Default for Limits {
 /// How admission calls are authenticated.
 #[derive(Debug, Clone)]
 pub enum Authenticator {
-    /// A token per user cluster in the URL, signed with these keys ([`crate::auth`]).
+    /// A token per user cluster in the URL, signed with these keys ([`kkp_quota_runtime::webhook_auth`]).
     UrlTokens(Arc<ReloadingKeys>),
     /// None (`--insecure-no-auth`): anyone who reaches the port can spend any project's quota.
     Disabled,

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
-use kkp_quota_crds::runtime::RuntimeError;
-use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
+use kkp_quota_runtime::RuntimeError;
+use kkp_quota_runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
 use kube::Client;
 
 #[derive(Debug, thiserror::Error)]

@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use jiff::Timestamp;
-use kkp_quota_crds::runtime::chain::Chain;
+use kkp_quota_runtime::chain::Chain;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::json;

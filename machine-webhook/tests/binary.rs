@@ -92,7 +92,7 @@ async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
             "object": serde_json::to_value(machine("m", 1))?
         }
     });
-    let keys = machine_webhook::auth::SigningKeys::load(&certs.keys)?;
+    let keys = kkp_quota_runtime::webhook_auth::SigningKeys::load(&certs.keys)?;
     for (path, status) in [
         ("ghost".to_owned(), 401),
         (format!("ghost/{}", keys.sign("ghost", "any-uid")), 403),

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, future, stream};
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
-use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
-use kkp_quota_crds::runtime::ops::Readiness;
-use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kkp_quota_crds::{ProjectQuota, ResourceQuota};
+use kkp_quota_runtime::leader::{LeaderElector, LeaseConfig};
+use kkp_quota_runtime::ops::Readiness;
+use kkp_quota_runtime::watch::relisting_watcher;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};

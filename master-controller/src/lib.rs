@@ -49,7 +49,7 @@ pub enum Error {
     #[error("kubernetes API error: {0}")]
     Kube(#[from] kube::Error),
     #[error(transparent)]
-    Runtime(#[from] kkp_quota_crds::runtime::RuntimeError),
+    Runtime(#[from] kkp_quota_runtime::RuntimeError),
     #[error("usage arithmetic failed: {0}")]
     Quantity(#[from] kkp_quota_crds::QuantityError),
     #[error("share record: {0}")]

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use kkp_quota_crds::runtime::kubeconfig::own_client;
-use kkp_quota_crds::runtime::leader::LeaseConfig;
-use kkp_quota_crds::runtime::ops::Readiness;
-use kkp_quota_crds::runtime::telemetry::init_tracing;
+use kkp_quota_runtime::kubeconfig::own_client;
+use kkp_quota_runtime::leader::LeaseConfig;
+use kkp_quota_runtime::ops::Readiness;
+use kkp_quota_runtime::telemetry::init_tracing;
 use master_controller::{Metrics, Options};
 
 /// Fans project quotas out to every seed, folds seed usage into globalUsage, keeps the default
@@ -135,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
         ));
     }
     let shutdown = async {
-        let signal = kkp_quota_crds::runtime::shutdown_signal().await;
+        let signal = kkp_quota_runtime::shutdown_signal().await;
         tracing::info!(signal, "stopping");
     };
     master_controller::run_until(client, options, metrics, readiness, shutdown)

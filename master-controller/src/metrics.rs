@@ -1,8 +1,8 @@
 //! Prometheus metrics (names agreed across the project; base units: cores, bytes).
 
-use kkp_quota_crds::runtime::RuntimeError;
-use kkp_quota_crds::runtime::ops::{ExtraSeries, Readiness, bind_with_series};
 use kkp_quota_crds::{Quantity, ResourceDetails};
+use kkp_quota_runtime::RuntimeError;
+use kkp_quota_runtime::ops::{ExtraSeries, Readiness, bind_with_series};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -366,7 +366,7 @@ mod tests {
             .encode(&m.registry.gather(), &mut out)
             .unwrap();
         let mut text = String::from_utf8(out).unwrap();
-        kkp_quota_crds::runtime::ops::encode_all(&*m.projects, &mut text);
+        kkp_quota_runtime::ops::encode_all(&*m.projects, &mut text);
         text
     }
 

@@ -12,8 +12,8 @@ use std::fmt::Write as _;
 use std::ops::Bound;
 use std::sync::{Mutex, PoisonError};
 
-use kkp_quota_crds::runtime::ops::{Cursor, ExtraSeries};
 use kkp_quota_crds::{Resource, ResourceDetails};
+use kkp_quota_runtime::ops::{Cursor, ExtraSeries};
 
 use crate::metrics::as_f64;
 
@@ -275,7 +275,7 @@ mod tests {
 
     fn text(series: &ProjectSeries) -> String {
         let mut out = String::new();
-        kkp_quota_crds::runtime::ops::encode_all(series, &mut out);
+        kkp_quota_runtime::ops::encode_all(series, &mut out);
         out
     }
 

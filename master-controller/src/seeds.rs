@@ -22,8 +22,8 @@ use k8s_openapi::api::core::v1::Secret;
 use kkp_quota_crds::QuotaLedger;
 use kkp_quota_crds::kkp::{KUBECONFIG_KEY, Seed};
 use kkp_quota_crds::ledger::lifetimes::Lifetimes;
-use kkp_quota_crds::runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
-use kkp_quota_crds::runtime::watch::relisting_watcher;
+use kkp_quota_runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
+use kkp_quota_runtime::watch::relisting_watcher;
 use kube::core::PartialObjectMeta;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, reflector};
@@ -276,7 +276,7 @@ pub async fn manage(
 /// seed set changed.
 async fn configure(
     name: &str,
-    text: Result<String, kkp_quota_crds::runtime::RuntimeError>,
+    text: Result<String, kkp_quota_runtime::RuntimeError>,
     running: &mut BTreeMap<String, Running>,
     seeds: &Seeds,
     triggers: &Triggers,

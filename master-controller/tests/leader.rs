@@ -12,8 +12,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kkp_quota_crds::quota::SEED_CLEANUP_FINALIZER;
-use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_crds::{Quantity, QuotaLedger, Resource, ResourceQuota};
+use kkp_quota_runtime::leader::{LeaderElector, LeaseConfig};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use master_controller::Options;
@@ -243,14 +243,14 @@ fn candidate(
     identity: &str,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> (
-    tokio_util::task::AbortOnDropHandle<Result<Option<()>, kkp_quota_crds::runtime::RuntimeError>>,
-    kkp_quota_crds::runtime::ops::Readiness,
+    tokio_util::task::AbortOnDropHandle<Result<Option<()>, kkp_quota_runtime::RuntimeError>>,
+    kkp_quota_runtime::ops::Readiness,
 ) {
     let mut config = LeaseConfig::new("default", "handover", identity);
     config.lease_duration = Duration::from_mins(5);
     config.renew_every = Duration::from_millis(200);
     let elector = LeaderElector::new(master.clone(), config);
-    let readiness = kkp_quota_crds::runtime::ops::Readiness::default();
+    let readiness = kkp_quota_runtime::ops::Readiness::default();
     let ready = readiness.clone();
     let task = tokio::spawn(async move {
         elector

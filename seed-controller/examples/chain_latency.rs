@@ -109,7 +109,7 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64, f64) {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    kkp_quota_crds::runtime::telemetry::init_tracing(false);
+    kkp_quota_runtime::telemetry::init_tracing(false);
     let fleet = e2e::Fleet::start(
         e2e::FleetSpec::empty()
             .with_seed("seed-a")
@@ -137,7 +137,7 @@ async fn main() -> Result<()> {
         master.clone(),
         master_controller::Options::new("kubermatic"),
         master_controller::Metrics::new(),
-        kkp_quota_crds::runtime::ops::Readiness::default(),
+        kkp_quota_runtime::ops::Readiness::default(),
     )));
     let controller = Controller::new(Config::for_tests("seed-a"), seed.clone()).await?;
     let ready = controller.readiness();

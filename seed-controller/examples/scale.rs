@@ -118,7 +118,7 @@ async fn create_namespace(client: &Client, name: &str) -> Result<()> {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    kkp_quota_crds::runtime::telemetry::init_tracing(false);
+    kkp_quota_runtime::telemetry::init_tracing(false);
     let started = Instant::now();
     let mut planes = futures::future::try_join_all(
         std::iter::once("seed".to_owned())

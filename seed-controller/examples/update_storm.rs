@@ -204,7 +204,7 @@ async fn storm(
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
-    kkp_quota_crds::runtime::telemetry::init_tracing(false);
+    kkp_quota_runtime::telemetry::init_tracing(false);
     let fleet = e2e::Fleet::start(
         e2e::FleetSpec::empty()
             .with_seed("seed-a")
@@ -240,7 +240,7 @@ async fn main() -> Result<()> {
     let paths = certs.write_to(dir.path())?;
     let ca = std::fs::read(&paths.ca)?;
     let keys_path = dir.path().join("url-signing-keys");
-    e2e::system::write_url_signing_keys(&keys_path, &[&machine_webhook::auth::generate_key()])?;
+    e2e::system::write_url_signing_keys(&keys_path, &[&kkp_quota_runtime::webhook_auth::generate_key()])?;
     let mut config =
         machine_webhook::Config::new("127.0.0.1:0".parse()?, paths.cert.clone(), paths.key.clone());
     config.auth = Some(machine_webhook::AuthConfig::UrlSigningKeys(keys_path.clone()));
@@ -251,7 +251,7 @@ async fn main() -> Result<()> {
         .metadata
         .uid
         .unwrap_or_default();
-    let keys = machine_webhook::auth::SigningKeys::load(&keys_path)?;
+    let keys = kkp_quota_runtime::webhook_auth::SigningKeys::load(&keys_path)?;
     let base_url = webhook_config::url(
         "alpha",
         &uid,

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kkp_quota_crds::runtime::watch::relisting_watcher;
+use kkp_quota_runtime::watch::relisting_watcher;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};

@@ -32,10 +32,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use kkp_quota_crds::runtime::RuntimeError;
-use kkp_quota_crds::runtime::kubeconfig::own_client;
-use kkp_quota_crds::runtime::leader::{LeaderElector, LeaseConfig};
-use kkp_quota_crds::runtime::ops::{Readiness, bind};
+use kkp_quota_runtime::RuntimeError;
+use kkp_quota_runtime::kubeconfig::own_client;
+use kkp_quota_runtime::leader::{LeaderElector, LeaseConfig};
+use kkp_quota_runtime::ops::{Readiness, bind};
 use provider_sizes::SizeCatalog;
 use tokio::sync::Notify;
 use tokio_util::task::AbortOnDropHandle;
@@ -60,7 +60,7 @@ pub enum Error {
     #[error("{0}")]
     Config(String),
     #[error("URL-signing keys: {0}")]
-    Keys(#[from] machine_webhook::auth::KeyError),
+    Keys(#[from] kkp_quota_runtime::webhook_auth::KeyError),
     #[error("{0}")]
     Stopped(String),
 }
@@ -261,8 +261,8 @@ pub struct Shared {
     pub webhook_ca: tokio::sync::watch::Sender<Option<Arc<Vec<u8>>>>,
     /// The URL-signing keys as last read (`None`: no keys, URLs without a token); changes when
     /// the first key does.
-    pub url_keys: tokio::sync::watch::Sender<Option<Arc<machine_webhook::auth::SigningKeys>>>,
-    url_key_file: Option<Arc<machine_webhook::auth::ReloadingKeys>>,
+    pub url_keys: tokio::sync::watch::Sender<Option<Arc<kkp_quota_runtime::webhook_auth::SigningKeys>>>,
+    url_key_file: Option<Arc<kkp_quota_runtime::webhook_auth::ReloadingKeys>>,
 }
 
 impl Shared {
@@ -329,7 +329,9 @@ impl Controller {
             ));
         }
         let url_key_file = match &config.url_signing_keys {
-            Some(path) => Some(Arc::new(machine_webhook::auth::ReloadingKeys::new(path)?)),
+            Some(path) => Some(Arc::new(kkp_quota_runtime::webhook_auth::ReloadingKeys::new(
+                path,
+            )?)),
             None => None,
         };
         let (url_keys, _) = tokio::sync::watch::channel(url_key_file.as_ref().map(|keys| keys.current()));

@@ -11,12 +11,12 @@ use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::kkp::Cluster;
-use kkp_quota_crds::runtime::watch::relisting_watcher;
+use kkp_quota_runtime::watch::relisting_watcher;
+use kkp_quota_runtime::webhook_auth::{PATH_PREFIX, ReloadingKeys, SigningKeys};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use machine_webhook::auth::{PATH_PREFIX, ReloadingKeys, SigningKeys};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -88,10 +88,12 @@ pub const KEY_POLL: Duration = Duration::from_secs(1);
 
 /// The URL for one user cluster: `<base>/validate/machines/<cluster>/<token>`, the token signed
 /// with the first URL-signing key over the cluster's name and UID (see
-/// `machine_webhook::auth`); without keys (`--insecure-no-auth`), `<base>/validate/machines/<cluster>`.
+/// `kkp_quota_runtime::webhook_auth`); without keys (`--insecure-no-auth`), `<base>/validate/machines/<cluster>`.
 pub fn url(cluster: &str, uid: &str, base_url: &str, keys: Option<&SigningKeys>) -> String {
     match keys {
-        Some(keys) => machine_webhook::auth::webhook_url(base_url, cluster, &keys.sign(cluster, uid)),
+        Some(keys) => {
+            kkp_quota_runtime::webhook_auth::webhook_url(base_url, cluster, &keys.sign(cluster, uid))
+        }
         None => format!("{}{PATH_PREFIX}/{cluster}", base_url.trim_end_matches('/')),
     }
 }
@@ -339,7 +341,7 @@ mod tests {
 
     #[test]
     fn desired_points_at_the_cluster_path_with_its_token() {
-        let keys = SigningKeys::parse(&machine_webhook::auth::generate_key()).expect("keys");
+        let keys = SigningKeys::parse(&kkp_quota_runtime::webhook_auth::generate_key()).expect("keys");
         let token = keys.sign("alpha", "uid-1");
         let d = desired(
             &url("alpha", "uid-1", "https://127.0.0.1:9443/", Some(&keys)),

@@ -75,7 +75,8 @@ impl World {
         let certs = e2e::certs::WebhookCerts::generate().unwrap();
         let paths = certs.write_to(dir.path()).unwrap();
         let keys = dir.path().join("url-signing-keys");
-        e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+        e2e::system::write_url_signing_keys(&keys, &[&kkp_quota_runtime::webhook_auth::generate_key()])
+            .unwrap();
         let mut webhook_config = machine_webhook::Config::new(
             "127.0.0.1:0".parse().unwrap(),
             paths.cert.clone(),
@@ -148,7 +149,7 @@ impl World {
             master,
             master_controller::Options::new("kubermatic"),
             master_controller::Metrics::new(),
-            kkp_quota_crds::runtime::ops::Readiness::default(),
+            kkp_quota_runtime::ops::Readiness::default(),
         ))));
     }
 

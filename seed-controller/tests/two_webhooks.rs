@@ -63,7 +63,7 @@ async fn register(
     keys: &std::path::Path,
 ) {
     let uid = cluster_uid(seed, cluster).await;
-    let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
+    let keys = kkp_quota_runtime::webhook_auth::SigningKeys::load(keys).unwrap();
     let url = webhook_config::url(cluster, &uid, &format!("https://{address}"), Some(&keys));
     let body = webhook_config::desired(&url, Some(ca), webhook_config::Operations::default());
     Api::<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration>::all(user.clone())
@@ -99,7 +99,7 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let paths = certs.write_to(dir.path()).unwrap();
     let keys = dir.path().join("url-signing-keys");
-    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+    e2e::system::write_url_signing_keys(&keys, &[&kkp_quota_runtime::webhook_auth::generate_key()]).unwrap();
     let (first, first_metrics, _first) = start_webhook(&seed, &paths, &keys).await;
     let (second, second_metrics, _second) = start_webhook(&seed, &paths, &keys).await;
     let ca = std::fs::read(&paths.ca).unwrap();

@@ -24,7 +24,7 @@ async fn webhook_configuration(user: &Client) -> Option<ValidatingWebhookConfigu
 /// `keys` over the Cluster's name and UID on `seed`.
 async fn expected_url(seed: &Client, cluster: &str, keys: &std::path::Path) -> String {
     let uid = cluster_uid(seed, cluster).await;
-    let keys = machine_webhook::auth::SigningKeys::load(keys).unwrap();
+    let keys = kkp_quota_runtime::webhook_auth::SigningKeys::load(keys).unwrap();
     let token = keys.sign(cluster, &uid);
     assert_eq!(keys.verify(cluster, &uid, &token), Some(0));
     format!("https://127.0.0.1:9443/validate/machines/{cluster}/{token}")
@@ -71,8 +71,8 @@ async fn webhook_configuration_is_kept_and_clusters_are_followed_without_restart
     let paths = certs.write_to(dir.path()).unwrap();
     let keys = dir.path().join("url-signing-keys");
     let (old_key, new_key) = (
-        machine_webhook::auth::generate_key(),
-        machine_webhook::auth::generate_key(),
+        kkp_quota_runtime::webhook_auth::generate_key(),
+        kkp_quota_runtime::webhook_auth::generate_key(),
     );
     e2e::system::write_url_signing_keys(&keys, &[&old_key]).unwrap();
     let mut config = Config::for_tests("seed");

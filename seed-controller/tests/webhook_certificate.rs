@@ -211,7 +211,7 @@ async fn admission_goes_on_through_rotations_of_the_self_managed_certificate() {
     let (slow, overlap) = (Duration::from_secs(2), Duration::from_secs(4));
     let _controller_pod = sync_secret_to_files(secrets.clone(), controller_files.path().to_path_buf(), slow);
     let keys = files.path().join("url-signing-keys");
-    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+    e2e::system::write_url_signing_keys(&keys, &[&kkp_quota_runtime::webhook_auth::generate_key()]).unwrap();
 
     let port = e2e::system::free_port().unwrap();
     let mut config = seed_controller::Config::for_tests("seed");

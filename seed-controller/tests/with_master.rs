@@ -66,7 +66,7 @@ async fn machines_reach_the_master_global_usage() {
         .await
         .unwrap();
     let metrics = master_controller::Metrics::new();
-    let readiness = kkp_quota_crds::runtime::ops::Readiness::default();
+    let readiness = kkp_quota_runtime::ops::Readiness::default();
     let _master_controller = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(master_controller::run(
         master.clone(),
         master_controller::Options::new("kubermatic"),

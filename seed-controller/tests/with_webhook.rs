@@ -32,7 +32,7 @@ async fn webhook_reservations_are_counted_and_dropped() {
     let paths = certs.write_to(dir.path()).unwrap();
     // One key file for both: seed-controller signs the URLs with it, the webhook verifies them.
     let keys = dir.path().join("url-signing-keys");
-    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()]).unwrap();
+    e2e::system::write_url_signing_keys(&keys, &[&kkp_quota_runtime::webhook_auth::generate_key()]).unwrap();
     let mut webhook_config = machine_webhook::Config::new(
         "127.0.0.1:0".parse().unwrap(),
         paths.cert.clone(),

@@ -74,7 +74,7 @@ pub fn certs() -> Result<Certs> {
     let certs = WebhookCerts::generate()?;
     let paths = certs.write_to(dir.path())?;
     let keys = dir.path().join("url-signing-keys");
-    e2e::system::write_url_signing_keys(&keys, &[&machine_webhook::auth::generate_key()])?;
+    e2e::system::write_url_signing_keys(&keys, &[&kkp_quota_runtime::webhook_auth::generate_key()])?;
     Ok(Certs {
         webhook: certs,
         paths,
@@ -92,7 +92,7 @@ pub async fn token(seed: &Client, cluster: &str, certs: &Certs) -> Result<String
         .metadata
         .uid
         .context("Cluster without UID")?;
-    let keys = machine_webhook::auth::SigningKeys::load(&certs.keys)?;
+    let keys = kkp_quota_runtime::webhook_auth::SigningKeys::load(&certs.keys)?;
     Ok(keys.sign(cluster, &uid))
 }
 
@@ -103,7 +103,7 @@ pub async fn admission_url(
     cluster: &str,
     certs: &Certs,
 ) -> Result<String> {
-    Ok(machine_webhook::auth::webhook_url(
+    Ok(kkp_quota_runtime::webhook_auth::webhook_url(
         &format!("https://{address}"),
         cluster,
         &token(seed, cluster, certs).await?,

@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use kkp_quota_crds::runtime::ops::Readiness;
 use kkp_quota_crds::{
     KkpQuota, ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
     ResourceQuotaSpec, Subject,
 };
+use kkp_quota_runtime::ops::Readiness;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use master_controller::{Metrics, Options};
@@ -28,7 +28,7 @@ pub struct Running {
 
 impl Running {
     pub async fn start(master: Client, options: Options) -> Result<Running> {
-        kkp_quota_crds::runtime::telemetry::init_tracing(false);
+        kkp_quota_runtime::telemetry::init_tracing(false);
         let metrics = Metrics::new();
         let readiness = Readiness::default();
         let (address, serve) = metrics

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
-use kkp_quota_crds::runtime::watch::relisting_watcher;
 use kkp_quota_crds::{QuotaLedger, Resource};
+use kkp_quota_runtime::watch::relisting_watcher;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};

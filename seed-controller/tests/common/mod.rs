@@ -25,7 +25,7 @@ use tokio_util::task::AbortOnDropHandle;
 pub const WAIT: Duration = Duration::from_secs(90);
 
 pub fn init_logs() {
-    kkp_quota_crds::runtime::telemetry::init_tracing(false);
+    kkp_quota_runtime::telemetry::init_tracing(false);
 }
 
 pub async fn ensure_namespace(client: &Client, name: &str) {
@@ -298,7 +298,7 @@ pub fn metric(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> Option<
 /// A running controller; dropping it (or [`Running::stop`]) stops every task it started.
 pub struct Running {
     pub metrics: Metrics,
-    pub readiness: kkp_quota_crds::runtime::ops::Readiness,
+    pub readiness: kkp_quota_runtime::ops::Readiness,
     task: Option<AbortOnDropHandle<Result<(), seed_controller::Error>>>,
 }
 

@@ -1,7 +1,8 @@
 //! What every long-running component of the quota system shares: clients from kubeconfigs, the
-//! operations HTTP server, leader election and tracing set-up.
-//!
-//! Behind the `runtime` cargo feature, so that `crdgen` and the pure crates stay free of I/O.
+//! operations HTTP server, leader election, tracing set-up, watches that survive a restored
+//! etcd, and the contract between seed-controller and the webhook for signed webhook URLs
+//! ([`webhook_auth`]). Kept apart from `kkp-quota-crds`, which holds types and pure domain logic
+//! only, so that seed-controller depends on this and not on the webhook.
 
 pub mod chain;
 pub mod kubeconfig;
@@ -9,6 +10,7 @@ pub mod leader;
 pub mod ops;
 pub mod telemetry;
 pub mod watch;
+pub mod webhook_auth;
 
 /// Why a runtime helper failed.
 #[derive(Debug, thiserror::Error)]
