@@ -303,13 +303,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     wait_idle(&setup.fleet).await;
 
     // Master killed mid-burst: the seeds keep admitting within their shares, no more.
-    let master_name = setup
-        .system
-        .of_kind("master-controller")
-        .next()
-        .unwrap()
-        .name
-        .clone();
+    let master_name = master_controller(&mut setup).name.clone();
     let spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
     // Killed as soon as the burst is under way: a seed has asked for share or committed some.
     let under_way = {
@@ -972,6 +966,88 @@ async fn a_restored_seed_does_not_regain_released_share(setup: &FleetWithSystem)
     watching.await.unwrap();
 }
 
+/// A seed drained before it leaves (`--draining-seeds=seed-b`, the chart's
+/// `masterController.drainingSeeds`), while it is still a `Seed`: with 3 Machines on seed-b, it
+/// gets no more share (gamma is refused) and hands back what it does not use, so alpha reaches
+/// the rest of the quota; once gamma's Machines are gone, every record forgets seed-b and alpha
+/// reaches the whole quota: nothing stuck, nothing to declare gone. Taken off the list, seed-b
+/// is an ordinary seed again and gamma gets Machines.
+async fn a_drained_seed_hands_its_share_back(setup: &mut FleetWithSystem) {
+    restore_limit(&setup.fleet).await;
+    settle(&setup.fleet).await;
+    let (stop, stopped) = oneshot::channel();
+    let watching = overrun_watcher(&setup.fleet, stopped);
+    assert_eq!(burst(&setup.fleet, &["gamma"; 3], "drain-b").await, 3);
+    master_controller(setup)
+        .restart_with("--draining-seeds=seed-b")
+        .unwrap();
+    let fleet = &setup.fleet;
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_seed_b(fleet, "draining seed-b holding only what it uses", |s| {
+        s.share
+            .as_ref()
+            .is_some_and(|share| share.amount(Resource::Cpu) <= Quantity::from_units(3))
+    })
+    .await;
+    let refused_on_b = burst(fleet, &["gamma"; 2], "drain-b-more").await;
+    wait_others_folded(fleet, "seed-a", 3).await;
+    fill(setup, "alpha", 0, LIMIT_MACHINES - 3, "drain-a").await;
+    let over = burst(&setup.fleet, &["alpha"; 2], "drain-a-more").await;
+    assert_eq!((refused_on_b, over), (0, 0), "{}", describe(setup).await);
+
+    // Its clusters emptied: forgotten while still listed, and seed-a gets the whole quota.
+    let fleet = &setup.fleet;
+    delete_all(fleet, &["gamma"]).await;
+    let started = std::time::Instant::now();
+    wait_for(WAIT, "drained seed-b forgotten by the record", || async {
+        let record = quotas.get(NAME).await.ok()?.status?.shares?;
+        record.seeds.iter().all(|s| s.name != "seed-b").then_some(())
+    })
+    .await
+    .unwrap();
+    let forgotten_after = started.elapsed();
+    wait_others_folded(fleet, "seed-a", 0).await;
+    fill(setup, "alpha", LIMIT_MACHINES - 3, LIMIT_MACHINES, "drained").await;
+    eprintln!("draining: seed-b forgotten {forgotten_after:?} after its Machines were deleted");
+    let _ = stop.send(());
+    watching.await.unwrap();
+
+    // Off the list: an ordinary seed again.
+    master_controller(setup)
+        .restart_without("--draining-seeds")
+        .unwrap();
+    // The restarted master leads once the old lease lapses, then records seed-b again.
+    wait_for(WAIT, "seed-b in the record again", || async {
+        let record = quotas.get(NAME).await.ok()?.status?.shares?;
+        record.seeds.iter().any(|s| s.name == "seed-b").then_some(())
+    })
+    .await
+    .unwrap();
+    settle(&setup.fleet).await;
+    // seed-a first gives back the share it holds idle: gamma's first creates may be refused.
+    let mut undrained = 0;
+    for round in 0..20 {
+        if undrained >= 2 {
+            break;
+        }
+        undrained += burst(&setup.fleet, &["gamma"], &format!("undrained-{round}")).await;
+    }
+    assert_eq!(undrained, 2, "{}", describe(setup).await);
+    settle(&setup.fleet).await;
+}
+
+/// The fleet's master-controller component.
+fn master_controller(setup: &mut FleetWithSystem) -> &mut e2e::system::Component {
+    let name = setup
+        .system
+        .of_kind("master-controller")
+        .next()
+        .unwrap()
+        .name
+        .clone();
+    setup.system.component_mut(&name).unwrap()
+}
+
 /// A seed gone for good (issue #32, finding 3). Removed from the fleet, seed-b keeps the share
 /// it held, counted (its Machines may still exist) and shown as stuck: seed-a gets only the
 /// rest. Declared gone (`--gone-seeds=seed-b`, the chart's `masterController.goneSeeds`), the
@@ -1029,14 +1105,7 @@ async fn a_seed_declared_gone_returns_its_share(setup: &mut FleetWithSystem) {
     watching.await.unwrap();
 
     // Declared gone: master-controller restarted with the flag (as a Helm upgrade would).
-    let master = setup
-        .system
-        .of_kind("master-controller")
-        .next()
-        .unwrap()
-        .name
-        .clone();
-    let master = setup.system.component_mut(&master).unwrap();
+    let master = master_controller(setup);
     master.restart_with("--gone-seeds=seed-b").unwrap();
     let master = &*master;
     wait_for(WAIT, "seed-b forgotten from the record", || async {
@@ -1069,5 +1138,6 @@ async fn faults_operators_cause_never_overrun_and_heal() {
     a_limit_added_to_a_resource_in_use_counts_that_use(&setup).await;
     a_catalog_edit_that_grows_running_machines_is_counted(&setup).await;
     a_restored_seed_does_not_regain_released_share(&setup).await;
+    a_drained_seed_hands_its_share_back(&mut setup).await;
     a_seed_declared_gone_returns_its_share(&mut setup).await;
 }

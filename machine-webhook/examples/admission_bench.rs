@@ -36,13 +36,11 @@ use e2e::certs::WebhookCerts;
 use e2e::procfs::{CpuTicks, Scheduling};
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
-use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, Resource, ResourceDetails};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use machine_webhook::metrics::Metrics;
 use machine_webhook::reserve::AllotmentConfig;
@@ -54,7 +52,7 @@ const DEFAULT_CLIENTS: usize = 16;
 const USERS: [&str; 3] = ["alpha", "beta", "delta"];
 const PROJECT: &str = "demo";
 const NS: &str = "kube-system";
-const VWC: &str = "kkp-quota-machines";
+const VWC: &str = kkp_quota_runtime::webhook_config::NAME;
 
 /// The cpu of every bench Machine.
 const MACHINE_CPU: i64 = 2;
@@ -97,32 +95,12 @@ async fn register(
         cluster,
         &instance.keys.sign(cluster, &uid),
     );
-    let config = ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(VWC.into()),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "machines.kkp-quota.k8c.io".into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: WebhookClientConfig {
-                url: Some(url),
-                ca_bundle: Some(certs.ca_bundle()),
-                service: None,
-            },
-            failure_policy: Some("Fail".into()),
-            side_effects: "NoneOnDryRun".into(),
-            timeout_seconds: Some(5),
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec!["cluster.k8s.io".into()]),
-                api_versions: Some(vec!["v1alpha1".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["machines".into()]),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..ValidatingWebhook::default()
-        }]),
-    };
+    // The configuration seed-controller writes, exactly (`kkp_quota_runtime::webhook_config`).
+    let config = kkp_quota_runtime::webhook_config::desired(
+        &url,
+        Some(&certs.ca_bundle().0),
+        kkp_quota_runtime::webhook_config::Operations::CreateAndUpdate,
+    );
     Api::<ValidatingWebhookConfiguration>::all(user.clone())
         .patch(VWC, &PatchParams::apply("bench").force(), &Patch::Apply(&config))
         .await?;

@@ -54,6 +54,9 @@ pub struct Options {
     /// such a seed is no longer among the `Seed`s, every record forgets it and its share returns
     /// to the quota (docs/operations.md). A listed seed is never forgotten this way.
     pub gone_seeds: BTreeSet<String>,
+    /// Seeds the admin is draining before they leave: no more share, all they do not use handed
+    /// back, and forgotten by every record once they use nothing (docs/operations.md).
+    pub draining_seeds: BTreeSet<String>,
 }
 
 impl Options {
@@ -68,6 +71,7 @@ impl Options {
             share_slack_percent: 10,
             seed_kubeconfig_secret: None,
             gone_seeds: BTreeSet::new(),
+            draining_seeds: BTreeSet::new(),
         }
     }
 }
@@ -129,6 +133,8 @@ pub(crate) struct Ctx {
     pub share_slack_percent: u32,
     /// [`Options::gone_seeds`].
     pub gone_seeds: BTreeSet<String>,
+    /// [`Options::draining_seeds`].
+    pub draining_seeds: BTreeSet<String>,
     /// Quotas with a limit this system cannot read: counted, and reported by Event.
     pub unreadable: Arc<crate::unreadable::Unreadable>,
     /// Every master `ResourceQuota` (which of a project's several quotas is in force).
@@ -257,6 +263,7 @@ async fn run_as_leader(
         memory: ShareMemory::default(),
         share_slack_percent: options.share_slack_percent,
         gone_seeds: options.gone_seeds.clone(),
+        draining_seeds: options.draining_seeds.clone(),
         unreadable: Arc::clone(&unreadable),
         quotas: quotas.clone(),
         not_in_force: crate::not_in_force::NotInForce::default(),

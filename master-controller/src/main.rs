@@ -84,9 +84,23 @@ struct Args {
     /// seed here only when its Machines are known to be gone; a listed seed is never forgotten.
     #[arg(long, env = "MASTER_CONTROLLER_GONE_SEEDS", value_delimiter = ',')]
     gone_seeds: Vec<String>,
+    /// Seeds being drained before they leave the fleet (comma-separated names): they get no
+    /// more share and hand back all they do not use; once one uses nothing, every quota's
+    /// record forgets it, so it can then be removed without `--gone-seeds`. Its user clusters
+    /// can create no Machines meanwhile.
+    #[arg(long, env = "MASTER_CONTROLLER_DRAINING_SEEDS", value_delimiter = ',')]
+    draining_seeds: Vec<String>,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     log_json: bool,
+}
+
+/// Seed names from a comma-separated flag, blanks dropped.
+fn names(flag: Vec<String>) -> std::collections::BTreeSet<String> {
+    flag.into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
 }
 
 /// A Secret name template must name a different Secret per seed.
@@ -121,12 +135,8 @@ async fn main() -> anyhow::Result<()> {
     options.share_slack_percent = args.share_slack_percent;
     options.seed_probe_every = Duration::from_secs(args.seed_probe_seconds);
     options.seed_kubeconfig_secret = args.seed_kubeconfig_secret;
-    options.gone_seeds = args
-        .gone_seeds
-        .into_iter()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| !s.is_empty())
-        .collect();
+    options.gone_seeds = names(args.gone_seeds);
+    options.draining_seeds = names(args.draining_seeds);
     if !args.no_leader_election {
         options.lease = Some(LeaseConfig::new(
             args.leader_election_namespace,

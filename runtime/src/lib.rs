@@ -11,6 +11,7 @@ pub mod ops;
 pub mod telemetry;
 pub mod watch;
 pub mod webhook_auth;
+pub mod webhook_config;
 
 /// Why a runtime helper failed.
 #[derive(Debug, thiserror::Error)]

@@ -8,149 +8,28 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_runtime::watch::relisting_watcher;
-use kkp_quota_runtime::webhook_auth::{PATH_PREFIX, ReloadingKeys, SigningKeys};
+use kkp_quota_runtime::webhook_auth::{ReloadingKeys, SigningKeys};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::Shared;
 
-pub const NAME: &str = "kkp-quota-machines";
+pub use kkp_quota_runtime::webhook_config::{
+    MATCH_CONDITION_NAME, NAME, Operations, PROVIDER_SPEC_CHANGES_ONLY, contains, desired, url,
+};
+
 pub const FIELD_MANAGER: &str = "kkp-quota-seed-controller";
-
-/// The webhook's CEL match condition: every CREATE, and an UPDATE only when `spec.providerSpec`
-/// changed (a Machine's size comes from its provider spec alone, and the webhook answers any other
-/// update as unchanged).
-///
-/// Other spec fields change under machine-controller without any change of size: its own
-/// mutating webhook defaults `spec.name` on the update that adds its finalizer, before the
-/// instance is created, and its status writes (a full update: its CRD has no status subresource)
-/// re-serialise a spec another client created, with its defaults filled in. Were those sent here,
-/// a quota webhook that is down (`failurePolicy: Fail`) would stop Machines it had already
-/// admitted from ever getting an instance.
-///
-/// The generation test comes first because it is cheap: the API server moves a custom
-/// resource's `metadata.generation` before validating admission whenever anything outside
-/// `metadata` (and `status`, where that is a subresource) changed, so an unchanged generation
-/// means an unchanged spec, and the metadata-only updates machine-controller makes all through a
-/// Machine's life stop at an integer comparison instead of walking both provider specs. (The
-/// saving is below what `update_storm` resolves: every condition measured there costs the API
-/// server the same within its noise.) Where the generation did move, the provider specs decide
-/// (compared as JSON values: a re-serialisation that only reorders keys is no change).
-pub const PROVIDER_SPEC_CHANGES_ONLY: &str = "request.operation != 'UPDATE' \
-    || ((!has(object.metadata.generation) || !has(oldObject.metadata.generation) \
-         || object.metadata.generation != oldObject.metadata.generation) \
-        && (!has(object.spec) || !has(oldObject.spec) \
-            || has(object.spec.providerSpec) != has(oldObject.spec.providerSpec) \
-            || (has(object.spec.providerSpec) && object.spec.providerSpec != oldObject.spec.providerSpec)))";
-
-/// The match condition's name in the configuration.
-pub const MATCH_CONDITION_NAME: &str = "provider-spec-changes-only";
-
-/// Which Machine operations the user clusters' API servers send to the webhook
-/// (`--webhook-operations`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Operations {
-    /// CREATE, and every UPDATE that changes the provider spec
-    /// ([`PROVIDER_SPEC_CHANGES_ONLY`]): a Machine grown
-    /// by editing its providerSpec is checked like a new one.
-    #[default]
-    CreateAndUpdate,
-    /// CREATE only. The API server then spends nothing on any UPDATE, where evaluating the match
-    /// condition costs it 5 to 10 % of an update's CPU (`update_storm`). A Machine whose spec is
-    /// changed in place is counted at its new size but never checked; the overrun alert
-    /// (`KkpQuotaProjectOverQuota`) is then the only guard. For platforms whose Machine specs cannot change: KKP's machine-controller
-    /// refuses spec changes in its own webhook, unless the one-shot bypass annotation
-    /// `kubermatic.io/bypass-no-spec-mutation-requirement` is set.
-    Create,
-}
-
-impl Operations {
-    /// The rule's `operations`.
-    pub fn names(self) -> &'static [&'static str] {
-        match self {
-            Operations::CreateAndUpdate => &["CREATE", "UPDATE"],
-            Operations::Create => &["CREATE"],
-        }
-    }
-}
 
 /// How often the URL-signing key file is checked for a change.
 pub const KEY_POLL: Duration = Duration::from_secs(1);
-
-/// The URL for one user cluster: `<base>/validate/machines/<cluster>/<token>`, the token signed
-/// with the first URL-signing key over the cluster's name and UID (see
-/// `kkp_quota_runtime::webhook_auth`); without keys (`--insecure-no-auth`), `<base>/validate/machines/<cluster>`.
-pub fn url(cluster: &str, uid: &str, base_url: &str, keys: Option<&SigningKeys>) -> String {
-    match keys {
-        Some(keys) => {
-            kkp_quota_runtime::webhook_auth::webhook_url(base_url, cluster, &keys.sign(cluster, uid))
-        }
-        None => format!("{}{PATH_PREFIX}/{cluster}", base_url.trim_end_matches('/')),
-    }
-}
-
-/// The configuration for one user cluster, whose webhook URL is `url`. The match condition is
-/// there with either `operations` (on a CREATE it is true at its first test), so that switching
-/// changes only the rule.
-pub fn desired(url: &str, ca_bundle: Option<&[u8]>, operations: Operations) -> Value {
-    let mut client_config = json!({ "url": url });
-    if let Some(ca) = ca_bundle {
-        client_config["caBundle"] = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or(Value::Null);
-    }
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {
-            "name": NAME,
-            "labels": {"app.kubernetes.io/managed-by": "kkp-quota-seed-controller"},
-        },
-        "webhooks": [{
-            "name": "machines.quota.kkp.k8c.io",
-            "clientConfig": client_config,
-            "rules": [{
-                "apiGroups": ["cluster.k8s.io"],
-                "apiVersions": ["v1alpha1"],
-                "resources": ["machines"],
-                "operations": operations.names(),
-            }],
-            // An UPDATE that leaves the provider spec alone (finalizers, annotations, labels,
-            // status, `spec.name`: machine-controller makes many in a Machine's life) cannot
-            // change its size, so the API server does not call the webhook for it at all.
-            "matchConditions": [{
-                "name": MATCH_CONDITION_NAME,
-                "expression": PROVIDER_SPEC_CHANGES_ONLY,
-            }],
-            "failurePolicy": "Fail",
-            "matchPolicy": "Equivalent",
-            "sideEffects": "NoneOnDryRun",
-            "timeoutSeconds": 5,
-            "admissionReviewVersions": ["v1"],
-        }],
-    })
-}
-
-/// Whether `actual` has everything `wanted` has (objects: every key; lists: same length,
-/// element by element), ignoring what the apiserver defaulted or added.
-pub fn contains(actual: &Value, wanted: &Value) -> bool {
-    match (actual, wanted) {
-        (Value::Object(a), Value::Object(w)) => w
-            .iter()
-            .all(|(k, wv)| a.get(k).is_some_and(|av| contains(av, wv))),
-        (Value::Array(a), Value::Array(w)) => {
-            a.len() == w.len() && a.iter().zip(w).all(|(av, wv)| contains(av, wv))
-        }
-        _ => actual == wanted,
-    }
-}
 
 /// Every [`KEY_POLL`], `read`s a file into `sender` when what it holds now differs from what
 /// was sent by `same`; what a read cannot give (`None`) never replaces what was sent. Each
@@ -332,68 +211,5 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn desired_points_at_the_cluster_path_with_its_token() {
-        let keys = SigningKeys::parse(&kkp_quota_runtime::webhook_auth::generate_key()).expect("keys");
-        let token = keys.sign("alpha", "uid-1");
-        let d = desired(
-            &url("alpha", "uid-1", "https://127.0.0.1:9443/", Some(&keys)),
-            Some(b"PEM"),
-            Operations::default(),
-        );
-        assert_eq!(
-            d["webhooks"][0]["clientConfig"]["url"],
-            format!("https://127.0.0.1:9443/validate/machines/alpha/{token}")
-        );
-        assert_eq!(keys.verify("alpha", "uid-1", &token), Some(0));
-        assert_eq!(
-            url("alpha", "uid-1", "https://h/", None),
-            "https://h/validate/machines/alpha"
-        );
-        assert_eq!(d["webhooks"][0]["clientConfig"]["caBundle"], "UEVN");
-        assert_eq!(d["webhooks"][0]["failurePolicy"], "Fail");
-        assert_eq!(
-            d["webhooks"][0]["rules"][0]["operations"],
-            json!(["CREATE", "UPDATE"])
-        );
-    }
-
-    #[test]
-    fn create_only_changes_the_rule_alone() {
-        let both = desired(
-            "https://x/validate/machines/alpha/t",
-            None,
-            Operations::CreateAndUpdate,
-        );
-        let create = desired("https://x/validate/machines/alpha/t", None, Operations::Create);
-        assert_eq!(create["webhooks"][0]["rules"][0]["operations"], json!(["CREATE"]));
-        let mut same = create.clone();
-        same["webhooks"][0]["rules"][0]["operations"] = json!(["CREATE", "UPDATE"]);
-        assert_eq!(same, both);
-        // A configuration written with the other choice is not what is wanted: applied again.
-        assert!(!contains(&both, &create));
-        assert!(!contains(&create, &both));
-    }
-
-    #[test]
-    fn contains_ignores_defaults_but_not_edits() {
-        let wanted = desired("https://x/validate/machines/alpha/t", None, Operations::default());
-        let mut actual = wanted.clone();
-        actual["webhooks"][0]["namespaceSelector"] = json!({});
-        actual["webhooks"][0]["rules"][0]["scope"] = json!("*");
-        actual["metadata"]["resourceVersion"] = json!("12");
-        assert!(contains(&actual, &wanted));
-        actual["webhooks"][0]["failurePolicy"] = json!("Ignore");
-        assert!(!contains(&actual, &wanted));
-        let mut fewer = wanted.clone();
-        fewer["webhooks"][0]["rules"][0]["operations"] = json!(["CREATE"]);
-        assert!(!contains(&fewer, &wanted));
     }
 }

@@ -12,14 +12,12 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use e2e::certs::{WebhookCertPaths, WebhookCerts};
 use e2e::{Fleet, FleetSpec, wait_for};
-use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kkp_quota_crds::ledger::{Allotment, Reservation};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use machine_webhook::reserve::AllotmentConfig;
 use machine_webhook::{Config, Webhook};
@@ -29,7 +27,7 @@ use tokio::task::JoinHandle;
 pub const SEED: &str = "seed-a";
 pub const PROJECT: &str = "demo";
 pub const NS: &str = "kube-system";
-pub const WEBHOOK_CONFIG: &str = "kkp-quota-machines";
+pub const WEBHOOK_CONFIG: &str = kkp_quota_runtime::webhook_config::NAME;
 
 /// A seed with user clusters `alpha` and `beta` of project `demo` (plus the master the fleet
 /// always has).
@@ -166,32 +164,12 @@ pub async fn register(
     certs: &Certs,
 ) -> Result<()> {
     let url = admission_url(seed, address, cluster, certs).await?;
-    let config = ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(WEBHOOK_CONFIG.into()),
-            ..ObjectMeta::default()
-        },
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "machines.kkp-quota.k8c.io".into(),
-            admission_review_versions: vec!["v1".into()],
-            client_config: WebhookClientConfig {
-                url: Some(url),
-                ca_bundle: Some(certs.webhook.ca_bundle()),
-                service: None,
-            },
-            failure_policy: Some("Fail".into()),
-            side_effects: "NoneOnDryRun".into(),
-            timeout_seconds: Some(5),
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec!["cluster.k8s.io".into()]),
-                api_versions: Some(vec!["v1alpha1".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["machines".into()]),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..ValidatingWebhook::default()
-        }]),
-    };
+    // The configuration seed-controller writes, exactly (`kkp_quota_runtime::webhook_config`).
+    let config = kkp_quota_runtime::webhook_config::desired(
+        &url,
+        Some(&certs.webhook.ca_bundle().0),
+        kkp_quota_runtime::webhook_config::Operations::CreateAndUpdate,
+    );
     let api: Api<ValidatingWebhookConfiguration> = Api::all(user.clone());
     api.patch(
         WEBHOOK_CONFIG,

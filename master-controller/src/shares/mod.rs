@@ -108,7 +108,13 @@ pub(crate) async fn round(
         let seen = Instant::now();
         let limits = effective_limits(&master_rq.spec.quota.limits, Some(&pq.spec.quota));
         let record = pq.status.as_ref().and_then(|s| s.shares.clone());
-        let mut view = view::view(&limits, record.as_ref(), seeds, Timestamp::now())?;
+        let mut view = view::view(
+            &limits,
+            record.as_ref(),
+            seeds,
+            &ctx.draining_seeds,
+            Timestamp::now(),
+        )?;
         if settling {
             return Ok(Round {
                 project_quota: pq,

@@ -19,20 +19,35 @@ use crate::seeds::SeedView;
 /// record starts with no share; `reachable` is whether its watch is fresh; its report is read
 /// from its ledger when one is known (a stale seed's last known one: `released` only grows, so
 /// an old report is a safe one). A seed in the record that is no longer part of the fleet is
-/// retiring and unreachable.
+/// retiring and unreachable. A seed being drained (`draining`) is retiring while it is in the
+/// record, and is not put back into it once the plan forgot it (it used nothing by then).
 pub fn view(
     limit: &ResourceDetails,
     record: Option<&ShareRecord>,
     seeds: &[SeedView],
+    draining: &BTreeSet<String>,
     now: Timestamp,
 ) -> Result<MasterView, QuantityError> {
     let mut records = objects::records(record);
     for seed in seeds {
+        let report = match &seed.copy {
+            Some(ledger) => Some(ledger.reading.report(now)?),
+            None => None,
+        };
+        let draining = draining.contains(&seed.name);
+        // A drained seed the plan forgot stays out of the record while it uses nothing.
+        if draining
+            && !records.contains_key(&seed.name)
+            && report.as_ref().is_none_or(|r| r.committed.is_empty())
+        {
+            continue;
+        }
         #[allow(clippy::unwrap_or_default)] // `new` is not `default`: a new seed is reachable
         let record = records.entry(seed.name.clone()).or_insert_with(SeedRecord::new);
+        record.retiring = draining;
         record.reachable = seed.health.is_fresh();
-        if let Some(ledger) = &seed.copy {
-            record.observe(ledger.reading.report(now)?);
+        if let Some(report) = report {
+            record.observe(report);
         }
     }
     for (name, record) in &mut records {
@@ -252,6 +267,66 @@ pub(super) mod tests {
         }
     }
 
+    /// A seed being drained (`--draining-seeds`) while still in the fleet: no grant and a zero
+    /// target while it uses something; forgotten once it holds and uses nothing, and not put
+    /// back into the record while it stays listed and unused; back, retiring, if usage shows up.
+    #[test]
+    fn a_draining_seed_hands_its_share_back_and_leaves_the_record() {
+        let draining: BTreeSet<String> = ["b".to_owned()].into();
+        let using = |committed: i64, released: i64| QuotaLedgerStatus {
+            local_usage: Some(cpu(committed)),
+            released: Some(cpu(released)),
+            demands: vec![ShareDemand {
+                holder: "w".into(),
+                amount: cpu(9),
+                expires_at: at(60),
+                ttl_seconds: None,
+            }],
+            ..QuotaLedgerStatus::default()
+        };
+        let rec = record(&[("a", 5, 5), ("b", 5, 5)]);
+        let seeds = vec![
+            seed("a", fresh(), Some(ledger("1", QuotaLedgerStatus::default()))),
+            seed("b", fresh(), Some(ledger("2", using(2, 0)))),
+        ];
+        let v = view(&cpu(10), Some(&rec), &seeds, &draining, at(1)).unwrap();
+        assert!(v.seeds["b"].retiring && v.seeds["b"].reachable);
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.targets["b"], cpu(0), "{plan:?}");
+        assert!(
+            !plan.grants.contains_key("b") && plan.forget.is_empty(),
+            "{plan:?}"
+        );
+
+        // Everything released and nothing used: forgotten, and kept out while it stays so.
+        let seeds = vec![
+            seed("a", fresh(), Some(ledger("1", QuotaLedgerStatus::default()))),
+            seed(
+                "b",
+                fresh(),
+                Some(ledger(
+                    "3",
+                    QuotaLedgerStatus {
+                        released: Some(cpu(5)),
+                        ..using(0, 5)
+                    },
+                )),
+            ),
+        ];
+        let mut v = view(&cpu(10), Some(&rec), &seeds, &draining, at(2)).unwrap();
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.forget, ["b"]);
+        v.apply(&plan).unwrap();
+        let rec = objects::record(4, &v.seeds);
+        let v = view(&cpu(10), Some(&rec), &seeds, &draining, at(3)).unwrap();
+        assert!(!v.seeds.contains_key("b") && !new_seeds(Some(&rec), &v), "{v:?}");
+
+        // Usage appearing on it without an admission (a catalog edit) puts it back, retiring.
+        let seeds = vec![seed("b", fresh(), Some(ledger("4", using(1, 5))))];
+        let v = view(&cpu(10), Some(&rec), &seeds, &draining, at(4)).unwrap();
+        assert!(v.seeds["b"].retiring, "{v:?}");
+    }
+
     #[test]
     fn view_reads_the_record_and_the_ledgers() {
         let status = QuotaLedgerStatus {
@@ -278,7 +353,7 @@ pub(super) mod tests {
             seed("new", fresh(), None),
         ];
         let rec = record(&[("a", 5, 5), ("b", 3, 3), ("gone", 2, 2)]);
-        let v = view(&cpu(10), Some(&rec), &seeds, at(1)).unwrap();
+        let v = view(&cpu(10), Some(&rec), &seeds, &BTreeSet::new(), at(1)).unwrap();
         assert_eq!(v.limit, cpu(10));
         let a = &v.seeds["a"];
         assert_eq!((a.granted.clone(), a.target.clone()), (cpu(5), cpu(5)));
@@ -305,10 +380,10 @@ pub(super) mod tests {
         assert_eq!(gone_to_forget(&v, &seeds, &declared), vec!["gone".to_owned()]);
         assert!(gone_to_forget(&v, &seeds, &BTreeSet::new()).is_empty());
         // An expired demand is no demand.
-        let later = view(&cpu(10), Some(&rec), &seeds, at(61)).unwrap();
+        let later = view(&cpu(10), Some(&rec), &seeds, &BTreeSet::new(), at(61)).unwrap();
         assert_eq!(later.seeds["a"].report.as_ref().unwrap().demand, None);
         // No record: every seed is new.
-        let v = view(&cpu(10), None, &seeds[2..], at(1)).unwrap();
+        let v = view(&cpu(10), None, &seeds[2..], &BTreeSet::new(), at(1)).unwrap();
         assert!(new_seeds(None, &v));
         assert!(!new_seeds(Some(&objects::record(1, &v.seeds)), &v));
     }
@@ -316,7 +391,7 @@ pub(super) mod tests {
     #[test]
     fn a_first_round_records_every_seed_with_no_share() {
         let seeds = vec![seed("a", fresh(), None), seed("b", fresh(), None)];
-        let mut v = view(&cpu(10), None, &seeds, at(0)).unwrap();
+        let mut v = view(&cpu(10), None, &seeds, &BTreeSet::new(), at(0)).unwrap();
         let plan = v.plan(&kkp_quota_crds::shares::slack(&cpu(10), 10)).unwrap();
         assert!(plan.grants.is_empty());
         assert!(v.apply(&plan).unwrap());
