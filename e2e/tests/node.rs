@@ -165,6 +165,33 @@ async fn the_webhook_answers_through_its_service(fleet: &Fleet) {
     )
     .await
     .unwrap();
+    // The API server calls the webhook by the ClusterIP, so every pod behind it must serve a
+    // certificate naming that IP. The first Machine was twice refused for a served certificate
+    // without it (CI and one local run); wait until six connections in a row are served a right
+    // one, and say how long that took.
+    let started = Instant::now();
+    wait_for(
+        Duration::from_mins(2),
+        "every webhook pod serving a certificate for the ClusterIP",
+        || async {
+            for _ in 0..6 {
+                let pem = rotation::served_certificate()
+                    .await
+                    .ok_or_else(|| "no certificate served".to_owned())?;
+                let names = rotation::x509(&pem, &["-ext", "subjectAltName"]);
+                if !names.contains(&format!("IP Address:{WEBHOOK_CLUSTER_IP}")) {
+                    return Err(format!("served: {names}"));
+                }
+            }
+            Ok(())
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "the webhook Service served certificates for its ClusterIP {:?} after its connections were accepted",
+        started.elapsed()
+    );
     let machines = e2e::machines::api(fleet, "alpha");
     if let Err(e) = machines
         .create(&PostParams::default(), &vsphere("first", 2))
