@@ -10,6 +10,20 @@ pub struct Fit {
     pub tightest: Resource,
 }
 
+/// The room left under each limit, `limit - used` and never below zero; unlimited resources
+/// are absent. What a user's view and the plugin show as free, and what [`machines_that_fit`]
+/// divides.
+pub fn room(limits: &ResourceDetails, used: &ResourceDetails) -> ResourceDetails {
+    let mut room = ResourceDetails::default();
+    for (resource, limit) in limits.iter() {
+        room.set(
+            resource,
+            Some(limit.saturating_sub_to_zero(used.amount(resource))),
+        );
+    }
+    room
+}
+
 /// How many Machines of `size` fit beside `used` under `limits`: the fewest over every limited
 /// resource the size asks for. `None` when no limit applies to anything the size asks for.
 /// Usage above a limit leaves no room (never a negative count).
@@ -18,12 +32,11 @@ pub fn machines_that_fit(
     used: &ResourceDetails,
     size: &ResourceDetails,
 ) -> Option<Fit> {
-    limits
+    room(limits, used)
         .iter()
         .filter(|&(r, _)| size.amount(r) > Quantity::ZERO)
-        .map(|(r, limit)| {
-            let room = limit.saturating_sub_to_zero(used.amount(r)).as_nanos();
-            let count = u64::try_from(room / size.amount(r).as_nanos()).unwrap_or(u64::MAX);
+        .map(|(r, room)| {
+            let count = u64::try_from(room.as_nanos() / size.amount(r).as_nanos()).unwrap_or(u64::MAX);
             Fit { count, tightest: r }
         })
         .min_by_key(|fit| fit.count)

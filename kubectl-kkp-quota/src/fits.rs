@@ -234,7 +234,7 @@ fn answer(asked: &Asked, room: &Room, catalog: &SizeCatalog) -> FitAnswer {
         format!(
             "each needs {}, and {} of {} is free",
             r.describe(size.amount(r)),
-            r.amount(room.limits.amount(r).saturating_sub_to_zero(room.used.amount(r))),
+            r.amount(kkp_quota_crds::fit::room(&room.limits, &room.used).amount(r)),
             r.describe(room.limits.amount(r)),
         )
     });

@@ -108,6 +108,7 @@ pub fn report(quotas: &Quotas, project: Option<&str>, now: Timestamp) -> Result<
 
 /// Used, limit and free for every resource that is limited or used.
 pub fn resource_rows(limits: &ResourceDetails, used: &ResourceDetails) -> Vec<ResourceRow> {
+    let room = kkp_quota_crds::fit::room(limits, used);
     Resource::ALL
         .iter()
         .filter(|&&r| limits.get(r).is_some() || !used.amount(r).is_zero())
@@ -115,9 +116,7 @@ pub fn resource_rows(limits: &ResourceDetails, used: &ResourceDetails) -> Vec<Re
             resource: r,
             used: r.amount(used.amount(r)),
             limit: limits.get(r).map(|l| r.amount(l)),
-            free: limits
-                .get(r)
-                .map(|l| r.amount(l.saturating_sub_to_zero(used.amount(r)))),
+            free: room.get(r).map(|q| r.amount(q)),
         })
         .collect()
 }

@@ -46,13 +46,7 @@ pub fn build(
         .and_then(|sum| sum.checked_add(&reserved))
         .unwrap_or_default();
     let limits = ledger.spec.quota.clone();
-    let mut free = ResourceDetails::default();
-    for (resource, limit) in limits.iter() {
-        free.set(
-            resource,
-            Some(limit.saturating_sub_to_zero(used.amount(resource))),
-        );
-    }
+    let free = kkp_quota_crds::fit::room(&limits, &used);
     let (state, message) = match (seed_unreadable_since, &local) {
         (Some(since), _) => (ViewState::Stale, Some(unreadable(seed, since))),
         (None, None) => (
