@@ -98,6 +98,23 @@ pub fn wait_until_blocking(timeout: Duration, what: &str, mut done: impl FnMut()
     Ok(())
 }
 
+/// [`wait_until_blocking`] for a check that does real work (lists cgroups, reads `/proc`): checks
+/// `done` every [`POLL_INTERVAL`] until it holds or `timeout` has passed, and says whether it
+/// held. For teardown in `Drop`, where a failure is reported by what is left, not by an error.
+pub fn poll_blocking(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done() {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        std::thread::sleep(POLL_INTERVAL.min(left));
+    }
+}
+
 /// What a watch can follow: a kube resource with a default dynamic type.
 pub trait Watched:
     kube::Resource<DynamicType: Default> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static
@@ -184,6 +201,19 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn poll_blocking_says_whether_the_check_held_by_the_deadline() {
+        let mut calls = 0;
+        assert!(poll_blocking(Duration::from_secs(10), || {
+            calls += 1;
+            calls == 3
+        }));
+        assert_eq!(calls, 3);
+        let started = Instant::now();
+        assert!(!poll_blocking(Duration::from_millis(60), || false));
+        assert!(started.elapsed() >= Duration::from_millis(60));
+    }
 
     #[test]
     fn wait_until_blocking_returns_once_done_or_fails_at_the_deadline() {

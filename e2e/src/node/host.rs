@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
@@ -182,7 +182,7 @@ impl HostSnapshot {
 
     fn remove_cgroups(&self) -> Result<()> {
         // A killed process leaves its cgroup a moment after the signal: retry until the deadline.
-        let removed = poll_until(Duration::from_secs(5), || {
+        let removed = crate::wait::poll_blocking(Duration::from_secs(5), || {
             let mut left = kubepods_cgroups();
             left.retain(|c| !self.cgroups.contains(c));
             // Deepest first: a cgroup with children cannot be removed.
@@ -287,24 +287,9 @@ fn kill_pods_and_shims(node_dir: &Path) -> Result<()> {
         // Some may have exited since they were listed: that is what we wanted.
         let _ = run("kill", &args);
         // Gone before the next pass lists again (one that is not is listed again).
-        poll_until(Duration::from_secs(5), || !pids.iter().any(|pid| is_live(*pid)));
+        crate::wait::poll_blocking(Duration::from_secs(5), || !pids.iter().any(|pid| is_live(*pid)));
     }
     bail!("node processes still running after 20 rounds of SIGKILL")
-}
-
-/// Checks `done` until it holds or `timeout` has passed; whether it held. Synchronous, for
-/// teardown in `Drop` (the async twin is [`crate::wait_for`]).
-fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if done() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 /// The machine's addresses, one `"<device> <family> <address>/<prefix>"` each
