@@ -338,12 +338,17 @@ enum Step {
     LoseRecord,
     /// The seed's ledger deleted (by hand, or its CRD re-installed) and re-created by the master
     /// from its cached record: the status is gone (released, reservations, allotments, demand).
-    /// The webhook admits nothing until seed-controller has counted every Machine again, so the
-    /// new ledger starts from what really runs.
+    /// The webhook admits nothing until seed-controller has counted it, and seed-controller's
+    /// first count carries the deleted ledger's reservations and allotments as its watch last
+    /// saw them (`seed-controller/src/succession.rs`): Machines admitted from them may not exist
+    /// yet.
     RecreateLedger {
         seed: usize,
         /// The webhook saw the ledger missing in between (and forgot its allotment).
         seen_gap: bool,
+        /// Every Machine admitted so far exists when the new ledger is counted (else those not
+        /// counted yet come later, covered only by what the new ledger carried over).
+        created: bool,
     },
     ExpireAllotment {
         seed: usize,
@@ -428,7 +433,8 @@ fn step() -> impl Strategy<Value = Step> {
         2 => seed.clone().prop_map(|seed| Step::SurgeEnds { seed }),
         1 => (seed.clone(), amount).prop_map(|(seed, amount)| Step::Appear { seed, amount }),
         1 => seed.clone().prop_map(|seed| Step::CrashWebhook { seed }),
-        1 => (seed.clone(), any::<bool>()).prop_map(|(seed, seen_gap)| Step::RecreateLedger { seed, seen_gap }),
+        1 => (seed.clone(), any::<bool>(), any::<bool>())
+            .prop_map(|(seed, seen_gap, created)| Step::RecreateLedger { seed, seen_gap, created }),
         1 => Just(Step::LoseRecord),
         1 => seed.clone().prop_map(|seed| Step::ExpireAllotment { seed }),
         1 => seed.clone().prop_map(|seed| Step::Withdraw { seed }),
@@ -509,6 +515,9 @@ struct Coverage {
     appeared_runs: usize,
     /// Ledgers re-created with their status lost.
     recreated: usize,
+    /// Of those, re-created with admitted Machines not created yet, covered only by what the
+    /// new ledger carried over.
+    recreated_in_flight: usize,
     /// Master records lost, and rebuilt from the seeds' copies.
     lost_records: usize,
     adopted: usize,
@@ -1011,7 +1020,11 @@ impl World {
                 self.record_lost = true;
                 cov.lost_records += 1;
             }
-            Step::RecreateLedger { seed, seen_gap } => {
+            Step::RecreateLedger {
+                seed,
+                seen_gap,
+                created,
+            } => {
                 let i = seed % len;
                 // The master creates it in a round's send, from the newest record it knows
                 // (its own last write included, and none of its writes still in flight): a
@@ -1036,11 +1049,25 @@ impl World {
                 let zero = rd(n, [0, 0]);
                 let now = self.now;
                 let s = &mut self.seeds[i];
-                // Counted anew: every Machine that exists, including those admitted from
-                // allotments (the webhook may record some again: counted twice, for a moment).
-                s.copy.counted = s.real_usage();
-                s.counted_machines
-                    .extend(std::mem::take(&mut s.machines).into_keys());
+                // Counted anew, carrying the reservations and allotments of the deleted ledger.
+                // When every admitted Machine exists, those with a reservation are counted (the
+                // reservation dropped) and those from an allotment are held back while it is
+                // carried; else only what was counted before is, and the rest stays covered by
+                // what was carried over.
+                if !created && (!s.machines.is_empty() || !s.copy.reserved.is_empty()) {
+                    cov.recreated_in_flight += 1;
+                }
+                if created {
+                    s.copy.counted = add(&s.copy.counted, &s.copy.reserved);
+                    s.copy.reserved = zero.clone();
+                    for (uid, size) in std::mem::take(&mut s.copy.recorded) {
+                        if s.counted_machines.insert(uid) {
+                            s.machines.remove(&uid);
+                            s.copy.counted = add(&s.copy.counted, &size);
+                        }
+                    }
+                    s.count_uncovered_machines();
+                }
                 s.copy.incarnation += 1;
                 if seen_gap {
                     s.webhook.forget(now);
@@ -1049,13 +1076,10 @@ impl World {
                 s.copy.share.receive(&word);
                 // A record lost too (rebuilt from nothing but this seed's usage): what runs is
                 // above the share, as if it had appeared without admission.
-                let over = s.copy.counted.saturating_sub(&s.copy.share.share());
+                let over = s.copy.committed().saturating_sub(&s.copy.share.share());
                 s.unadmitted = largest([&s.unadmitted, &over]).unwrap_or_default();
                 self.appeared |= !over.is_empty() && over.iter().any(|(_, q)| q > Quantity::ZERO);
                 s.copy.limit = limit;
-                s.copy.reserved = zero.clone();
-                s.copy.recorded.clear();
-                s.copy.allotments.clear();
                 s.copy.demand = None;
                 s.copy.others = zero;
                 s.pending_release = None;
@@ -1687,6 +1711,7 @@ fn shares_hold_the_limit_and_follow_demand() {
             && cov.liveness_moved_share > 0
             && cov.appeared_runs > 0
             && cov.recreated > 0
+            && cov.recreated_in_flight > 0
             && cov.adopted > 0
             && cov.fast_admissions > 0
             && cov.allotment_conflicts > 0
@@ -1789,6 +1814,7 @@ fn a_recreated_ledger_does_not_regain_released_share() {
         &[Step::RecreateLedger {
             seed: 0,
             seen_gap: false,
+            created: true,
         }],
     );
     assert_eq!(world.seeds[0].copy.share.share(), rd(1, [0, 0]));

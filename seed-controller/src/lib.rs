@@ -21,6 +21,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod shares;
 pub mod state;
+pub mod succession;
 pub mod usage;
 pub mod view;
 pub mod webhook_cert;

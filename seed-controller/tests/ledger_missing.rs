@@ -7,6 +7,8 @@
 //!   `ledger_missing` while KKP's copy of the quota is still on the seed, and so it is once the
 //!   master has re-created the ledger but seed-controller has not counted it yet. Once counted,
 //!   creates are admitted again, up to the limit and not beyond.
+//! - The re-created ledger's first count carries the deleted one's reservations and allotments
+//!   (Machines admitted but not created yet, headroom a webhook process admits from).
 
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
@@ -212,6 +214,17 @@ impl World {
     }
 }
 
+/// Deletes the ledger for good: its finalizer removed first (what a forced clean-up or a CRD
+/// re-install does).
+async fn force_delete(ledgers: &Api<QuotaLedger>) {
+    let unprotect = json!({"metadata": {"finalizers": null}});
+    ledgers
+        .patch(LEDGER, &PatchParams::default(), &Patch::Merge(&unprotect))
+        .await
+        .unwrap();
+    ledgers.delete(LEDGER, &DeleteParams::default()).await.unwrap();
+}
+
 /// The message of a refused create.
 fn refusal(result: Result<Machine, kube::Error>) -> String {
     match result {
@@ -263,15 +276,7 @@ async fn growth_is_refused_until_the_ledger_is_back_and_counted() {
     // forced clean-up or a CRD re-install does). KKP's copy of the quota stays on the seed.
     world.stop_master().await;
     let ledgers = world.ledgers();
-    ledgers
-        .patch(
-            LEDGER,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
-    ledgers.delete(LEDGER, &DeleteParams::default()).await.unwrap();
+    force_delete(&ledgers).await;
     wait_for_gone(&ledgers, LEDGER, WAIT).await.unwrap();
     assert!(
         Api::<ResourceQuota>::all(world.seed())
@@ -342,4 +347,96 @@ async fn growth_is_refused_until_the_ledger_is_back_and_counted() {
     let message = refusal(world.create("m4", "t3.medium").await);
     assert!(message.contains("uses 8 of 8 cpu"), "{message}");
     assert_eq!(world.machine_cpu().await, Quantity::from_units(8));
+}
+
+/// A ledger forced away while it held a reservation for a Machine not created yet and another
+/// process's allotment (an admission on its way to the API server, headroom a webhook process
+/// admits from): the re-created ledger's first count carries both, so their room is not
+/// admitted again (issue #32: without this, a burst over a deleted ledger overran the quota).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_ledger_carries_what_the_deleted_one_held() {
+    use kkp_quota_crds::ledger::{Allotment, Reservation};
+
+    let world = World::start("8").await;
+    world.create("m0", "t3.medium").await.unwrap();
+    world.wait_counted(2).await;
+    let ledgers = world.ledgers();
+    let two_cpu = || -> ResourceDetails { serde_json::from_value(json!({"cpu": "2"})).unwrap() };
+    let now = jiff::Timestamp::now();
+    let held = kkp_quota_crds::QuotaLedgerStatus {
+        reservations: vec![Reservation {
+            cluster: "alpha".into(),
+            uid: "on-its-way".into(),
+            size: two_cpu(),
+            reserved: two_cpu(),
+            created_at: now,
+        }],
+        allotments: vec![Allotment {
+            holder: "another-webhook-process".into(),
+            granted: two_cpu(),
+            expires_at: now + jiff::SignedDuration::from_mins(2),
+            ttl_seconds: Some(120),
+        }],
+        ..Default::default()
+    };
+    let wire = serde_json::to_value(&held).unwrap();
+    // Written as the webhook writes: by compare-and-swap, again on a conflict.
+    let current = wait_for(WAIT, "the held entries written", || async {
+        let current = ledgers.get(LEDGER).await.ok()?;
+        let patch = json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "status": {"reservations": wire["reservations"], "allotments": wire["allotments"]},
+        });
+        ledgers
+            .patch_status(LEDGER, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .ok()
+    })
+    .await
+    .unwrap();
+    // seed-controller has seen them (its watch keeps the ledger's last state).
+    wait_for(WAIT, "the held entries seen", || async {
+        let status = ledgers.get(LEDGER).await.ok()?.status?;
+        (status.reservations.len() == 1 && status.allotments.len() == 1).then_some(())
+    })
+    .await
+    .unwrap();
+
+    // Forced away: finalizer stripped, deleted; the master re-creates it.
+    force_delete(&ledgers).await;
+    let old_uid = current.uid();
+    let status = wait_for(WAIT, "the ledger re-created and counted", || async {
+        let ledger = ledgers.get(LEDGER).await.map_err(|e| e.to_string())?;
+        if ledger.uid() == old_uid {
+            return Err("not re-created yet".to_owned());
+        }
+        match ledger.status {
+            Some(status) if status.local_usage.is_some() => Ok(status),
+            _ => Err("re-created, not counted yet".to_owned()),
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        status.local_usage.unwrap().amount(Resource::Cpu),
+        Quantity::from_units(2)
+    );
+    let uids: Vec<&str> = status.reservations.iter().map(|r| r.uid.as_str()).collect();
+    assert_eq!(uids, ["on-its-way"], "the reservation was not carried over");
+    let holders: Vec<&str> = status.allotments.iter().map(|a| a.holder.as_str()).collect();
+    assert_eq!(
+        holders,
+        ["another-webhook-process"],
+        "the allotment was not carried over"
+    );
+
+    // 2 running, 2 on their way, 2 held: room for one more t3.medium, not two.
+    wait_for(WAIT, "m1 admitted", || async {
+        world.create("m1", "t3.medium").await
+    })
+    .await
+    .unwrap();
+    let message = refusal(world.create("m2", "t3.medium").await);
+    assert!(message.contains("8 cpu"), "{message}");
+    assert_eq!(world.machine_cpu().await, Quantity::from_units(4));
 }

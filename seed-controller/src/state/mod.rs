@@ -63,6 +63,8 @@ pub struct State {
     remembered: last_size::Remembered,
     /// The latest ledger of each project, for the users' views (`crate::view`).
     pub ledgers: crate::view::Ledgers,
+    /// Each project's ledger as the writer's watch last saw it, and its deleted predecessor.
+    pub successions: crate::succession::Successions,
 }
 
 impl State {
@@ -81,6 +83,7 @@ impl State {
             lifetimes: kkp_quota_crds::ledger::lifetimes::Lifetimes::new(),
             remembered: last_size::Remembered::default(),
             ledgers: crate::view::Ledgers::default(),
+            successions: crate::succession::Successions::default(),
         }
     }
 

@@ -208,6 +208,19 @@ pub(super) fn ledger_patch(
     patch
 }
 
+/// The first write of a re-created ledger writes every list it carries over from its
+/// predecessor ([`crate::succession`]), not only the lists a drop changes.
+pub(super) fn carry_over(patch: &mut Value, status: &QuotaLedgerStatus, decision: &Decision) {
+    let after = status_after(status, decision);
+    let or_null = |v: Value, empty: bool| if empty { Value::Null } else { v };
+    patch["status"]["reservations"] =
+        or_null(json!(group(&after.reservations)), after.reservations.is_empty());
+    patch["status"]["allotments"] = or_null(json!(after.allotments), after.allotments.is_empty());
+    patch["status"]["rolloutSurges"] = or_null(json!(after.rollout_surges), after.rollout_surges.is_empty());
+    patch["status"]["lastKnownSizes"] =
+        or_null(json!(after.last_known_sizes), after.last_known_sizes.is_empty());
+}
+
 /// When a quota copy's ledger next needs a write although nothing changes: its oldest
 /// reservation's TTL ends, or its earliest allotment expires.
 pub(super) fn ledger_due(status: &QuotaLedgerStatus, ttl: SignedDuration) -> Option<Timestamp> {

@@ -11,12 +11,13 @@ use kkp_quota_crds::{QuotaLedger, QuotaLedgerStatus, ResourceDetails, ResourceQu
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::MAX_ATTEMPTS;
-use super::decision::{Decision, decide, ledger_patch, status_after};
+use super::decision::{Decision, carry_over, decide, ledger_patch, status_after};
 use super::report::{Dropped, set_surge_gauges, set_usage_gauges, timed, written};
 use crate::shares::{self, Release};
+use crate::succession::{Succession, inherit};
 use crate::usage::same_usage;
 use crate::{Error, Shared};
 
@@ -32,12 +33,20 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
     let selector = format!("{SUBJECT_NAME_LABEL}={project},{SUBJECT_KIND_LABEL}={PROJECT_KIND}");
     for _ in 0..MAX_ATTEMPTS {
         let quotas = api.list(&ListParams::default().labels(&selector)).await?;
+        let inherited = match quotas.items.first().map(|q| start(shared, project, q)) {
+            Some(Start::Later) => return Ok(()),
+            Some(Start::Inherited(status)) => Some(*status),
+            _ => None,
+        };
         // The snapshot is taken after the read: every reservation we see was made before it. The
         // sizes the copy keeps are taken in first (a restart may have forgotten them).
         let (plan, adopted) = {
             let mut state = shared.state();
             let adopted = quotas.items.first().is_some_and(|q| {
-                let kept = q.status.as_ref().map_or(&[][..], |s| &s.last_known_sizes);
+                let kept = inherited
+                    .as_ref()
+                    .or(q.status.as_ref())
+                    .map_or(&[][..], |s| &s.last_known_sizes);
                 state.ledger_last_sizes(project, kept)
             });
             (state.project_plan(project)?, adopted)
@@ -56,7 +65,9 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             state.appeared_checked(&checked, &[], false, shared.config.admission_record_grace);
             return Ok(());
         };
-        let status = quota.status.clone().unwrap_or_default();
+        let status = inherited
+            .clone()
+            .unwrap_or_else(|| quota.status.clone().unwrap_or_default());
         // Decided on the lifetimes as our clock judges them; patched from the status as read.
         let judged_status = super::judge_lifetimes(shared, project, &status, Timestamp::now());
         let decision = decide(&plan, &judged_status, &shared.config)?;
@@ -80,6 +91,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             plan.project_unsettled,
         );
         if usage_same
+            && inherited.is_none()
             && decision.drops.is_empty()
             && decision.expired.is_empty()
             && decision.demands_expired.is_empty()
@@ -91,7 +103,10 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
             return Ok(());
         }
-        let patch = ledger_patch(&quota, &status, &decision, release.as_ref());
+        let mut patch = ledger_patch(&quota, &status, &decision, release.as_ref());
+        if inherited.is_some() {
+            carry_over(&mut patch, &status, &decision);
+        }
         match api
             .patch_status(&quota.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -103,6 +118,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
                     expired,
                 } = written(shared, project, &quota.spec, &status, &decision, release.as_ref());
                 debug!(local_usage = %decision.local_usage, counted, gone, expired, allotments_expired = decision.expired.len(), held = decision.held.len(), "localUsage written");
+                carried(inherited.as_ref());
                 judged(shared, project, &decision);
                 mirror_to_kkp(shared, &quota.name_any(), project, &decision.local_usage).await?;
                 return Ok(());
@@ -227,4 +243,45 @@ fn judged(shared: &Shared, project: &str, decision: &Decision) {
             state.grace_wakeups.remove(project);
         }
     }
+}
+
+/// What a write of a project's ledger starts from.
+enum Start {
+    /// An uncounted ledger the watch has not shown yet: its watch event (after its
+    /// predecessor's deletion) asks for the write.
+    Later,
+    AsRead,
+    /// An uncounted successor: its status with the deleted ledger's entries taken in
+    /// ([`crate::succession`]).
+    Inherited(Box<QuotaLedgerStatus>),
+}
+
+fn start(shared: &Shared, project: &str, quota: &QuotaLedger) -> Start {
+    let read = quota.status.clone().unwrap_or_default();
+    if read.local_usage.is_some() {
+        return Start::AsRead;
+    }
+    let mut state = shared.state();
+    let keep = shared.config.reservation_ttl;
+    state.successions.prune(Instant::now(), keep);
+    match state
+        .successions
+        .for_uncounted(project, &quota.uid().unwrap_or_default(), Instant::now(), keep)
+    {
+        Succession::Unseen => {
+            debug!("a new ledger not seen by the watch yet: counted when it is");
+            Start::Later
+        }
+        Succession::First => Start::AsRead,
+        Succession::After(predecessor) => Start::Inherited(Box::new(inherit(&read, predecessor))),
+    }
+}
+
+fn carried(inherited: Option<&QuotaLedgerStatus>) {
+    let Some(status) = inherited else { return };
+    info!(
+        reservations = status.reservations.len(),
+        allotments = status.allotments.len(),
+        "the ledger was re-created: its first count carries the reservations and allotments of the deleted one"
+    );
 }
