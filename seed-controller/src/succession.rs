@@ -13,13 +13,18 @@
 //! goes when its Machine is counted, a new Machine is held back while an allotment may cover it,
 //! an allotment goes when it expires or its holder rewrites it.
 //!
-//! An uncounted ledger the watch has not seen yet is not counted: its watch event (which comes
-//! after its predecessor's deletion) asks for the write.
+//! An uncounted ledger the watch has not shown yet is not counted: its watch event (which comes
+//! after its predecessor's deletion) asks for the write. A watch that has not shown it after
+//! [`UNSEEN_LIMIT`] is broken or far behind: the ledger is counted then without a predecessor,
+//! rather than refusing growth for good.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use kkp_quota_crds::QuotaLedgerStatus;
+
+/// How long an uncounted ledger waits for the watch to show it before it is counted all the same.
+pub const UNSEEN_LIMIT: Duration = Duration::from_secs(10);
 
 /// The last state of a project's deleted ledger.
 #[derive(Debug, Clone)]
@@ -46,6 +51,9 @@ pub struct Successions {
     /// Project -> UID and status of its ledger, as last seen.
     current: HashMap<String, (String, QuotaLedgerStatus)>,
     predecessors: HashMap<String, Predecessor>,
+    /// Project -> an uncounted ledger (by UID) the watch had not shown when a write first
+    /// wanted it, and when.
+    unseen: HashMap<String, (String, Instant)>,
 }
 
 impl Successions {
@@ -90,10 +98,27 @@ impl Successions {
     /// What the uncounted ledger `uid` of `project` starts from. A predecessor gone longer than
     /// `keep` ago is no longer carried: every admission from it has long become a Machine (counted)
     /// or expired.
-    pub fn for_uncounted(&self, project: &str, uid: &str, now: Instant, keep: Duration) -> Succession<'_> {
+    pub fn for_uncounted(
+        &mut self,
+        project: &str,
+        uid: &str,
+        now: Instant,
+        keep: Duration,
+    ) -> Succession<'_> {
         if self.current.get(project).is_none_or(|(u, _)| u != uid) {
-            return Succession::Unseen;
+            let since = match self.unseen.get(project) {
+                Some((u, since)) if u == uid => *since,
+                _ => {
+                    self.unseen.insert(project.to_owned(), (uid.to_owned(), now));
+                    now
+                }
+            };
+            if now.saturating_duration_since(since) < UNSEEN_LIMIT {
+                return Succession::Unseen;
+            }
+            return Succession::First;
         }
+        self.unseen.remove(project);
         match self.predecessors.get(project) {
             Some(p) if p.uid != uid && now.saturating_duration_since(p.gone_at) < keep => {
                 Succession::After(&p.status)
@@ -106,6 +131,8 @@ impl Successions {
     pub fn prune(&mut self, now: Instant, keep: Duration) {
         self.predecessors
             .retain(|_, p| now.saturating_duration_since(p.gone_at) < keep);
+        self.unseen
+            .retain(|_, (_, since)| now.saturating_duration_since(*since) < keep);
     }
 }
 
@@ -201,8 +228,12 @@ mod tests {
         s.applied("demo", "old", &old, now);
         assert_eq!(s.for_uncounted("demo", "old", now, KEEP), Succession::First);
         s.deleted("demo", "old", &old, now);
-        // Not seen by the watch yet: no count.
+        // Not seen by the watch yet: no count, unless the watch stays silent too long.
         assert_eq!(s.for_uncounted("demo", "new", now, KEEP), Succession::Unseen);
+        assert_eq!(
+            s.for_uncounted("demo", "new", now + UNSEEN_LIMIT, KEEP),
+            Succession::First
+        );
         s.applied("demo", "new", &QuotaLedgerStatus::default(), now);
         assert_eq!(s.for_uncounted("demo", "new", now, KEEP), Succession::After(&old));
         // Long after, nothing is carried.

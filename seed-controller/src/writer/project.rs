@@ -270,6 +270,9 @@ fn start(shared: &Shared, project: &str, quota: &QuotaLedger) -> Start {
     {
         Succession::Unseen => {
             debug!("a new ledger not seen by the watch yet: counted when it is");
+            // Looked at again soon, should its watch event not come.
+            let again = Instant::now() + Duration::from_secs(1);
+            state.share_wakeups.entry(project.to_owned()).or_insert(again);
             Start::Later
         }
         Succession::First => Start::AsRead,
