@@ -1047,7 +1047,7 @@ impl World {
                 };
                 let limit = master.cache.record.limit.clone();
                 let zero = rd(n, [0, 0]);
-                let now = self.now;
+                let (now, ttl) = (self.now, self.allotment.ttl);
                 let s = &mut self.seeds[i];
                 // Counted anew, carrying the reservations and allotments of the deleted ledger.
                 // When every admitted Machine exists, those with a reservation are counted (the
@@ -1067,6 +1067,14 @@ impl World {
                         }
                     }
                     s.count_uncovered_machines();
+                }
+                // Carried allotments cover only what was admitted before the deletion (no holder
+                // admits from an entry in a ledger it has not written): seed-controller gives
+                // them the admission record grace, not the holders' TTL.
+                let grace = Duration::from_secs(5);
+                let carried_seen = now.checked_sub(ttl.saturating_sub(grace)).unwrap_or(now);
+                for (_, seen) in s.copy.allotments.values_mut() {
+                    *seen = (*seen).min(carried_seen);
                 }
                 s.copy.incarnation += 1;
                 if seen_gap {

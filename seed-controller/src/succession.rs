@@ -21,7 +21,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::QuotaLedgerStatus;
+use kkp_quota_crds::ledger::lifetimes::ttl_seconds;
 
 /// How long an uncounted ledger waits for the watch to show it before it is counted all the same.
 pub const UNSEEN_LIMIT: Duration = Duration::from_secs(10);
@@ -158,6 +160,32 @@ pub fn inherit(successor: &QuotaLedgerStatus, predecessor: &QuotaLedgerStatus) -
     status
 }
 
+/// [`inherit`] for a successor's first count at `now`: the allotments taken in live `grace` from
+/// now (`--admission-record-grace`, the time an admitted Machine takes to show), not their
+/// holders' TTL. They cover only Machines admitted before the deletion: no holder admits from an
+/// entry in a ledger it has not written (its admissions without a write check the ledger's UID),
+/// and a holder that writes the new ledger rewrites its own entry. So a process that holds
+/// nothing any more does not block their headroom for its whole TTL.
+pub fn inherit_for_count(
+    successor: &QuotaLedgerStatus,
+    predecessor: &QuotaLedgerStatus,
+    now: Timestamp,
+    grace: Duration,
+) -> QuotaLedgerStatus {
+    let mut status = inherit(successor, predecessor);
+    let expires_at = SignedDuration::try_from(grace)
+        .ok()
+        .and_then(|g| now.checked_add(g).ok())
+        .unwrap_or(now);
+    for allotment in &mut status.allotments {
+        if !successor.allotments.iter().any(|o| o.holder == allotment.holder) {
+            allotment.expires_at = expires_at;
+            allotment.ttl_seconds = Some(ttl_seconds(grace));
+        }
+    }
+    status
+}
+
 /// Appends to `own` each entry of `theirs` it has no `same` entry for.
 fn take_missing<T: Clone>(own: &mut Vec<T>, theirs: &[T], same: impl Fn(&T, &T) -> bool) {
     for entry in theirs {
@@ -218,6 +246,22 @@ mod tests {
         assert_eq!(merged.allotments, [allotment("b", 1), allotment("a", 4)]);
         // Its own count, not the predecessor's.
         assert_eq!(merged.local_usage, None);
+    }
+
+    #[test]
+    fn carried_allotments_live_the_grace_and_the_successors_own_keep_theirs() {
+        let old = held(&[], &[("a", 4), ("b", 2)]);
+        let new = QuotaLedgerStatus {
+            allotments: vec![allotment("b", 1)],
+            ..QuotaLedgerStatus::default()
+        };
+        let merged = inherit_for_count(&new, &old, at(1000), Duration::from_secs(5));
+        assert_eq!(merged.allotments[0], allotment("b", 1));
+        let carried = &merged.allotments[1];
+        assert_eq!(
+            (carried.holder.as_str(), carried.expires_at, carried.ttl_seconds),
+            ("a", at(1005), Some(5))
+        );
     }
 
     #[test]

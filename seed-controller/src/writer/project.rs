@@ -17,7 +17,7 @@ use super::MAX_ATTEMPTS;
 use super::decision::{Decision, carry_over, decide, ledger_patch, status_after};
 use super::report::{Dropped, set_surge_gauges, set_usage_gauges, timed, written};
 use crate::shares::{self, Release};
-use crate::succession::{Succession, inherit};
+use crate::succession::{Succession, inherit_for_count};
 use crate::usage::same_usage;
 use crate::{Error, Shared};
 
@@ -276,7 +276,12 @@ fn start(shared: &Shared, project: &str, quota: &QuotaLedger) -> Start {
             Start::Later
         }
         Succession::First => Start::AsRead,
-        Succession::After(predecessor) => Start::Inherited(Box::new(inherit(&read, predecessor))),
+        Succession::After(predecessor) => Start::Inherited(Box::new(inherit_for_count(
+            &read,
+            predecessor,
+            Timestamp::now(),
+            shared.config.admission_record_grace,
+        ))),
     }
 }
 
