@@ -49,8 +49,8 @@ pub struct ProjectQuotaSpec {
     #[serde(default)]
     pub quota: ResourceDetails,
     /// Opt-in: a surge Machine replacing one of the same `MachineDeployment` may take the
-    /// project over its limit by its own size until the replaced Machine is gone (README,
-    /// "Rollouts at full quota"). Absent: never.
+    /// project over its limit by its own size until the replaced Machine is gone
+    /// (docs/architecture.md, "Rollouts at full quota"). Absent: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_allowance: Option<RolloutAllowance>,
 }
@@ -69,7 +69,8 @@ pub struct ProjectQuotaStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub seeds: Vec<SeedFigures>,
-    /// `SeedsStale`, `QuotaExceeded`, `SeedCleanupPending` (see README).
+    /// `SeedsStale`, `QuotaExceeded`, `SeedCleanupPending`, `ForeignQuotaController`,
+    /// `QuotaInvalid`, `NotInForce` (docs/how-it-works.md, "Conditions").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

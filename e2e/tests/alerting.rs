@@ -62,7 +62,7 @@ async fn over_quota_state(http: &reqwest::Client, base: &str) -> Option<String> 
 }
 
 fn documented_metrics() -> BTreeSet<String> {
-    let readme = std::fs::read_to_string(format!("{REPO}/README.md")).unwrap();
+    let readme = std::fs::read_to_string(format!("{REPO}/docs/metrics.md")).unwrap();
     let table = readme
         .split("## Metrics")
         .nth(1)
@@ -309,7 +309,7 @@ async fn exported_metrics_are_documented(system: &System) {
     let undocumented: Vec<_> = exported.difference(&documented).collect();
     assert!(
         undocumented.is_empty(),
-        "exported but not in README's Metrics table: {undocumented:?}"
+        "exported but not in docs/metrics.md's Metrics table: {undocumented:?}"
     );
     for core in [
         "kkp_quota_limit",

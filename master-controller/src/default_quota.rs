@@ -10,7 +10,7 @@
 //! - a custom quota (one without the label `kkp-default-resource-quota=true`) is never written;
 //!   when a project has a custom quota, its default quota is deleted.
 //!
-//! Replacing a default quota by a custom one (documented in the README): either remove the label
+//! Replacing a default quota by a custom one (documented in docs/how-it-works.md): either remove the label
 //! from the default quota and edit its spec (`kubectl label resourcequota project-<id>
 //! kkp-default-resource-quota-`; the object is then custom and never touched again), or create a
 //! custom quota under another name for that project (the default one is then deleted).
