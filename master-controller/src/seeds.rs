@@ -473,18 +473,28 @@ async fn answers(
             true
         }
         Err(why) => {
+            let why = kkp_quota_runtime::chain::Chain(&why).to_string();
             unreachable_seed(seed, seeds, triggers, metrics, "probe", &why);
             false
         }
     }
 }
 
+/// Why a seed's API server did not answer the probe.
+#[derive(Debug, thiserror::Error)]
+enum ProbeError {
+    #[error("asking for its version")]
+    Failed(#[source] kube::Error),
+    #[error("no answer within {0:?}")]
+    Silent(Duration),
+}
+
 /// Asks the seed's API server for its version, failing when no answer comes within `within`.
-async fn probe(client: &Client, within: Duration) -> Result<(), String> {
+async fn probe(client: &Client, within: Duration) -> Result<(), ProbeError> {
     match tokio::time::timeout(within, client.apiserver_version()).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {within:?}")),
+        Ok(Err(e)) => Err(ProbeError::Failed(e)),
+        Err(_) => Err(ProbeError::Silent(within)),
     }
 }
 

@@ -21,8 +21,17 @@ pub const KEY: &str = "catalog.yaml";
 /// How long counting waits for the admin catalog before going on with the shipped one.
 const GIVE_UP_WAITING: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Why the catalog `ConfigMap` cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum UnusableCatalog {
+    #[error("ConfigMap {CONFIG_MAP} has no key {KEY}")]
+    NoKey,
+    #[error("ConfigMap {CONFIG_MAP}, key {KEY}, is not a valid size catalog")]
+    Invalid(#[source] provider_sizes::CatalogError),
+}
+
 /// What the catalog `ConfigMap` says: a catalog, or why it cannot be used.
-pub fn catalog_from(config_map: Option<&ConfigMap>) -> Result<SizeCatalog, String> {
+pub fn catalog_from(config_map: Option<&ConfigMap>) -> Result<SizeCatalog, UnusableCatalog> {
     let Some(config_map) = config_map else {
         return Ok(SizeCatalog::shipped());
     };
@@ -30,8 +39,8 @@ pub fn catalog_from(config_map: Option<&ConfigMap>) -> Result<SizeCatalog, Strin
         .data
         .as_ref()
         .and_then(|d| d.get(KEY))
-        .ok_or_else(|| format!("ConfigMap {CONFIG_MAP} has no key {KEY}"))?;
-    let admin = AdminCatalog::parse(text).map_err(|e| e.to_string())?;
+        .ok_or(UnusableCatalog::NoKey)?;
+    let admin = AdminCatalog::parse(text).map_err(UnusableCatalog::Invalid)?;
     Ok(SizeCatalog::shipped().with_admin(&admin))
 }
 
@@ -107,7 +116,7 @@ fn apply(shared: &Shared, config_map: Option<&ConfigMap>, current: &mut Option<S
         }
         Err(e) => {
             shared.metrics.catalog_errors.inc();
-            error!(error = %e, "admin size catalog is invalid; keeping the previous catalog");
+            error!(error = %kkp_quota_runtime::chain::Chain(&e), "admin size catalog is invalid; keeping the previous catalog");
         }
     }
 }

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use kkp_quota_runtime::chain::Chain;
 use kube::Api;
 use kube::api::PostParams;
 use rcgen::{
@@ -248,13 +249,26 @@ pub async fn run(shared: Arc<Shared>, namespace: String, name: String, settings:
     loop {
         ticker.tick().await;
         if let Err(e) = once(&api, &name, &settings).await {
-            warn!(secret = %name, %namespace, error = %e, "could not keep the webhook certificate; retrying");
+            warn!(secret = %name, %namespace, error = %Chain(&e), "could not keep the webhook certificate; retrying");
         }
     }
 }
 
-async fn once(api: &Api<Secret>, name: &str, settings: &Settings) -> Result<(), String> {
-    let mut secret = api.get(name).await.map_err(|e| e.to_string())?;
+/// Why one look at the certificate Secret did not end with it current.
+#[derive(Debug, thiserror::Error)]
+enum KeepError {
+    #[error("reading the Secret")]
+    Read(#[source] kube::Error),
+    #[error("issuing a certificate")]
+    Issue(#[source] rcgen::Error),
+    #[error("encoding the rotation state")]
+    Encode(#[source] serde_json::Error),
+    #[error("writing the Secret")]
+    Write(#[source] kube::Error),
+}
+
+async fn once(api: &Api<Secret>, name: &str, settings: &Settings) -> Result<(), KeepError> {
+    let mut secret = api.get(name).await.map_err(KeepError::Read)?;
     let state: State = secret
         .metadata
         .annotations
@@ -265,7 +279,7 @@ async fn once(api: &Api<Secret>, name: &str, settings: &Settings) -> Result<(), 
     let now = jiff::Timestamp::now().as_second();
     let step = plan(&state, now, settings);
     let data = secret.data.clone().unwrap_or_default();
-    let Some((state, data)) = apply(step, &state, &data, settings, now).map_err(|e| e.to_string())? else {
+    let Some((state, data)) = apply(step, &state, &data, settings, now).map_err(KeepError::Issue)? else {
         return Ok(());
     };
     secret
@@ -274,14 +288,14 @@ async fn once(api: &Api<Secret>, name: &str, settings: &Settings) -> Result<(), 
         .get_or_insert_with(BTreeMap::new)
         .insert(
             STATE_ANNOTATION.into(),
-            serde_json::to_string(&state).map_err(|e| e.to_string())?,
+            serde_json::to_string(&state).map_err(KeepError::Encode)?,
         );
     secret.data = Some(data);
     // A replace carries the resourceVersion read above: a concurrent writer makes it fail, and
     // the next tick decides again from what is there.
     api.replace(name, &PostParams::default(), &secret)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(KeepError::Write)?;
     info!(secret = %name, ?step, cas = state.ca_not_after.len(), "webhook certificate Secret updated");
     Ok(())
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::quota_ledger::QuotaLedgerSpec;
+use kkp_quota_crds::quota_ledger::{LEDGER_FORMAT, QuotaLedgerSpec};
 use kkp_quota_crds::{QuotaLedger, QuotaLedgerStatus, ResourceDetails, ResourceQuota};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -247,8 +247,8 @@ fn judged(shared: &Shared, project: &str, decision: &Decision) {
 
 /// What a write of a project's ledger starts from.
 enum Start {
-    /// An uncounted ledger the watch has not shown yet: its watch event (after its
-    /// predecessor's deletion) asks for the write.
+    /// Not now: an uncounted ledger the watch has not shown yet (its watch event, after its
+    /// predecessor's deletion, asks for the write), or one in a newer format.
     Later,
     AsRead,
     /// An uncounted successor: its status with the deleted ledger's entries taken in
@@ -258,6 +258,17 @@ enum Start {
 
 fn start(shared: &Shared, project: &str, quota: &QuotaLedger) -> Start {
     let read = quota.status.clone().unwrap_or_default();
+    // A newer release wrote it: never written back down to our format (docs/architecture.md,
+    // "Ledger format").
+    let format = read.format_version.unwrap_or(1);
+    if format > LEDGER_FORMAT {
+        warn!(
+            format,
+            understood = LEDGER_FORMAT,
+            "the quota ledger has a newer format than this seed-controller writes; not writing it: upgrade seed-controller"
+        );
+        return Start::Later;
+    }
     if read.local_usage.is_some() {
         return Start::AsRead;
     }
