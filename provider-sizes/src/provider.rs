@@ -1,151 +1,93 @@
-//! The machine-controller providers.
+//! The machine-controller providers, declared once in the `providers!` invocation below: the
+//! enum, [`Provider::ALL`], the accepted names and the parser all come from it.
 
-/// Every `cloudProvider` value machine-controller accepts (`packet` is an alias of
-/// `equinixmetal`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Provider {
-    Aws,
-    Azure,
-    Gce,
-    Openstack,
-    Hetzner,
-    Digitalocean,
-    Alibaba,
-    EquinixMetal,
-    Linode,
-    Vultr,
-    Scaleway,
-    Kubevirt,
-    Vsphere,
-    Nutanix,
-    VmwareCloudDirector,
-    Anexia,
-    Opennebula,
-    Baremetal,
-    Edge,
-    External,
-    Fake,
+/// Declares [`Provider`]: each variant with its canonical name (the admin catalog's key) and
+/// any aliases machine-controller also accepts.
+macro_rules! providers {
+    ($( $variant:ident => $name:literal $(| $alias:literal)* ),+ $(,)?) => {
+        /// Every `cloudProvider` value machine-controller accepts (`packet` is an alias of
+        /// `equinixmetal`).
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum Provider {
+            $($variant),+
+        }
+
+        impl Provider {
+            /// Number of providers; catalogs index arrays with [`Provider::index`].
+            pub const COUNT: usize = [$(Provider::$variant),+].len();
+
+            pub const ALL: [Provider; Provider::COUNT] = [$(Provider::$variant),+];
+
+            /// The names accepted, for messages.
+            pub const NAMES: &'static [&'static str] = &[$($name $(, $alias)*),+];
+
+            /// Parses a `cloudProvider` value (exact, as machine-controller does).
+            pub fn from_name(name: &str) -> Option<Provider> {
+                match name {
+                    $($name $(| $alias)* => Some(Provider::$variant),)+
+                    _ => None,
+                }
+            }
+
+            /// The canonical name (the admin catalog's key).
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Provider::$variant => $name),+
+                }
+            }
+            pub(crate) const fn index(self) -> usize {
+                self as usize
+            }
+
+            /// Flavour names compare case-insensitively on Azure (its API does); exactly elsewhere.
+            pub(crate) fn normalise_key(self, flavour: &str) -> std::borrow::Cow<'_, str> {
+                if self == Provider::Azure && flavour.bytes().any(|b| b.is_ascii_uppercase()) {
+                    std::borrow::Cow::Owned(flavour.to_ascii_lowercase())
+                } else {
+                    std::borrow::Cow::Borrowed(flavour)
+                }
+            }
+        }
+    };
 }
 
-impl Provider {
-    /// Number of providers; catalogs index arrays with [`Provider::index`].
-    pub const COUNT: usize = 21;
+providers! {
+    Aws => "aws",
+    Azure => "azure",
+    Gce => "gce",
+    Openstack => "openstack",
+    Hetzner => "hetzner",
+    Digitalocean => "digitalocean",
+    Alibaba => "alibaba",
+    EquinixMetal => "equinixmetal" | "packet",
+    Linode => "linode",
+    Vultr => "vultr",
+    Scaleway => "scaleway",
+    Kubevirt => "kubevirt",
+    Vsphere => "vsphere",
+    Nutanix => "nutanix",
+    VmwareCloudDirector => "vmware-cloud-director",
+    Anexia => "anexia",
+    Opennebula => "opennebula",
+    Baremetal => "baremetal",
+    Edge => "edge",
+    External => "external",
+    Fake => "fake",
+}
 
-    pub const ALL: [Provider; Provider::COUNT] = [
-        Provider::Aws,
-        Provider::Azure,
-        Provider::Gce,
-        Provider::Openstack,
-        Provider::Hetzner,
-        Provider::Digitalocean,
-        Provider::Alibaba,
-        Provider::EquinixMetal,
-        Provider::Linode,
-        Provider::Vultr,
-        Provider::Scaleway,
-        Provider::Kubevirt,
-        Provider::Vsphere,
-        Provider::Nutanix,
-        Provider::VmwareCloudDirector,
-        Provider::Anexia,
-        Provider::Opennebula,
-        Provider::Baremetal,
-        Provider::Edge,
-        Provider::External,
-        Provider::Fake,
-    ];
+#[cfg(test)]
+mod tests {
+    use super::Provider;
 
-    /// The names accepted, for messages.
-    pub const NAMES: [&'static str; Provider::COUNT + 1] = [
-        "aws",
-        "azure",
-        "gce",
-        "openstack",
-        "hetzner",
-        "digitalocean",
-        "alibaba",
-        "equinixmetal",
-        "packet",
-        "linode",
-        "vultr",
-        "scaleway",
-        "kubevirt",
-        "vsphere",
-        "nutanix",
-        "vmware-cloud-director",
-        "anexia",
-        "opennebula",
-        "baremetal",
-        "edge",
-        "external",
-        "fake",
-    ];
-
-    /// Parses a `cloudProvider` value (exact, as machine-controller does).
-    pub fn from_name(name: &str) -> Option<Provider> {
-        Some(match name {
-            "aws" => Provider::Aws,
-            "azure" => Provider::Azure,
-            "gce" => Provider::Gce,
-            "openstack" => Provider::Openstack,
-            "hetzner" => Provider::Hetzner,
-            "digitalocean" => Provider::Digitalocean,
-            "alibaba" => Provider::Alibaba,
-            "equinixmetal" | "packet" => Provider::EquinixMetal,
-            "linode" => Provider::Linode,
-            "vultr" => Provider::Vultr,
-            "scaleway" => Provider::Scaleway,
-            "kubevirt" => Provider::Kubevirt,
-            "vsphere" => Provider::Vsphere,
-            "nutanix" => Provider::Nutanix,
-            "vmware-cloud-director" => Provider::VmwareCloudDirector,
-            "anexia" => Provider::Anexia,
-            "opennebula" => Provider::Opennebula,
-            "baremetal" => Provider::Baremetal,
-            "edge" => Provider::Edge,
-            "external" => Provider::External,
-            "fake" => Provider::Fake,
-            _ => return None,
-        })
-    }
-
-    /// The canonical name (the admin catalog's key).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Provider::Aws => "aws",
-            Provider::Azure => "azure",
-            Provider::Gce => "gce",
-            Provider::Openstack => "openstack",
-            Provider::Hetzner => "hetzner",
-            Provider::Digitalocean => "digitalocean",
-            Provider::Alibaba => "alibaba",
-            Provider::EquinixMetal => "equinixmetal",
-            Provider::Linode => "linode",
-            Provider::Vultr => "vultr",
-            Provider::Scaleway => "scaleway",
-            Provider::Kubevirt => "kubevirt",
-            Provider::Vsphere => "vsphere",
-            Provider::Nutanix => "nutanix",
-            Provider::VmwareCloudDirector => "vmware-cloud-director",
-            Provider::Anexia => "anexia",
-            Provider::Opennebula => "opennebula",
-            Provider::Baremetal => "baremetal",
-            Provider::Edge => "edge",
-            Provider::External => "external",
-            Provider::Fake => "fake",
+    #[test]
+    fn every_provider_is_listed_once_parsed_back_and_indexed_in_order() {
+        for (i, provider) in Provider::ALL.iter().enumerate() {
+            assert_eq!(provider.index(), i, "{provider:?}");
+            assert_eq!(Provider::from_name(provider.name()), Some(*provider));
+            assert!(Provider::NAMES.contains(&provider.name()));
         }
-    }
-
-    pub(crate) const fn index(self) -> usize {
-        self as usize
-    }
-
-    /// Flavour names compare case-insensitively on Azure (its API does); exactly elsewhere.
-    pub(crate) fn normalise_key(self, flavour: &str) -> std::borrow::Cow<'_, str> {
-        if self == Provider::Azure && flavour.bytes().any(|b| b.is_ascii_uppercase()) {
-            std::borrow::Cow::Owned(flavour.to_ascii_lowercase())
-        } else {
-            std::borrow::Cow::Borrowed(flavour)
-        }
+        assert_eq!(Provider::from_name("packet"), Some(Provider::EquinixMetal));
+        assert_eq!(Provider::NAMES.len(), Provider::COUNT + 1);
+        assert_eq!(Provider::from_name("Aws"), None);
     }
 }
