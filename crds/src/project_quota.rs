@@ -156,8 +156,66 @@ pub fn effective_limits(kkp: &ResourceDetails, ours: Option<&ResourceDetails>) -
     out
 }
 
+/// The conditions a `ProjectQuota` reports (`status.conditions[].type`): one vocabulary for
+/// their writer (master-controller), their readers and docs/how-it-works.md, "Conditions".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QuotaCondition {
+    /// A seed's usage is counted from its last known view, or not known at all.
+    SeedsStale,
+    /// Global usage is above the limit for some resource.
+    QuotaExceeded,
+    /// The quota is being deleted and some seed could not delete its copy yet.
+    SeedCleanupPending,
+    /// Another writer (KKP Enterprise's quota controllers) writes KKP's quota usage too.
+    ForeignQuotaController,
+    /// KKP's quota has a limit this system cannot read exactly.
+    QuotaInvalid,
+    /// Another KKP quota of the same project is the one in force.
+    NotInForce,
+}
+
+impl QuotaCondition {
+    pub const ALL: [QuotaCondition; 6] = [
+        QuotaCondition::SeedsStale,
+        QuotaCondition::QuotaExceeded,
+        QuotaCondition::SeedCleanupPending,
+        QuotaCondition::ForeignQuotaController,
+        QuotaCondition::QuotaInvalid,
+        QuotaCondition::NotInForce,
+    ];
+
+    /// The condition's `type` on the wire.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            QuotaCondition::SeedsStale => "SeedsStale",
+            QuotaCondition::QuotaExceeded => "QuotaExceeded",
+            QuotaCondition::SeedCleanupPending => "SeedCleanupPending",
+            QuotaCondition::ForeignQuotaController => "ForeignQuotaController",
+            QuotaCondition::QuotaInvalid => "QuotaInvalid",
+            QuotaCondition::NotInForce => "NotInForce",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    /// Every condition is documented, each under its own name.
+    #[test]
+    fn every_condition_is_documented() {
+        let docs = include_str!("../../docs/how-it-works.md");
+        let section = docs.split("## Conditions").nth(1).expect("a Conditions section");
+        let mut names: Vec<&str> = super::QuotaCondition::ALL.iter().map(|c| c.as_str()).collect();
+        for name in &names {
+            assert!(
+                section.contains(&format!("- `{name}`")),
+                "{name} is not in docs/how-it-works.md"
+            );
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), super::QuotaCondition::ALL.len());
+    }
+
     use super::*;
     use crate::{Quantity, Resource};
 

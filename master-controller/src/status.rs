@@ -15,16 +15,17 @@
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kkp_quota_crds::project_quota::QuotaCondition;
 use kkp_quota_crds::{Resource, ResourceDetails};
 
 use crate::fold::StaleSeed;
 
-pub const SEEDS_STALE: &str = "SeedsStale";
-pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
-pub const SEED_CLEANUP_PENDING: &str = "SeedCleanupPending";
-pub const FOREIGN_QUOTA_CONTROLLER: &str = "ForeignQuotaController";
-pub const QUOTA_INVALID: &str = "QuotaInvalid";
-pub const NOT_IN_FORCE: &str = "NotInForce";
+pub const SEEDS_STALE: &str = QuotaCondition::SeedsStale.as_str();
+pub const QUOTA_EXCEEDED: &str = QuotaCondition::QuotaExceeded.as_str();
+pub const SEED_CLEANUP_PENDING: &str = QuotaCondition::SeedCleanupPending.as_str();
+pub const FOREIGN_QUOTA_CONTROLLER: &str = QuotaCondition::ForeignQuotaController.as_str();
+pub const QUOTA_INVALID: &str = QuotaCondition::QuotaInvalid.as_str();
+pub const NOT_IN_FORCE: &str = QuotaCondition::NotInForce.as_str();
 
 /// A condition without its transition time (filled in by [`merge_conditions`]).
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,6 +14,7 @@ use anyhow::{Context as _, Result, ensure};
 use common::*;
 use e2e::{Fleet, FleetSpec, wait_for};
 use k8s_openapi::api::events::v1::Event;
+use kkp_quota_crds::project_quota::QuotaCondition;
 use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -21,8 +22,8 @@ use serde_json::json;
 
 const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
 /// The condition types on the `ProjectQuota` (literals: what a user reads).
-const QUOTA_INVALID: &str = "QuotaInvalid";
-const NOT_IN_FORCE: &str = "NotInForce";
+const QUOTA_INVALID: &str = QuotaCondition::QuotaInvalid.as_str();
+const NOT_IN_FORCE: &str = QuotaCondition::NotInForce.as_str();
 
 /// KKP's quotas as plain JSON: what KKP's CRD accepts, whether or not this system can read it.
 fn raw_quotas(master: &Client) -> Api<DynamicObject> {
