@@ -13,12 +13,13 @@ use kkp_quota_runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_runtime::ops::Readiness;
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::ctx::Ctx;
 use crate::kkp_copies::KkpCopies;
 use crate::ledger_guard::HandDeletes;
 use crate::metrics::Metrics;
@@ -117,30 +118,6 @@ pub async fn run_until(
     metrics.leader.set(0);
     readiness.set(false);
     result?.unwrap_or(Ok(()))
-}
-
-pub(crate) struct Ctx {
-    pub master: Client,
-    pub seeds: Seeds,
-    pub projects: Store<Project>,
-    pub project_quotas: Store<ProjectQuota>,
-    pub metrics: Metrics,
-    pub kkp_copies: KkpCopies,
-    /// Ledgers of live quotas seen being deleted (warned about once each).
-    pub hand_deletes: HandDeletes,
-    /// What the share rounds remember between reconciles (the newest `ProjectQuota` written).
-    pub memory: ShareMemory,
-    pub share_slack_percent: u32,
-    /// [`Options::gone_seeds`].
-    pub gone_seeds: BTreeSet<String>,
-    /// [`Options::draining_seeds`].
-    pub draining_seeds: BTreeSet<String>,
-    /// Quotas with a limit this system cannot read: counted, and reported by Event.
-    pub unreadable: Arc<crate::unreadable::Unreadable>,
-    /// Every master `ResourceQuota` (which of a project's several quotas is in force).
-    pub quotas: Store<ResourceQuota>,
-    /// Quotas not in force (another quota of their project is): counted.
-    pub not_in_force: crate::not_in_force::NotInForce,
 }
 
 fn channel_stream<T: Send + 'static>(

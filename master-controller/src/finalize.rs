@@ -13,7 +13,7 @@ use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
 use crate::api::{delete_gone, ignore_missing, ours};
-use crate::controller::Ctx;
+use crate::ctx::Ctx;
 use crate::seeds::SeedView;
 use crate::{Error, fanout, ledger_guard, status};
 

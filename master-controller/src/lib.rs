@@ -21,6 +21,7 @@
 
 mod api;
 pub mod controller;
+mod ctx;
 pub mod default_quota;
 pub mod fanout;
 mod finalize;

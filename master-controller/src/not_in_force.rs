@@ -21,7 +21,7 @@ use kube::{Api, ResourceExt};
 use tracing::warn;
 
 use crate::Error;
-use crate::controller::Ctx;
+use crate::ctx::Ctx;
 use crate::metrics::Metrics;
 use crate::seeds::SeedView;
 use crate::status;

@@ -15,7 +15,7 @@ use tracing::{debug, warn};
 
 use crate::Error;
 use crate::api::ours;
-use crate::controller::Ctx;
+use crate::ctx::Ctx;
 use crate::fanout::{self, FIELD_MANAGER};
 use crate::fold::{self, Health, SeedUsage};
 use crate::seed_writes::{fan_out, write_seed_statuses};

@@ -12,7 +12,7 @@ use kube::{Api, ResourceExt};
 use tracing::{Instrument, debug, info_span, warn};
 
 use crate::api::{bounded, ignore_missing, ours};
-use crate::controller::Ctx;
+use crate::ctx::Ctx;
 use crate::fanout::{self, FIELD_MANAGER};
 use crate::fingerprint::Fingerprint;
 use crate::fold;

@@ -18,7 +18,7 @@ use serde_json::json;
 use tracing::{error, warn};
 
 use crate::Error;
-use crate::controller::Ctx;
+use crate::ctx::Ctx;
 use crate::metrics::Metrics;
 use crate::status;
 

@@ -37,7 +37,7 @@ pub use bookkeeping::{asked_to_release, grant_latencies, releases, stuck_transit
 pub use view::{Figures, Persisted, Round, gone_to_forget, new_seeds, newest, record_patch};
 
 use crate::Error;
-use crate::controller::Ctx;
+use crate::ctx::Ctx;
 use crate::seeds::SeedView;
 
 /// Attempts of one round against compare-and-swap conflicts before it gives up (and the
