@@ -21,6 +21,7 @@
 //! [`Webhook::start`] binds everything and returns the future that serves it; dropping that
 //! future (or aborting its task) stops every part of it.
 
+pub mod args;
 pub mod cache;
 pub mod decision;
 pub mod demand;
@@ -310,5 +311,42 @@ impl Webhook {
     /// Serves until an unrecoverable error (or until dropped).
     pub async fn run(self) -> Result<(), Error> {
         self.serving.await
+    }
+
+    /// Serves until SIGTERM or SIGINT, then stops without failing an admission: not ready but
+    /// still serving for `delay` (while endpoints drop the pod), connections closed once their
+    /// requests are answered, allotments given back. Each step keeps serving polled: the
+    /// workers that record and give back run inside it.
+    pub async fn run_until_signal(self, delay: Duration) -> Result<(), Error> {
+        let reserver = self.reserver.clone();
+        let shutdown = self.shutdown.clone();
+        let serving = self.run();
+        tokio::pin!(serving);
+        let signal = tokio::select! {
+            result = &mut serving => return result,
+            signal = kkp_quota_runtime::shutdown_signal() => signal,
+        };
+        info!(
+            signal,
+            ?delay,
+            "stopping: not ready, still serving while endpoints drop this pod"
+        );
+        shutdown.unready();
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            result = &mut serving => return result,
+        }
+        info!("stopping: closing connections once their requests are answered");
+        shutdown.close();
+        tokio::select! {
+            () = shutdown.drained() => {}
+            result = &mut serving => return result,
+        }
+        info!("stopping: giving allotments back");
+        tokio::select! {
+            _ = reserver.release_all(Duration::from_secs(5)) => {}
+            result = &mut serving => result?,
+        }
+        Ok(())
     }
 }

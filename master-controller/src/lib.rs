@@ -20,6 +20,7 @@
 //!   `seed_writes`: its applies and status writes on the seeds; `api`: helpers around API calls.
 
 mod api;
+pub mod args;
 pub mod controller;
 mod ctx;
 pub mod default_quota;
