@@ -1,7 +1,20 @@
 //! One pass over a batch: the plan decided on one copy of the ledger, and its compare-and-swap
 //! write (retried on conflicts).
 
+use kkp_quota_runtime::chain::Chain;
+
 use super::*;
+
+/// Why a write could not be planned on a copy of the ledger (the batch is answered "try again").
+#[derive(Debug, thiserror::Error)]
+pub(super) enum PlanError {
+    #[error(transparent)]
+    Ledger(#[from] crate::decision::StateError),
+    #[error("adding up sizes")]
+    Quantity(#[from] kkp_quota_crds::QuantityError),
+    #[error("encoding this process's allotment")]
+    Encode(#[from] serde_json::Error),
+}
 
 impl Reserver {
     /// The reservation an admission of `machine` records (none for a denial or a dry run).
@@ -32,7 +45,7 @@ impl Reserver {
         batch: &[Pending],
         requests: &[Request],
         escrow: &mut Escrow,
-    ) -> Result<Plan, String> {
+    ) -> Result<Plan, PlanError> {
         let holder = self.inner.holder.as_str();
         let now = self.inner.config.now();
         let instant = Instant::now();
@@ -46,24 +59,20 @@ impl Reserver {
             .collect();
         let (unrecorded, unrecorded_total) = escrow
             .holder
-            .unrecorded(|r| in_ledger.contains(&(r.cluster.as_str(), r.uid.as_str())))
-            .map_err(|e| e.to_string())?;
+            .unrecorded(|r| in_ledger.contains(&(r.cluster.as_str(), r.uid.as_str())))?;
         // Recorded at this write's time, so that one write's reservations of a cluster at one
         // size are one group on the wire (expiry counts from a moment later: harmless).
         let mut new_reservations: Vec<Reservation> = unrecorded
             .into_iter()
             .map(|r| Reservation { created_at: now, ..r })
             .collect();
-        let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded_total)
-            .map_err(|e| e.to_string())?;
+        let state = QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, &unrecorded_total)?;
         let verdicts = decide_batch(project, Some(&state), requests);
         let mut admitted = ResourceDetails::zero();
         for (pending, verdict) in batch.iter().zip(&verdicts) {
             if let Some(reservation) = Self::reservation_of(&pending.machine, &pending.request, verdict, now)
             {
-                admitted = admitted
-                    .checked_add(&reservation.reserved)
-                    .map_err(|e| e.to_string())?;
+                admitted = admitted.checked_add(&reservation.reserved)?;
                 new_reservations.push(reservation);
             }
         }
@@ -169,7 +178,7 @@ impl Reserver {
         renewal_due: bool,
         recording: bool,
         now: Timestamp,
-    ) -> Result<Option<Value>, String> {
+    ) -> Result<Option<Value>, PlanError> {
         let holder = self.inner.holder.as_str();
         let changes = match (own, grant) {
             (None, None) => false,
@@ -191,7 +200,7 @@ impl Reserver {
                     // Readers judge by this, not by our clock (issue #32, finding 8).
                     ttl_seconds: Some(kkp_quota_crds::ledger::lifetimes::ttl_seconds(config.ttl)),
                 };
-                Some(serde_json::to_value(allotment).map_err(|e| e.to_string())?)
+                Some(serde_json::to_value(allotment)?)
             }
             _ => None,
         };
@@ -402,7 +411,7 @@ impl Reserver {
                 Ok(plan) => plan,
                 Err(why) => {
                     self.note_failure(project, false);
-                    return Self::error_verdicts(requests, project, &why);
+                    return Self::error_verdicts(requests, project, &Chain(&why).to_string());
                 }
             };
             let result = if plan.writes() {
