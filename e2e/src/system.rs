@@ -338,7 +338,7 @@ impl System {
                 kubeconfig("master-controller", crate::fleet::MASTER)?
             ),
             format!("--metrics-address={metrics}"),
-            "--resync-period=30".to_owned(),
+            "--resync-period=30s".to_owned(),
         ];
         if let Credentials::Chart(_) = credentials {
             master_args.push(format!(

@@ -21,8 +21,8 @@ const LIMIT_MACHINES: usize = 10;
 const NAME: &str = "project-demo";
 const WAIT: Duration = Duration::from_mins(1);
 const SKEW_SECONDS: i64 = 40;
-const SKEW_FLAG: &str = "--test-clock-offset-seconds=";
-const DEMAND_TTL_FLAG: &str = "--share-demand-ttl-seconds=6";
+const SKEW_FLAG: &str = "--test-clock-offset=";
+const DEMAND_TTL_FLAG: &str = "--share-demand-ttl=6s";
 
 async fn setup() -> FleetWithSystem {
     let spec = FleetSpec::empty()
@@ -31,7 +31,7 @@ async fn setup() -> FleetWithSystem {
         .with_project("demo")
         .with_user_cluster("alpha", "seed-a", "demo")
         .with_user_cluster("gamma", "seed-b", "demo");
-    let skew = format!("{SKEW_FLAG}-{SKEW_SECONDS}");
+    let skew = format!("{SKEW_FLAG}-{SKEW_SECONDS}s");
     let extra = [
         ("machine-webhook", DEMAND_TTL_FLAG),
         ("machine-webhook", skew.as_str()),

@@ -31,9 +31,9 @@ const NAME: &str = "project-demo";
 const WAIT: Duration = Duration::from_mins(1);
 /// A demand left by denied requests keeps its seed's idle share the seed's own until it lapses
 /// (30 s by default); shorter here, so that the scenarios that need it gone wait less.
-const DEMAND_TTL_FLAG: &str = "--share-demand-ttl-seconds=6";
+const DEMAND_TTL_FLAG: &str = "--share-demand-ttl=6s";
 /// A frozen seed API server is found by the master's probe (10 s by default).
-const SEED_PROBE_FLAG: &str = "--seed-probe-seconds=2";
+const SEED_PROBE_FLAG: &str = "--seed-probe=2s";
 
 /// The fleet (two seeds) and the system, with the quota written and every ledger under shares.
 async fn setup() -> FleetWithSystem {

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use kkp_quota_runtime::duration::{parse_duration, parse_signed_duration};
 
 use crate::reserve::AllotmentConfig;
 use crate::server::Limits;
@@ -44,36 +45,36 @@ pub struct Args {
     /// Reservation writes tried per batch before denying with reason "error".
     #[arg(long, env = "MACHINE_WEBHOOK_MAX_WRITE_ATTEMPTS", default_value_t = 10)]
     pub max_write_attempts: u32,
-    /// Window (seconds) in which the same denial on the same object is one Event.
-    #[arg(long, env = "MACHINE_WEBHOOK_EVENT_DEDUP_SECONDS", default_value_t = 600)]
-    pub event_dedup_seconds: u64,
-    /// Lifetime (seconds) of this process's allotments: headroom it holds per project so that
-    /// Machines that fit are admitted without waiting for a ledger write. Renewed while in use;
-    /// after a crash the headroom stays held this long. 0 turns allotments off (every admission
-    /// waits for its own compare-and-swap write).
-    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_TTL_SECONDS", default_value_t = 120)]
-    pub allotment_ttl_seconds: u64,
-    /// How soon (milliseconds) Machines admitted from an allotment are written as reservations:
-    /// longer means fewer, larger ledger writes on the seed, and Machines that take longer to show
-    /// in usage (seed-controller holds them back until then).
-    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_RECORD_MS", default_value_t = 500)]
-    pub allotment_record_ms: u64,
-    /// How long (milliseconds) a request that fits the project's quota waits for share to move to
-    /// this seed (or for the seed's other webhook processes to give their allotments back) before
-    /// it is denied as `share_in_transit`. Must stay below the webhook's 5 s timeout, with room
-    /// for a write.
-    #[arg(long, env = "MACHINE_WEBHOOK_SHARE_WAIT_MS", default_value_t = 3000)]
-    pub share_wait_ms: u64,
-    /// How long (seconds) a demand for share stays after its last waiting request, so that a
-    /// retry after a `share_in_transit` denial finds the share moved. While it stays, the seed's
-    /// idle share is not asked back for other seeds.
+    /// Window in which the same denial on the same object is one Event.
+    #[arg(long, env = "MACHINE_WEBHOOK_EVENT_DEDUP", default_value = "10m", value_parser = parse_duration)]
+    pub event_dedup: Duration,
+    /// Lifetime of this process's allotments: headroom it holds per project so that Machines
+    /// that fit are admitted without waiting for a ledger write. Renewed while in use; after a
+    /// crash the headroom stays held this long. 0s turns allotments off (every admission waits
+    /// for its own compare-and-swap write).
+    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_TTL", default_value = "2m", value_parser = parse_duration)]
+    pub allotment_ttl: Duration,
+    /// How soon Machines admitted from an allotment are written as reservations: longer means
+    /// fewer, larger ledger writes on the seed, and Machines that take longer to show in usage
+    /// (seed-controller holds them back until then).
+    #[arg(long, env = "MACHINE_WEBHOOK_ALLOTMENT_RECORD_AFTER", default_value = "500ms", value_parser = parse_duration)]
+    pub allotment_record_after: Duration,
+    /// How long a request that fits the project's quota waits for share to move to this seed
+    /// (or for the seed's other webhook processes to give their allotments back) before it is
+    /// denied as `share_in_transit`. Must stay below the webhook's 5 s timeout, with room for a
+    /// write.
+    #[arg(long, env = "MACHINE_WEBHOOK_SHARE_WAIT", default_value = "3s", value_parser = parse_duration)]
+    pub share_wait: Duration,
+    /// How long a demand for share stays after its last waiting request, so that a retry after
+    /// a `share_in_transit` denial finds the share moved (at least 1s). While it stays, the
+    /// seed's idle share is not asked back for other seeds.
     #[arg(
         long,
-        env = "MACHINE_WEBHOOK_SHARE_DEMAND_TTL_SECONDS",
-        default_value_t = 30,
-        value_parser = clap::value_parser!(u64).range(1..)
+        env = "MACHINE_WEBHOOK_SHARE_DEMAND_TTL",
+        default_value = "30s",
+        value_parser = at_least_a_second
     )]
-    pub share_demand_ttl_seconds: u64,
+    pub share_demand_ttl: Duration,
     /// File of URL-signing keys (base64, one per line, at least 32 bytes each): the first signs,
     /// every one verifies; re-read when it changes. The same file is given to seed-controller,
     /// which writes each user cluster's token into its webhook URL. Required unless
@@ -95,33 +96,34 @@ pub struct Args {
     /// Largest admission request body accepted, in bytes (413 above).
     #[arg(long, env = "MACHINE_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,
-    /// Seconds allowed for a request's headers, and for its body.
-    #[arg(long, env = "MACHINE_WEBHOOK_READ_TIMEOUT_SECONDS", default_value_t = 10)]
-    pub read_timeout_seconds: u64,
-    /// On SIGTERM, seconds to keep serving while /readyz says not ready, before closing
+    /// Time allowed for a request's headers, and for its body.
+    #[arg(long, env = "MACHINE_WEBHOOK_READ_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub read_timeout: Duration,
+    /// On SIGTERM, how long to keep serving while /readyz says not ready, before closing
     /// connections: longer than the cluster takes to drop a stopping pod from its Service's
     /// endpoints (kube-proxy's rules), or API servers still send it requests that then fail.
-    #[arg(long, env = "MACHINE_WEBHOOK_SHUTDOWN_DELAY_SECONDS", default_value_t = 0)]
-    pub shutdown_delay_seconds: u64,
+    #[arg(long, env = "MACHINE_WEBHOOK_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
     /// When room appears for a project, the `MachineSet`s whose Machines this process refused for
     /// room in the last hour get the annotation `kkp-quota.dev/room-available-at`, so that
     /// machine-controller tries again at once instead of after its back-off; at most once per
-    /// `MachineSet` per this many seconds. 0: never write to users' objects.
-    #[arg(long, env = "MACHINE_WEBHOOK_WAKE_GAP_SECONDS", default_value_t = 10)]
-    pub wake_gap_seconds: u64,
+    /// `MachineSet` per this long. 0s: never write to users' objects.
+    #[arg(long, env = "MACHINE_WEBHOOK_WAKE_GAP", default_value = "10s", value_parser = parse_duration)]
+    pub wake_gap: Duration,
     /// Log JSON lines instead of text.
     #[arg(long, env = "MACHINE_WEBHOOK_LOG_JSON")]
     pub log_json: bool,
-    /// For tests only: seconds added to this process's clock where it dates ledger entries
-    /// (demands, allotments, reservations), to test clock skew between components.
+    /// For tests only: added to this process's clock where it dates ledger entries (demands,
+    /// allotments, reservations), to test clock skew between components (`-40s`).
     #[arg(
         long,
-        env = "MACHINE_WEBHOOK_TEST_CLOCK_OFFSET_SECONDS",
-        default_value_t = 0,
-        allow_negative_numbers = true,
+        env = "MACHINE_WEBHOOK_TEST_CLOCK_OFFSET",
+        default_value = "0s",
+        allow_hyphen_values = true,
+        value_parser = parse_signed_duration,
         hide = true
     )]
-    pub test_clock_offset_seconds: i64,
+    pub test_clock_offset: jiff::SignedDuration,
 }
 
 impl Args {
@@ -136,19 +138,19 @@ impl Args {
         config.kubermatic_namespace.clone_from(&self.kubermatic_namespace);
         config.max_batch = self.max_batch;
         config.max_attempts = self.max_write_attempts;
-        config.event_window = Duration::from_secs(self.event_dedup_seconds);
-        config.allotments = (self.allotment_ttl_seconds > 0).then(|| AllotmentConfig {
-            ttl: Duration::from_secs(self.allotment_ttl_seconds),
-            record_after: Duration::from_millis(self.allotment_record_ms),
+        config.event_window = self.event_dedup;
+        config.allotments = (!self.allotment_ttl.is_zero()).then(|| AllotmentConfig {
+            ttl: self.allotment_ttl,
+            record_after: self.allotment_record_after,
             ..AllotmentConfig::default()
         });
-        config.share_wait = Duration::from_millis(self.share_wait_ms);
-        config.share_demand_ttl = Duration::from_secs(self.share_demand_ttl_seconds);
-        config.wake = (self.wake_gap_seconds > 0).then(|| WakeConfig {
-            min_gap: Duration::from_secs(self.wake_gap_seconds),
+        config.share_wait = self.share_wait;
+        config.share_demand_ttl = self.share_demand_ttl;
+        config.wake = (!self.wake_gap.is_zero()).then(|| WakeConfig {
+            min_gap: self.wake_gap,
             ..WakeConfig::default()
         });
-        config.test_clock_offset = jiff::SignedDuration::from_secs(self.test_clock_offset_seconds);
+        config.test_clock_offset = self.test_clock_offset;
         config.auth = match &self.url_signing_keys {
             Some(path) => Some(AuthConfig::UrlSigningKeys(path.clone())),
             None if self.insecure_no_auth => Some(AuthConfig::InsecureNoAuth),
@@ -156,16 +158,20 @@ impl Args {
         };
         config.limits = Limits {
             max_body_bytes: self.max_body_bytes,
-            header_read_timeout: Duration::from_secs(self.read_timeout_seconds),
-            body_read_timeout: Duration::from_secs(self.read_timeout_seconds),
+            header_read_timeout: self.read_timeout,
+            body_read_timeout: self.read_timeout,
         };
         config
     }
+}
 
-    /// How long a stopping process keeps serving while endpoints drop it.
-    pub fn shutdown_delay(&self) -> Duration {
-        Duration::from_secs(self.shutdown_delay_seconds)
+/// A duration of at least a second.
+fn at_least_a_second(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < Duration::from_secs(1) {
+        return Err(format!("{text:?} is shorter than 1s"));
     }
+    Ok(d)
 }
 
 #[cfg(test)]
@@ -180,10 +186,12 @@ mod tests {
             "c.pem",
             "--tls-key-file",
             "k.pem",
-            "--allotment-ttl-seconds",
-            "0",
-            "--share-wait-ms",
-            "250",
+            "--allotment-ttl",
+            "0s",
+            "--share-wait",
+            "250ms",
+            "--test-clock-offset",
+            "-40s",
             "--insecure-no-auth",
         ])
         .unwrap();
@@ -191,6 +199,20 @@ mod tests {
         assert!(config.allotments.is_none(), "0 turns allotments off");
         assert_eq!(config.share_wait, Duration::from_millis(250));
         assert!(matches!(config.auth, Some(AuthConfig::InsecureNoAuth)));
-        assert_eq!(args.shutdown_delay(), Duration::ZERO);
+        assert_eq!(args.shutdown_delay, Duration::ZERO);
+        assert_eq!(config.test_clock_offset, jiff::SignedDuration::from_secs(-40));
+        assert_eq!(config.event_window, Duration::from_mins(10));
+        for bad in [["--share-wait", "3000"], ["--share-demand-ttl", "500ms"]] {
+            let mut command_line = vec![
+                "machine-webhook",
+                "--tls-cert-file",
+                "c",
+                "--tls-key-file",
+                "k",
+                "--insecure-no-auth",
+            ];
+            command_line.extend(bad);
+            assert!(Args::try_parse_from(command_line).is_err(), "{bad:?}");
+        }
     }
 }

@@ -19,5 +19,5 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("connecting to the seed")?;
     let webhook = Webhook::start(args.config(), client).await?;
-    Ok(webhook.run_until_signal(args.shutdown_delay()).await?)
+    Ok(webhook.run_until_signal(args.shutdown_delay).await?)
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use kkp_quota_runtime::duration::parse_duration;
 use kkp_quota_runtime::leader::LeaseConfig;
 
 use crate::Options;
@@ -28,9 +29,9 @@ pub struct Args {
         default_value = "0.0.0.0:8080"
     )]
     pub metrics_address: SocketAddr,
-    /// Every quota is reconciled at least this often, in seconds (a safety net).
-    #[arg(long, env = "MASTER_CONTROLLER_RESYNC_PERIOD", default_value_t = 60)]
-    pub resync_period: u64,
+    /// Every quota is reconciled at least this often (a safety net; at least 1s).
+    #[arg(long, env = "MASTER_CONTROLLER_RESYNC_PERIOD", default_value = "1m", value_parser = parse_duration)]
+    pub resync_period: Duration,
     /// Namespace of the leader-election Lease.
     #[arg(
         long,
@@ -63,15 +64,15 @@ pub struct Args {
         value_parser = clap::value_parser!(u32).range(0..=100)
     )]
     pub share_slack_percent: u32,
-    /// Seconds without a watch event after which a seed's API server is asked whether it still
-    /// answers, and how long it has to answer before the seed counts as unreachable.
+    /// Time without a watch event after which a seed's API server is asked whether it still
+    /// answers, and how long it has to answer before the seed counts as unreachable (at least 1s).
     #[arg(
         long,
-        env = "MASTER_CONTROLLER_SEED_PROBE_SECONDS",
-        default_value_t = 10,
-        value_parser = clap::value_parser!(u64).range(1..)
+        env = "MASTER_CONTROLLER_SEED_PROBE",
+        default_value = "10s",
+        value_parser = parse_duration
     )]
-    pub seed_probe_seconds: u64,
+    pub seed_probe: Duration,
     /// Read each seed's kubeconfig from the Secret of this name in --seed-namespace, `{seed}`
     /// replaced by the seed's name (e.g. `kkp-quota-seed-{seed}`), instead of from the `Seed`'s
     /// `spec.kubeconfig`: a least-privilege credential for the master on each seed.
@@ -116,10 +117,10 @@ impl Args {
     /// What the controller runs with.
     pub fn options(&self) -> Options {
         let mut options = Options::new(self.seed_namespace.clone());
-        options.resync_period = Duration::from_secs(self.resync_period.max(1));
+        options.resync_period = self.resync_period.max(Duration::from_secs(1));
         options.concurrency = self.concurrency.max(1);
         options.share_slack_percent = self.share_slack_percent;
-        options.seed_probe_every = Duration::from_secs(self.seed_probe_seconds);
+        options.seed_probe_every = self.seed_probe.max(Duration::from_secs(1));
         options
             .seed_kubeconfig_secret
             .clone_from(&self.seed_kubeconfig_secret);
@@ -149,9 +150,9 @@ mod tests {
             "--seed-namespace",
             "kkp",
             "--resync-period",
-            "0",
-            "--seed-probe-seconds",
-            "3",
+            "0s",
+            "--seed-probe",
+            "3s",
             "--gone-seeds",
             "a, ,b",
             "--no-leader-election",

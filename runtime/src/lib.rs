@@ -5,6 +5,7 @@
 //! only, so that seed-controller depends on this and not on the webhook.
 
 pub mod chain;
+pub mod duration;
 pub mod kubeconfig;
 pub mod leader;
 pub mod ops;

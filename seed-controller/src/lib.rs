@@ -66,12 +66,7 @@ pub enum Error {
     Stopped(String),
 }
 
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d: jiff::SignedDuration = text
-        .parse()
-        .map_err(|e| format!("{text:?} is not a duration such as 30s, 2m or 1h: {e}"))?;
-    Duration::try_from(d).map_err(|e| format!("{text:?}: {e}"))
-}
+use kkp_quota_runtime::duration::parse_duration;
 
 /// The flags (each with an environment variable fallback).
 // Flags: each bool is an independent switch on the command line.
@@ -490,16 +485,6 @@ pub async fn run_until(config: Config, shutdown: impl Future<Output = ()>) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_parse_in_the_usual_units() {
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_mins(2)));
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_hours(1)));
-        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("-5s").is_err());
-    }
 
     #[test]
     fn flags_have_the_documented_defaults() {

@@ -26,7 +26,7 @@ pub struct ReserverConfig {
     /// A demand for share not renewed within this time no longer counts.
     pub demand_ttl: Duration,
     /// Added to this process's wall clock where it dates ledger entries: for tests of clock skew
-    /// only (`--test-clock-offset-seconds`).
+    /// only (`--test-clock-offset`).
     pub clock_offset: SignedDuration,
 }
 
