@@ -22,8 +22,24 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
-use kkp_quota_crds::QuotaLedgerStatus;
 use kkp_quota_crds::ledger::lifetimes::ttl_seconds;
+use kkp_quota_crds::{QuotaLedger, QuotaLedgerStatus};
+use kube::ResourceExt as _;
+use kube::runtime::watcher::Event;
+
+/// Takes one event of the writer's ledger watch in, before the watch's own record of each
+/// project's ledger (`crate::view::Ledgers`) does: that record still shows what it replaces.
+pub fn observe(shared: &crate::Shared, event: &Result<Event<QuotaLedger>, kube::runtime::watcher::Error>) {
+    let Ok(event) = event else { return };
+    let project = match event {
+        Event::Apply(l) | Event::InitApply(l) | Event::Delete(l) => l.project(),
+        Event::Init | Event::InitDone => return,
+    };
+    let mut state = shared.state();
+    let state = &mut *state;
+    let shown = state.ledgers.of(project).map(|l| &**l);
+    state.successions.observe(shown, event, Instant::now());
+}
 
 /// How long an uncounted ledger waits for the watch to show it before it is counted all the same.
 pub const UNSEEN_LIMIT: Duration = Duration::from_secs(10);
@@ -47,11 +63,10 @@ pub enum Succession<'a> {
     After(&'a QuotaLedgerStatus),
 }
 
-/// Each project's ledger as the watch last saw it, and its deleted predecessor.
+/// Each project's deleted ledger, as the watch last saw it. Which ledger is current is the
+/// watch's own record (`crate::view::Ledgers`), read before it takes an event in.
 #[derive(Debug, Default)]
 pub struct Successions {
-    /// Project -> UID and status of its ledger, as last seen.
-    current: HashMap<String, (String, QuotaLedgerStatus)>,
     predecessors: HashMap<String, Predecessor>,
     /// Project -> an uncounted ledger (by UID) the watch had not shown when a write first
     /// wanted it, and when.
@@ -59,26 +74,25 @@ pub struct Successions {
 }
 
 impl Successions {
-    /// The watch saw the project's ledger `uid`. A different UID than before means the old one
-    /// was deleted unseen (the watch re-listed): its last seen state is the predecessor.
-    pub fn applied(&mut self, project: &str, uid: &str, status: &QuotaLedgerStatus, now: Instant) {
-        let previous = self
-            .current
-            .insert(project.to_owned(), (uid.to_owned(), status.clone()));
-        if let Some((old_uid, old_status)) = previous.filter(|(old, _)| old != uid) {
-            self.gone(project, old_uid, old_status, now);
+    /// Takes one watch event in, given the project's ledger as the watch showed it before
+    /// (`shown`): a deletion makes the deleted ledger (in its final state) the predecessor, and
+    /// so does a ledger with another UID than the shown one (its deletion was missed while the
+    /// watch re-listed).
+    pub fn observe(&mut self, shown: Option<&QuotaLedger>, event: &Event<QuotaLedger>, now: Instant) {
+        match event {
+            Event::Apply(ledger) | Event::InitApply(ledger) => {
+                if let Some(old) = shown.filter(|old| old.uid() != ledger.uid()) {
+                    self.gone(ledger.project(), old, now);
+                }
+            }
+            Event::Delete(ledger) => self.gone(ledger.project(), ledger, now),
+            Event::Init | Event::InitDone => {}
         }
     }
 
-    /// The watch saw the project's ledger `uid` deleted, in this final state.
-    pub fn deleted(&mut self, project: &str, uid: &str, status: &QuotaLedgerStatus, now: Instant) {
-        if self.current.get(project).is_some_and(|(u, _)| u == uid) {
-            self.current.remove(project);
-        }
-        self.gone(project, uid.to_owned(), status.clone(), now);
-    }
-
-    fn gone(&mut self, project: &str, uid: String, status: QuotaLedgerStatus, now: Instant) {
+    fn gone(&mut self, project: &str, ledger: &QuotaLedger, now: Instant) {
+        let uid = ledger.uid().unwrap_or_default();
+        let status = ledger.status.clone().unwrap_or_default();
         // A ledger deleted before its first count never took in its own predecessor's entries:
         // they pass on to the next one.
         let status = match self.predecessors.remove(project) {
@@ -97,17 +111,18 @@ impl Successions {
         );
     }
 
-    /// What the uncounted ledger `uid` of `project` starts from. A predecessor gone longer than
-    /// `keep` ago is no longer carried: every admission from it has long become a Machine (counted)
-    /// or expired.
+    /// What the uncounted ledger `uid` of `project` starts from, the watch showing the ledger
+    /// `shown_uid` for the project. A predecessor gone longer than `keep` ago is no longer
+    /// carried: every admission from it has long become a Machine (counted) or expired.
     pub fn for_uncounted(
         &mut self,
         project: &str,
         uid: &str,
+        shown_uid: Option<&str>,
         now: Instant,
         keep: Duration,
     ) -> Succession<'_> {
-        if self.current.get(project).is_none_or(|(u, _)| u != uid) {
+        if shown_uid != Some(uid) {
             let since = match self.unseen.get(project) {
                 Some((u, since)) if u == uid => *since,
                 _ => {
@@ -264,25 +279,51 @@ mod tests {
         );
     }
 
+    fn ledger(uid: &str, status: QuotaLedgerStatus) -> QuotaLedger {
+        let mut ledger = QuotaLedger::new(
+            "project-demo",
+            kkp_quota_crds::QuotaLedgerSpec {
+                subject: kkp_quota_crds::LedgerSubject::project("demo"),
+                quota: cpu(8),
+                shares: None,
+                rollout_allowance: None,
+            },
+        );
+        ledger.metadata.uid = Some(uid.to_owned());
+        ledger.status = Some(status);
+        ledger
+    }
+
     #[test]
     fn a_deleted_ledger_is_the_predecessor_of_the_next() {
         let now = Instant::now();
         let mut s = Successions::default();
-        let old = held(&["u1"], &[("a", 4)]);
-        s.applied("demo", "old", &old, now);
-        assert_eq!(s.for_uncounted("demo", "old", now, KEEP), Succession::First);
-        s.deleted("demo", "old", &old, now);
-        // Not seen by the watch yet: no count, unless the watch stays silent too long.
-        assert_eq!(s.for_uncounted("demo", "new", now, KEEP), Succession::Unseen);
+        let old = ledger("old", held(&["u1"], &[("a", 4)]));
+        s.observe(None, &Event::Apply(old.clone()), now);
         assert_eq!(
-            s.for_uncounted("demo", "new", now + UNSEEN_LIMIT, KEEP),
+            s.for_uncounted("demo", "old", Some("old"), now, KEEP),
             Succession::First
         );
-        s.applied("demo", "new", &QuotaLedgerStatus::default(), now);
-        assert_eq!(s.for_uncounted("demo", "new", now, KEEP), Succession::After(&old));
+        s.observe(Some(&old), &Event::Delete(old.clone()), now);
+        // Not seen by the watch yet: no count, unless the watch stays silent too long.
+        assert_eq!(
+            s.for_uncounted("demo", "new", None, now, KEEP),
+            Succession::Unseen
+        );
+        assert_eq!(
+            s.for_uncounted("demo", "new", None, now + UNSEEN_LIMIT, KEEP),
+            Succession::First
+        );
+        let new = ledger("new", QuotaLedgerStatus::default());
+        s.observe(None, &Event::Apply(new), now);
+        let carried = old.status.as_ref().unwrap();
+        assert_eq!(
+            s.for_uncounted("demo", "new", Some("new"), now, KEEP),
+            Succession::After(carried)
+        );
         // Long after, nothing is carried.
         assert_eq!(
-            s.for_uncounted("demo", "new", now + KEEP, KEEP),
+            s.for_uncounted("demo", "new", Some("new"), now + KEEP, KEEP),
             Succession::First
         );
     }
@@ -291,33 +332,42 @@ mod tests {
     fn a_deletion_missed_by_a_relisting_watch_is_seen_by_the_new_uid() {
         let now = Instant::now();
         let mut s = Successions::default();
-        let old = held(&["u1"], &[]);
-        s.applied("demo", "old", &old, now);
-        s.applied("demo", "new", &QuotaLedgerStatus::default(), now);
-        assert_eq!(s.for_uncounted("demo", "new", now, KEEP), Succession::After(&old));
+        let old = ledger("old", held(&["u1"], &[]));
+        s.observe(
+            Some(&old),
+            &Event::InitApply(ledger("new", QuotaLedgerStatus::default())),
+            now,
+        );
+        assert_eq!(
+            s.for_uncounted("demo", "new", Some("new"), now, KEEP),
+            Succession::After(old.status.as_ref().unwrap())
+        );
     }
 
     #[test]
     fn entries_pass_through_a_successor_deleted_before_its_count() {
         let now = Instant::now();
         let mut s = Successions::default();
-        let first = held(&["u1"], &[("a", 4)]);
-        s.applied("demo", "1", &first, now);
-        s.deleted("demo", "1", &first, now);
-        let second = QuotaLedgerStatus {
-            reservations: vec![reservation("u2")],
-            ..QuotaLedgerStatus::default()
-        };
-        s.applied("demo", "2", &second, now);
-        s.deleted("demo", "2", &second, now);
-        s.applied("demo", "3", &QuotaLedgerStatus::default(), now);
-        let Succession::After(carried) = s.for_uncounted("demo", "3", now, KEEP) else {
+        let first = ledger("1", held(&["u1"], &[("a", 4)]));
+        s.observe(Some(&first), &Event::Delete(first.clone()), now);
+        let second = ledger(
+            "2",
+            QuotaLedgerStatus {
+                reservations: vec![reservation("u2")],
+                ..QuotaLedgerStatus::default()
+            },
+        );
+        s.observe(Some(&second), &Event::Delete(second.clone()), now);
+        let Succession::After(carried) = s.for_uncounted("demo", "3", Some("3"), now, KEEP) else {
             panic!("no predecessor");
         };
         let uids: Vec<&str> = carried.reservations.iter().map(|r| r.uid.as_str()).collect();
         assert_eq!(uids, ["u2", "u1"]);
         assert_eq!(carried.allotments.len(), 1);
         s.prune(now + KEEP, KEEP);
-        assert_eq!(s.for_uncounted("demo", "3", now, KEEP), Succession::First);
+        assert_eq!(
+            s.for_uncounted("demo", "3", Some("3"), now, KEEP),
+            Succession::First
+        );
     }
 }

@@ -273,12 +273,17 @@ fn start(shared: &Shared, project: &str, quota: &QuotaLedger) -> Start {
         return Start::AsRead;
     }
     let mut state = shared.state();
+    let state = &mut *state;
     let keep = shared.config.reservation_ttl;
     state.successions.prune(Instant::now(), keep);
-    match state
-        .successions
-        .for_uncounted(project, &quota.uid().unwrap_or_default(), Instant::now(), keep)
-    {
+    let shown = state.ledgers.of(project).and_then(|l| l.metadata.uid.as_deref());
+    match state.successions.for_uncounted(
+        project,
+        &quota.uid().unwrap_or_default(),
+        shown,
+        Instant::now(),
+        keep,
+    ) {
         Succession::Unseen => {
             debug!("a new ledger not seen by the watch yet: counted when it is");
             // Looked at again soon, should its watch event not come.

@@ -9,9 +9,9 @@ use futures::StreamExt;
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::{QuotaLedger, Resource};
 use kkp_quota_runtime::watch::relisting_watcher;
+use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, ResourceExt as _};
 use tracing::warn;
 
 use super::decision::{decide, ledger_due};
@@ -47,13 +47,13 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
         tokio::select! {
             event = stream.next() => {
                 if let Some(event) = &event {
+                    crate::succession::observe(&shared, event);
                     crate::view::observe(&shared, event);
                 }
                 match event {
                 Some(Ok(Event::InitApply(quota) | Event::Apply(quota))) => {
                     let project = quota.project().to_owned();
                     let read = quota.status.clone().unwrap_or_default();
-                    shared.state().successions.applied(&project, &quota.uid().unwrap_or_default(), &read, std::time::Instant::now());
                     set_share_gauges(&shared, &project, &quota.spec, Some(&read));
                     let now = Timestamp::now();
                     // Lifetimes by our clock; the patch is built from a fresh read anyway.
@@ -99,8 +99,6 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                     due.remove(project);
                     {
                         let mut state = shared.state();
-                        let last = quota.status.clone().unwrap_or_default();
-                        state.successions.deleted(project, &quota.uid().unwrap_or_default(), &last, std::time::Instant::now());
                         state.share_activity.remove(project);
                         state.lifetimes.forget(project);
                         state.forget_last_sizes(project);
