@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 use kkp_quota_crds::fit::machines_that_fit;
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::{Resource, ResourceDetails};
-use provider_sizes::{SizeCatalog, size_machine};
+use provider_sizes::{SizeCatalog, SizingError, size_machine};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -144,8 +144,8 @@ fn collect(object: Value, asked: &mut Vec<Asked>) -> Result<(), Error> {
 
 /// One Machine's size, exactly as the webhook computes it for a create (`Ok`), or the refusal it
 /// would answer for a Machine it cannot size (`Err`).
-pub fn size(machine: &Machine, catalog: &SizeCatalog) -> Result<ResourceDetails, String> {
-    size_machine(machine, catalog, None).map_err(|e| e.to_string())
+pub fn size(machine: &Machine, catalog: &SizeCatalog) -> Result<ResourceDetails, SizingError> {
+    size_machine(machine, catalog, None)
 }
 
 /// The room of `project` (needed on the master; a user cluster's own otherwise).

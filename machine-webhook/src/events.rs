@@ -149,6 +149,17 @@ fn rolling_out(deployment: &DynamicObject) -> bool {
         || matches!((observed, generation), (Some(o), Some(g)) if o < g)
 }
 
+/// Why a denial Event could not be recorded.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error("the Machine's cluster {0} is not in the seed's cache")]
+    UnknownCluster(String),
+    #[error("counting a repeat on the Event")]
+    Update(#[source] kube::Error),
+    #[error("creating the Event")]
+    Create(#[source] kube::Error),
+}
+
 impl Sender {
     async fn run(mut self, mut rx: mpsc::Receiver<DenialEvent>) {
         while let Some(event) = rx.recv().await {
@@ -157,7 +168,7 @@ impl Sender {
                 Err(e) => {
                     self.metrics.events.with_label_values(&["failed"]).inc();
                     self.clients.forget(&event.cluster);
-                    warn!(error = %e, cluster = %event.cluster, "could not record a denial event");
+                    warn!(error = %Chain(&e), cluster = %event.cluster, "could not record a denial event");
                 }
             }
             let window = self.window;
@@ -218,11 +229,11 @@ impl Sender {
         (target, self.seed.clone(), false)
     }
 
-    async fn send(&mut self, event: &DenialEvent) -> Result<&'static str, String> {
+    async fn send(&mut self, event: &DenialEvent) -> Result<&'static str, SendError> {
         let cluster = self
             .cache
             .cluster(&event.cluster)
-            .ok_or_else(|| format!("unknown cluster {}", event.cluster))?;
+            .ok_or_else(|| SendError::UnknownCluster(event.cluster.clone()))?;
         let (target, client, rolling_out) = self.target(&cluster, event).await;
         let rollout = rolling_out && event.reason == "QuotaExceeded";
         let reference = match &target {
@@ -250,7 +261,7 @@ impl Sender {
                 Err(kube::Error::Api(s)) if s.code == 404 => {
                     self.sent.remove(&key);
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(SendError::Update(e)),
             }
         }
         let name = format!("{}.{:x}", reference.name, Timestamp::now().as_nanosecond());
@@ -277,7 +288,7 @@ impl Sender {
         };
         api.create(&PostParams::default(), &object)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(SendError::Create)?;
         self.sent.insert(
             key,
             Sent {

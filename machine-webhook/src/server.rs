@@ -331,7 +331,7 @@ impl App {
                 message: message.clone(),
             });
         }
-        debug!(machine = %name, allowed = verdict.allowed, reason = %verdict.reason, "admission decided");
+        debug!(machine = %name, uid = %machine.uid, allowed = verdict.allowed, reason = %verdict.reason, "admission decided");
         verdict
     }
 

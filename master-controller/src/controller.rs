@@ -126,6 +126,19 @@ fn channel_stream<T: Send + 'static>(
     stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
+/// The quotas (in the store) whose subject is `project`.
+fn quotas_of_project(
+    quotas: &reflector::Store<ResourceQuota>,
+    project: &str,
+) -> Vec<ObjectRef<ResourceQuota>> {
+    quotas
+        .state()
+        .iter()
+        .filter(|q| q.spec.subject.name == project)
+        .map(|q| ObjectRef::from_obj(&**q))
+        .collect()
+}
+
 #[allow(clippy::too_many_lines)] // the wiring reads best in one place
 async fn run_as_leader(
     master: Client,
@@ -171,9 +184,12 @@ async fn run_as_leader(
         .applied_objects()
     };
 
+    // A Project's change is a change of each of its quotas (their default and subject checks
+    // read it); a ProjectQuota has its quota's name. Both are reflected into stores the
+    // reconciler reads, and mapped onto the controller's own triggers.
     let (projects, project_writer) = reflector::store();
-    let project_events = {
-        let (defaults, quotas, one_tx) = (defaults.clone(), quotas.clone(), one_tx.clone());
+    let project_triggers = {
+        let (defaults, quotas) = (defaults.clone(), quotas.clone());
         reflector::reflector(
             project_writer,
             relisting_watcher(Api::<Project>::all(master.clone()), wc.clone(), None)
@@ -181,38 +197,20 @@ async fn run_as_leader(
         )
         .default_backoff()
         .applied_objects()
-        .for_each(move |p| {
-            defaults.notify_one();
-            if let Ok(p) = p {
-                let project = p.name_any();
-                for q in quotas.state() {
-                    if q.spec.subject.name == project {
-                        let _ = one_tx.send(q.name_any());
-                    }
-                }
-            }
-            future::ready(())
-        })
+        .inspect(move |_| defaults.notify_one())
+        .filter_map(|p| future::ready(p.ok()))
+        .flat_map(move |p| stream::iter(quotas_of_project(&quotas, &p.name_any())))
     };
 
     let (project_quotas, pq_writer) = reflector::store();
-    let project_quota_events = {
-        let one_tx = one_tx.clone();
-        reflector::reflector(
-            pq_writer,
-            relisting_watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone(), None)
-                .modify(crate::api::forget_managed_fields),
-        )
-        .default_backoff()
-        .applied_objects()
-        .for_each(move |pq| {
-            // Same name as the KKP quota it belongs to.
-            if let Ok(pq) = pq {
-                let _ = one_tx.send(pq.name_any());
-            }
-            future::ready(())
-        })
-    };
+    let project_quota_triggers = reflector::reflector(
+        pq_writer,
+        relisting_watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone(), None)
+            .modify(crate::api::forget_managed_fields),
+    )
+    .default_backoff()
+    .applied_objects()
+    .filter_map(|pq| future::ready(pq.ok().map(|pq| ObjectRef::new(&pq.name_any()))));
 
     let (settings, settings_writer) = reflector::store();
     let settings_events = {
@@ -247,6 +245,8 @@ async fn run_as_leader(
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        .reconcile_on(project_triggers)
+        .reconcile_on(project_quota_triggers)
         .reconcile_on(channel_stream(one_rx).map(|name| ObjectRef::new(&name)))
         .reconcile_all_on(channel_stream(all_rx))
         .run(reconcile, error_policy, ctx)
@@ -321,8 +321,6 @@ async fn run_as_leader(
 
     tokio::select! {
         () = controller => Err(Error::Stopped("quota controller")),
-        () = project_events => Err(Error::Stopped("project watch")),
-        () = project_quota_events => Err(Error::Stopped("ProjectQuota watch")),
         () = settings_events => Err(Error::Stopped("settings watch")),
         () = resync => Err(Error::Stopped("resync")),
         () = ready => Err(Error::Stopped("readiness")),

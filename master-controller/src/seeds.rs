@@ -22,6 +22,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kkp_quota_crds::QuotaLedger;
 use kkp_quota_crds::kkp::{KUBECONFIG_KEY, Seed};
 use kkp_quota_crds::ledger::lifetimes::Lifetimes;
+use kkp_quota_runtime::chain::Chain;
 use kkp_quota_runtime::kubeconfig::{client_from_yaml, kubeconfig_from_secret};
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::core::PartialObjectMeta;
@@ -306,7 +307,7 @@ async fn configure(
                 new
             });
             if added {
-                warn!(seed = %name, error = %e, "cannot read the seed's kubeconfig; retrying");
+                warn!(seed = %name, error = %Chain(&e), "cannot read the seed's kubeconfig; retrying");
                 metrics.seed_stale.with_label_values(&[name]).set(1.0);
             }
             return added;
@@ -318,7 +319,7 @@ async fn configure(
     let client = match client_from_yaml(&text).await {
         Ok(c) => c,
         Err(e) => {
-            warn!(seed = %name, error = %e, "the seed's kubeconfig is invalid; retrying");
+            warn!(seed = %name, error = %Chain(&e), "the seed's kubeconfig is invalid; retrying");
             metrics.sync_error(name, "kubeconfig");
             return false;
         }

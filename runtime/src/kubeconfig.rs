@@ -9,10 +9,10 @@ use super::RuntimeError;
 
 /// A client for the cluster a kubeconfig (YAML text) points at, using its current context.
 pub async fn client_from_yaml(text: &str) -> Result<Client, RuntimeError> {
-    let kubeconfig = Kubeconfig::from_yaml(text).map_err(|e| RuntimeError::Kubeconfig(e.to_string()))?;
+    let kubeconfig = Kubeconfig::from_yaml(text).map_err(RuntimeError::KubeconfigYaml)?;
     let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
-        .map_err(|e| RuntimeError::Kubeconfig(e.to_string()))?;
+        .map_err(RuntimeError::KubeconfigContext)?;
     Ok(Client::try_from(config)?)
 }
 
@@ -46,6 +46,8 @@ pub async fn kubeconfig_from_secret(
         .as_ref()
         .and_then(|d| d.get(key))
         .ok_or_else(missing)?;
-    String::from_utf8(bytes.0.clone())
-        .map_err(|_| RuntimeError::Kubeconfig(format!("{namespace}/{name}: not UTF-8")))
+    String::from_utf8(bytes.0.clone()).map_err(|_| RuntimeError::KubeconfigNotUtf8 {
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+    })
 }

@@ -17,8 +17,12 @@ pub mod webhook_config;
 /// Why a runtime helper failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("kubeconfig is invalid: {0}")]
-    Kubeconfig(String),
+    #[error("the kubeconfig is not valid YAML of a kubeconfig")]
+    KubeconfigYaml(#[source] kube::config::KubeconfigError),
+    #[error("the kubeconfig's current context does not make a client configuration")]
+    KubeconfigContext(#[source] kube::config::KubeconfigError),
+    #[error("the kubeconfig in secret {namespace}/{name} is not UTF-8")]
+    KubeconfigNotUtf8 { namespace: String, name: String },
     #[error("secret {namespace}/{name} has no key {key:?}")]
     MissingSecretKey {
         namespace: String,

@@ -15,6 +15,7 @@ use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
 use kkp_quota_crds::machine::Machine;
+use kkp_quota_runtime::chain::Chain;
 use kkp_quota_runtime::kubeconfig::client_from_yaml;
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::api::ListParams;
@@ -285,7 +286,7 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
             set_reachability(
                 &shared,
                 &name,
-                Reachability::Unreachable(format!("invalid admin kubeconfig: {e}")),
+                Reachability::Unreachable(format!("invalid admin kubeconfig: {}", Chain(&e))),
             );
             return;
         }

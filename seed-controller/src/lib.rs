@@ -58,12 +58,33 @@ pub enum Error {
     Quantity(#[from] kkp_quota_crds::QuantityError),
     #[error("reading {path}: {source}")]
     ReadFile { path: PathBuf, source: std::io::Error },
-    #[error("{0}")]
-    Config(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("URL-signing keys: {0}")]
     Keys(#[from] kkp_quota_runtime::webhook_auth::KeyError),
-    #[error("{0}")]
-    Stopped(String),
+    #[error("the quota ledger of project {project} kept changing during {attempts} write attempts")]
+    LedgerKeptChanging { project: String, attempts: usize },
+    /// One of the controller's loops ended (`returned`: without a panic).
+    #[error("{task} stopped: {}", .panic.as_deref().unwrap_or("returned"))]
+    Stopped {
+        task: &'static str,
+        panic: Option<String>,
+    },
+}
+
+/// Flags that do not go together.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--webhook-certificate-secret needs --webhook-certificate-dns-names")]
+    CertificateWithoutDnsNames,
+    #[error("--webhook-certificate-overlap must be under half of --webhook-certificate-validity")]
+    CertificateOverlapTooLong,
+    #[error("--webhook-url {0:?} must be an https:// URL")]
+    WebhookUrlNotHttps(String),
+    #[error(
+        "--webhook-url needs --url-signing-keys (the file machine-webhook verifies with), or --insecure-no-auth"
+    )]
+    WebhookUrlWithoutKeys,
 }
 
 use kkp_quota_runtime::duration::parse_duration;
@@ -301,28 +322,18 @@ impl Controller {
         };
         let (webhook_ca, _) = tokio::sync::watch::channel(webhook_ca);
         if config.webhook_certificate_secret.is_some() && config.webhook_certificate_dns_names.is_empty() {
-            return Err(Error::Config(
-                "--webhook-certificate-secret needs --webhook-certificate-dns-names".to_owned(),
-            ));
+            return Err(ConfigError::CertificateWithoutDnsNames.into());
         }
         if config.webhook_certificate_overlap * 2 >= config.webhook_certificate_validity {
-            return Err(Error::Config(
-                "--webhook-certificate-overlap must be under half of --webhook-certificate-validity"
-                    .to_owned(),
-            ));
+            return Err(ConfigError::CertificateOverlapTooLong.into());
         }
         if let Some(url) = &config.webhook_url
             && !url.starts_with("https://")
         {
-            return Err(Error::Config(format!(
-                "--webhook-url {url:?} must be an https:// URL"
-            )));
+            return Err(ConfigError::WebhookUrlNotHttps(url.clone()).into());
         }
         if config.webhook_url.is_some() && config.url_signing_keys.is_none() && !config.insecure_no_auth {
-            return Err(Error::Config(
-                "--webhook-url needs --url-signing-keys (the file machine-webhook verifies with), or --insecure-no-auth"
-                    .to_owned(),
-            ));
+            return Err(ConfigError::WebhookUrlWithoutKeys.into());
         }
         let url_key_file = match &config.url_signing_keys {
             Some(path) => Some(Arc::new(kkp_quota_runtime::webhook_auth::ReloadingKeys::new(
@@ -402,11 +413,11 @@ impl Controller {
         });
         // None of these loops ends on its own: if one does (a panic), stop everything so the
         // process is restarted rather than silently not counting.
-        let stopped = |what: &str, r: Result<(), tokio::task::JoinError>| {
-            Err(Error::Stopped(format!(
-                "{what} stopped: {}",
-                r.err().map_or_else(|| "returned".to_owned(), |e| e.to_string())
-            )))
+        let stopped = |task: &'static str, r: Result<(), tokio::task::JoinError>| {
+            Err(Error::Stopped {
+                task,
+                panic: r.err().map(|e| e.to_string()),
+            })
         };
         tokio::select! {
             result = clusters::run(Arc::clone(&shared)) => result,

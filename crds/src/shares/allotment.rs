@@ -207,6 +207,11 @@ impl AllotmentHolder {
         self.holding
     }
 
+    /// The ledger (by UID) our allotment is in.
+    pub fn quota_uid(&self) -> Option<&str> {
+        self.quota_uid.as_deref()
+    }
+
     pub fn granted(&self) -> &ResourceDetails {
         &self.granted
     }

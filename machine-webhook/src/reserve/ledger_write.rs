@@ -419,7 +419,9 @@ impl Reserver {
                 match self.write(&copy, &plan).await {
                     Ok(written) => {
                         self.written(project, &copy, &plan, started, written);
-                        debug!(batch = requests.len(), recorded = plan.start.recorded, attempt, quota = %copy.name, "ledger written");
+                        debug!(batch = requests.len(), recorded = plan.start.recorded, attempt, quota = %copy.name, quota_uid = ?copy.uid,
+                            reservations = ?plan.new_reservations.iter().map(|r| r.uid.as_str()).collect::<Vec<_>>(),
+                            allotment = ?plan.start.grant, "ledger written");
                         return plan.verdicts;
                     }
                     Err(e) => {

@@ -318,6 +318,7 @@ impl Reserver {
             });
         match answer {
             FastAdmission::Admitted { record } => {
+                debug!(machine = %machine.name, uid = %machine.uid, quota_uid = ?escrow.holder.quota_uid(), "admitted from the allotment");
                 if record {
                     escrow.wake.notify_one();
                 }

@@ -76,7 +76,7 @@ impl State {
                      before recording it. It is counted in the project's usage."
                 )
             } else {
-                warn!(cluster = %cluster_name, project = ?cluster.project, machine = %info.name, "machine exists without admission: the quota webhook was bypassed or removed; it is counted");
+                warn!(cluster = %cluster_name, project = ?cluster.project, machine = %info.name, %uid, "machine exists without admission: the quota webhook was bypassed or removed; it is counted");
                 "This Machine was created without passing the resource quota admission webhook \
                  (webhook removed or bypassed). It is counted in the project's usage."
                     .to_owned()

@@ -130,9 +130,14 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             Err(e) => return Err(e.into()),
         }
     }
-    Err(Error::Config(format!(
-        "quota copy of project {project} kept changing during {MAX_ATTEMPTS} attempts"
-    )))
+    Err(kept_changing(project))
+}
+
+fn kept_changing(project: &str) -> Error {
+    Error::LedgerKeptChanging {
+        project: project.to_owned(),
+        attempts: MAX_ATTEMPTS,
+    }
 }
 
 /// The share release the write of `decision` carries, if shares are in force on the ledger and
