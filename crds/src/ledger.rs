@@ -135,6 +135,21 @@ pub struct Allotment {
     pub ttl_seconds: Option<u64>,
 }
 
+/// What seed-controller appends to the holder of an allotment it carries from a deleted ledger
+/// into its successor (`seed-controller/src/succession.rs`). No live process takes the carried
+/// entry for its own, so none removes it on its next write: it covers what was admitted before
+/// the deletion for the whole admission record grace, whatever the holder remembers of that.
+pub const CARRIED_SUFFIX: &str = "/carried";
+
+/// `holder` as a carried entry names it ([`CARRIED_SUFFIX`], once).
+pub fn carried_holder(holder: &str) -> String {
+    if holder.ends_with(CARRIED_SUFFIX) {
+        holder.to_owned()
+    } else {
+        format!("{holder}{CARRIED_SUFFIX}")
+    }
+}
+
 /// The resources all allotments hold.
 pub fn allotted_total(allotments: &[Allotment]) -> Result<ResourceDetails, crate::QuantityError> {
     ResourceDetails::checked_sum(allotments.iter().map(|a| &a.granted))
@@ -187,6 +202,21 @@ mod tests {
             reserved: size(reserved),
             created_at: Timestamp::from_second(1_800_000_000 + secs).unwrap(),
         }
+    }
+
+    #[test]
+    fn a_holder_rewriting_its_entry_leaves_its_carried_one() {
+        let entry = |holder: &str| serde_json::json!({"holder": holder, "granted": {"cpu": "1"}});
+        let raw = [entry("me"), entry(&carried_holder("me")), entry("other")];
+        let written = with_own_entry(&raw, "me", None);
+        let holders: Vec<&str> = written
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| e["holder"].as_str())
+            .collect();
+        assert_eq!(holders, ["me/carried", "other"]);
+        assert_eq!(carried_holder("me/carried"), "me/carried");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use jiff::Timestamp;
 use kkp_quota_crds::ledger::Reservation;
 use kkp_quota_crds::rollout::surge_fits;
 use kkp_quota_crds::shares::allotment::{
-    AllotmentConfig, FastAdmission, LedgerSight, Pass, Planned, WriteStart, grant_for,
+    AllotmentConfig, CarriedChange, FastAdmission, LedgerSight, Pass, Planned, WriteStart, grant_for,
 };
 use kkp_quota_crds::shares::{
     AllotmentHolder, MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, bounded_by, fits_within,
@@ -45,6 +45,8 @@ const LIVENESS_ROUNDS: usize = 4;
 /// Rounds a rebuilt record adds: one for the seeds to take its epoch before it grants, and one
 /// more for a rebuild that found a seed holding more than it read.
 const REBUILD_ROUNDS: usize = 2;
+/// Set on a process's key in `status.allotments` for its entry carried from a deleted ledger.
+const CARRIED: u32 = 1 << 31;
 
 type Rd = ResourceDetails;
 
@@ -79,8 +81,9 @@ struct Copy {
     reserved: Rd,
     /// Reservations recorded from webhook allotments, by Machine.
     recorded: BTreeMap<u64, Rd>,
-    /// `status.allotments`: per webhook process (by its generation), what it holds and when
-    /// seed-controller first saw that entry (it judges expiry from then).
+    /// `status.allotments`: per webhook process (by its generation; with [`CARRIED`] set, its
+    /// entry carried from a deleted ledger), what it holds and when seed-controller first saw
+    /// that entry (it judges expiry from then).
     allotments: BTreeMap<u32, (Rd, Instant)>,
     demand: Option<Rd>,
     /// What the other seeds use, as the master last folded it (`otherSeedsUsage`).
@@ -113,6 +116,9 @@ struct Flight {
     started: Instant,
     start: WriteStart,
     records: Vec<(u64, Rd)>,
+    /// What the write does to the process's carried entry (`None`: nothing), as
+    /// `AllotmentHolder::carried_after` decides.
+    carried: Option<CarriedChange>,
 }
 
 #[derive(Debug, Clone)]
@@ -189,7 +195,9 @@ impl Seed {
             .machines
             .iter()
             .filter(|(uid, (process, _))| {
-                !self.copy.recorded.contains_key(uid) && !self.copy.allotments.contains_key(process)
+                !self.copy.recorded.contains_key(uid)
+                    && !self.copy.allotments.contains_key(process)
+                    && !self.copy.allotments.contains_key(&(process | CARRIED))
             })
             .map(|(uid, _)| *uid)
             .collect();
@@ -518,6 +526,8 @@ struct Coverage {
     /// Of those, re-created with admitted Machines not created yet, covered only by what the
     /// new ledger carried over.
     recreated_in_flight: usize,
+    /// Webhook writes that moved what they recorded out of their carried entry.
+    carried_recorded: usize,
     /// Master records lost, and rebuilt from the seeds' copies.
     lost_records: usize,
     adopted: usize,
@@ -870,6 +880,14 @@ impl World {
                     return Ok(());
                 }
                 let uid_text = s.copy.uid();
+                let carried = s.webhook.carried_after(
+                    Some(&uid_text),
+                    s.copy
+                        .allotments
+                        .get(&(s.process | CARRIED))
+                        .map(|(held, _)| held),
+                    &unrecorded_total,
+                );
                 let own_granted = own.unwrap_or_default();
                 let start = s.webhook.begin_write(
                     now,
@@ -891,6 +909,7 @@ impl World {
                         .iter()
                         .map(|r| (uid_of(r), r.reserved.clone()))
                         .collect(),
+                    carried,
                 });
             }
             Step::EndWrite { seed, how } => {
@@ -909,6 +928,9 @@ impl World {
                     return Ok(());
                 }
                 let landed = how <= 1 && self.land(i, &flight)?;
+                if landed && flight.carried.is_some() {
+                    cov.carried_recorded += 1;
+                }
                 let s = &mut self.seeds[i];
                 let uid_text = s.copy.uid();
                 match (how, landed) {
@@ -1070,12 +1092,19 @@ impl World {
                 }
                 // Carried allotments cover only what was admitted before the deletion (no holder
                 // admits from an entry in a ledger it has not written): seed-controller gives
-                // them the admission record grace, not the holders' TTL.
+                // them the admission record grace, not the holders' TTL, and renames them, so
+                // that no holder removes one as its own (`ledger::carried_holder`).
                 let grace = Duration::from_secs(5);
                 let carried_seen = now.checked_sub(ttl.saturating_sub(grace)).unwrap_or(now);
-                for (_, seen) in s.copy.allotments.values_mut() {
-                    *seen = (*seen).min(carried_seen);
+                let mut carried: BTreeMap<u32, (Rd, Instant)> = BTreeMap::new();
+                for (process, (held, seen)) in std::mem::take(&mut s.copy.allotments) {
+                    let entry = carried
+                        .entry(process | CARRIED)
+                        .or_insert_with(|| (zero.clone(), carried_seen));
+                    entry.0 = add(&entry.0, &held);
+                    entry.1 = entry.1.min(seen);
                 }
+                s.copy.allotments = carried;
                 s.copy.incarnation += 1;
                 if seen_gap {
                     s.webhook.forget(now);
@@ -1342,6 +1371,18 @@ impl World {
                     s.copy.allotments.remove(&flight.process);
                 }
             }
+        }
+        let carried_key = flight.process | CARRIED;
+        match &flight.carried {
+            Some(CarriedChange::Shrinks(left)) => {
+                if let Some(entry) = s.copy.allotments.get_mut(&carried_key) {
+                    entry.0 = left.clone();
+                }
+            }
+            Some(CarriedChange::Goes) => {
+                s.copy.allotments.remove(&carried_key);
+            }
+            None => {}
         }
         s.bump();
         check_within_capacity(s, &before)?;
@@ -1720,6 +1761,7 @@ fn shares_hold_the_limit_and_follow_demand() {
             && cov.appeared_runs > 0
             && cov.recreated > 0
             && cov.recreated_in_flight > 0
+            && cov.carried_recorded > 0
             && cov.adopted > 0
             && cov.fast_admissions > 0
             && cov.allotment_conflicts > 0

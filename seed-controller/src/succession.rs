@@ -10,8 +10,10 @@
 //! ledger as its watch saw it (the `DELETED` event carries the final one), and the first write of
 //! an uncounted successor takes in the predecessor's reservations, allotments, rollout surges
 //! and last known sizes beside the count. From there the usual rules settle them: a reservation
-//! goes when its Machine is counted, a new Machine is held back while an allotment may cover it,
-//! an allotment goes when it expires or its holder rewrites it.
+//! goes when its Machine is counted, a new Machine is held back while an allotment may cover it.
+//! A carried allotment is renamed (`<holder>/carried`), so that its holder does not take it for
+//! its own and remove it: it shrinks by what the holder records of its admissions on the old
+//! ledger, and the rest goes when the admission record grace ends.
 //!
 //! An uncounted ledger the watch has not shown yet is not counted: its watch event (which comes
 //! after its predecessor's deletion) asks for the write. A watch that has not shown it after
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ledger::lifetimes::ttl_seconds;
+use kkp_quota_crds::ledger::{Allotment, carried_holder};
 use kkp_quota_crds::{QuotaLedger, QuotaLedgerStatus};
 use kube::ResourceExt as _;
 use kube::runtime::watcher::Event;
@@ -175,19 +178,24 @@ pub fn inherit(successor: &QuotaLedgerStatus, predecessor: &QuotaLedgerStatus) -
     status
 }
 
-/// [`inherit`] for a successor's first count at `now`: the allotments taken in live `grace` from
-/// now (`--admission-record-grace`, the time an admitted Machine takes to show), not their
-/// holders' TTL. They cover only Machines admitted before the deletion: no holder admits from an
-/// entry in a ledger it has not written (its admissions without a write check the ledger's UID),
-/// and a holder that writes the new ledger rewrites its own entry. So a process that holds
-/// nothing any more does not block their headroom for its whole TTL.
+/// [`inherit`] for a successor's first count at `now`: the allotments taken in are renamed as
+/// carried ([`carried_holder`]) and live `grace` from now (`--admission-record-grace`, the time
+/// an admitted Machine takes to show), not their holders' TTL. They cover the Machines admitted
+/// from them before the deletion and still on their way: no holder admits from an entry in a
+/// ledger it has not written (its admissions without a write check the ledger's UID), and no
+/// holder removes a carried entry (it is not its own), so they cover those Machines whatever the
+/// holder records of them; seed-controller removes them when the grace ends.
 pub fn inherit_for_count(
     successor: &QuotaLedgerStatus,
     predecessor: &QuotaLedgerStatus,
     now: Timestamp,
     grace: Duration,
 ) -> QuotaLedgerStatus {
-    let mut status = inherit(successor, predecessor);
+    let carried = QuotaLedgerStatus {
+        allotments: renamed_as_carried(&predecessor.allotments),
+        ..predecessor.clone()
+    };
+    let mut status = inherit(successor, &carried);
     let expires_at = SignedDuration::try_from(grace)
         .ok()
         .and_then(|g| now.checked_add(g).ok())
@@ -199,6 +207,26 @@ pub fn inherit_for_count(
         }
     }
     status
+}
+
+/// `allotments` under their carried names, one entry per name: a holder's entry carried before
+/// and the one it wrote on the ledger since are carried as one, granting both.
+fn renamed_as_carried(allotments: &[Allotment]) -> Vec<Allotment> {
+    let mut carried: Vec<Allotment> = Vec::with_capacity(allotments.len());
+    for allotment in allotments {
+        let holder = carried_holder(&allotment.holder);
+        let same = carried.iter_mut().find(|c| c.holder == holder);
+        let summed = same.and_then(|c| Some((c.granted.checked_add(&allotment.granted).ok()?, c)));
+        match summed {
+            Some((granted, entry)) => entry.granted = granted,
+            // (Sums that overflow stay apart.)
+            None => carried.push(Allotment {
+                holder,
+                ..allotment.clone()
+            }),
+        }
+    }
+    carried
 }
 
 /// Appends to `own` each entry of `theirs` it has no `same` entry for.
@@ -272,11 +300,26 @@ mod tests {
         };
         let merged = inherit_for_count(&new, &old, at(1000), Duration::from_secs(5));
         assert_eq!(merged.allotments[0], allotment("b", 1));
-        let carried = &merged.allotments[1];
+        // Both of the predecessor's come in renamed, b's beside b's own entry: the process that
+        // wrote b again on the new ledger does not take the carried one for its own.
+        let carried: Vec<_> = merged.allotments[1..]
+            .iter()
+            .map(|a| (a.holder.as_str(), a.expires_at, a.ttl_seconds))
+            .collect();
         assert_eq!(
-            (carried.holder.as_str(), carried.expires_at, carried.ttl_seconds),
-            ("a", at(1005), Some(5))
+            carried,
+            [("a/carried", at(1005), Some(5)), ("b/carried", at(1005), Some(5))]
         );
+        // Carried again (the successor deleted after its count): renamed once only.
+        let again = inherit_for_count(
+            &QuotaLedgerStatus::default(),
+            &merged,
+            at(1001),
+            Duration::from_secs(5),
+        );
+        let holders: Vec<&str> = again.allotments.iter().map(|a| a.holder.as_str()).collect();
+        assert_eq!(holders, ["b/carried", "a/carried"]);
+        assert_eq!(again.allotments[0].granted, cpu(3), "b's own 1 and its carried 2");
     }
 
     fn ledger(uid: &str, status: QuotaLedgerStatus) -> QuotaLedger {

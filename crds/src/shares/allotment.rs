@@ -510,5 +510,8 @@ impl AllotmentHolder {
     }
 }
 
+mod carried;
+pub use carried::CarriedChange;
+
 #[cfg(test)]
 mod tests;

@@ -315,6 +315,22 @@ fn a_holder_counts_what_it_admitted_instead_of_its_own_allotment() {
     };
     let state = QuotaState::for_holder(&lowered, Some(&status), "me", &cpu("2")).unwrap();
     assert!(over_quota_warnings("p", &state).is_empty());
+
+    // Our entry carried from a deleted ledger (issue #32) is not ours to count from memory: it
+    // covers what was admitted before the deletion, whatever we recorded of that.
+    let carried = QuotaLedgerStatus {
+        allotments: vec![
+            allotment(&kkp_quota_crds::ledger::carried_holder("me"), "5"),
+            allotment("other", "3"),
+        ],
+        ..status.clone()
+    };
+    let mine = QuotaState::for_holder(&spec, Some(&carried), "me", &cpu("2")).unwrap();
+    assert_eq!(
+        mine.in_use().unwrap().amount(Resource::Cpu),
+        Quantity::from_units(14),
+        "4 used, 2 we admitted, 5 carried, 3 the other's"
+    );
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! One pass over a batch: the plan decided on one copy of the ledger, and its compare-and-swap
 //! write (retried on conflicts).
 
+use kkp_quota_crds::ledger::carried_holder;
+use kkp_quota_crds::shares::allotment::CarriedChange;
 use kkp_quota_runtime::chain::Chain;
 
 use super::*;
@@ -80,6 +82,21 @@ impl Reserver {
             .status
             .as_ref()
             .and_then(|s| s.allotments.iter().find(|a| a.holder == holder));
+        // Our entry carried from a deleted ledger: what we record of our admissions there moves
+        // out of it (decided before `begin_write`, while we know which ledger we last wrote).
+        let carried_name = carried_holder(holder);
+        let carried = copy
+            .status
+            .as_ref()
+            .and_then(|s| s.allotments.iter().find(|a| a.holder == carried_name))
+            .and_then(|entry| {
+                let left = escrow.holder.carried_after(
+                    copy.uid.as_deref(),
+                    Some(&entry.granted),
+                    &unrecorded_total,
+                )?;
+                Some((entry, left))
+            });
         let (grant, demands) =
             self.grant_and_demand(copy, escrow, requests, &verdicts, &state, &admitted, now, instant);
         let renewal_due = self
@@ -88,13 +105,14 @@ impl Reserver {
             .allotments
             .as_ref()
             .is_none_or(|c| escrow.holder.renewal_due(instant, c.ttl));
-        let allotments = self.allotments_after(
+        let (allotments, writes_own) = self.allotments_after(
             copy,
             own,
             grant.as_ref(),
             renewal_due,
             !new_reservations.is_empty(),
             now,
+            carried,
         )?;
         let own_granted = own.map(|a| a.granted.clone()).unwrap_or_default();
         let writes = !new_reservations.is_empty() || allotments.is_some() || demands.is_some();
@@ -104,7 +122,7 @@ impl Reserver {
                 copy_uid: copy.uid.as_deref(),
                 own_granted: &own_granted,
                 grant,
-                writes_allotment: allotments.is_some(),
+                writes_allotment: writes_own,
                 writes,
                 requests: !requests.is_empty(),
             },
@@ -168,8 +186,10 @@ impl Reserver {
         (grant, demands)
     }
 
-    /// The new `status.allotments`, when it changes: the others' entries as they are, and ours
-    /// with `grant` (renewed), or without ours when `grant` is `None`.
+    /// The new `status.allotments`, when it changes: the others' entries as they are, ours with
+    /// `grant` (renewed), or without ours when `grant` is `None`, and our carried entry as
+    /// `carried` leaves it; and whether our own entry is written.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn allotments_after(
         &self,
         copy: &QuotaCopy,
@@ -178,33 +198,55 @@ impl Reserver {
         renewal_due: bool,
         recording: bool,
         now: Timestamp,
-    ) -> Result<Option<Value>, PlanError> {
+        carried: Option<(&Allotment, CarriedChange)>,
+    ) -> Result<(Option<Value>, bool), PlanError> {
         let holder = self.inner.holder.as_str();
-        let changes = match (own, grant) {
+        let own_changes = match (own, grant) {
             (None, None) => false,
             (Some(own), Some(grant)) => own.granted != *grant || renewal_due || recording,
             _ => true,
         };
-        if !changes {
-            return Ok(None);
+        if !own_changes && carried.is_none() {
+            return Ok((None, false));
         }
-        let own = match (grant, &self.inner.config.allotments) {
-            (Some(grant), Some(config)) => {
-                let expires_at = now
-                    .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
-                    .unwrap_or(now);
-                let allotment = Allotment {
-                    holder: holder.to_owned(),
-                    granted: grant.clone(),
-                    expires_at,
-                    // Readers judge by this, not by our clock (issue #32, finding 8).
-                    ttl_seconds: Some(kkp_quota_crds::ledger::lifetimes::ttl_seconds(config.ttl)),
-                };
-                Some(serde_json::to_value(allotment)?)
-            }
-            _ => None,
+        let mut list = copy.raw_allotments.clone();
+        if own_changes {
+            let own = match (grant, &self.inner.config.allotments) {
+                (Some(grant), Some(config)) => {
+                    let expires_at = now
+                        .saturating_add(SignedDuration::try_from(config.ttl).unwrap_or(SignedDuration::MAX))
+                        .unwrap_or(now);
+                    let allotment = Allotment {
+                        holder: holder.to_owned(),
+                        granted: grant.clone(),
+                        expires_at,
+                        // Readers judge by this, not by our clock (issue #32, finding 8).
+                        ttl_seconds: Some(kkp_quota_crds::ledger::lifetimes::ttl_seconds(config.ttl)),
+                    };
+                    Some(serde_json::to_value(allotment)?)
+                }
+                _ => None,
+            };
+            list = entries(with_own_entry(&list, holder, own));
+        }
+        if let Some((entry, change)) = carried {
+            let kept = change
+                .left()
+                .map(|granted| {
+                    serde_json::to_value(Allotment {
+                        granted: granted.clone(),
+                        ..entry.clone()
+                    })
+                })
+                .transpose()?;
+            list = entries(with_own_entry(&list, &entry.holder, kept));
+        }
+        let value = if list.is_empty() {
+            Value::Null
+        } else {
+            Value::Array(list)
         };
-        Ok(Some(with_own_entry(&copy.raw_allotments, holder, own)))
+        Ok((Some(value), own_changes))
     }
 
     pub(super) fn set_ledger_size(&self, project: &str, count: usize) {
@@ -478,5 +520,13 @@ impl Reserver {
                 }
             }
         }
+    }
+}
+
+/// The entries of a holder list as [`with_own_entry`] returns it (`null`: none).
+fn entries(list: Value) -> Vec<Value> {
+    match list {
+        Value::Array(list) => list,
+        _ => Vec::new(),
     }
 }

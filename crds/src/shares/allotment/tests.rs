@@ -328,3 +328,44 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn what_we_record_on_a_new_ledger_moves_out_of_our_carried_entry() {
+    let config = AllotmentConfig::default();
+    let t0 = Instant::now();
+    let h = holding(4, t0, &config);
+    // Ledger "l" deleted, its successor "m" carries our entry (4): recording 3 admitted from it
+    // leaves 1 there, recording all of it removes it.
+    assert_eq!(
+        h.carried_after(Some("m"), Some(&cpu(4)), &cpu(3)),
+        Some(CarriedChange::Shrinks(cpu(1)))
+    );
+    assert_eq!(
+        h.carried_after(Some("m"), Some(&cpu(4)), &cpu(4)),
+        Some(CarriedChange::Goes)
+    );
+    assert_eq!(
+        h.carried_after(Some("m"), Some(&cpu(4)), &cpu(5)),
+        Some(CarriedChange::Goes)
+    );
+    // Nothing recorded, or no carried entry: nothing changes.
+    assert_eq!(h.carried_after(Some("m"), Some(&cpu(4)), &cpu(0)), None);
+    assert_eq!(h.carried_after(Some("m"), None, &cpu(3)), None);
+    // Once we have written "m", what we record was admitted from our allotment there.
+    let mut h = h;
+    let w = h.begin_write(
+        t0,
+        Planned {
+            copy_uid: Some("m"),
+            ..planned(&cpu(0), Some(cpu(2)), true)
+        },
+    );
+    h.landed(t0, Some("m"), &w, config.ttl);
+    assert_eq!(h.carried_after(Some("m"), Some(&cpu(4)), &cpu(1)), None);
+    // A holder that forgot its ledger (it went missing) has written none.
+    h.forget(t0);
+    assert_eq!(
+        h.carried_after(Some("m"), Some(&cpu(4)), &cpu(1)),
+        Some(CarriedChange::Shrinks(cpu(3)))
+    );
+}
