@@ -93,7 +93,13 @@ fn corpus() {
         .collect();
     files.sort();
     for path in files {
-        let file: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: every sized provider needs a conformance corpus (docs/architecture.md, \"A new cloud provider\")",
+                path.display()
+            )
+        });
+        let file: Value = serde_json::from_str(&text).unwrap();
         let provider = file["cloudProvider"].as_str().unwrap();
         for case in file["cases"].as_array().unwrap() {
             count += 1;
@@ -118,7 +124,13 @@ fn every_sized_provider_has_a_corpus() {
             continue;
         }
         let path = corpus_dir().join(format!("{}.json", provider.name()));
-        let file: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: every sized provider needs a conformance corpus (docs/architecture.md, \"A new cloud provider\")",
+                path.display()
+            )
+        });
+        let file: Value = serde_json::from_str(&text).unwrap();
         assert!(file["cases"].as_array().unwrap().len() >= 2, "{}", path.display());
     }
 }
