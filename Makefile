@@ -5,7 +5,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 FLEET_DIR ?= .fleet
 
-.PHONY: help test demo lint fmt-check clippy crd-check crds control-plane system-deps rules-test
+.PHONY: help test demo lint fmt-check clippy crd-check catalog-check crds control-plane system-deps rules-test
 
 help:
 	@echo "make demo   - start a local fleet (master, 2 seeds, 3 user clusters) with the quota system"
@@ -35,7 +35,18 @@ crd-check:
 crds:
 	$(CARGO) run -q -p kkp-quota-crds --bin crdgen
 
-lint: fmt-check clippy crd-check
+# The shipped size catalogs against the flavour CSVs they were generated from. Those live in the
+# team's shared folder beside the checkout; a checkout without it says so and checks nothing here
+# (the catalogs' own tests still run).
+CATALOG_SOURCES ?= ../shared/catalog-sources
+catalog-check:
+	@if [ -d "$(CATALOG_SOURCES)" ]; then \
+		python3 provider-sizes/catalog/generate.py --check --sources "$(CATALOG_SOURCES)" && echo "catalog-check: shipped catalogs match $(CATALOG_SOURCES)"; \
+	else \
+		echo "catalog-check: $(CATALOG_SOURCES) is not here; shipped catalogs not compared with their sources"; \
+	fi
+
+lint: fmt-check clippy crd-check catalog-check
 
 # Alert rules: syntax, and promtool unit tests (series that fire each alert and series that must not).
 rules-test: system-deps
