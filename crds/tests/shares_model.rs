@@ -526,7 +526,8 @@ struct Coverage {
     /// Of those, re-created with admitted Machines not created yet, covered only by what the
     /// new ledger carried over.
     recreated_in_flight: usize,
-    /// Webhook writes that moved what they recorded out of their carried entry.
+    /// Webhook writes that moved what they recorded out of their carried entry (a few in 3,000
+    /// runs; `a_carried_allotment_shrinks_by_what_its_holder_records` makes one for sure).
     carried_recorded: usize,
     /// Master records lost, and rebuilt from the seeds' copies.
     lost_records: usize,
@@ -1761,7 +1762,6 @@ fn shares_hold_the_limit_and_follow_demand() {
             && cov.appeared_runs > 0
             && cov.recreated > 0
             && cov.recreated_in_flight > 0
-            && cov.carried_recorded > 0
             && cov.adopted > 0
             && cov.fast_admissions > 0
             && cov.allotment_conflicts > 0
@@ -1980,4 +1980,77 @@ fn a_webhook_admits_from_its_allotment_and_records_it() {
     run(&mut world, &[Step::Count { seed: 0 }]);
     assert!(world.seeds[0].machines.is_empty());
     assert_eq!(world.seeds[0].copy.counted, rd(1, [4, 0]));
+}
+
+/// A ledger re-created while a Machine admitted from the webhook's allotment is on its way
+/// (issue #32): the new ledger carries the allotment under its own key, the webhook's first
+/// write there records the Machine and moves that much out of the carried entry, and the rest
+/// goes when the grace ends.
+#[test]
+fn a_carried_allotment_shrinks_by_what_its_holder_records() {
+    let mut world = Directed::new(8);
+    let run = |world: &mut Directed, steps: &[Step]| world.run(steps);
+    run(
+        &mut world,
+        &[
+            Step::Admit {
+                seed: 0,
+                amount: [8, 0],
+                ask: true,
+            },
+            Step::MasterRound,
+            Step::BeginWrite {
+                seed: 0,
+                requests: true,
+            },
+            Step::EndWrite { seed: 0, how: 0 },
+            Step::AdmitFromAllotment {
+                seed: 0,
+                amount: [3, 0],
+            },
+            Step::RecreateLedger {
+                seed: 0,
+                seen_gap: false,
+                created: false,
+            },
+        ],
+    );
+    let s = &world.seeds[0];
+    assert_eq!(s.machines.len(), 1, "the Machine is on its way");
+    assert_eq!(
+        s.copy.allotments.get(&CARRIED).map(|(g, _)| g.clone()),
+        Some(rd(1, [4, 0])),
+        "carried under its own key"
+    );
+    run(
+        &mut world,
+        &[
+            Step::BeginWrite {
+                seed: 0,
+                requests: false,
+            },
+            Step::EndWrite { seed: 0, how: 0 },
+        ],
+    );
+    let s = &world.seeds[0];
+    assert_eq!(s.copy.recorded.len(), 1, "recorded on the new ledger");
+    assert_eq!(
+        s.copy
+            .allotments
+            .get(&CARRIED)
+            .map(|(g, _)| g.amount(Resource::Cpu)),
+        Some(units(1)),
+        "what it recorded moved out of the carried entry"
+    );
+    run(
+        &mut world,
+        &[
+            Step::Count { seed: 0 },
+            Step::Tick { secs: 15 },
+            Step::ExpireAllotment { seed: 0 },
+        ],
+    );
+    let s = &world.seeds[0];
+    assert!(!s.copy.allotments.contains_key(&CARRIED), "gone after the grace");
+    assert_eq!(s.copy.counted.amount(Resource::Cpu), units(3));
 }
