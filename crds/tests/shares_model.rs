@@ -1928,33 +1928,36 @@ fn a_second_rebuild_after_a_restart_starts_a_new_epoch() {
     assert_eq!(cov.lost_records, 2);
 }
 
+/// A quota of 8 with seed-0 holding all of it as share, and its webhook an allotment of 4.
+fn with_allotment_on_seed_0() -> Directed {
+    let mut world = Directed::new(8);
+    world.run(&[
+        Step::Admit {
+            seed: 0,
+            amount: [8, 0],
+            ask: true,
+        },
+        Step::MasterRound,
+        Step::BeginWrite {
+            seed: 0,
+            requests: true,
+        },
+        Step::EndWrite { seed: 0, how: 0 },
+    ]);
+    world
+}
+
 /// The webhook level on its own: seed-0 gets share, its webhook takes an allotment, admits from
 /// it without a write, and records what it admitted; a crash in between leaves the Machines
 /// covered by the dead process's allotment until they are counted.
 #[test]
 fn a_webhook_admits_from_its_allotment_and_records_it() {
-    let mut world = Directed::new(8);
+    let mut world = with_allotment_on_seed_0();
     let run = |world: &mut Directed, steps: &[Step]| world.run(steps);
     let fast = |amount| Step::AdmitFromAllotment {
         seed: 0,
         amount: [amount, 0],
     };
-    run(
-        &mut world,
-        &[
-            Step::Admit {
-                seed: 0,
-                amount: [8, 0],
-                ask: true,
-            },
-            Step::MasterRound,
-            Step::BeginWrite {
-                seed: 0,
-                requests: true,
-            },
-            Step::EndWrite { seed: 0, how: 0 },
-        ],
-    );
     let s = &world.seeds[0];
     assert_eq!(
         s.copy.allotments.get(&0).map(|(g, _)| g.clone()),
@@ -1988,22 +1991,11 @@ fn a_webhook_admits_from_its_allotment_and_records_it() {
 /// goes when the grace ends.
 #[test]
 fn a_carried_allotment_shrinks_by_what_its_holder_records() {
-    let mut world = Directed::new(8);
+    let mut world = with_allotment_on_seed_0();
     let run = |world: &mut Directed, steps: &[Step]| world.run(steps);
     run(
         &mut world,
         &[
-            Step::Admit {
-                seed: 0,
-                amount: [8, 0],
-                ask: true,
-            },
-            Step::MasterRound,
-            Step::BeginWrite {
-                seed: 0,
-                requests: true,
-            },
-            Step::EndWrite { seed: 0, how: 0 },
             Step::AdmitFromAllotment {
                 seed: 0,
                 amount: [3, 0],
