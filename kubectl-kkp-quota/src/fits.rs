@@ -75,16 +75,13 @@ impl FitsReport {
 /// The `Machine`s, `MachineSet`s and `MachineDeployment`s of a manifest (YAML or JSON, several
 /// documents, `List`s opened); other kinds are refused by name.
 pub fn parse(text: &str) -> Result<Vec<Asked>, Error> {
-    let documents: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(|e| Error::Manifest(e.to_string()))?;
+    let documents: Vec<Value> = serde_saphyr::from_multiple(text).map_err(Error::ManifestSyntax)?;
     let mut asked = Vec::new();
     for document in documents.into_iter().filter(|d| !d.is_null()) {
         collect(document, &mut asked)?;
     }
     if asked.is_empty() {
-        return Err(Error::Manifest(
-            "it holds no Machine, MachineSet or MachineDeployment".to_owned(),
-        ));
+        return Err(Error::NothingAsked);
     }
     Ok(asked)
 }
@@ -99,13 +96,16 @@ fn collect(object: Value, asked: &mut Vec<Asked>) -> Result<(), Error> {
     match kind.as_str() {
         "List" | "MachineList" | "MachineSetList" | "MachineDeploymentList" => {
             let Value::Array(items) = object["items"].clone() else {
-                return Err(Error::Manifest(format!("{kind} without items")));
+                return Err(Error::ListWithoutItems { kind });
             };
             items.into_iter().try_for_each(|item| collect(item, asked))
         }
         "Machine" => {
-            let machine =
-                serde_json::from_value(object).map_err(|e| Error::Manifest(format!("{object_name}: {e}")))?;
+            let machine = serde_json::from_value(object).map_err(|source| Error::NotAMachine {
+                object: object_name.clone(),
+                part: "",
+                source,
+            })?;
             asked.push(Asked {
                 object: object_name,
                 count: 1,
@@ -116,8 +116,9 @@ fn collect(object: Value, asked: &mut Vec<Asked>) -> Result<(), Error> {
         "MachineSet" | "MachineDeployment" => {
             let replicas = match &object["spec"]["replicas"] {
                 Value::Null => 1,
-                n => n.as_u64().ok_or_else(|| {
-                    Error::Manifest(format!("{object_name}: spec.replicas is not a count: {n}"))
+                n => n.as_u64().ok_or_else(|| Error::NotACount {
+                    object: object_name.clone(),
+                    found: n.to_string(),
                 })?,
             };
             // The Machines it makes: the template's spec, as machine-controller copies it.
@@ -127,7 +128,11 @@ fn collect(object: Value, asked: &mut Vec<Asked>) -> Result<(), Error> {
                 "metadata": {"name": name, "namespace": object["metadata"]["namespace"]},
                 "spec": object["spec"]["template"]["spec"],
             }))
-            .map_err(|e| Error::Manifest(format!("{object_name}: spec.template: {e}")))?;
+            .map_err(|source| Error::NotAMachine {
+                object: object_name.clone(),
+                part: ": spec.template",
+                source,
+            })?;
             asked.push(Asked {
                 object: object_name,
                 count: replicas,
@@ -135,10 +140,11 @@ fn collect(object: Value, asked: &mut Vec<Asked>) -> Result<(), Error> {
             });
             Ok(())
         }
-        "" => Err(Error::Manifest(format!("{name}: a document without a kind"))),
-        other => Err(Error::Manifest(format!(
-            "{object_name}: a {other} asks nothing of the quota; give Machines, MachineSets or MachineDeployments"
-        ))),
+        "" => Err(Error::NoKind { name }),
+        other => Err(Error::AsksNothing {
+            object: object_name,
+            kind: other.to_owned(),
+        }),
     }
 }
 
@@ -316,6 +322,13 @@ mod tests {
         let list =
             json!({"kind": "List", "items": [serde_saphyr::from_str::<Value>(MACHINE).expect("yaml")]});
         assert_eq!(parse(&list.to_string()).expect("a JSON list").len(), 1);
+        let broken = parse("kind: [Machine").expect_err("not YAML");
+        assert!(matches!(broken, Error::ManifestSyntax(_)), "{broken:?}");
+        let chain = broken.chain();
+        assert!(
+            chain.starts_with("the manifest is not YAML or JSON: ") && chain.len() > 40,
+            "the parser's own words follow: {chain}"
+        );
         let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n";
         let refused = parse(pod).expect_err("a Pod asks nothing of the quota");
         assert!(

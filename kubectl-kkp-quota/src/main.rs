@@ -12,7 +12,7 @@ async fn main() -> std::process::ExitCode {
             outcome.exit_code()
         }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", e.chain());
             std::process::ExitCode::from(2)
         }
     }

@@ -10,7 +10,7 @@ pub fn render<T: Serialize>(report: &T, format: Format, table: fn(&T) -> String)
         Format::Table => Ok(table(report)),
         Format::Json => serde_json::to_string_pretty(report)
             .map(|text| text + "\n")
-            .map_err(|e| Error::Output(e.to_string())),
-        Format::Yaml => serde_saphyr::to_string(report).map_err(|e| Error::Output(e.to_string())),
+            .map_err(Error::OutputJson),
+        Format::Yaml => serde_saphyr::to_string(report).map_err(Error::OutputYaml),
     }
 }

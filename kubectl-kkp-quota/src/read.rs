@@ -28,14 +28,16 @@ pub async fn client(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<
     };
     let config = match kubeconfig {
         Some(path) => {
-            let file = Kubeconfig::read_from(path)
-                .map_err(|e| Error::Kubeconfig(format!("{}: {e}", path.display())))?;
+            let file = Kubeconfig::read_from(path).map_err(|source| Error::KubeconfigFile {
+                path: path.to_owned(),
+                source,
+            })?;
             Config::from_custom_kubeconfig(file, &options).await
         }
         None => Config::from_kubeconfig(&options).await,
     }
-    .map_err(|e| Error::Kubeconfig(e.to_string()))?;
-    Client::try_from(config).map_err(|e| Error::Kubeconfig(e.to_string()))
+    .map_err(Error::Kubeconfig)?;
+    Client::try_from(config).map_err(Error::Client)
 }
 
 /// The cluster's `QuotaView`s; where it has none, the master's `ProjectQuota`s. A cluster may
@@ -102,9 +104,9 @@ pub fn catalog(admin: Option<&Path>) -> Result<SizeCatalog, Error> {
         return Ok(SizeCatalog::shipped());
     };
     let text = file(path)?;
-    let admin = AdminCatalog::parse(&text).map_err(|e| Error::Catalog {
+    let admin = AdminCatalog::parse(&text).map_err(|source| Error::Catalog {
         path: path.to_owned(),
-        message: e.to_string(),
+        source,
     })?;
     Ok(SizeCatalog::shipped().with_admin(&admin))
 }

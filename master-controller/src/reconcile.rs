@@ -123,8 +123,8 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     let mut failed: Vec<String> = Vec::new();
     let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
     for (view, result) in applied {
-        if let Err(seed) = result {
-            failed.push(seed);
+        if result.is_err() {
+            failed.push(view.name.clone());
         }
         views.push(view);
     }

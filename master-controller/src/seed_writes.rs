@@ -89,7 +89,7 @@ where
 /// Applies KKP's copy and the ledger on one seed if it is fresh and they are out of date (KKP's
 /// first, so the seed-controller finds it when the ledger appears). `shares` is the seed's part
 /// of the persisted share record, never of an unpersisted plan. Returns the view with the
-/// ledger as it is now, or the seed's name on failure.
+/// ledger as it is now, and the write's failure (logged and counted here already).
 pub(crate) async fn fan_out(
     master_rq: &ResourceQuota,
     limits: &ResourceDetails,
@@ -97,7 +97,7 @@ pub(crate) async fn fan_out(
     rollout: Option<&RolloutAllowance>,
     view: &SeedView,
     ctx: &Ctx,
-) -> (SeedView, Result<(), String>) {
+) -> (SeedView, Result<(), kube::Error>) {
     let mut view = view.clone();
     let Some(client) = view.client.clone() else {
         return (view, Ok(()));
@@ -178,8 +178,7 @@ pub(crate) async fn fan_out(
         Err(e) => {
             warn!(seed = %view.name, error = %e, "applying the seed copies failed");
             ctx.metrics.sync_error(&view.name, "apply");
-            let seed = view.name.clone();
-            (view, Err(seed))
+            (view, Err(e))
         }
     }
 }

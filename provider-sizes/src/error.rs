@@ -38,7 +38,11 @@ pub enum SizingErrorKind {
     /// A field is given by reference and the caller supplied no resolver.
     NoResolver { field: String },
     /// The resolver could not read a referenced value.
-    ResolveFailed { field: String, message: String },
+    ResolveFailed {
+        field: String,
+        /// Boxed: it names the object and key, and would make every sizing result large.
+        cause: Box<crate::spec::ResolveError>,
+    },
     /// The root disk size is neither in the spec nor known for the flavour, and the admin catalog
     /// has no `rootDiskDefaults` entry for the provider.
     UnknownRootDisk { field: &'static str, why: &'static str },
@@ -193,10 +197,10 @@ impl fmt::Display for SizingError {
                  and no resolver for referenced values is available here; put the value inline \
                  in the Machine or run the sizing where referenced Secrets/ConfigMaps are cached"
             ),
-            SizingErrorKind::ResolveFailed { field, message } => write!(
+            SizingErrorKind::ResolveFailed { field, cause } => write!(
                 f,
                 "{p} Machine: cloudProviderSpec.{field} refers to a value that cannot be read \
-                 ({message}); check that the referenced Secret/ConfigMap and key exist"
+                 ({cause}); check that the referenced Secret/ConfigMap and key exist"
             ),
             SizingErrorKind::UnknownRootDisk { field: "", why } => write!(
                 f,

@@ -21,4 +21,4 @@ pub use error::{ADMIN_CATALOG, SizingError, SizingErrorKind};
 pub use gce::{Custom as GceCustomType, parse_custom as parse_gce_custom_type};
 pub use provider::Provider;
 pub use sizing::{ANY_MACHINE, size_machine, size_provider_spec};
-pub use spec::{ValueRef, ValueResolver};
+pub use spec::{ResolveError, ValueRef, ValueResolver};

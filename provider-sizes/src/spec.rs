@@ -19,10 +19,67 @@ pub enum ValueRef {
     ConfigMap(GlobalKeyRef),
 }
 
+impl ValueRef {
+    /// `Secret` or `ConfigMap`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ValueRef::Secret(_) => "Secret",
+            ValueRef::ConfigMap(_) => "ConfigMap",
+        }
+    }
+
+    pub fn key_ref(&self) -> &GlobalKeyRef {
+        match self {
+            ValueRef::Secret(r) | ValueRef::ConfigMap(r) => r,
+        }
+    }
+}
+
+/// Why a referenced value could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    /// The `Secret` or `ConfigMap` is not there (or not in the resolver's cache).
+    #[error("{kind} {namespace}/{name} not found")]
+    NotFound {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
+    /// It is there, without the key.
+    #[error("{kind} {namespace}/{name} has no key {key:?}")]
+    NoKey {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        key: String,
+    },
+}
+
+impl ResolveError {
+    pub fn not_found(reference: &ValueRef) -> ResolveError {
+        let r = reference.key_ref();
+        ResolveError::NotFound {
+            kind: reference.kind(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+        }
+    }
+
+    pub fn no_key(reference: &ValueRef) -> ResolveError {
+        let r = reference.key_ref();
+        ResolveError::NoKey {
+            kind: reference.kind(),
+            namespace: r.namespace.clone(),
+            name: r.name.clone(),
+            key: r.key.clone(),
+        }
+    }
+}
+
 /// Resolves referenced provider values. Supplied by the caller, from a cache: never a network
 /// call on the admission path.
 pub trait ValueResolver: Send + Sync {
-    fn resolve(&self, reference: &ValueRef) -> Result<String, String>;
+    fn resolve(&self, reference: &ValueRef) -> Result<String, ResolveError>;
 }
 
 pub(crate) fn json_kind(value: &Value) -> String {
@@ -198,10 +255,10 @@ impl<'a> Spec<'a> {
                 field: self.field_name(path),
             }));
         };
-        let text = resolver.resolve(&target).map_err(|message| {
+        let text = resolver.resolve(&target).map_err(|cause| {
             self.error(SizingErrorKind::ResolveFailed {
                 field: self.field_name(path),
-                message,
+                cause: Box::new(cause),
             })
         })?;
         let text = text.trim();

@@ -11,18 +11,20 @@
 use std::path::PathBuf;
 
 use kkp_quota_crds::{Quantity, Resource};
-use provider_sizes::{AdminCatalog, Provider, SizeCatalog, ValueRef, ValueResolver, size_provider_spec};
+use provider_sizes::{
+    AdminCatalog, Provider, ResolveError, SizeCatalog, ValueRef, ValueResolver, size_provider_spec,
+};
 use serde_json::{Value, json};
 
 struct OneSecret;
 
 impl ValueResolver for OneSecret {
-    fn resolve(&self, reference: &ValueRef) -> Result<String, String> {
+    fn resolve(&self, reference: &ValueRef) -> Result<String, ResolveError> {
         match reference {
             ValueRef::Secret(r) if r.namespace == "kube-system" && r.name == "sizes" && r.key == "type" => {
                 Ok("m5.xlarge".into())
             }
-            other => Err(format!("no such value: {other:?}")),
+            other => Err(ResolveError::not_found(other)),
         }
     }
 }

@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use kkp_quota_crds::machine::{GlobalKeyRef, Machine};
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
 use provider_sizes::{
-    AdminCatalog, SizeCatalog, SizingError, ValueRef, ValueResolver, size_machine, size_provider_spec,
+    AdminCatalog, ResolveError, SizeCatalog, SizingError, ValueRef, ValueResolver, size_machine,
+    size_provider_spec,
 };
 use serde_json::json;
 
@@ -702,7 +703,7 @@ fn unknown_and_missing_providers() {
 struct Cache(HashMap<(bool, String, String, String), String>);
 
 impl ValueResolver for Cache {
-    fn resolve(&self, reference: &ValueRef) -> Result<String, String> {
+    fn resolve(&self, reference: &ValueRef) -> Result<String, ResolveError> {
         let (secret, r) = match reference {
             ValueRef::Secret(r) => (true, r),
             ValueRef::ConfigMap(r) => (false, r),
@@ -710,7 +711,7 @@ impl ValueResolver for Cache {
         self.0
             .get(&(secret, r.namespace.clone(), r.name.clone(), r.key.clone()))
             .cloned()
-            .ok_or_else(|| format!("{}/{} has no key {}", r.namespace, r.name, r.key))
+            .ok_or_else(|| ResolveError::no_key(reference))
     }
 }
 
@@ -761,7 +762,11 @@ fn sizes_by_reference() {
     );
     let e = size_machine(&m, &c, Some(&cache)).unwrap_err();
     assert_eq!(e.reason(), "ResolveFailed");
-    assert!(e.to_string().contains("cfg has no key other"), "{e}");
+    assert!(
+        e.to_string()
+            .contains(r#"(ConfigMap kube-system/cfg has no key "other")"#),
+        "{e}"
+    );
     // As in machine-controller, a complete secretKeyRef wins over an inline value...
     let m = machine(
         "hetzner",
