@@ -37,6 +37,8 @@ use crate::rollout::RolloutAllowance;
     printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".status.limits.memory"}"#,
     printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.globalUsage.storage","priority":1}"#,
     printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".status.limits.storage","priority":1}"#,
+    printcolumn = r#"{"name":"Clusters","type":"string","jsonPath":".status.globalUsage.clusters","priority":1}"#,
+    printcolumn = r#"{"name":"Clusters limit","type":"string","jsonPath":".status.limits.clusters","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]

@@ -78,6 +78,8 @@ resources! {
     gpu => Gpu { json: "gpu", unit: "gpu", notation: Decimal }
     /// Number of Machines.
     machines => Machines { json: "machines", unit: "machines", notation: Decimal }
+    /// Number of user clusters (KKP `Cluster` objects on the seeds).
+    clusters => Clusters { json: "clusters", unit: "clusters", notation: Decimal }
 }
 
 impl Resource {

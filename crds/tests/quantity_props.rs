@@ -15,7 +15,7 @@ fn quantity() -> impl Strategy<Value = Quantity> {
 fn details() -> impl Strategy<Value = ResourceDetails> {
     proptest::collection::vec(
         proptest::option::of((0_i64..1 << 40).prop_map(Quantity::from_millis)),
-        5,
+        Resource::ALL.len(),
     )
     .prop_map(|amounts| {
         let mut d = ResourceDetails::default();

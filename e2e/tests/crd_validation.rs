@@ -82,6 +82,7 @@ async fn quantities_are_validated_by_the_api_server() {
         ("integer", json!({"cpu": 4}), "cpu", json!(4)),
         ("zero", json!({"machines": 0}), "machines", json!(0)),
         ("exponent", json!({"storage": "1e3"}), "storage", json!("1e3")),
+        ("clusters", json!({"clusters": "5"}), "clusters", json!("5")),
     ];
     for (name, quota, field, stored) in &accepted {
         let created = api
@@ -137,7 +138,7 @@ async fn kkps_resource_quota_prunes_what_kkp_does_not_declare() {
         "metadata": {"name": "project-a"},
         "spec": {
             "subject": {"name": "a", "kind": "project"},
-            "quota": {"cpu": "4", "memory": "8Gi", "storage": "100Gi", "gpu": "1", "machines": "3"},
+            "quota": {"cpu": "4", "memory": "8Gi", "storage": "100Gi", "gpu": "1", "machines": "3", "clusters": "2"},
         },
     }))
     .unwrap();
@@ -146,7 +147,7 @@ async fn kkps_resource_quota_prunes_what_kkp_does_not_declare() {
     assert_eq!(
         quota.keys().collect::<Vec<_>>(),
         ["cpu", "memory", "storage"],
-        "gpu and machines are pruned from spec.quota"
+        "gpu, machines and clusters are pruned from spec.quota"
     );
     let old_ledger = json!({"status": {
         "localUsage": {"cpu": "2", "machines": "1"},

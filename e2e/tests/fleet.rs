@@ -1,5 +1,7 @@
 //! The default fleet: KKP's objects where KKP would have them, and the demo binary.
 
+#[path = "fleet/clusters.rs"]
+mod clusters;
 #[path = "fleet/kubectl.rs"]
 mod kubectl;
 #[path = "fleet/rollout.rs"]
@@ -274,6 +276,7 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
         master,
     )
     .await;
+    clusters::clusters_are_counted(client_for("master").await, client_for("seed-b").await).await;
 }
 
 /// Real cascades (kube-controller-manager runs in every cluster of the demo fleet): a deleted

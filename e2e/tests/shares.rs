@@ -487,29 +487,60 @@ async fn an_unreachable_seed_keeps_its_share_and_gets_it_back() {
 /// a limit), yet its 6 GiB fill the quota all the same: a burst on seed-b gets exactly the 2 GiB
 /// left, never the whole 8 GiB as free share. Once seed-a's Machines are gone, seed-b gets the
 /// rest. (A catalog edit that makes running Machines bigger, or a cluster moved between seeds,
-/// leaves the same state: usage above a share.)
+/// leaves the same state: usage above a share.) The same quota limits `clusters` to the 3 the
+/// project runs (issue #38): counted per seed, the count full, and still no Machine is refused
+/// for it, since a Machine asks for no cluster.
 async fn a_limit_added_to_a_resource_in_use_counts_that_use(setup: &FleetWithSystem) {
     let fleet = &setup.fleet;
     let gib = |n: i64| Quantity::from_gibibytes(n);
     assert_eq!(burst(fleet, &["alpha"; 6], "before").await, 6);
     wait_others_folded_of(fleet, "seed-b", Resource::Memory, gib(6)).await;
 
-    // The limit added (and cpu raised far out of the way, so that memory decides).
+    // The limit added (and cpu raised far out of the way, so that memory decides); KKP's quota
+    // has no field for clusters, so their limit is set in the `ProjectQuota`.
     let limits: kkp_quota_crds::ResourceDetails =
         serde_json::from_value(serde_json::json!({ "cpu": "100", "memory": "8Gi" })).unwrap();
     let quota = e2e::demo::project_quota("demo", &limits);
     e2e::demo::apply_quota(fleet, &quota, "shares-test")
         .await
         .unwrap();
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    let clusters_limit = |limit: Option<&str>| serde_json::json!({"spec": {"quota": {"clusters": limit}}});
+    quotas
+        .patch(
+            NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&clusters_limit(Some("3"))),
+        )
+        .await
+        .unwrap();
     for seed in ["seed-a", "seed-b"] {
         let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        wait_for(WAIT, &format!("{seed}'s ledger limiting memory"), || async {
-            let ledger = ledgers.get(NAME).await.ok()?;
-            ledger.spec.quota.get(Resource::Memory).map(|_| ())
-        })
+        wait_for(
+            WAIT,
+            &format!("{seed}'s ledger limiting memory and clusters"),
+            || async {
+                let quota = ledgers.get(NAME).await.ok()?.spec.quota;
+                (quota.get(Resource::Memory).is_some() && quota.get(Resource::Clusters).is_some())
+                    .then_some(())
+            },
+        )
         .await
         .unwrap();
     }
+    wait_for(WAIT, "3 clusters counted: 2 on seed-a, 1 on seed-b", || async {
+        let status = quotas.get(NAME).await.ok()?.status?;
+        let clusters =
+            |usage: Option<&kkp_quota_crds::ResourceDetails>| usage.map(|u| u.amount(Resource::Clusters));
+        let on = |seed: &str| clusters(status.seeds.iter().find(|s| s.name == seed)?.usage.as_ref());
+        (clusters(status.global_usage.as_ref()) == Some(Quantity::from_units(3))
+            && on("seed-a") == Some(Quantity::from_units(2))
+            && on("seed-b") == Some(Quantity::from_units(1))
+            && status.limits?.get(Resource::Clusters) == Some(Quantity::from_units(3)))
+        .then_some(())
+    })
+    .await
+    .unwrap();
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher_of(fleet, Resource::Memory, gib(8), stopped);
 
@@ -528,6 +559,14 @@ async fn a_limit_added_to_a_resource_in_use_counts_that_use(setup: &FleetWithSys
     let _ = stop.send(());
     let checked = watching.await.unwrap();
     assert!(checked > 5, "only {checked} versions checked");
+    quotas
+        .patch(
+            NAME,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&clusters_limit(None)),
+        )
+        .await
+        .unwrap();
 }
 
 /// The master's record lost mid-burst (issue #32, finding 1): the `ProjectQuota` deleted (the

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use kkp_quota_crds::{QuantityError, Resource, ResourceDetails};
+use kkp_quota_crds::{Quantity, QuantityError, Resource, ResourceDetails};
 
 /// The counted Machines of one user cluster (by UID) and their sum.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,11 +126,16 @@ impl ClusterUsage {
     }
 }
 
-/// The usage of a project on this seed: the sum over its clusters.
+/// The usage of a project on this seed: the sum of its clusters' Machines, and the clusters
+/// themselves (`clusters`, one each, whether their Machines can be counted or not).
 pub fn project_usage<'a>(
-    clusters: impl IntoIterator<Item = &'a ResourceDetails>,
+    cluster_usages: impl IntoIterator<Item = &'a ResourceDetails>,
+    clusters: usize,
 ) -> Result<ResourceDetails, QuantityError> {
-    ResourceDetails::checked_sum(clusters)
+    let mut usage = ResourceDetails::checked_sum(cluster_usages)?;
+    let clusters = i64::try_from(clusters).map_err(|_| QuantityError::Overflow("cluster count"))?;
+    usage.set(Resource::Clusters, Some(Quantity::from_units(clusters)));
+    Ok(usage)
 }
 
 /// Equal as usage: an absent amount is zero.
@@ -147,7 +152,6 @@ pub fn as_f64(amount: kkp_quota_crds::Quantity) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kkp_quota_crds::Quantity;
     use proptest::prelude::*;
 
     fn size(cpu: i64, mem_gib: i64) -> ResourceDetails {
@@ -227,9 +231,10 @@ mod tests {
 
         #[test]
         fn project_usage_is_the_sum_of_clusters(a in 0i64..1000, b in 0i64..1000) {
-            let sum = project_usage([&size(a, 1), &size(b, 2)]).unwrap();
+            let sum = project_usage([&size(a, 1), &size(b, 2)], 2).unwrap();
             prop_assert_eq!(sum.amount(Resource::Cpu), Quantity::from_units(a + b));
             prop_assert_eq!(sum.amount(Resource::Machines), Quantity::from_units(2));
+            prop_assert_eq!(sum.amount(Resource::Clusters), Quantity::from_units(2));
         }
     }
 }

@@ -143,7 +143,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     })
     .await
     .unwrap();
-    recorder.wait_settled(&s1).await;
+    recorder.wait_settled(&seed, &s1).await;
     let versions = recorder.all();
     let mut reserved_before = false;
     for rq in &versions {

@@ -333,10 +333,12 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
             .await
             .contains(&"ghost-beta".to_owned())
     );
-    assert!(same_usage(
-        &local_usage(&seed, "demo").await.unwrap(),
-        &sum(&[&alpha_usage, &s5, &s4])
-    ));
+    let mut expected = sum(&[&alpha_usage, &s5, &s4]);
+    expected.set(Resource::Clusters, Some(kkp_quota_crds::Quantity::from_units(2)));
+    assert!(
+        same_usage(&local_usage(&seed, "demo").await.unwrap(), &expected),
+        "alpha's and beta's Machines, and the two clusters (beta unreachable still counts)"
+    );
 
     // Back: caught up (a Machine created right away is counted), the reservation expires.
     beta_cp.start_apiserver().await.unwrap();
@@ -408,7 +410,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     })
     .await
     .unwrap();
-    recorder.wait_settled(&expected).await;
+    recorder.wait_settled(&seed, &expected).await;
     // In every version, m8 is counted exactly once: by its reservation or in localUsage (the
     // count and the drop are one write).
     let versions = recorder.all();

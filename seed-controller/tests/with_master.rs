@@ -19,8 +19,16 @@ use seed_controller::Config;
 use seed_controller::usage::same_usage;
 use serde_json::json;
 
-async fn wait_global(master: &kube::Client, expected: &ResourceDetails) {
+/// Waits until the master's `globalUsage` is `machines` (the Machines' sizes) and the fleet's two
+/// clusters of the project (alpha on seed-a, gamma on seed-b).
+async fn wait_global(master: &kube::Client, machines: &ResourceDetails) {
     let api: Api<ProjectQuota> = Api::all(master.clone());
+    let mut expected = machines.clone();
+    expected.set(
+        kkp_quota_crds::Resource::Clusters,
+        Some(kkp_quota_crds::Quantity::from_units(2)),
+    );
+    let expected = &expected;
     e2e::wait_for(WAIT, &format!("master globalUsage = {expected}"), || async {
         let global = api
             .get("project-demo")

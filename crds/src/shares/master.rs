@@ -276,7 +276,10 @@ impl MasterView {
             if !record.reachable && !share.is_empty() {
                 plan.stuck.insert(name.clone(), share.clone());
             }
-            let unused = record.report.as_ref().is_some_and(|r| r.committed.is_empty());
+            let unused = record
+                .report
+                .as_ref()
+                .is_some_and(|r| r.uses_nothing_of(&self.limit));
             if record.retiring && share.is_empty() && unused {
                 plan.forget.push(name.clone());
             }
@@ -668,5 +671,28 @@ mod tests {
         assert_eq!(plan.forget, vec!["r".to_owned()]);
         assert!(v.apply(&plan).unwrap());
         assert!(!v.seeds.contains_key("r"));
+    }
+
+    #[test]
+    fn retiring_seed_using_only_what_is_unlimited_is_forgotten() {
+        let mut r = seed(5, 5, 0, None);
+        r.retiring = true;
+        let one_cluster = |r: &mut SeedRecord| {
+            let report = r.report.as_mut().unwrap();
+            report
+                .committed
+                .set(Resource::Clusters, Some(Quantity::from_units(1)));
+        };
+        one_cluster(&mut r);
+        let v = view(10, vec![("a", seed(2, 0, 0, None)), ("r", r.clone())]);
+        assert_eq!(v.plan(&cpu(0)).unwrap().forget, vec!["r".to_owned()]);
+        // Once clusters are limited, its cluster is use that keeps it.
+        let mut limit = cpu(10);
+        limit.set(Resource::Clusters, Some(Quantity::from_units(4)));
+        let v = MasterView {
+            limit,
+            seeds: [("a".to_owned(), seed(2, 0, 0, None)), ("r".to_owned(), r)].into(),
+        };
+        assert!(v.plan(&cpu(0)).unwrap().forget.is_empty());
     }
 }

@@ -201,6 +201,14 @@ pub struct SeedReport {
     pub holds: Option<MasterWord>,
 }
 
+impl SeedReport {
+    /// Nothing `limit` limits is committed on the seed: what it uses besides (a cluster while
+    /// `clusters` is unlimited) never keeps it in the master's record.
+    pub fn uses_nothing_of(&self, limit: &ResourceDetails) -> bool {
+        super::bounded_by(limit, &self.committed).is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -35,10 +35,11 @@ pub fn view(
             None => None,
         };
         let draining = draining.contains(&seed.name);
-        // A drained seed the plan forgot stays out of the record while it uses nothing.
+        // A drained seed the plan forgot stays out of the record while it uses nothing the
+        // quota limits.
         if draining
             && !records.contains_key(&seed.name)
-            && report.as_ref().is_none_or(|r| r.committed.is_empty())
+            && report.as_ref().is_none_or(|r| r.uses_nothing_of(limit))
         {
             continue;
         }

@@ -61,6 +61,7 @@ impl State {
         let mut appeared = Vec::new();
         let mut project_unsettled = false;
         let mut watched = HashSet::new();
+        let mut clusters = 0;
         for (name, cluster) in &self.clusters {
             if cluster.unsettled() {
                 counted.unsettled.insert(name.clone());
@@ -68,6 +69,7 @@ impl State {
             if cluster.project.as_deref() != Some(project) {
                 continue;
             }
+            clusters += 1;
             project_unsettled |= cluster.unsettled();
             usages.push(cluster.reported_usage());
             if cluster.synced && !cluster.unsettled() {
@@ -91,7 +93,7 @@ impl State {
         }
         Ok(ProjectPlan {
             project: project.to_owned(),
-            local_usage: project_usage(usages.iter())?,
+            local_usage: project_usage(usages.iter(), clusters)?,
             counted,
             appeared,
             project_unsettled,
@@ -122,7 +124,7 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    use kkp_quota_crds::Quantity;
+    use kkp_quota_crds::{Quantity, Resource};
 
     use crate::state::fixtures::{cpu, machine, state_with};
 
@@ -146,6 +148,37 @@ mod tests {
             Quantity::from_units(2)
         );
         state.remove_cluster("a");
+        let usage = state.project_plan("p").unwrap().local_usage;
+        assert_eq!(
+            usage.amount(Resource::Clusters),
+            Quantity::from_units(1),
+            "b is still there"
+        );
+        assert_eq!(cpu(&usage), Quantity::ZERO);
+        state.remove_cluster("b");
         assert!(state.project_plan("p").unwrap().local_usage.is_empty());
+    }
+
+    #[test]
+    fn every_cluster_of_the_project_counts_one_reachable_or_not() {
+        let mut state = state_with(&[("a", "p"), ("b", "p"), ("c", "q")]);
+        state.cluster_listed("a", vec![machine("1", "t3.medium")]);
+        let clusters = |state: &crate::state::State, p: &str| {
+            state
+                .project_plan(p)
+                .unwrap()
+                .local_usage
+                .amount(Resource::Clusters)
+        };
+        assert_eq!(
+            clusters(&state, "p"),
+            Quantity::from_units(2),
+            "b is not listed yet and counts"
+        );
+        assert_eq!(clusters(&state, "q"), Quantity::from_units(1));
+        assert_eq!(clusters(&state, "none"), Quantity::ZERO);
+        state.upsert_cluster("c", Some("p".to_owned()), None);
+        assert_eq!(clusters(&state, "p"), Quantity::from_units(3), "moved to p");
+        assert_eq!(clusters(&state, "q"), Quantity::ZERO);
     }
 }

@@ -13,8 +13,8 @@ use k8s_openapi::api::events::v1::Event as KubeEvent;
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, ClusterSpec, KUBECONFIG_KEY, PROJECT_ID_LABEL};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
-use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kkp_quota_crds::{LedgerSubject, Quantity, QuotaLedger, QuotaLedgerSpec, Resource, ResourceDetails};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use provider_sizes::{SizeCatalog, size_machine};
 use seed_controller::usage::same_usage;
@@ -202,15 +202,32 @@ pub async fn wait_cluster_usage(seed: &Client, name: &str, expected: &ResourceDe
     .unwrap();
 }
 
-/// Waits until the seed copy's `status.localUsage` equals `expected` exactly.
-pub async fn wait_local_usage(seed: &Client, project: &str, expected: &ResourceDetails) {
+/// How many `Cluster`s of `project` the seed holds now.
+pub async fn clusters_of(seed: &Client, project: &str) -> Option<i64> {
+    let api: Api<Cluster> = Api::all(seed.clone());
+    let listed = api
+        .list(&ListParams::default().labels(&format!("{PROJECT_ID_LABEL}={project}")))
+        .await
+        .ok()?;
+    i64::try_from(listed.items.len()).ok()
+}
+
+/// Waits until the seed copy's `status.localUsage` is exactly `machines` (the sizes of the
+/// project's Machines) plus `clusters`: one for each of the project's `Cluster`s on the seed.
+pub async fn wait_local_usage(seed: &Client, project: &str, machines: &ResourceDetails) {
     e2e::wait_for(
         WAIT,
-        &format!("project {project} localUsage = {expected}"),
+        &format!("project {project} localUsage = {machines} and its clusters"),
         || async {
+            let mut expected = machines.clone();
+            let clusters = clusters_of(seed, project).await.unwrap_or(-1);
+            expected.set(Resource::Clusters, Some(Quantity::from_units(clusters)));
             match local_usage(seed, project).await {
-                Some(u) if same_usage(&u, expected) => Ok(()),
-                other => Err(format!("is {}", other.map(|u| u.to_string()).unwrap_or_default())),
+                Some(u) if same_usage(&u, &expected) => Ok(()),
+                other => Err(format!(
+                    "is {} ({clusters} clusters listed)",
+                    other.map(|u| u.to_string()).unwrap_or_default()
+                )),
             }
         },
     )
@@ -393,8 +410,13 @@ impl QuotaVersions {
     }
 
     /// Waits until the newest version seen has no reservation left and `localUsage` equal to
-    /// `usage` (the ledger has settled), so that [`Self::all`] holds the whole story.
-    pub async fn wait_settled(&self, usage: &ResourceDetails) {
+    /// `machines` and the project's clusters on `seed` (the ledger has settled), so that
+    /// [`Self::all`] holds the whole story.
+    pub async fn wait_settled(&self, seed: &Client, machines: &ResourceDetails) {
+        let mut usage = machines.clone();
+        let clusters = clusters_of(seed, "demo").await.unwrap_or(-1);
+        usage.set(Resource::Clusters, Some(Quantity::from_units(clusters)));
+        let usage = &usage;
         e2e::wait_for(WAIT, "recorder saw the final version", || async {
             self.last().is_some_and(|rq| {
                 let s = rq.status.clone().unwrap_or_default();
