@@ -447,14 +447,20 @@ impl App {
             );
         };
         tracing::Span::current().record("project", project.as_str());
-        // Dry runs and Machines that cannot be sized write nothing; without a ledger in the
-        // cache (KKP's copy of the quota alone is here: refused, since it cannot be checked; no
-        // quota at all: passed), neither is there anything to write.
-        if matches!(request.ask, Ask::Unsizeable(_))
-            || request.dry_run
-            || self.cache.quota_for(&project).is_none()
-        {
+        // Dry runs and Machines that cannot be sized write nothing.
+        if matches!(request.ask, Ask::Unsizeable(_)) || request.dry_run {
             return self.reserver.decide_without_writing(&project, request).await;
+        }
+        // Without a ledger in the cache there is nothing to write either (KKP's copy of the
+        // quota alone is here: refused, since it cannot be checked; no quota at all: passed).
+        // But the decision reads the ledger afresh, and one created since the cache looked (a
+        // deleted ledger re-created) is found there: an admission it allows must be recorded,
+        // so it goes the write path (issue #32: admitted unrecorded, it overran the quota).
+        if self.cache.quota_for(&project).is_none() {
+            let verdict = self.reserver.decide_without_writing(&project, request).await;
+            if verdict.reserve.is_none() {
+                return verdict;
+            }
         }
         self.reserver.submit(&project, machine, request.clone()).await
     }

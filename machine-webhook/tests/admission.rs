@@ -10,8 +10,12 @@ use std::time::Duration;
 use anyhow::Result;
 use common::*;
 use e2e::wait_for;
-use kkp_quota_crds::Resource;
 use kkp_quota_crds::kkp::{Cluster, ClusterSpec, PROJECT_ID_LABEL};
+use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
+use kkp_quota_crds::{
+    KkpQuota, LedgerSubject, QuotaLedger, QuotaLedgerSpec, Resource, ResourceQuota, ResourceQuotaSpec,
+    Subject,
+};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -81,6 +85,7 @@ async fn single_admissions_on_a_real_fleet() -> Result<()> {
     unsizeable_is_denied_with_the_sizing_message(&api).await?;
     quota_below_usage_denies_with_a_warning(&seed, &api, webhook.address, &certs).await?;
     no_quota_and_unknown_cluster(&seed, webhook.address, &certs).await?;
+    a_ledger_the_cache_has_not_seen_records_what_it_admits(&seed, webhook.address, &certs).await?;
     admin_size_catalog_is_watched(&seed, &api).await?;
     certificate_is_reloaded_when_the_files_change(&seed, webhook.address, &certs).await?;
 
@@ -439,5 +444,100 @@ async fn admin_size_catalog_is_watched(
         reservations(seed.clone(), PROJECT).await?.is_empty(),
         "a dry run reserves nothing"
     );
+    Ok(())
+}
+
+/// The ledger read afresh while the cache has none (issue #32): a ledger deleted and re-created
+/// is in the API server before the webhook's cache sees it. A request that reaches the webhook
+/// in that moment finds KKP's copy of the quota without a ledger, reads the ledger afresh, and
+/// is decided on it; an admission then must be recorded there, like any other, or it is a
+/// Machine no ledger counts until seed-controller does (the deleted-ledger burst overran by one
+/// so). Made lasting here: the ledger of project "late" lacks the labels the cache finds
+/// ledgers by, so only the fresh read by name sees it.
+async fn a_ledger_the_cache_has_not_seen_records_what_it_admits(
+    seed: &Client,
+    address: SocketAddr,
+    certs: &Certs,
+) -> Result<()> {
+    let clusters: Api<Cluster> = Api::all(seed.clone());
+    let mut cluster = Cluster::new("unseen", ClusterSpec::default());
+    cluster.metadata.labels = Some(BTreeMap::from([(PROJECT_ID_LABEL.to_owned(), "late".to_owned())]));
+    clusters.create(&PostParams::default(), &cluster).await?;
+    let name = "project-late";
+    let ledgers: Api<QuotaLedger> = Api::all(seed.clone());
+    let ledger = QuotaLedger::new(
+        name,
+        QuotaLedgerSpec {
+            rollout_allowance: None,
+            subject: LedgerSubject::project("late"),
+            quota: details("16"),
+            shares: None,
+        },
+    );
+    ledgers.create(&PostParams::default(), &ledger).await?;
+    ledgers
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {
+                "localUsage": {"cpu": "0"}, "otherSeedsUsage": {"cpu": "0"}, "globalUsage": {"cpu": "0"},
+            }})),
+        )
+        .await?;
+    let mut kkp = ResourceQuota::new(
+        name,
+        ResourceQuotaSpec {
+            subject: Subject::project("late"),
+            quota: KkpQuota::new(&details("16")),
+        },
+    );
+    kkp.metadata.labels = Some(BTreeMap::from([
+        (SUBJECT_NAME_LABEL.to_owned(), "late".to_owned()),
+        (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
+    ]));
+    Api::<ResourceQuota>::all(seed.clone())
+        .create(&PostParams::default(), &kkp)
+        .await?;
+    // Until the webhook's cache has the Cluster and KKP's copy, the project has no quota there
+    // (passed, nothing to record); from then on, every admission must be in the ledger.
+    let ledgers = &ledgers;
+    let mut attempt = 0;
+    let recorded = wait_for(
+        Duration::from_secs(20),
+        "an admission decided on the unseen ledger, and recorded in it",
+        || {
+            attempt += 1;
+            let machine = format!("late-{attempt}");
+            async move {
+                let response = review(
+                    seed,
+                    address,
+                    certs,
+                    &certs.webhook.ca_pem,
+                    "unseen",
+                    "CREATE",
+                    machine_json(&machine, 2),
+                )
+                .await?;
+                anyhow::ensure!(response["allowed"] == true, "{response}");
+                let ledger = ledgers.get(name).await?;
+                let uids: Vec<String> = ledger
+                    .status
+                    .unwrap_or_default()
+                    .reservations
+                    .into_iter()
+                    .map(|r| r.uid)
+                    .collect();
+                anyhow::ensure!(
+                    uids.contains(&format!("uid-{machine}")),
+                    "{machine} admitted ({}), not recorded: {uids:?}",
+                    response["warnings"]
+                );
+                Ok(machine)
+            }
+        },
+    )
+    .await?;
+    eprintln!("{recorded} admitted and recorded on a ledger the cache had not seen");
     Ok(())
 }
