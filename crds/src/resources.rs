@@ -88,6 +88,12 @@ impl Resource {
         format!("{} {}", amount.format(self.notation()), self.unit())
     }
 
+    /// Whether a Machine asks for this kind. A `Cluster` is counted apart, and nothing refuses
+    /// one yet (docs/capacity.md): a project over its `clusters` limit refuses no Machine.
+    pub const fn asked_by_machines(self) -> bool {
+        !matches!(self, Resource::Clusters)
+    }
+
     /// Only the amount, in this resource's notation: `4`, `8Gi`.
     pub fn amount(self, amount: Quantity) -> String {
         amount.format(self.notation())

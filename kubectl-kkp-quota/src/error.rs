@@ -76,13 +76,45 @@ pub enum Error {
 impl Error {
     /// The message and every cause after it: `reading the kubeconfig x: ...: ...`.
     pub fn chain(&self) -> String {
-        let mut text = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(e) = cause {
+        chain(self)
+    }
+}
+
+/// `error`'s message and each cause's, once: a cause whose words its error already printed
+/// (kube's errors print their source in their own message too) is not repeated.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(e) = cause {
+        let words = e.to_string();
+        if !text.contains(&words) {
             text.push_str(": ");
-            text.push_str(&e.to_string());
-            cause = e.source();
+            text.push_str(&words);
         }
-        text
+        cause = e.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("no such file")]
+    struct Io;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to read kubeconfig from x: {0}")]
+    struct Repeats(#[source] Io);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading the kubeconfig x")]
+    struct Step(#[source] Repeats);
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        assert_eq!(
+            super::chain(&Step(Repeats(Io))),
+            "reading the kubeconfig x: failed to read kubeconfig from x: no such file"
+        );
     }
 }

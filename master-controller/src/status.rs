@@ -188,8 +188,13 @@ pub fn quota_exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desir
         reason: "UsageAboveLimit".into(),
         message: format!(
             "usage is above the quota: {}. Lowering a quota below usage is allowed: nothing is removed, \
-             but new Machines needing these resources are denied until usage drops",
-            parts.join(", ")
+             but new Machines needing these resources are denied until usage drops{}",
+            parts.join(", "),
+            if over.iter().all(|r| r.asked_by_machines()) {
+                ""
+            } else {
+                " (a cluster count over its limit is shown only: nothing refuses a cluster yet)"
+            }
         ),
     }
 }
@@ -375,6 +380,19 @@ mod tests {
             "memory is at, not above, its limit"
         );
         assert!(!quota_exceeded(&limit, &ResourceDetails::default()).status);
+        let clusters = |n| ResourceDetails {
+            clusters: Some(Quantity::from_units(n)),
+            ..ResourceDetails::default()
+        };
+        let d = quota_exceeded(&clusters(2), &clusters(3));
+        assert!(d.status);
+        assert!(
+            d.message.contains("3 clusters used of 2 clusters"),
+            "{}",
+            d.message
+        );
+        assert!(d.message.contains("shown only"), "{}", d.message);
+        assert!(!quota_exceeded(&limit, &usage).message.contains("shown only"));
     }
 
     #[test]

@@ -67,7 +67,13 @@ pub fn over_quota_warnings(project: &str, state: &QuotaState) -> Vec<String> {
     let Ok(in_use) = state.used() else {
         return Vec::new();
     };
-    let over: Vec<Resource> = state.limit.overrun_by(&in_use);
+    // Only what Machines ask for: a project over its cluster count is not news to a Machine.
+    let over: Vec<Resource> = state
+        .limit
+        .overrun_by(&in_use)
+        .into_iter()
+        .filter(|r| r.asked_by_machines())
+        .collect();
     if over.is_empty() {
         return Vec::new();
     }

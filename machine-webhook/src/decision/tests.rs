@@ -483,6 +483,16 @@ fn lowered_quota_denies_creates_with_a_warning() {
     let v = decide("p", Some(&s), &create("m", details(&[(Resource::Memory, "1Gi")])));
     assert!(v.allowed);
     assert_eq!(v.warnings.len(), 1);
+    // More clusters than their limit (counted, not enforced): no Machine is refused or warned.
+    let limit = details(&[(Resource::Cpu, "8"), (Resource::Clusters, "2")]);
+    let used = details(&[(Resource::Cpu, "4"), (Resource::Clusters, "3")]);
+    let v = decide("p", Some(&state(limit, used)), &create("m", cpu("1")));
+    assert!(v.allowed, "{v:?}");
+    assert!(
+        v.warnings.iter().all(|w| !w.contains("over its resource quota")),
+        "{:?}",
+        v.warnings
+    );
 }
 
 fn with_share(mut s: QuotaState, capacity: &str, others: &[(&str, &str)]) -> QuotaState {
