@@ -111,3 +111,31 @@ pub async fn wait_in_force(fleet: &Fleet, project: &str, timeout: Duration) -> R
     }
     Ok(())
 }
+
+/// Waits until `project`'s `ProjectQuota` on the master counts `global` clusters in all and
+/// `per_seed[i]` on `seeds[i]` (issue #38: every `Cluster` of the project counts one).
+pub async fn wait_clusters_counted(
+    master: &kube::Client,
+    project: &str,
+    seeds: &[&str],
+    global: i64,
+    per_seed: &[i64],
+    timeout: Duration,
+) -> Result<()> {
+    use kkp_quota_crds::{ProjectQuota, Quantity, Resource};
+    let quotas = Api::<ProjectQuota>::all(master.clone());
+    let name = format!("project-{project}");
+    let counted = |usage: Option<&ResourceDetails>| usage.map(|u| u.amount(Resource::Clusters));
+    let what = format!("clusters {global} in all, {per_seed:?} on {seeds:?}");
+    wait_for(timeout, &what, || async {
+        let status = quotas.get(&name).await.ok()?.status?;
+        let on = |seed: &str| counted(status.seeds.iter().find(|s| s.name == seed)?.usage.as_ref());
+        (counted(status.global_usage.as_ref()) == Some(Quantity::from_units(global))
+            && seeds
+                .iter()
+                .zip(per_seed)
+                .all(|(seed, want)| on(seed) == Some(Quantity::from_units(*want))))
+        .then_some(())
+    })
+    .await
+}

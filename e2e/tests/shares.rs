@@ -528,16 +528,19 @@ async fn a_limit_added_to_a_resource_in_use_counts_that_use(setup: &FleetWithSys
         .await
         .unwrap();
     }
-    wait_for(WAIT, "3 clusters counted: 2 on seed-a, 1 on seed-b", || async {
-        let status = quotas.get(NAME).await.ok()?.status?;
-        let clusters =
-            |usage: Option<&kkp_quota_crds::ResourceDetails>| usage.map(|u| u.amount(Resource::Clusters));
-        let on = |seed: &str| clusters(status.seeds.iter().find(|s| s.name == seed)?.usage.as_ref());
-        (clusters(status.global_usage.as_ref()) == Some(Quantity::from_units(3))
-            && on("seed-a") == Some(Quantity::from_units(2))
-            && on("seed-b") == Some(Quantity::from_units(1))
-            && status.limits?.get(Resource::Clusters) == Some(Quantity::from_units(3)))
-        .then_some(())
+    e2e::demo::wait_clusters_counted(
+        &fleet.master().client(),
+        "demo",
+        &["seed-a", "seed-b"],
+        3,
+        &[2, 1],
+        WAIT,
+    )
+    .await
+    .unwrap();
+    wait_for(WAIT, "the clusters limit in force", || async {
+        let limits = quotas.get(NAME).await.ok()?.status?.limits?;
+        (limits.get(Resource::Clusters) == Some(Quantity::from_units(3))).then_some(())
     })
     .await
     .unwrap();

@@ -178,7 +178,9 @@ fn sync_secret_to_files(
         let config = watcher::Config::default().fields("metadata.name=kkp-quota-webhook-tls");
         let mut versions = watcher::watcher(secrets, config).applied_objects().boxed();
         while let Some(Ok(secret)) = versions.next().await {
-            tokio::time::sleep(delay).await;
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             for (key, value) in secret.data.unwrap_or_default() {
                 let tmp = dir.join(format!(".{key}.tmp"));
                 std::fs::write(&tmp, &value.0).unwrap();

@@ -677,13 +677,10 @@ mod tests {
     fn retiring_seed_using_only_what_is_unlimited_is_forgotten() {
         let mut r = seed(5, 5, 0, None);
         r.retiring = true;
-        let one_cluster = |r: &mut SeedRecord| {
-            let report = r.report.as_mut().unwrap();
-            report
-                .committed
-                .set(Resource::Clusters, Some(Quantity::from_units(1)));
-        };
-        one_cluster(&mut r);
+        let report = r.report.as_mut().unwrap();
+        report
+            .committed
+            .set(Resource::Clusters, Some(Quantity::from_units(1)));
         let v = view(10, vec![("a", seed(2, 0, 0, None)), ("r", r.clone())]);
         assert_eq!(v.plan(&cpu(0)).unwrap().forget, vec!["r".to_owned()]);
         // Once clusters are limited, its cluster is use that keeps it.

@@ -7,42 +7,25 @@ use std::time::Duration;
 
 use e2e::wait_for;
 use kkp_quota_crds::kkp::{Cluster, ClusterSpec, PROJECT_ID_LABEL};
-use kkp_quota_crds::{ProjectQuota, Quantity, Resource};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 
 const WAIT: Duration = Duration::from_mins(1);
 
-/// `clusters` in the global usage and in each seed's figures, in `seeds` order, once they read
-/// `global` and `per_seed`.
-async fn wait_counted(quotas: &Api<ProjectQuota>, seeds: &[&str], global: i64, per_seed: &[i64]) {
-    let what = format!("clusters {global} in all, {per_seed:?} on {seeds:?}");
-    wait_for(WAIT, &what, || async {
-        let status = quotas.get("project-demo").await.ok()?.status?;
-        let counted =
-            |usage: Option<&kkp_quota_crds::ResourceDetails>| usage.and_then(|u| u.get(Resource::Clusters));
-        if counted(status.global_usage.as_ref()) != Some(Quantity::from_units(global)) {
-            return None;
-        }
-        for (seed, want) in seeds.iter().zip(per_seed) {
-            let figures = status.seeds.iter().find(|s| s.name == *seed)?;
-            if counted(figures.usage.as_ref()) != Some(Quantity::from_units(*want)) {
-                return None;
-            }
-        }
-        Some(())
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
-}
-
 /// The demo fleet's three clusters (alpha and beta on seed-a, gamma on seed-b) count; a fourth
 /// `Cluster` on seed-b, with no user cluster behind it (KKP has not provisioned it yet), counts
 /// at once; deleted, it no longer does. Nothing limits clusters yet: the count is shown only.
 pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
-    let quotas = Api::<ProjectQuota>::all(master);
     let seeds = ["seed-a", "seed-b"];
-    wait_counted(&quotas, &seeds, 3, &[2, 1]).await;
+    let wait_counted = |global: i64, per_seed: [i64; 2]| {
+        let master = master.clone();
+        async move {
+            e2e::demo::wait_clusters_counted(&master, "demo", &seeds, global, &per_seed, WAIT)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    };
+    wait_counted(3, [2, 1]).await;
 
     let clusters = Api::<Cluster>::all(seed_b);
     let mut extra = Cluster::new(
@@ -56,7 +39,7 @@ pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
         .create(&PostParams::default(), &extra)
         .await
         .expect("create the extra Cluster");
-    wait_counted(&quotas, &seeds, 4, &[2, 2]).await;
+    wait_counted(4, [2, 2]).await;
 
     clusters
         .delete("delta-unprovisioned", &DeleteParams::default())
@@ -71,5 +54,5 @@ pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
     })
     .await
     .unwrap_or_else(|e| panic!("{e}"));
-    wait_counted(&quotas, &seeds, 3, &[2, 1]).await;
+    wait_counted(3, [2, 1]).await;
 }

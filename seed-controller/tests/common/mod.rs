@@ -212,20 +212,27 @@ pub async fn clusters_of(seed: &Client, project: &str) -> Option<i64> {
     i64::try_from(listed.items.len()).ok()
 }
 
-/// Waits until the seed copy's `status.localUsage` is exactly `machines` (the sizes of the
-/// project's Machines) plus `clusters`: one for each of the project's `Cluster`s on the seed.
+/// `machines` (the sizes of the project's Machines) with `clusters` one for each of the
+/// project's `Cluster`s on the seed now: the project's `localUsage` (`-1` clusters if the list
+/// fails, which no count matches).
+pub async fn with_clusters(seed: &Client, project: &str, machines: &ResourceDetails) -> ResourceDetails {
+    let mut usage = machines.clone();
+    let clusters = clusters_of(seed, project).await.unwrap_or(-1);
+    usage.set(Resource::Clusters, Some(Quantity::from_units(clusters)));
+    usage
+}
+
+/// Waits until the seed copy's `status.localUsage` is exactly [`with_clusters`] of `machines`.
 pub async fn wait_local_usage(seed: &Client, project: &str, machines: &ResourceDetails) {
     e2e::wait_for(
         WAIT,
         &format!("project {project} localUsage = {machines} and its clusters"),
         || async {
-            let mut expected = machines.clone();
-            let clusters = clusters_of(seed, project).await.unwrap_or(-1);
-            expected.set(Resource::Clusters, Some(Quantity::from_units(clusters)));
+            let expected = with_clusters(seed, project, machines).await;
             match local_usage(seed, project).await {
                 Some(u) if same_usage(&u, &expected) => Ok(()),
                 other => Err(format!(
-                    "is {} ({clusters} clusters listed)",
+                    "is {}, not {expected}",
                     other.map(|u| u.to_string()).unwrap_or_default()
                 )),
             }
@@ -413,10 +420,7 @@ impl QuotaVersions {
     /// `machines` and the project's clusters on `seed` (the ledger has settled), so that
     /// [`Self::all`] holds the whole story.
     pub async fn wait_settled(&self, seed: &Client, machines: &ResourceDetails) {
-        let mut usage = machines.clone();
-        let clusters = clusters_of(seed, "demo").await.unwrap_or(-1);
-        usage.set(Resource::Clusters, Some(Quantity::from_units(clusters)));
-        let usage = &usage;
+        let usage = &with_clusters(seed, "demo", machines).await;
         e2e::wait_for(WAIT, "recorder saw the final version", || async {
             self.last().is_some_and(|rq| {
                 let s = rq.status.clone().unwrap_or_default();
