@@ -260,7 +260,10 @@ mod tests {
         let before = Scheduling::now(&me);
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        // Twice as many spinning threads as cores, until the scheduler has had to preempt them.
+        // Twice as many spinning threads as cores, until the scheduler has had to preempt them and
+        // make them wait. The sums are over the whole test process, whose other tests' threads
+        // come and go (a thread that exits takes its counts with it), so wait for both figures
+        // rather than stop at the first preemption.
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let spinners: Vec<_> = (0..2 * cores)
             .map(|_| {
@@ -268,7 +271,8 @@ mod tests {
                 std::thread::spawn(move || while !stop.load(std::sync::atomic::Ordering::Relaxed) {})
             })
             .collect();
-        while Scheduling::now(&me).since(&before).preempted == 0 && std::time::Instant::now() < deadline {
+        let waited = |d: &Scheduling| d.preempted > 0 && d.run_delay_ns > 0;
+        while !waited(&Scheduling::now(&me).since(&before)) && std::time::Instant::now() < deadline {
             std::thread::yield_now();
         }
         let during = Scheduling::now(&me).since(&before);
@@ -276,7 +280,7 @@ mod tests {
         for s in spinners {
             s.join().expect("spinner");
         }
-        assert!(during.preempted > 0 && during.run_delay_ns > 0, "{during:?}");
+        assert!(waited(&during), "{during:?}");
         assert_eq!(
             Scheduling::now(&[u32::MAX]),
             Scheduling::default(),
