@@ -88,8 +88,8 @@ impl Resource {
         format!("{} {}", amount.format(self.notation()), self.unit())
     }
 
-    /// Whether a Machine asks for this kind. A `Cluster` is counted apart, and nothing refuses
-    /// one yet (docs/capacity.md): a project over its `clusters` limit refuses no Machine.
+    /// Whether a Machine asks for this kind. Only a `Cluster`'s creation asks for `clusters`
+    /// (docs/capacity.md): a project over its `clusters` limit refuses no Machine.
     pub const fn asked_by_machines(self) -> bool {
         !matches!(self, Resource::Clusters)
     }
@@ -144,6 +144,13 @@ impl ResourceDetails {
             zero.set(resource, Some(Quantity::ZERO));
         }
         zero
+    }
+
+    /// What one KKP `Cluster` counts, and what its creation asks of a quota: one cluster.
+    pub fn one_cluster() -> ResourceDetails {
+        let mut one = ResourceDetails::default();
+        one.set(Resource::Clusters, Some(Quantity::from_units(1)));
+        one
     }
 
     /// The amounts that are present, in [`Resource::ALL`] order.

@@ -234,7 +234,14 @@ impl ChartKubeconfigs {
 /// component into `dir`, and writes master-controller's seed credentials into the Secrets
 /// [`SEED_KUBECONFIG_SECRET`] on the master, as the install docs tell an admin to.
 pub async fn install_identities(fleet: &Fleet, dir: &Path) -> Result<ChartKubeconfigs> {
-    let rbac = |role| -> Result<Vec<Value>> { Ok(render(role, &[])?.into_iter().filter(is_rbac).collect()) };
+    // The RBAC, and the seed's empty webhook configuration for Cluster creates, which
+    // seed-controller may patch but not create.
+    let rbac = |role| -> Result<Vec<Value>> {
+        Ok(render(role, &[])?
+            .into_iter()
+            .filter(|doc| is_rbac(doc) || kind(doc) == "ValidatingWebhookConfiguration")
+            .collect())
+    };
     let (master_rbac, seed_rbac) = (rbac("master")?, rbac("seed")?);
     ensure!(
         !master_rbac.is_empty() && !seed_rbac.is_empty(),

@@ -6,6 +6,8 @@
 //! master's global usage, ever exceeds the limit.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
+#[path = "shares/clusters.rs"]
+mod clusters;
 #[path = "shares/view.rs"]
 mod view;
 
@@ -184,6 +186,20 @@ async fn wait_others_folded_of(fleet: &Fleet, seed: &str, resource: Resource, am
     .unwrap();
 }
 
+/// Waits until the master counts the fleet's 3 clusters of `demo`: 2 on seed-a, 1 on seed-b.
+async fn wait_fleet_clusters_counted(fleet: &Fleet) {
+    e2e::demo::wait_clusters_counted(
+        &fleet.master().client(),
+        "demo",
+        &["seed-a", "seed-b"],
+        3,
+        &[2, 1],
+        WAIT,
+    )
+    .await
+    .unwrap();
+}
+
 /// Waits until both seeds have nothing committed.
 async fn wait_idle(fleet: &Fleet) {
     for seed in ["seed-a", "seed-b"] {
@@ -302,6 +318,8 @@ async fn bursts_across_seeds_never_overrun() {
     let _ = stop.send(());
     let checked = watching.await.unwrap();
     assert!(checked > 20, "only {checked} versions checked");
+
+    clusters::cluster_creates_admit_exactly_the_room(&setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -528,16 +546,7 @@ async fn a_limit_added_to_a_resource_in_use_counts_that_use(setup: &FleetWithSys
         .await
         .unwrap();
     }
-    e2e::demo::wait_clusters_counted(
-        &fleet.master().client(),
-        "demo",
-        &["seed-a", "seed-b"],
-        3,
-        &[2, 1],
-        WAIT,
-    )
-    .await
-    .unwrap();
+    wait_fleet_clusters_counted(fleet).await;
     wait_for(WAIT, "the clusters limit in force", || async {
         let limits = quotas.get(NAME).await.ok()?.status?.limits?;
         (limits.get(Resource::Clusters) == Some(Quantity::from_units(3))).then_some(())

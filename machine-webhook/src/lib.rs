@@ -23,6 +23,7 @@
 
 pub mod args;
 pub mod cache;
+pub mod clusters;
 pub mod decision;
 pub mod demand;
 pub mod events;

@@ -5,13 +5,15 @@ use prometheus::{
     Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-use crate::decision::{Reason, Verdict};
+use crate::decision::{Reason, Subject, Verdict};
 
 #[derive(Clone, Debug)]
 pub struct Metrics {
     pub registry: Registry,
-    /// `kkp_quota_admissions_total{result, reason}`
+    /// `kkp_quota_admissions_total{result, reason}`: Machines.
     pub admissions: IntCounterVec,
+    /// `kkp_quota_cluster_admissions_total{result, reason}`: `Cluster` creates on the seed.
+    pub cluster_admissions: IntCounterVec,
     /// `kkp_quota_admission_duration_seconds`
     pub duration: Histogram,
     /// `kkp_quota_reservation_conflicts_total`
@@ -74,6 +76,13 @@ impl Metrics {
             Opts::new(
                 "kkp_quota_admissions_total",
                 "Machine admission requests answered, by result and reason",
+            ),
+            &["result", "reason"],
+        )?;
+        let cluster_admissions = IntCounterVec::new(
+            Opts::new(
+                "kkp_quota_cluster_admissions_total",
+                "Cluster create requests of the seed answered, by result and reason",
             ),
             &["result", "reason"],
         )?;
@@ -164,6 +173,7 @@ impl Metrics {
         let (auth_failures, authenticated, invalid_requests) = auth_metrics(&registry)?;
         let (wakes, wake_checks, waiting_owners) = wake_metrics(&registry)?;
         registry.register(Box::new(admissions.clone()))?;
+        registry.register(Box::new(cluster_admissions.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(conflicts.clone()))?;
         registry.register(Box::new(writes.clone()))?;
@@ -184,11 +194,13 @@ impl Metrics {
         for reason in Reason::ALL {
             for result in ["allowed", "denied"] {
                 admissions.with_label_values(&[result, reason.as_str()]);
+                cluster_admissions.with_label_values(&[result, reason.as_str()]);
             }
         }
         Ok(Metrics {
             registry,
             admissions,
+            cluster_admissions,
             duration,
             conflicts,
             writes,
@@ -211,9 +223,13 @@ impl Metrics {
         })
     }
 
-    pub fn record(&self, verdict: &Verdict) {
+    pub fn record(&self, subject: Subject, verdict: &Verdict) {
         let result = if verdict.allowed { "allowed" } else { "denied" };
-        self.admissions
+        let counter = match subject {
+            Subject::Machine => &self.admissions,
+            Subject::Cluster => &self.cluster_admissions,
+        };
+        counter
             .with_label_values(&[result, verdict.reason.as_str()])
             .inc();
     }

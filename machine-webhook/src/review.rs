@@ -6,7 +6,7 @@ use provider_sizes::{SizeCatalog, size_machine};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::decision::{Ask, Reason, Request, Verdict};
+use crate::decision::{Ask, Reason, Request, Subject, Verdict};
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
@@ -164,6 +164,7 @@ pub fn decision_request(
         machine: name,
         ask,
         dry_run: request.dry_run.unwrap_or(false),
+        subject: Subject::Machine,
     };
     Ok((object, decision_request))
 }

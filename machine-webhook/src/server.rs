@@ -1,5 +1,6 @@
-//! The HTTPS server: `POST /validate/machines/{cluster}/{token}` answers `AdmissionReview`s,
-//! plus `/healthz` and `/readyz`.
+//! The HTTPS server: `POST /validate/machines/{cluster}/{token}` answers a user cluster's
+//! `AdmissionReview`s of Machines, `POST /validate/clusters/{seed}/{token}` the seed's of
+//! `Cluster` creates ([`crate::clusters`]), plus `/healthz` and `/readyz`.
 //!
 //! Order of checks on an admission call, each answered without going further:
 //! 1. the token in the path ([`kkp_quota_runtime::webhook_auth`]): 401 without one, 403 when it is not valid for that
@@ -35,7 +36,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Ask, Reason, Request as DecisionRequest, Verdict, decide, rollout_hint};
+use crate::clusters::{cluster_create, reservation_ref};
+use crate::decision::{Ask, Reason, Request as DecisionRequest, Subject, Verdict, decide, rollout_hint};
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::owners::{owner, reconciling_owner};
@@ -44,7 +46,7 @@ use crate::review::{AdmissionRequest, AdmissionResponse, decision_request, parse
 use crate::rollout::Rollouts;
 use crate::waiting::{Owner, Refusal};
 use crate::wake::SharedWaiting;
-use kkp_quota_runtime::webhook_auth::{AuthFailure, RateLimitedLog, ReloadingKeys};
+use kkp_quota_runtime::webhook_auth::{AuthFailure, RateLimitedLog, ReloadingKeys, SEED_CLUSTERS_UID};
 
 /// Bounds on what one call may cost the server.
 #[derive(Debug, Clone, Copy)]
@@ -101,6 +103,8 @@ pub fn router(app: App) -> Router {
     Router::new()
         .route("/validate/machines/{cluster}", post(validate_without_token))
         .route("/validate/machines/{cluster}/{token}", post(validate))
+        .route("/validate/clusters/{seed}", post(validate_clusters_without_token))
+        .route("/validate/clusters/{seed}/{token}", post(validate_clusters))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .with_state(app)
@@ -125,9 +129,38 @@ async fn validate_without_token(
     request: Request,
 ) -> Response {
     if matches!(app.auth, Authenticator::Disabled) {
-        return app.validate_body(cluster, request.into_body()).await;
+        return app
+            .validate_body(Subject::Machine, cluster, request.into_body())
+            .await;
     }
     app.refuse(AuthFailure::MissingToken, &cluster, peer_of(&request))
+}
+
+/// The seed's `Cluster` creates without credentials. Served only with authentication off.
+async fn validate_clusters_without_token(
+    State(app): State<App>,
+    Path(seed): Path<String>,
+    request: Request,
+) -> Response {
+    if matches!(app.auth, Authenticator::Disabled) {
+        return app
+            .validate_body(Subject::Cluster, seed, request.into_body())
+            .await;
+    }
+    app.refuse(AuthFailure::MissingToken, &seed, peer_of(&request))
+}
+
+/// The seed's `Cluster` creates ([`crate::clusters`]): the token is signed over the seed's name.
+async fn validate_clusters(
+    State(app): State<App>,
+    Path((seed, token)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(failure) = app.authenticate_seed(&seed, &token) {
+        return app.refuse(failure, &seed, peer_of(&request));
+    }
+    app.validate_body(Subject::Cluster, seed, request.into_body())
+        .await
 }
 
 async fn validate(
@@ -138,7 +171,8 @@ async fn validate(
     if let Err(failure) = app.authenticate(&cluster, &token) {
         return app.refuse(failure, &cluster, peer_of(&request));
     }
-    app.validate_body(cluster, request.into_body()).await
+    app.validate_body(Subject::Machine, cluster, request.into_body())
+        .await
 }
 
 fn plain(status: StatusCode, text: impl Into<String>) -> Response {
@@ -217,6 +251,24 @@ impl App {
         }
     }
 
+    /// Checks the URL token of a call for the `Cluster`s of seed `seed`.
+    pub fn authenticate_seed(&self, seed: &str, token: &str) -> Result<(), AuthFailure> {
+        let Authenticator::UrlTokens(keys) = &self.auth else {
+            return Ok(());
+        };
+        if token.is_empty() {
+            return Err(AuthFailure::MissingToken);
+        }
+        match keys.current().verify(seed, SEED_CLUSTERS_UID, token) {
+            Some(index) => {
+                let key = if index == 0 { "signing" } else { "older" };
+                self.metrics.authenticated.with_label_values(&[key]).inc();
+                Ok(())
+            }
+            None => Err(AuthFailure::InvalidToken),
+        }
+    }
+
     fn refuse(&self, failure: AuthFailure, cluster: &str, peer: Option<SocketAddr>) -> Response {
         self.metrics
             .auth_failures
@@ -234,8 +286,9 @@ impl App {
         plain(status, text)
     }
 
-    /// An authenticated call: read and parse the body, then decide.
-    async fn validate_body(&self, cluster: String, body: Body) -> Response {
+    /// An authenticated call: read and parse the body, then decide (`cluster`: the user cluster of
+    /// a Machine, the seed of a `Cluster`).
+    async fn validate_body(&self, subject: Subject, cluster: String, body: Body) -> Response {
         let started = Instant::now();
         let body = match read_body(body, self.limits).await {
             Ok(body) => body,
@@ -246,8 +299,11 @@ impl App {
             Err(e) => return self.invalid(StatusCode::BAD_REQUEST, "malformed", e.to_string()),
         };
         let span = info_span!("admission", cluster = %cluster, project = tracing::field::Empty, operation = %request.operation);
-        let verdict = self.admit(&cluster, &request).instrument(span).await;
-        self.metrics.record(&verdict);
+        let verdict = match subject {
+            Subject::Machine => self.admit(&cluster, &request).instrument(span).await,
+            Subject::Cluster => self.admit_cluster(&cluster, &request).instrument(span).await,
+        };
+        self.metrics.record(subject, &verdict);
         self.metrics.duration.observe(started.elapsed().as_secs_f64());
         axum::Json(AdmissionResponse::from_verdict(&request.uid, &verdict).into_review()).into_response()
     }
@@ -447,22 +503,50 @@ impl App {
             );
         };
         tracing::Span::current().record("project", project.as_str());
+        self.reserve_growth(&project, machine, request).await
+    }
+
+    /// A `Cluster` create on seed `seed` ([`crate::clusters`]): one cluster of its project,
+    /// reserved like a Machine's growth under the seed's name.
+    pub async fn admit_cluster(&self, seed: &str, request: &AdmissionRequest) -> Verdict {
+        let create = match cluster_create(request) {
+            Ok(create) => create,
+            Err(answer) => return *answer,
+        };
+        let Some(project) = create.project.clone() else {
+            return Verdict::allow(Reason::NoQuota);
+        };
+        if !self.cache.is_synced() {
+            return create.request.deny(
+                Reason::Error,
+                "cannot be checked against its project's quota yet: the quota webhook is still starting; try again",
+            );
+        }
+        tracing::Span::current().record("project", project.as_str());
+        let reference = reservation_ref(seed, &create.name, &create.uid);
+        let verdict = self.reserve_growth(&project, reference, &create.request).await;
+        debug!(cluster = %create.name, uid = %create.uid, allowed = verdict.allowed, reason = %verdict.reason, "cluster admission decided");
+        verdict
+    }
+
+    /// The decision on a request that grows `project`'s usage, and its reservation when admitted.
+    async fn reserve_growth(&self, project: &str, machine: MachineRef, request: &DecisionRequest) -> Verdict {
         // Dry runs and Machines that cannot be sized write nothing.
         if matches!(request.ask, Ask::Unsizeable(_)) || request.dry_run {
-            return self.reserver.decide_without_writing(&project, request).await;
+            return self.reserver.decide_without_writing(project, request).await;
         }
         // Without a ledger in the cache there is nothing to write either (KKP's copy of the
         // quota alone is here: refused, since it cannot be checked; no quota at all: passed).
         // But the decision reads the ledger afresh, and one created since the cache looked (a
         // deleted ledger re-created) is found there: an admission it allows must be recorded,
         // so it goes the write path (issue #32: admitted unrecorded, it overran the quota).
-        if self.cache.quota_for(&project).is_none() {
-            let verdict = self.reserver.decide_without_writing(&project, request).await;
+        if self.cache.quota_for(project).is_none() {
+            let verdict = self.reserver.decide_without_writing(project, request).await;
             if verdict.reserve.is_none() {
                 return verdict;
             }
         }
-        self.reserver.submit(&project, machine, request.clone()).await
+        self.reserver.submit(project, machine, request.clone()).await
     }
 }
 

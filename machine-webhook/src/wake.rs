@@ -24,7 +24,7 @@ use serde_json::json;
 use tracing::{info, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
-use crate::decision::{Ask, QuotaState, Reason, Request, decide_batch};
+use crate::decision::{Ask, QuotaState, Reason, Request, Subject, decide_batch};
 use crate::metrics::Metrics;
 use crate::owners::resource;
 use crate::user_clients::UserClients;
@@ -123,6 +123,7 @@ impl Waker {
                         machine: String::new(),
                         ask: Ask::Create(size.clone()),
                         dry_run: false,
+                        subject: Subject::Machine,
                     })
                     .collect();
                 let room: Vec<RoomNow> = decide_batch(&project, quota.state(), &requests)

@@ -193,7 +193,7 @@ pub fn quota_exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desir
             if over.iter().all(|r| r.asked_by_machines()) {
                 ""
             } else {
-                " (a cluster count over its limit is shown only: nothing refuses a cluster yet)"
+                " (a cluster count over its limit denies new clusters, never Machines)"
             }
         ),
     }
@@ -391,8 +391,8 @@ mod tests {
             "{}",
             d.message
         );
-        assert!(d.message.contains("shown only"), "{}", d.message);
-        assert!(!quota_exceeded(&limit, &usage).message.contains("shown only"));
+        assert!(d.message.contains("denies new clusters"), "{}", d.message);
+        assert!(!quota_exceeded(&limit, &usage).message.contains("clusters"));
     }
 
     #[test]

@@ -30,6 +30,13 @@ use tracing::{info, warn};
 /// The admission path's prefix; the full path is `<prefix>/<cluster>/<token>`.
 pub const PATH_PREFIX: &str = "/validate/machines";
 
+/// Where the seed's API server sends `Cluster` creates: `<prefix>/<seed>/<token>`.
+pub const CLUSTERS_PATH_PREFIX: &str = "/validate/clusters";
+
+/// What the token of the seed's `Cluster` path is signed over in place of a user cluster's UID
+/// (a UID is a UUID, never this).
+pub const SEED_CLUSTERS_UID: &str = "seed-clusters";
+
 /// Shortest key accepted, in bytes (the HMAC-SHA256 output size).
 pub const MIN_KEY_BYTES: usize = 32;
 

@@ -1,11 +1,12 @@
-//! The `ValidatingWebhookConfiguration` that sends a user cluster's Machines to the quota
-//! webhook: its URL (signed, [`crate::webhook_auth`]) and its shape. seed-controller writes it
-//! into every user cluster; the webhook's tests and benchmark register the same one.
+//! The `ValidatingWebhookConfiguration`s that send a user cluster's Machines, and a seed's
+//! `Cluster` creates, to the quota webhook: their URLs (signed, [`crate::webhook_auth`]) and
+//! shapes. seed-controller writes the first into every user cluster and the second onto its
+//! seed; the webhook's tests and benchmark register the same ones.
 
 use k8s_openapi::ByteString;
 use serde_json::{Value, json};
 
-use crate::webhook_auth::{PATH_PREFIX, SigningKeys};
+use crate::webhook_auth::{CLUSTERS_PATH_PREFIX, PATH_PREFIX, SEED_CLUSTERS_UID, SigningKeys};
 
 /// The configuration's name in every user cluster.
 pub const NAME: &str = "kkp-quota-machines";
@@ -117,6 +118,74 @@ pub fn desired(url: &str, ca_bundle: Option<&[u8]>, operations: Operations) -> V
     })
 }
 
+/// The configuration's name on each seed: KKP `Cluster` creates to the webhook.
+pub const CLUSTERS_NAME: &str = "kkp-quota-clusters";
+
+/// The URL for seed `seed`'s `Cluster` creates: `<base>/validate/clusters/<seed>/<token>`, the
+/// token signed over the seed's name and [`SEED_CLUSTERS_UID`]; without keys, no token.
+pub fn clusters_url(seed: &str, base_url: &str, keys: Option<&SigningKeys>) -> String {
+    let base = format!("{}{CLUSTERS_PATH_PREFIX}/{seed}", base_url.trim_end_matches('/'));
+    match keys {
+        Some(keys) => format!("{base}/{}", keys.sign(seed, SEED_CLUSTERS_UID)),
+        None => base,
+    }
+}
+
+/// The configuration on a seed that sends every `Cluster` create to `url` (docs/capacity.md).
+/// Only creates: a `Cluster` counts one from its creation until it is gone, so nothing else
+/// grows a count. `failurePolicy: Fail`, as for Machines: a webhook that cannot be reached
+/// refuses new clusters rather than let them past the quota.
+///
+/// A URL that names a Service (`https://<name>.<namespace>.svc[:port]/...`, the chart's
+/// default) is written as a service reference: the seed's own API server often runs outside the
+/// cluster's DNS (on the host network, or managed), where user clusters' API servers are pods.
+pub fn desired_for_clusters(url: &str, ca_bundle: Option<&[u8]>) -> Value {
+    let mut client_config = service_reference(url).unwrap_or_else(|| json!({ "url": url }));
+    if let Some(ca) = ca_bundle {
+        client_config["caBundle"] = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or(Value::Null);
+    }
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        // No labels: under the chart the object is the chart's (created empty), with its labels.
+        "metadata": { "name": CLUSTERS_NAME },
+        "webhooks": [{
+            "name": "clusters.quota.kkp.k8c.io",
+            "clientConfig": client_config,
+            "rules": [{
+                "apiGroups": ["kubermatic.k8c.io"],
+                "apiVersions": ["v1"],
+                "resources": ["clusters"],
+                "operations": ["CREATE"],
+            }],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"],
+        }],
+    })
+}
+
+/// `{"service": {namespace, name, port, path}}` for an `https://<name>.<namespace>.svc[:port]`
+/// URL (also `.svc.cluster.local`); `None` for any other.
+fn service_reference(url: &str) -> Option<Value> {
+    let rest = url.strip_prefix("https://")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((host, port)) => (host, port.parse::<u16>().ok()?),
+        None => (authority, 443),
+    };
+    let host = host.strip_suffix(".cluster.local").unwrap_or(host);
+    let (name, namespace) = host.strip_suffix(".svc")?.split_once('.')?;
+    if name.is_empty() || namespace.is_empty() || namespace.contains('.') {
+        return None;
+    }
+    Some(json!({
+        "service": {"namespace": namespace, "name": name, "port": port, "path": path},
+    }))
+}
+
 /// Whether `actual` has everything `wanted` has (objects: every key; lists: same length,
 /// element by element), ignoring what the apiserver defaulted or added.
 pub fn contains(actual: &Value, wanted: &Value) -> bool {
@@ -159,6 +228,49 @@ mod tests {
             d["webhooks"][0]["rules"][0]["operations"],
             json!(["CREATE", "UPDATE"])
         );
+    }
+
+    #[test]
+    fn the_seed_configuration_sends_cluster_creates_to_the_seed_path() {
+        let keys = SigningKeys::parse(&crate::webhook_auth::generate_key()).expect("keys");
+        let url = clusters_url("seed-a", "https://h:9443/", Some(&keys));
+        let token = url.rsplit('/').next().unwrap();
+        assert_eq!(url, format!("https://h:9443/validate/clusters/seed-a/{token}"));
+        assert_eq!(keys.verify("seed-a", SEED_CLUSTERS_UID, token), Some(0));
+        assert_eq!(keys.verify("seed-b", SEED_CLUSTERS_UID, token), None);
+        assert_eq!(
+            clusters_url("seed-a", "https://h", None),
+            "https://h/validate/clusters/seed-a"
+        );
+        let d = desired_for_clusters(&url, None);
+        assert_eq!(d["metadata"]["name"], CLUSTERS_NAME);
+        assert_eq!(d["webhooks"][0]["rules"][0]["resources"], json!(["clusters"]));
+        assert_eq!(d["webhooks"][0]["rules"][0]["operations"], json!(["CREATE"]));
+        assert_eq!(d["webhooks"][0]["failurePolicy"], "Fail");
+    }
+
+    #[test]
+    fn a_service_url_reaches_the_seed_as_a_service_reference() {
+        let d = desired_for_clusters(
+            "https://kkp-quota-machine-webhook.kkp-quota.svc:443/validate/clusters/s/t",
+            Some(b"PEM"),
+        );
+        assert_eq!(
+            d["webhooks"][0]["clientConfig"],
+            json!({"service": {"namespace": "kkp-quota", "name": "kkp-quota-machine-webhook", "port": 443,
+                   "path": "/validate/clusters/s/t"}, "caBundle": "UEVN"})
+        );
+        let local = desired_for_clusters("https://w.ns.svc.cluster.local/validate/clusters/s", None);
+        assert_eq!(local["webhooks"][0]["clientConfig"]["service"]["port"], 443);
+        for url in [
+            "https://127.0.0.1:9443/validate/clusters/s",
+            "https://webhook.example.com/validate/clusters/s",
+        ] {
+            assert_eq!(
+                desired_for_clusters(url, None)["webhooks"][0]["clientConfig"],
+                json!({"url": url})
+            );
+        }
     }
 
     #[test]

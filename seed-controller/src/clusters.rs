@@ -83,6 +83,7 @@ pub async fn run(shared: Arc<Shared>) -> Result<(), Error> {
                 let namespace = cluster.control_plane_namespace();
                 shared.state().upsert_cluster(
                     &name,
+                    cluster.metadata.uid.clone(),
                     cluster.project_id().map(str::to_owned),
                     cluster.status.clone(),
                 );
@@ -303,7 +304,12 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     ));
     let _webhook = shared.config.webhook_url.as_ref().map(|_| {
         AbortOnDropHandle::new(tokio::spawn(
-            webhook_config::keep(client.clone(), Arc::clone(&shared), name.clone()).in_current_span(),
+            webhook_config::keep(
+                client.clone(),
+                Arc::clone(&shared),
+                webhook_config::Target::UserCluster(name.clone()),
+            )
+            .in_current_span(),
         ))
     });
     let _view = shared.config.quota_view.then(|| {

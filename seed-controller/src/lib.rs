@@ -166,6 +166,12 @@ pub struct Config {
         default_value_t = webhook_config::Operations::CreateAndUpdate
     )]
     pub webhook_operations: webhook_config::Operations,
+    /// With --webhook-url: register `kkp-quota-clusters` on the seed, which sends every KKP
+    /// `Cluster` create to `<url>/validate/clusters/<seed-name>` to be checked against its
+    /// project's `clusters` limit (docs/capacity.md). Like the Machine webhook it fails closed:
+    /// while no webhook answers, no `Cluster` can be created on the seed.
+    #[arg(long, env = "SEED_CONTROLLER_CLUSTER_WEBHOOK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub cluster_webhook: bool,
     /// PEM CA bundle the user clusters' apiservers use to verify the webhook.
     #[arg(long, env = "SEED_CONTROLLER_WEBHOOK_CA_FILE", requires = "webhook_url")]
     pub webhook_ca_file: Option<PathBuf>,
@@ -258,6 +264,8 @@ impl Config {
             "--leader-elect=false",
             "--metrics-address",
             "127.0.0.1:0",
+            // Tests that serve the seed's Cluster path turn it on.
+            "--cluster-webhook=false",
         ])
     }
 }
@@ -348,7 +356,7 @@ impl Controller {
                 url_key_file,
                 metrics: Metrics::new()?,
                 readiness: Readiness::default(),
-                state: Mutex::new(state::State::new(SizeCatalog::shipped())),
+                state: Mutex::new(state::State::new(SizeCatalog::shipped()).on_seed(&config.seed_name)),
                 notify: Notify::new(),
                 views: tokio::sync::watch::channel(0).0,
                 webhook_ca,
@@ -389,6 +397,14 @@ impl Controller {
                 Arc::clone(&shared),
             )))
         });
+        let _seed_clusters_webhook = (shared.config.cluster_webhook && shared.config.webhook_url.is_some())
+            .then(|| {
+                AbortOnDropHandle::new(tokio::spawn(webhook_config::keep(
+                    shared.seed.clone(),
+                    Arc::clone(&shared),
+                    webhook_config::Target::SeedClusters,
+                )))
+            });
         let _ca = shared.config.webhook_ca_file.clone().map(|path| {
             AbortOnDropHandle::new(tokio::spawn(webhook_config::follow_ca(path, Arc::clone(&shared))))
         });

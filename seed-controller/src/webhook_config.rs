@@ -1,6 +1,7 @@
 //! The `ValidatingWebhookConfiguration` `kkp-quota-machines` in every user cluster: points the
 //! user cluster's apiserver at the machine-webhook for Machine CREATE and UPDATE (or CREATE
-//! only, [`Operations::Create`]). Applied with
+//! only, [`Operations::Create`]); and `kkp-quota-clusters` on the seed, for `Cluster` creates
+//! (`--cluster-webhook`, docs/capacity.md). Applied with
 //! server-side apply (field manager `kkp-quota-seed-controller`), watched, and applied again when
 //! it is deleted or edited.
 
@@ -23,7 +24,8 @@ use tracing::{info, warn};
 use crate::Shared;
 
 pub use kkp_quota_runtime::webhook_config::{
-    MATCH_CONDITION_NAME, NAME, Operations, PROVIDER_SPEC_CHANGES_ONLY, contains, desired, url,
+    CLUSTERS_NAME, MATCH_CONDITION_NAME, NAME, Operations, PROVIDER_SPEC_CHANGES_ONLY, clusters_url,
+    contains, desired, desired_for_clusters, url,
 };
 
 pub const FIELD_MANAGER: &str = "kkp-quota-seed-controller";
@@ -111,10 +113,58 @@ async fn cluster_uid(seed: &Client, cluster: &str) -> String {
     }
 }
 
-/// Keeps the configuration in one user cluster until the task is aborted: applied when it is
-/// missing or differs, and again whenever the signing key changes (new token in the URL) or the
+/// Which configuration [`keep`] keeps.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// `kkp-quota-machines` in this user cluster (its URL signed over the `Cluster`'s UID).
+    UserCluster(String),
+    /// `kkp-quota-clusters` on the seed itself: its `Cluster` creates.
+    SeedClusters,
+}
+
+impl Target {
+    fn config_name(&self) -> &'static str {
+        match self {
+            Target::UserCluster(_) => NAME,
+            Target::SeedClusters => CLUSTERS_NAME,
+        }
+    }
+
+    /// The UID its URL is signed over: the user cluster's `Cluster` (read until it is); none
+    /// for the seed's, which is signed over its name alone.
+    async fn uid(&self, shared: &Shared) -> String {
+        match self {
+            Target::UserCluster(cluster) => cluster_uid(&shared.seed, cluster).await,
+            Target::SeedClusters => String::new(),
+        }
+    }
+
+    /// The configuration it should have with these keys and CA bundle.
+    fn desired(
+        &self,
+        shared: &Shared,
+        base: &str,
+        uid: &str,
+        keys: Option<&SigningKeys>,
+        ca: Option<&[u8]>,
+    ) -> Value {
+        match self {
+            Target::UserCluster(cluster) => desired(
+                &url(cluster, uid, base, keys),
+                ca,
+                shared.config.webhook_operations,
+            ),
+            Target::SeedClusters => {
+                desired_for_clusters(&clusters_url(&shared.config.seed_name, base, keys), ca)
+            }
+        }
+    }
+}
+
+/// Keeps one configuration until the task is aborted: applied when it is missing or differs,
+/// and again whenever the signing key changes (new token in the URL) or, for a user cluster, the
 /// `Cluster`'s UID does (re-read every `--resync-period`).
-pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
+pub async fn keep(client: Client, shared: Arc<Shared>, target: Target) {
     let Some(base) = shared.config.webhook_url.clone() else {
         return;
     };
@@ -125,19 +175,22 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
     if shared.config.webhook_ca_file.is_some() && ca.wait_for(Option::is_some).await.is_err() {
         return;
     }
-    let mut uid = cluster_uid(&shared.seed, &cluster).await;
+    let name = target.config_name();
+    let mut uid = target.uid(&shared).await;
     // What the configuration should be now, from the latest keys and CA.
     let build = |uid: &str, keys: &watch::Receiver<Option<Arc<SigningKeys>>>, ca: &CaReceiver| {
         let ca = ca.borrow();
-        desired(
-            &url(&cluster, uid, &base, keys.borrow().as_deref()),
+        target.desired(
+            &shared,
+            &base,
+            uid,
+            keys.borrow().as_deref(),
             ca.as_deref().map(Vec::as_slice),
-            shared.config.webhook_operations,
         )
     };
     let mut wanted = build(&uid, &keys, &ca);
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client);
-    let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let mut stream = relisting_watcher(api.clone(), config, None)
         .default_backoff()
         .boxed();
@@ -190,12 +243,12 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
                     seen && !actual.as_ref().is_some_and(|a| contains(a, &wanted))
                 }
             }
-            _ = recheck.tick() => {
-                let now = cluster_uid(&shared.seed, &cluster).await;
+            _ = recheck.tick(), if matches!(target, Target::UserCluster(_)) => {
+                let now = target.uid(&shared).await;
                 if now == uid {
                     false
                 } else {
-                    info!(cluster, "the Cluster was recreated (new UID): new webhook URL");
+                    info!(?target, "the Cluster was recreated (new UID): new webhook URL");
                     uid = now;
                     wanted = build(&uid, &keys, &ca);
                     true
@@ -204,8 +257,8 @@ pub async fn keep(client: Client, shared: Arc<Shared>, cluster: String) {
         };
         if needs_apply {
             let params = PatchParams::apply(FIELD_MANAGER).force();
-            match api.patch(NAME, &params, &Patch::Apply(&wanted)).await {
-                Ok(_) => info!(name = NAME, "webhook configuration applied"),
+            match api.patch(name, &params, &Patch::Apply(&wanted)).await {
+                Ok(_) => info!(name, "webhook configuration applied"),
                 Err(e) => {
                     warn!(error = %e, "could not apply the webhook configuration; retrying on the next event");
                 }

@@ -41,6 +41,9 @@ async fn binary_elects_a_leader_serves_ops_and_counts() {
         "{metrics}"
     );
     assert!(metrics.contains(r#"kkp_quota_cluster_usage{cluster="alpha",project="demo",resource="cpu"} 2"#));
+    assert!(
+        metrics.contains(r#"kkp_quota_cluster_usage{cluster="alpha",project="demo",resource="clusters"} 1"#)
+    );
 
     // A second replica waits for the lease and is ready meanwhile (a rolling update or a node
     // drain under the chart's PodDisruptionBudget waits for readiness); it never counts.

@@ -1,4 +1,4 @@
-//! `clusters` counted (issue #38, first step): every `Cluster` of the demo project on every seed
+//! `clusters` counted (issue #38): every `Cluster` of the demo project on every seed
 //! counts one in the `ProjectQuota`'s global usage and in its seed's figures, from the moment a
 //! seed stores it (its user cluster reachable or not) until it is gone.
 
@@ -14,7 +14,8 @@ const WAIT: Duration = Duration::from_mins(1);
 
 /// The demo fleet's three clusters (alpha and beta on seed-a, gamma on seed-b) count; a fourth
 /// `Cluster` on seed-b, with no user cluster behind it (KKP has not provisioned it yet), counts
-/// at once; deleted, it no longer does. Nothing limits clusters yet: the count is shown only.
+/// at once; deleted, it no longer does. (The demo quota does not limit clusters; the seeds'
+/// webhooks admit the `Cluster`, recording a reservation that its count replaces.)
 pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
     let seeds = ["seed-a", "seed-b"];
     let wait_counted = |global: i64, per_seed: [i64; 2]| {

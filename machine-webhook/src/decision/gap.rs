@@ -59,17 +59,9 @@ pub fn decide_without_ledger(project: &str, quota: &str, gap: LedgerGap, request
     match &request.ask {
         Ask::Delete => Verdict::allow(Reason::Reduction),
         Ask::Unchanged => Verdict::allow(Reason::Unchanged),
-        Ask::Unsizeable(why) => Verdict::deny(
-            Reason::Unsizeable,
-            &request.machine,
-            &unsizeable_detail(project, why),
-        ),
+        Ask::Unsizeable(why) => request.deny(Reason::Unsizeable, &unsizeable_detail(project, why)),
         ask if ask.growth().is_none() => Verdict::allow(Reason::Reduction),
-        _ => Verdict::deny(
-            Reason::LedgerMissing,
-            &request.machine,
-            &gap_detail(project, quota, gap),
-        ),
+        _ => request.deny(Reason::LedgerMissing, &gap_detail(project, quota, gap)),
     }
 }
 
@@ -99,6 +91,7 @@ mod tests {
             machine: "worker-7f".into(),
             ask,
             dry_run: false,
+            subject: crate::decision::Subject::Machine,
         }
     }
 

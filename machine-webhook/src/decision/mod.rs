@@ -216,13 +216,19 @@ impl Verdict {
         }
     }
 
-    /// A denial; `detail` is the sentence after `machine "<name>"`.
+    /// A denial of a Machine; `detail` is the sentence after `machine "<name>"`.
     pub fn deny(reason: Reason, machine: &str, detail: &str) -> Verdict {
+        Verdict::deny_subject(Subject::Machine, reason, machine, detail)
+    }
+
+    /// A denial of a Machine or a `Cluster`; `detail` is the sentence after `machine "<name>"`
+    /// (`cluster "<name>"`).
+    pub fn deny_subject(subject: Subject, reason: Reason, name: &str, detail: &str) -> Verdict {
         Verdict {
             allowed: false,
             reason,
-            message: Some(format!("machine {machine:?} {detail}")),
-            event_message: Some(format!("a Machine {detail}")),
+            message: Some(format!("{} {name:?} {detail}", subject.noun())),
+            event_message: Some(format!("a {} {detail}", subject.kind())),
             warnings: Vec::new(),
             reserve: None,
             wants_share: None,
@@ -236,14 +242,59 @@ impl Verdict {
     }
 }
 
+/// What an admission request is about: a Machine in a user cluster, or a KKP `Cluster` on the
+/// seed (which asks for `clusters: 1`, docs/capacity.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Subject {
+    #[default]
+    Machine,
+    Cluster,
+}
+
+impl Subject {
+    /// The word before its name in a denial: `machine "worker-1"`.
+    pub const fn noun(self) -> &'static str {
+        match self {
+            Subject::Machine => "machine",
+            Subject::Cluster => "cluster",
+        }
+    }
+
+    /// Its kind, as in an Event: `a Machine`.
+    pub const fn kind(self) -> &'static str {
+        match self {
+            Subject::Machine => "Machine",
+            Subject::Cluster => "Cluster",
+        }
+    }
+}
+
 /// One request as the decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
-    /// The Machine's name (for messages).
+    /// The Machine's (or `Cluster`'s) name (for messages).
     pub machine: String,
     pub ask: Ask,
     /// Dry-run requests are decided but add nothing for later requests.
     pub dry_run: bool,
+    pub subject: Subject,
+}
+
+impl Request {
+    /// A request about a Machine.
+    pub fn machine(name: impl Into<String>, ask: Ask, dry_run: bool) -> Request {
+        Request {
+            machine: name.into(),
+            ask,
+            dry_run,
+            subject: Subject::Machine,
+        }
+    }
+
+    /// A denial of this request's Machine or `Cluster`.
+    pub fn deny(&self, reason: Reason, detail: &str) -> Verdict {
+        Verdict::deny_subject(self.subject, reason, &self.machine, detail)
+    }
 }
 
 /// Decides one request. `quota` is `None` when the project has no quota.
@@ -258,14 +309,10 @@ pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> V
             Verdict::allow(Reason::Reduction)
         }
         (_, None) => Verdict::allow(Reason::NoQuota),
-        (Ask::Unsizeable(why), Some(_)) => Verdict::deny(
-            Reason::Unsizeable,
-            &request.machine,
-            &unsizeable_detail(project, why),
-        ),
+        (Ask::Unsizeable(why), Some(_)) => request.deny(Reason::Unsizeable, &unsizeable_detail(project, why)),
         (ask, Some(state)) => match ask.growth() {
             None => Verdict::allow(Reason::Reduction),
-            Some(growth) => decide_growth(project, state, &request.machine, ask, growth),
+            Some(growth) => decide_growth(project, state, request, growth),
         },
     };
     // A dry run never asks for share: one that fits the quota but waits for room held elsewhere
@@ -292,19 +339,13 @@ fn unsizeable_detail(project: &str, why: &str) -> String {
     )
 }
 
-fn decide_growth(
-    project: &str,
-    state: &QuotaState,
-    machine: &str,
-    ask: &Ask,
-    growth: ResourceDetails,
-) -> Verdict {
+fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: ResourceDetails) -> Verdict {
+    let ask = &request.ask;
     let shortfall = match seed_shortfall(state, &growth) {
         Ok(shortfall) => shortfall,
         Err(why) => {
-            return Verdict::deny(
+            return request.deny(
                 Reason::Error,
-                machine,
                 &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
             );
         }
@@ -321,36 +362,33 @@ fn decide_growth(
         .map_err(|e| e.to_string())
         .and_then(|used| state.limit.exceeded_by(&used, &growth).map_err(|e| e.to_string()));
     match exceeded {
-        Err(why) => Verdict::deny(
+        Err(why) => request.deny(
             Reason::Error,
-            machine,
             &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
         ),
         Ok(exceeded) if exceeded.is_empty() => match shortfall {
             Some(wants) => Verdict {
                 wants_share: Some(wants),
-                ..Verdict::deny(Reason::ShareInTransit, machine, &share_detail(project, state))
+                ..request.deny(Reason::ShareInTransit, &share_detail(project, state))
             },
             None => fits(ask, growth),
         },
         Ok(exceeded) if held_only_by_allotments(state, &growth) => Verdict {
             wants_share: demand_for(state, &growth).ok(),
-            ..Verdict::deny(
+            ..request.deny(
                 Reason::ShareInTransit,
-                machine,
                 &format!(
                     "cannot be admitted yet: {}{}; trying again in a few seconds will succeed",
-                    exceeded_detail(project, &exceeded, ask.is_update()),
+                    exceeded_detail(project, &exceeded, ask.is_update(), request.subject),
                     held_note(&exceeded, &state.allotted)
                 ),
             )
         },
-        Ok(exceeded) => Verdict::deny(
+        Ok(exceeded) => request.deny(
             Reason::QuotaExceeded,
-            machine,
             &format!(
                 "{}{}",
-                exceeded_detail(project, &exceeded, ask.is_update()),
+                exceeded_detail(project, &exceeded, ask.is_update(), request.subject),
                 held_note(&exceeded, &state.allotted)
             ),
         ),
@@ -433,9 +471,8 @@ pub fn decide_batch(project: &str, quota: Option<&QuotaState>, requests: &[Reque
             match state.reserved.checked_add(&reserve.reserved) {
                 Ok(sum) => state.reserved = sum,
                 Err(e) => {
-                    verdict = Verdict::deny(
+                    verdict = request.deny(
                         Reason::Error,
-                        &request.machine,
                         &format!("cannot be reserved in project {project:?}: {e}"),
                     );
                 }

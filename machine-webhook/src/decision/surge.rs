@@ -88,6 +88,7 @@ mod tests {
             machine: "workers-2-a".into(),
             ask: Ask::Create(cpu(size)),
             dry_run: false,
+            subject: crate::decision::Subject::Machine,
         }
     }
 

@@ -29,6 +29,7 @@ fn create(machine: &str, size: ResourceDetails) -> Request {
         machine: machine.into(),
         ask: Ask::Create(size),
         dry_run: false,
+        subject: Subject::Machine,
     }
 }
 
@@ -117,6 +118,7 @@ fn a_dry_run_says_how_many_machines_of_its_size_fit() {
     let size = details(&[(Resource::Cpu, "2"), (Resource::Memory, "8Gi")]);
     let dry = |size: ResourceDetails| Request {
         dry_run: true,
+        subject: Subject::Machine,
         ..create("m", size)
     };
     // cpu leaves room for 5, memory for 3.
@@ -385,6 +387,7 @@ fn deletes_and_shrinks_pass_over_quota() {
         machine: "m".into(),
         ask: Ask::Delete,
         dry_run: false,
+        subject: Subject::Machine,
     };
     assert!(decide("p", Some(&s), &delete).allowed);
     let shrink = Request {
@@ -394,6 +397,7 @@ fn deletes_and_shrinks_pass_over_quota() {
             new: cpu("2"),
         },
         dry_run: false,
+        subject: Subject::Machine,
     };
     let v = decide("p", Some(&s), &shrink);
     assert!(v.allowed);
@@ -413,6 +417,7 @@ fn growth_of_an_update_is_what_counts() {
             new: cpu(new),
         },
         dry_run: false,
+        subject: Subject::Machine,
     };
     let v = decide("p", Some(&s), &grow("2", "4"));
     assert!(v.allowed);
@@ -439,6 +444,7 @@ fn no_quota_allows_everything() {
             machine: "m".into(),
             ask: Ask::Unsizeable("no".into()),
             dry_run: false,
+            subject: Subject::Machine,
         },
     );
     assert!(v.allowed);
@@ -449,6 +455,7 @@ fn no_quota_allows_everything() {
         machine: "m".into(),
         ask: Ask::Delete,
         dry_run: false,
+        subject: Subject::Machine,
     };
     assert_eq!(decide("p", None, &delete).reason, Reason::Reduction);
 }
@@ -463,6 +470,7 @@ fn unsizeable_is_denied_with_the_sizing_message() {
             machine: "m".into(),
             ask: Ask::Unsizeable("set cpus".into()),
             dry_run: false,
+            subject: Subject::Machine,
         },
     );
     assert!(!v.allowed);
@@ -483,7 +491,7 @@ fn lowered_quota_denies_creates_with_a_warning() {
     let v = decide("p", Some(&s), &create("m", details(&[(Resource::Memory, "1Gi")])));
     assert!(v.allowed);
     assert_eq!(v.warnings.len(), 1);
-    // More clusters than their limit (counted, not enforced): no Machine is refused or warned.
+    // More clusters than their limit: that refuses new clusters, no Machine, nor warns one.
     let limit = details(&[(Resource::Cpu, "8"), (Resource::Clusters, "2")]);
     let used = details(&[(Resource::Cpu, "4"), (Resource::Clusters, "3")]);
     let v = decide("p", Some(&state(limit, used)), &create("m", cpu("1")));
@@ -530,6 +538,7 @@ fn a_dry_run_waiting_for_share_is_answered_as_the_create_would_end() {
     let s = with_share(state(cpu("16"), cpu("2")), "4", &[("seed-b", "10")]);
     let dry = Request {
         dry_run: true,
+        subject: Subject::Machine,
         ..create("m", cpu("3"))
     };
     let v = decide("p", Some(&s), &dry);
@@ -546,6 +555,7 @@ fn a_dry_run_waiting_for_share_is_answered_as_the_create_would_end() {
     // Over the quota itself it is refused like the create.
     let too_big = Request {
         dry_run: true,
+        subject: Subject::Machine,
         ..create("m", cpu("15"))
     };
     assert_eq!(decide("p", Some(&s), &too_big).reason, Reason::QuotaExceeded);
@@ -642,4 +652,35 @@ fn a_share_never_admits_into_room_other_seeds_already_use() {
     assert_eq!(v.reason, Reason::QuotaExceeded);
     // The allotments take their room from the same capacity.
     assert_eq!(s.allotment_room(&ResourceDetails::default()).unwrap(), cpu("2"));
+}
+
+#[test]
+fn a_cluster_over_the_count_is_refused_in_words_about_clusters() {
+    let limit = details(&[(Resource::Clusters, "5"), (Resource::Cpu, "16")]);
+    let used = details(&[(Resource::Clusters, "5"), (Resource::Cpu, "2")]);
+    let cluster = Request {
+        subject: Subject::Cluster,
+        ..create("abc123", details(&[(Resource::Clusters, "1")]))
+    };
+    let v = decide("demo", Some(&state(limit.clone(), used)), &cluster);
+    assert_eq!(v.reason, Reason::QuotaExceeded);
+    assert_eq!(
+        v.message.as_deref(),
+        Some(
+            r#"cluster "abc123" cannot be created: project "demo" has 5 of 5 clusters; delete a cluster or ask an admin to raise the limit"#
+        )
+    );
+    assert_eq!(
+        v.event_message.as_deref(),
+        Some(
+            r#"a Cluster cannot be created: project "demo" has 5 of 5 clusters; delete a cluster or ask an admin to raise the limit"#
+        )
+    );
+    let room = details(&[(Resource::Clusters, "4")]);
+    let v = decide("demo", Some(&state(limit, room)), &cluster);
+    assert!(v.allowed);
+    assert_eq!(
+        v.reserve.map(|r| r.reserved),
+        Some(details(&[(Resource::Clusters, "1")]))
+    );
 }

@@ -27,9 +27,8 @@ impl Reserver {
         // we admitted from it and have not recorded yet.
         match QuotaCopy::from_dynamic(&object).and_then(|copy| copy.state()) {
             Ok(state) => decide(project, Some(&state), request),
-            Err(e) => Verdict::deny(
+            Err(e) => request.deny(
                 Reason::Error,
-                &request.machine,
                 &format!("cannot be checked against the resource quota of project {project:?}: {e}"),
             ),
         }

@@ -204,9 +204,8 @@ impl Reserver {
         requests
             .iter()
             .map(|r| {
-                Verdict::deny(
+                r.deny(
                     Reason::Error,
-                    &r.machine,
                     &format!("could not be reserved in the quota of project {project:?}: {why}; try again"),
                 )
             })

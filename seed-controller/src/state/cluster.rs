@@ -35,6 +35,9 @@ pub enum Reachability {
 #[derive(Debug, Default)]
 pub struct ClusterState {
     pub project: Option<String>,
+    /// The `Cluster` object's UID: the key of the reservation that admitted it
+    /// (docs/capacity.md).
+    pub uid: Option<String>,
     /// `status.resourceUsage` as first seen: the usage to report until the Machines are listed
     /// (after a restart, or while the cluster has never been reachable).
     pub(super) baseline: Option<ResourceDetails>,
@@ -299,7 +302,7 @@ mod tests {
             resource_usage: Some(usage),
             ..ClusterStatus::default()
         };
-        state.upsert_cluster("a", Some("p".into()), Some(status));
+        state.upsert_cluster("a", None, Some("p".into()), Some(status));
         let plan = state.project_plan("p").unwrap();
         assert_eq!(cpu(&plan.local_usage), Quantity::from_units(7));
         assert!(plan.counted.unsettled.contains("a"));

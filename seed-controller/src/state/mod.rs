@@ -65,6 +65,36 @@ pub struct State {
     pub ledgers: crate::view::Ledgers,
     /// Each project's ledger as the writer's watch last saw it, and its deleted predecessor.
     pub successions: crate::succession::Successions,
+    /// This seed's name: the `cluster` of the reservations that admitted its `Cluster`s.
+    pub seed_name: String,
+    /// `Cluster`s seen deleted lately, by project: a reservation recorded for one goes at once.
+    pub gone_clusters: GoneClusters,
+}
+
+/// `Cluster`s seen deleted (or replaced by one of the same name), remembered for
+/// [`machines::GONE_KEPT`] as gone Machines are.
+#[derive(Debug, Default)]
+pub struct GoneClusters(std::collections::VecDeque<(Instant, String, String)>);
+
+impl GoneClusters {
+    fn gone(&mut self, project: &str, uid: &str, now: Instant) {
+        while self
+            .0
+            .front()
+            .is_some_and(|(at, _, _)| now.saturating_duration_since(*at) >= machines::GONE_KEPT)
+        {
+            self.0.pop_front();
+        }
+        self.0.push_back((now, project.to_owned(), uid.to_owned()));
+    }
+
+    /// The UIDs of `project`'s `Cluster`s seen gone.
+    pub fn of<'a>(&'a self, project: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(_, p, _)| p == project)
+            .map(|(_, _, uid)| uid.as_str())
+    }
 }
 
 impl State {
@@ -84,7 +114,16 @@ impl State {
             remembered: last_size::Remembered::default(),
             ledgers: crate::view::Ledgers::default(),
             successions: crate::succession::Successions::default(),
+            seed_name: String::new(),
+            gone_clusters: GoneClusters::default(),
         }
+    }
+
+    /// The state of seed `name`.
+    #[must_use]
+    pub fn on_seed(mut self, name: &str) -> State {
+        name.clone_into(&mut self.seed_name);
+        self
     }
 
     fn mark(&mut self, cluster: &str) {
@@ -95,8 +134,23 @@ impl State {
     }
 
     /// A `Cluster` was seen on the seed.
-    pub fn upsert_cluster(&mut self, name: &str, project: Option<String>, status: Option<ClusterStatus>) {
+    pub fn upsert_cluster(
+        &mut self,
+        name: &str,
+        uid: Option<String>,
+        project: Option<String>,
+        status: Option<ClusterStatus>,
+    ) {
+        let now = Instant::now();
         let entry = self.clusters.entry(name.to_owned()).or_default();
+        // One of the same name with another UID: the old one was deleted (its delete missed).
+        if let (Some(old), Some(project)) = (
+            entry.uid.as_ref().filter(|old| uid.as_ref() != Some(*old)),
+            &entry.project,
+        ) {
+            self.gone_clusters.gone(project, old, now);
+        }
+        entry.uid = uid;
         if entry.baseline.is_none() && entry.observed.is_none() {
             entry.baseline = status.as_ref().and_then(|s| s.resource_usage.clone());
         }
@@ -113,7 +167,12 @@ impl State {
 
     /// A `Cluster` is gone from the seed: its usage no longer counts for its project.
     pub fn remove_cluster(&mut self, name: &str) {
-        if let Some(project) = self.clusters.remove(name).and_then(|c| c.project) {
+        if let Some(cluster) = self.clusters.remove(name)
+            && let Some(project) = cluster.project
+        {
+            if let Some(uid) = &cluster.uid {
+                self.gone_clusters.gone(&project, uid, Instant::now());
+            }
             self.dirty_projects.insert(project);
         }
         self.dirty_clusters.remove(name);
@@ -196,7 +255,12 @@ mod fixtures {
     pub(super) fn state_with(clusters: &[(&str, &str)]) -> State {
         let mut state = State::new(SizeCatalog::shipped());
         for (name, project) in clusters {
-            state.upsert_cluster(name, Some((*project).to_owned()), None);
+            state.upsert_cluster(
+                name,
+                Some(format!("uid-{name}")),
+                Some((*project).to_owned()),
+                None,
+            );
         }
         state
     }

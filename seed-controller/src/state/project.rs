@@ -91,6 +91,29 @@ impl State {
                 at: a.at,
             }));
         }
+        // The project's `Cluster`s themselves, under the seed's name: a reservation that admitted
+        // one goes once the same write counts it, or at once if it is gone (docs/capacity.md).
+        let seed = &self.seed_name;
+        for cluster in self.clusters.values() {
+            if let (Some(uid), Some(true)) = (&cluster.uid, cluster.project.as_deref().map(|p| p == project))
+            {
+                counted
+                    .machines
+                    .insert((seed.clone(), uid.clone()), ResourceDetails::one_cluster());
+            }
+        }
+        counted.gone.extend(
+            self.gone_clusters
+                .of(project)
+                .map(|uid| (seed.clone(), uid.to_owned())),
+        );
+        if self.clusters_listed {
+            watched.insert(seed.clone());
+        } else {
+            counted.unsettled.insert(seed.clone());
+        }
+        let mut known: HashSet<String> = self.clusters.keys().cloned().collect();
+        known.insert(seed.clone());
         Ok(ProjectPlan {
             project: project.to_owned(),
             local_usage: project_usage(usages.iter(), clusters)?,
@@ -99,7 +122,7 @@ impl State {
             project_unsettled,
             last_known: self.last_known_of(project),
             watched,
-            known: self.clusters.keys().cloned().collect(),
+            known,
         })
     }
 
@@ -177,8 +200,40 @@ mod tests {
         );
         assert_eq!(clusters(&state, "q"), Quantity::from_units(1));
         assert_eq!(clusters(&state, "none"), Quantity::ZERO);
-        state.upsert_cluster("c", Some("p".to_owned()), None);
+        state.upsert_cluster("c", Some("uid-c".to_owned()), Some("p".to_owned()), None);
         assert_eq!(clusters(&state, "p"), Quantity::from_units(3), "moved to p");
         assert_eq!(clusters(&state, "q"), Quantity::ZERO);
+    }
+
+    #[test]
+    fn a_clusters_reservation_finds_it_counted_or_gone_under_the_seeds_name() {
+        let mut state = state_with(&[("a", "p"), ("b", "q")]).on_seed("seed-1");
+        let key = |uid: &str| ("seed-1".to_owned(), uid.to_owned());
+        let plan = state.project_plan("p").unwrap();
+        assert_eq!(
+            plan.counted.machines.get(&key("uid-a")),
+            Some(&kkp_quota_crds::ResourceDetails::one_cluster())
+        );
+        assert!(
+            !plan.counted.machines.contains_key(&key("uid-b")),
+            "another project's"
+        );
+        assert!(
+            plan.counted.unsettled.contains("seed-1"),
+            "the Cluster list is not read yet"
+        );
+        assert!(!plan.seen_gone("seed-1", "uid-x"), "the seed is known");
+        state.clusters_listed = true;
+        assert!(state.project_plan("p").unwrap().watched.contains("seed-1"));
+        // Deleted, and re-created under the same name with a missed delete: both gone.
+        state.remove_cluster("a");
+        state.upsert_cluster("b", Some("uid-b2".to_owned()), Some("q".to_owned()), None);
+        let plan = state.project_plan("p").unwrap();
+        assert!(plan.seen_gone("seed-1", "uid-a"));
+        assert!(!plan.counted.machines.contains_key(&key("uid-a")));
+        let plan = state.project_plan("q").unwrap();
+        assert!(plan.seen_gone("seed-1", "uid-b"));
+        assert!(!plan.seen_gone("seed-1", "uid-b2"));
+        assert!(plan.counted.machines.contains_key(&key("uid-b2")));
     }
 }

@@ -3,7 +3,9 @@
 
 use jiff::Timestamp;
 use kkp_quota_crds::ledger::reserved_total;
-use kkp_quota_crds::{ClusterUse, QuotaLedger, QuotaViewStatus, ResourceDetails, ViewState};
+use kkp_quota_crds::{
+    ClusterUse, Quantity, QuotaLedger, QuotaViewStatus, Resource, ResourceDetails, ViewState,
+};
 
 /// The view's status without `confirmedAt` (the writer stamps it).
 pub fn build(
@@ -13,7 +15,15 @@ pub fn build(
     seed_unreadable_since: Option<Timestamp>,
 ) -> QuotaViewStatus {
     clusters.sort_by(|a, b| a.cluster.cmp(&b.cluster));
-    let here = ResourceDetails::checked_sum(clusters.iter().map(|c| &c.usage)).unwrap_or_default();
+    // What the project's clusters here use, the clusters themselves counted (as `localUsage`
+    // counts them, which stands in for this until the seed has counted).
+    let mut here = ResourceDetails::checked_sum(clusters.iter().map(|c| &c.usage)).unwrap_or_default();
+    here.set(
+        Resource::Clusters,
+        Some(Quantity::from_units(
+            i64::try_from(clusters.len()).unwrap_or(i64::MAX),
+        )),
+    );
     let Some(ledger) = ledger else {
         return QuotaViewStatus {
             state: if seed_unreadable_since.is_some() {
@@ -145,6 +155,11 @@ mod tests {
         );
         assert_eq!(counting.state, ViewState::Counting);
         assert!(counting.message.unwrap().contains("has not counted"));
+        assert_eq!(
+            counting.used.amount(Resource::Clusters),
+            Quantity::from_units(1),
+            "the cluster itself counts before the seed has counted"
+        );
         let none = build(None, vec![used_by("alpha", 2)], "seed-a", None);
         assert_eq!((none.state, cpus(&[&none.used])), (ViewState::NoQuota, vec![2]));
         assert_eq!(none.limits, ResourceDetails::default());

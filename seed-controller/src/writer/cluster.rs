@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use jiff::Timestamp;
 use kkp_quota_crds::kkp::Cluster;
+use kkp_quota_crds::{Quantity, Resource};
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::{Value, json};
@@ -29,7 +30,10 @@ async fn write_cluster_inner(shared: &Shared, name: &str) -> Result<(), Error> {
     };
     let project = plan.project.clone().unwrap_or_default();
     if let Some(usage) = &plan.usage {
-        set_usage_gauges(&shared.metrics.cluster_usage, &[name, &project], usage);
+        // The cluster itself counts one, as in its project's usage.
+        let mut usage = usage.clone();
+        usage.set(Resource::Clusters, Some(Quantity::from_units(1)));
+        set_usage_gauges(&shared.metrics.cluster_usage, &[name, &project], &usage);
     }
     let labels: BTreeSet<(String, String, String)> = plan.unsizeable.keys().cloned().collect();
     for ((provider, flavour, reason), count) in &plan.unsizeable {
