@@ -6,6 +6,7 @@ use kube::CustomResourceExt;
 use crate::kkp_shape;
 use crate::machine::{Machine, MachineDeployment, MachineSet};
 use crate::project_quota::ProjectQuota;
+use crate::quota_group::QuotaGroup;
 use crate::quota_ledger::QuotaLedger;
 use crate::quota_view::QuotaView;
 
@@ -18,8 +19,8 @@ pub struct CrdFile {
     pub crd: CustomResourceDefinition,
 }
 
-/// The product's CRDs, all in this project's own group: `ProjectQuota` for the master,
-/// `QuotaLedger` for every seed (installing both everywhere is harmless).
+/// The product's CRDs, all in this project's own group: `ProjectQuota` and `QuotaGroup` for the
+/// master, `QuotaLedger` for every seed (installing them everywhere is harmless).
 pub fn product() -> Vec<CrdFile> {
     vec![
         CrdFile {
@@ -29,6 +30,10 @@ pub fn product() -> Vec<CrdFile> {
         CrdFile {
             path: "quotaledgers.kkp-quota.dev.yaml",
             crd: QuotaLedger::crd(),
+        },
+        CrdFile {
+            path: "quotagroups.kkp-quota.dev.yaml",
+            crd: QuotaGroup::crd(),
         },
     ]
 }

@@ -24,6 +24,7 @@ pub mod machine;
 pub mod project_quota;
 pub mod quantity;
 pub mod quota;
+pub mod quota_group;
 pub mod quota_ledger;
 pub mod quota_view;
 pub mod resources;
@@ -33,6 +34,7 @@ pub mod shares;
 pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};
 pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
+pub use quota_group::{NamedUsage, QuotaGroup, QuotaGroupSpec, QuotaGroupStatus};
 pub use quota_ledger::{
     LastKnownSize, LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
 };

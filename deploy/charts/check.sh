@@ -51,11 +51,13 @@ expect() { # role, then "Kind/name" strings that must be rendered
   done
 }
 expect master ServiceAccount/kkp-quota-master-controller Deployment/kkp-quota-master-controller \
-  ClusterRole/kkp-quota-master-controller CustomResourceDefinition/projectquotas.kkp-quota.dev
+  ClusterRole/kkp-quota-master-controller CustomResourceDefinition/projectquotas.kkp-quota.dev \
+  CustomResourceDefinition/quotagroups.kkp-quota.dev
 expect seed ServiceAccount/kkp-quota-seed-controller ServiceAccount/kkp-quota-machine-webhook \
   ServiceAccount/kkp-quota-master Deployment/kkp-quota-seed-controller Deployment/kkp-quota-machine-webhook \
   ClusterRole/kkp-quota-master Service/kkp-quota-machine-webhook Secret/kkp-quota-webhook-tls \
-  Secret/kkp-quota-url-signing-keys CustomResourceDefinition/quotaledgers.kkp-quota.dev
+  Secret/kkp-quota-url-signing-keys CustomResourceDefinition/quotaledgers.kkp-quota.dev \
+  ValidatingWebhookConfiguration/kkp-quota-clusters
 for role in master seed; do
   # Every RBAC object carries app.kubernetes.io/component of one of the four identities.
   unlabelled=$(render --set "role=$role" | awk '

@@ -10,6 +10,7 @@ files="$here/kkp-quota/files"
 sources=(
   "$deploy/crds/projectquotas.kkp-quota.dev.yaml"
   "$deploy/crds/quotaledgers.kkp-quota.dev.yaml"
+  "$deploy/crds/quotagroups.kkp-quota.dev.yaml"
   "$deploy/prometheus/kkp-quota.rules.yaml"
 )
 

@@ -60,7 +60,11 @@ async fn the_install_section_installs_upgrades_and_uninstalls_keeping_quotas() {
     // before the chart does.
     for plane in [fleet.master(), fleet.seed("seed-a")] {
         let crds = Api::<CustomResourceDefinition>::all(plane.client());
-        for name in ["projectquotas.kkp-quota.dev", "quotaledgers.kkp-quota.dev"] {
+        for name in [
+            "projectquotas.kkp-quota.dev",
+            "quotaledgers.kkp-quota.dev",
+            "quotagroups.kkp-quota.dev",
+        ] {
             crds.delete(name, &DeleteParams::default()).await.unwrap();
             e2e::wait_for_gone(&crds, name, std::time::Duration::from_mins(1))
                 .await

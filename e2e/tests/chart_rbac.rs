@@ -19,7 +19,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::events::v1::Event as EventV1;
 use kkp_quota_crds::kkp::{DefaultProjectResourceQuota, KubermaticSetting, KubermaticSettingSpec};
-use kkp_quota_crds::{QuotaLedger, ResourceQuota};
+use kkp_quota_crds::{QuotaGroup, QuotaGroupSpec, QuotaLedger, ResourceQuota};
 use kube::Api;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 
@@ -106,6 +106,8 @@ async fn scenarios(running: &FleetWithSystem) {
     })
     .await
     .unwrap();
+
+    a_quota_group_shows_its_projects_usage(fleet).await;
 
     // A burst over both seeds: never more than the 3 cpu left.
     let creates = (0..6).map(|i| {
@@ -287,6 +289,53 @@ async fn scenarios(running: &FleetWithSystem) {
         .await
         .unwrap();
     }
+}
+
+/// A `QuotaGroup` over project `demo` (by a label the admin gives it) shows the project's usage,
+/// overall and by seed, and says it is over its limit and not enforced.
+async fn a_quota_group_shows_its_projects_usage(fleet: &Fleet) {
+    let projects = Api::<kkp_quota_crds::kkp::Project>::all(fleet.master().client());
+    let label = serde_json::json!({"metadata": {"labels": {"team": "red"}}});
+    projects
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .unwrap();
+    let groups = Api::<QuotaGroup>::all(fleet.master().client());
+    let limit: kkp_quota_crds::ResourceDetails =
+        serde_json::from_value(serde_json::json!({"cpu": "500m"})).unwrap();
+    let group = QuotaGroup::new(
+        "team-red",
+        QuotaGroupSpec {
+            selector: k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some(BTreeMap::from([("team".to_owned(), "red".to_owned())])),
+                ..Default::default()
+            },
+            quota: limit,
+        },
+    );
+    groups.create(&PostParams::default(), &group).await.unwrap();
+    let one = "1".parse().unwrap();
+    wait_for(WAIT, "the group's status", || async {
+        let status = groups.get("team-red").await.ok()?.status?;
+        let condition = |type_: &str| {
+            status
+                .conditions
+                .iter()
+                .find(|c| c.type_ == type_)
+                .map(|c| c.status.clone())
+        };
+        (status.projects == ["demo"]
+            && status.usage.as_ref()?.cpu == Some(one)
+            && status
+                .by_seed
+                .iter()
+                .any(|s| s.name == "seed-a" && s.usage.cpu == Some(one))
+            && condition("QuotaExceeded").as_deref() == Some("True")
+            && condition("Enforced").as_deref() == Some("False"))
+        .then_some(())
+    })
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -245,3 +245,55 @@ async fn the_rollout_allowance_is_validated_by_the_api_server() {
         json!(60)
     );
 }
+
+/// A `QuotaGroup` must select by at least one label: an empty selector (every project) is
+/// refused, with a message that says why; one label is enough.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_groups_selector_must_select_by_a_label() {
+    let cp = ControlPlane::start("crd-group-selector").await.unwrap();
+    let groups: Api<DynamicObject> = Api::all_with(
+        cp.client(),
+        &ApiResource::erase::<kkp_quota_crds::QuotaGroup>(&()),
+    );
+    let group = |name: &str, selector: Value| -> DynamicObject {
+        serde_json::from_value(json!({
+            "apiVersion": "kkp-quota.dev/v1alpha1",
+            "kind": "QuotaGroup",
+            "metadata": {"name": name},
+            "spec": {"selector": selector, "quota": {"cpu": "8"}},
+        }))
+        .expect("a valid DynamicObject")
+    };
+    for (name, selector) in [
+        ("empty", json!({})),
+        ("empty-lists", json!({"matchLabels": {}, "matchExpressions": []})),
+    ] {
+        let message = assert_invalid(
+            groups
+                .create(&PostParams::default(), &group(name, selector))
+                .await,
+            name,
+        );
+        assert!(
+            message.contains("selector must select by at least one label"),
+            "{message}"
+        );
+    }
+    groups
+        .create(
+            &PostParams::default(),
+            &group("team-red", json!({"matchLabels": {"team": "red"}})),
+        )
+        .await
+        .unwrap();
+    groups
+        .create(
+            &PostParams::default(),
+            &group(
+                "customers",
+                json!({"matchExpressions": [{"key": "customer", "operator": "Exists"}]}),
+            ),
+        )
+        .await
+        .unwrap();
+}

@@ -1,6 +1,7 @@
 //! The wiring: one watch of the master's `ResourceQuota`s (a kube-runtime `Controller`), one
 //! watch of quota copies per seed (see [`crate::seeds`]) whose events are merged into that
-//! controller, the default-quota loop, the orphan sweep and a periodic resync.
+//! controller, the default-quota loop, the orphan sweep, the quota groups' statuses
+//! ([`crate::groups`]) and a periodic resync.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -151,6 +152,8 @@ async fn run_as_leader(
     let (all_tx, all_rx) = mpsc::unbounded_channel::<()>();
     let orphans = Arc::new(Notify::new());
     let defaults = Arc::new(Notify::new());
+    // Any change of a Project or ProjectQuota may change a QuotaGroup's status.
+    let groups_changed = Arc::new(Notify::new());
     let triggers = Triggers {
         one: one_tx.clone(),
         all: all_tx.clone(),
@@ -189,7 +192,7 @@ async fn run_as_leader(
     // reconciler reads, and mapped onto the controller's own triggers.
     let (projects, project_writer) = reflector::store();
     let project_triggers = {
-        let (defaults, quotas) = (defaults.clone(), quotas.clone());
+        let (defaults, quotas, groups_changed) = (defaults.clone(), quotas.clone(), groups_changed.clone());
         reflector::reflector(
             project_writer,
             relisting_watcher(Api::<Project>::all(master.clone()), wc.clone(), None)
@@ -197,20 +200,27 @@ async fn run_as_leader(
         )
         .default_backoff()
         .applied_objects()
-        .inspect(move |_| defaults.notify_one())
+        .inspect(move |_| {
+            defaults.notify_one();
+            groups_changed.notify_one();
+        })
         .filter_map(|p| future::ready(p.ok()))
         .flat_map(move |p| stream::iter(quotas_of_project(&quotas, &p.name_any())))
     };
 
     let (project_quotas, pq_writer) = reflector::store();
-    let project_quota_triggers = reflector::reflector(
-        pq_writer,
-        relisting_watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone(), None)
-            .modify(crate::api::forget_managed_fields),
-    )
-    .default_backoff()
-    .applied_objects()
-    .filter_map(|pq| future::ready(pq.ok().map(|pq| ObjectRef::new(&pq.name_any()))));
+    let project_quota_triggers = {
+        let groups_changed = groups_changed.clone();
+        reflector::reflector(
+            pq_writer,
+            relisting_watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone(), None)
+                .modify(crate::api::forget_managed_fields),
+        )
+        .default_backoff()
+        .applied_objects()
+        .inspect(move |_| groups_changed.notify_one())
+        .filter_map(|pq| future::ready(pq.ok().map(|pq| ObjectRef::new(&pq.name_any()))))
+    };
 
     let (settings, settings_writer) = reflector::store();
     let settings_events = {
@@ -298,6 +308,16 @@ async fn run_as_leader(
         metrics.clone(),
         unreadable,
     );
+    let group_loop = crate::groups::run(
+        master.clone(),
+        crate::groups::Sources {
+            projects: projects.clone(),
+            project_quotas: project_quotas.clone(),
+            changed: groups_changed,
+            resync: options.resync_period,
+        },
+        metrics.clone(),
+    );
     let orphan_loop = crate::sweep::orphan_sweep(
         master.clone(),
         quotas,
@@ -326,6 +346,7 @@ async fn run_as_leader(
         () = ready => Err(Error::Stopped("readiness")),
         () = default_loop => Err(Error::Stopped("default quota loop")),
         () = orphan_loop => Err(Error::Stopped("orphan sweep")),
+        () = group_loop => Err(Error::Stopped("quota group loop")),
         () = seed_manager => Err(Error::Stopped("seed manager")),
     }
 }

@@ -28,6 +28,7 @@ pub mod fanout;
 mod finalize;
 pub mod fingerprint;
 pub mod fold;
+pub mod groups;
 mod kkp_copies;
 pub mod ledger_guard;
 pub mod metrics;

@@ -1,0 +1,85 @@
+//! `QuotaGroup` (`kkp-quota.dev/v1alpha1`, cluster-scoped, on the master): one limit over every
+//! KKP `Project` a label selector picks (a customer, a team, a user; issue #36, docs/groups.md).
+//!
+//! Built so far: step 1, the group is **shown, not enforced**. master-controller keeps its
+//! status (the projects selected, their usage together, by project and by seed, and conditions)
+//! from the members' `ProjectQuota`s; no Machine is refused for a group yet, which the
+//! `Enforced` condition says on every group.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::resources::ResourceDetails;
+
+/// A limit over several projects.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "kkp-quota.dev",
+    version = "v1alpha1",
+    kind = "QuotaGroup",
+    plural = "quotagroups",
+    shortname = "qgroup",
+    status = "QuotaGroupStatus",
+    printcolumn = r#"{"name":"Projects","type":"integer","jsonPath":".status.projectCount"}"#,
+    printcolumn = r#"{"name":"CPU used","type":"string","jsonPath":".status.usage.cpu"}"#,
+    printcolumn = r#"{"name":"CPU limit","type":"string","jsonPath":".spec.quota.cpu"}"#,
+    printcolumn = r#"{"name":"Memory used","type":"string","jsonPath":".status.usage.memory"}"#,
+    printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".spec.quota.memory"}"#,
+    printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.usage.storage","priority":1}"#,
+    printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".spec.quota.storage","priority":1}"#,
+    printcolumn = r#"{"name":"Clusters","type":"string","jsonPath":".status.usage.clusters","priority":1}"#,
+    printcolumn = r#"{"name":"Clusters limit","type":"string","jsonPath":".spec.quota.clusters","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaGroupSpec {
+    /// The KKP `Project`s the group covers, by their labels. Never empty: an empty selector
+    /// would select every project.
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",
+        "message": "selector must select by at least one label (an empty selector would select every project)"
+    }]))]
+    pub selector: LabelSelector,
+    /// The limit over all selected projects together; absent resources are unlimited.
+    #[serde(default)]
+    pub quota: ResourceDetails,
+}
+
+/// Written by master-controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct QuotaGroupStatus {
+    /// The projects the selector picks now, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub projects: Vec<String>,
+    /// How many projects it picks (for the printer column).
+    #[serde(default)]
+    pub project_count: u32,
+    /// What the selected projects use together, over every seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<ResourceDetails>,
+    /// Each selected project's usage, over every seed (projects without a quota are not counted
+    /// by any seed, and are absent: see the `ProjectsUncounted` condition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub by_project: Vec<NamedUsage>,
+    /// What the selected projects use together on each seed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub by_seed: Vec<NamedUsage>,
+    /// `Enforced`, `QuotaExceeded`, `SeedsStale`, `ProjectsUncounted`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+/// A project's or a seed's usage.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NamedUsage {
+    pub name: String,
+    #[serde(default)]
+    pub usage: ResourceDetails,
+}

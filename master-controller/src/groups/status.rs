@@ -1,0 +1,337 @@
+//! What a `QuotaGroup`'s status says, pure: the projects its selector picks among the master's
+//! `Project`s, and their usage from their `ProjectQuota`s (each already folded over every seed).
+//!
+//! Conditions:
+//! - `Enforced`: always `False` in this release: a group is shown, not enforced (docs/groups.md).
+//! - `QuotaExceeded`: `True` while the members together use more than the group's limit.
+//! - `SeedsStale`: `True` while a member's usage on some seed is its last known one.
+//! - `ProjectsUncounted`: `True` while a selected project has no `ProjectQuota` with usage:
+//!   seeds count only projects with a quota, so its Machines are missing from the group's usage.
+//! - `SelectorInvalid`: `True` while the selector cannot be read (an unknown operator).
+
+use std::collections::BTreeMap;
+
+use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::{
+    NamedUsage, ProjectQuota, QuantityError, QuotaGroupSpec, QuotaGroupStatus, ResourceDetails,
+};
+use kube::ResourceExt;
+use kube::core::{Selector, SelectorExt as _};
+
+use crate::status::Desired;
+
+pub const ENFORCED: &str = "Enforced";
+pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
+pub const SEEDS_STALE: &str = "SeedsStale";
+pub const PROJECTS_UNCOUNTED: &str = "ProjectsUncounted";
+pub const SELECTOR_INVALID: &str = "SelectorInvalid";
+
+/// The status a group should have (conditions without their times), from what the caches hold.
+pub fn desired<'a>(
+    spec: &QuotaGroupSpec,
+    projects: impl IntoIterator<Item = &'a Project>,
+    quotas: impl IntoIterator<Item = &'a ProjectQuota>,
+) -> Result<(QuotaGroupStatus, Vec<Desired>), QuantityError> {
+    let selector = match Selector::try_from(spec.selector.clone()) {
+        Ok(selector) => selector,
+        Err(e) => {
+            let conditions = vec![
+                not_enforced(),
+                condition(
+                    SELECTOR_INVALID,
+                    true,
+                    "InvalidSelector",
+                    format!("the selector cannot be read: {e}; no project is selected"),
+                ),
+            ];
+            return Ok((QuotaGroupStatus::default(), conditions));
+        }
+    };
+    let mut members: Vec<String> = projects
+        .into_iter()
+        .filter(|p| selector.matches(p.labels()))
+        .map(ResourceExt::name_any)
+        .collect();
+    members.sort();
+    // A project's usage, from its quota with figures (of several quotas of one project, the
+    // first by name: they count the same Machines).
+    let mut by_name: BTreeMap<&str, &ProjectQuota> = BTreeMap::new();
+    let mut quotas: Vec<&ProjectQuota> = quotas.into_iter().collect();
+    quotas.sort_by_key(|q| q.name_any());
+    for quota in quotas {
+        if quota.status.as_ref().is_some_and(|s| s.global_usage.is_some()) {
+            by_name.entry(quota.project()).or_insert(quota);
+        }
+    }
+    let mut by_project = Vec::new();
+    let mut by_seed: BTreeMap<String, ResourceDetails> = BTreeMap::new();
+    let mut stale = std::collections::BTreeSet::new();
+    let mut uncounted = Vec::new();
+    for member in &members {
+        let Some(status) = by_name.get(member.as_str()).and_then(|q| q.status.as_ref()) else {
+            uncounted.push(member.clone());
+            continue;
+        };
+        by_project.push(NamedUsage {
+            name: member.clone(),
+            usage: status.global_usage.clone().unwrap_or_default(),
+        });
+        for seed in &status.seeds {
+            if seed.stale {
+                stale.insert(seed.name.clone());
+            }
+            let sum = by_seed.entry(seed.name.clone()).or_default();
+            *sum = sum.checked_add(seed.usage.as_ref().unwrap_or(&ResourceDetails::default()))?;
+        }
+    }
+    let usage = ResourceDetails::checked_sum(by_project.iter().map(|p| &p.usage))?;
+    let conditions = vec![
+        not_enforced(),
+        exceeded(&spec.quota, &usage),
+        seeds_stale(&stale),
+        projects_uncounted(&uncounted),
+    ];
+    let status = QuotaGroupStatus {
+        project_count: u32::try_from(members.len()).unwrap_or(u32::MAX),
+        projects: members,
+        usage: Some(usage),
+        by_project,
+        by_seed: by_seed
+            .into_iter()
+            .map(|(name, usage)| NamedUsage { name, usage })
+            .collect(),
+        conditions: Vec::new(),
+    };
+    Ok((status, conditions))
+}
+
+fn condition(type_: &'static str, status: bool, reason: &str, message: String) -> Desired {
+    Desired {
+        type_,
+        status,
+        reason: reason.to_owned(),
+        message,
+    }
+}
+
+fn not_enforced() -> Desired {
+    condition(
+        ENFORCED,
+        false,
+        "ShownOnly",
+        "this release shows a group's usage against its limit but does not enforce it: Machines are checked against their own project's quota only".to_owned(),
+    )
+}
+
+fn exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desired {
+    let over = limit.overrun_by(usage);
+    if over.is_empty() {
+        return condition(
+            QUOTA_EXCEEDED,
+            false,
+            "WithinLimit",
+            "the projects together use no more than the group's limit".to_owned(),
+        );
+    }
+    let parts: Vec<String> = over
+        .iter()
+        .map(|r| {
+            format!(
+                "{} used of {}",
+                r.describe(usage.amount(*r)),
+                r.describe(limit.amount(*r))
+            )
+        })
+        .collect();
+    condition(
+        QUOTA_EXCEEDED,
+        true,
+        "UsageAboveLimit",
+        format!(
+            "the projects together use more than the group's limit: {} (not enforced: nothing is refused for it)",
+            parts.join(", ")
+        ),
+    )
+}
+
+fn seeds_stale(stale: &std::collections::BTreeSet<String>) -> Desired {
+    if stale.is_empty() {
+        return condition(
+            SEEDS_STALE,
+            false,
+            "AllSeedsCurrent",
+            "every seed's usage is current".to_owned(),
+        );
+    }
+    let seeds: Vec<&str> = stale.iter().map(String::as_str).collect();
+    condition(
+        SEEDS_STALE,
+        true,
+        "SeedsUnreachable",
+        format!(
+            "the usage on seeds {} is as last seen: they cannot be reached",
+            seeds.join(", ")
+        ),
+    )
+}
+
+fn projects_uncounted(uncounted: &[String]) -> Desired {
+    if uncounted.is_empty() {
+        return condition(
+            PROJECTS_UNCOUNTED,
+            false,
+            "AllCounted",
+            "every selected project has a quota and is counted".to_owned(),
+        );
+    }
+    condition(
+        PROJECTS_UNCOUNTED,
+        true,
+        "ProjectsWithoutQuota",
+        format!(
+            "projects {} have no quota, so no seed counts their Machines and the group's usage leaves them out: give each a quota",
+            uncounted.join(", ")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    use kkp_quota_crds::fixtures::cpu;
+    use kkp_quota_crds::kkp::ProjectSpec;
+    use kkp_quota_crds::project_quota::SeedFigures;
+    use kkp_quota_crds::quota_ledger::LedgerSubject;
+    use kkp_quota_crds::{ProjectQuotaSpec, ProjectQuotaStatus};
+
+    use super::*;
+
+    fn project(name: &str, team: &str) -> Project {
+        let mut project = Project::new(name, ProjectSpec::default());
+        project.metadata.labels = Some(BTreeMap::from([("team".to_owned(), team.to_owned())]));
+        project
+    }
+
+    fn quota(project: &str, seeds: &[(&str, i64, bool)]) -> ProjectQuota {
+        let mut quota = ProjectQuota::new(
+            &format!("project-{project}"),
+            ProjectQuotaSpec {
+                subject: LedgerSubject::project(project),
+                quota: ResourceDetails::default(),
+                rollout_allowance: None,
+            },
+        );
+        let total: i64 = seeds.iter().map(|(_, n, _)| n).sum();
+        quota.status = Some(ProjectQuotaStatus {
+            global_usage: Some(cpu(total)),
+            seeds: seeds
+                .iter()
+                .map(|(name, n, stale)| SeedFigures {
+                    name: (*name).to_owned(),
+                    usage: Some(cpu(*n)),
+                    stale: *stale,
+                    ..SeedFigures::default()
+                })
+                .collect(),
+            ..ProjectQuotaStatus::default()
+        });
+        quota
+    }
+
+    fn group(team: &str, limit: i64) -> QuotaGroupSpec {
+        QuotaGroupSpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("team".to_owned(), team.to_owned())])),
+                ..LabelSelector::default()
+            },
+            quota: cpu(limit),
+        }
+    }
+
+    fn find<'a>(conditions: &'a [Desired], type_: &str) -> &'a Desired {
+        conditions.iter().find(|c| c.type_ == type_).unwrap()
+    }
+
+    #[test]
+    fn the_selected_projects_usage_is_summed_by_project_and_by_seed() {
+        let projects = [project("a", "red"), project("b", "red"), project("c", "blue")];
+        let quotas = [
+            quota("a", &[("seed-1", 2, false), ("seed-2", 1, false)]),
+            quota("b", &[("seed-1", 4, false)]),
+            quota("c", &[("seed-1", 8, false)]),
+        ];
+        let (status, conditions) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        assert_eq!(status.projects, ["a", "b"]);
+        assert_eq!(status.project_count, 2);
+        assert_eq!(
+            status.usage.unwrap().amount(kkp_quota_crds::Resource::Cpu),
+            kkp_quota_crds::Quantity::from_units(7)
+        );
+        assert_eq!(
+            status.by_project,
+            [
+                NamedUsage {
+                    name: "a".into(),
+                    usage: cpu(3)
+                },
+                NamedUsage {
+                    name: "b".into(),
+                    usage: cpu(4)
+                }
+            ]
+        );
+        assert_eq!(
+            status.by_seed,
+            [
+                NamedUsage {
+                    name: "seed-1".into(),
+                    usage: cpu(6)
+                },
+                NamedUsage {
+                    name: "seed-2".into(),
+                    usage: cpu(1)
+                }
+            ]
+        );
+        assert!(!find(&conditions, QUOTA_EXCEEDED).status);
+        assert!(!find(&conditions, ENFORCED).status, "shown, never enforced yet");
+        let (_, over) = desired(&group("red", 6), &projects, &quotas).unwrap();
+        let exceeded = find(&over, QUOTA_EXCEEDED);
+        assert!(exceeded.status);
+        assert!(
+            exceeded.message.contains("7 cpu used of 6 cpu"),
+            "{}",
+            exceeded.message
+        );
+    }
+
+    #[test]
+    fn stale_seeds_uncounted_projects_and_a_bad_selector_are_said() {
+        let projects = [project("a", "red"), project("b", "red")];
+        let quotas = [quota("a", &[("seed-1", 2, true)])];
+        let (status, conditions) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        assert_eq!(status.projects, ["a", "b"]);
+        assert_eq!(
+            status.usage.unwrap().amount(kkp_quota_crds::Resource::Cpu),
+            kkp_quota_crds::Quantity::from_units(2)
+        );
+        assert!(find(&conditions, SEEDS_STALE).message.contains("seed-1"));
+        let uncounted = find(&conditions, PROJECTS_UNCOUNTED);
+        assert!(
+            uncounted.status && uncounted.message.contains("projects b have no quota"),
+            "{uncounted:?}"
+        );
+
+        let mut bad = group("red", 10);
+        bad.selector.match_expressions = Some(vec![LabelSelectorRequirement {
+            key: "team".into(),
+            operator: "Near".into(),
+            values: None,
+        }]);
+        let (status, conditions) = desired(&bad, &projects, &quotas).unwrap();
+        assert!(status.projects.is_empty());
+        assert!(find(&conditions, SELECTOR_INVALID).status);
+    }
+}
