@@ -480,16 +480,7 @@ impl Fleet {
         let namespace = cluster_namespace(&user.name);
         let clusters: Api<Cluster> = Api::all(client.clone());
         let cluster_object = async {
-            let mut cluster = Cluster::new(
-                &user.name,
-                ClusterSpec {
-                    human_readable_name: user.name.clone(),
-                },
-            );
-            cluster.metadata.labels = Some(BTreeMap::from([(
-                PROJECT_ID_LABEL.to_owned(),
-                user.project.clone(),
-            )]));
+            let cluster = project_cluster(&user.name, &user.project);
             clusters
                 .create(&pp, &cluster)
                 .await
@@ -513,6 +504,21 @@ impl Fleet {
         tokio::try_join!(cluster_object, secret)?;
         Ok(())
     }
+}
+
+/// A KKP `Cluster` of `project` (its `project-id` label), as KKP creates one on a seed.
+pub fn project_cluster(name: &str, project: &str) -> Cluster {
+    let mut cluster = Cluster::new(
+        name,
+        ClusterSpec {
+            human_readable_name: name.to_owned(),
+        },
+    );
+    cluster.metadata.labels = Some(BTreeMap::from([(
+        PROJECT_ID_LABEL.to_owned(),
+        project.to_owned(),
+    )]));
+    cluster
 }
 
 async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {

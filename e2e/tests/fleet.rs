@@ -277,6 +277,11 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     )
     .await;
     clusters::clusters_are_counted(client_for("master").await, client_for("seed-b").await).await;
+    clusters::a_projects_first_cluster_on_a_seed_is_admitted(
+        client_for("master").await,
+        client_for("seed-a").await,
+    )
+    .await;
 }
 
 /// Real cascades (kube-controller-manager runs in every cluster of the demo fleet): a deleted

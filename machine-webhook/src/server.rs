@@ -11,6 +11,10 @@
 //!    connection is closed);
 //! 3. an `admission.k8s.io/v1` `AdmissionReview` with a request (400 otherwise);
 //! 4. the decision.
+//!
+//! The seed's path for `Cluster` creates checks the token against the seed's name alone (no
+//! `Cluster` object to look up, so no 503 before the caches are synced and no unknown-cluster
+//! refusal; a request before the sync is refused by the decision, as "still starting").
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -158,6 +158,11 @@ pub fn desired_for_clusters(url: &str, ca_bundle: Option<&[u8]>) -> Value {
                 "resources": ["clusters"],
                 "operations": ["CREATE"],
             }],
+            // A `Cluster` without a project has no quota: it is not held up by a webhook that
+            // is down.
+            "objectSelector": {
+                "matchExpressions": [{"key": "project-id", "operator": "Exists"}],
+            },
             "failurePolicy": "Fail",
             "matchPolicy": "Equivalent",
             "sideEffects": "NoneOnDryRun",
@@ -247,6 +252,10 @@ mod tests {
         assert_eq!(d["webhooks"][0]["rules"][0]["resources"], json!(["clusters"]));
         assert_eq!(d["webhooks"][0]["rules"][0]["operations"], json!(["CREATE"]));
         assert_eq!(d["webhooks"][0]["failurePolicy"], "Fail");
+        assert_eq!(
+            d["webhooks"][0]["objectSelector"]["matchExpressions"][0]["key"],
+            "project-id"
+        );
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub async fn run(shared: Arc<Shared>) -> Result<(), Error> {
             Change::Cluster(Ok(Event::Init)) => listing = Some(HashSet::new()),
             Change::Cluster(Ok(Event::InitApply(cluster) | Event::Apply(cluster))) => {
                 let name = cluster.name_any();
+                warn_if_seed_named(&shared, &name);
                 if let Some(listing) = &mut listing {
                     listing.insert(name.clone());
                 }
@@ -99,8 +100,12 @@ pub async fn run(shared: Arc<Shared>) -> Result<(), Error> {
                     }
                 }
                 clusters_listed = true;
-                if secrets_listed {
-                    shared.state().clusters_listed = true;
+                {
+                    let mut state = shared.state();
+                    state.clusters_watch_failed = false;
+                    if secrets_listed {
+                        state.clusters_listed = true;
+                    }
                 }
                 shared.wake_writer();
             }
@@ -133,7 +138,7 @@ pub async fn run(shared: Arc<Shared>) -> Result<(), Error> {
                 // Keep the running watch: its credentials may well still work.
                 kubeconfigs.remove(&secret.namespace().unwrap_or_default());
             }
-            Change::Cluster(Err(e)) => warn!(error = %e, "Cluster watch on the seed failed; retrying"),
+            Change::Cluster(Err(e)) => cluster_watch_failed(&shared, &e),
             Change::Secret(Err(e)) => {
                 warn!(error = %e, "kubeconfig Secret watch on the seed failed; retrying");
             }
@@ -168,6 +173,23 @@ fn restart_changed(
         .collect();
     for (name, namespace, kubeconfig) in wanted {
         ensure_task(shared, tasks, &name, namespace, kubeconfig, secrets_listed);
+    }
+}
+
+/// A user cluster named like the seed: its Machines' reservations and the seed's `Cluster`
+/// reservations are told apart by UID alone, and it counts as watched with the seed.
+fn warn_if_seed_named(shared: &Shared, name: &str) {
+    if name == shared.config.seed_name {
+        warn!(cluster = %name, "a Cluster has this seed's name; rename the seed or the cluster (docs/capacity.md)");
+    }
+}
+
+/// The `Cluster` watch failed: `Cluster`s created meanwhile are not seen, so their reservations
+/// must not expire uncounted until the watch has listed them again (its `InitDone`).
+fn cluster_watch_failed(shared: &Shared, error: &kube::runtime::watcher::Error) {
+    warn!(%error, "Cluster watch on the seed failed; retrying");
+    if !shared.state().clusters_unwatched() {
+        shared.wake_writer();
     }
 }
 

@@ -39,7 +39,8 @@ pub enum DropReason {
 /// What the seed-controller knows about a project's Machines on this seed at one instant.
 #[derive(Debug, Clone, Default)]
 pub struct Counted {
-    /// `(cluster, uid)` -> the size the Machine is counted at.
+    /// `(cluster, uid)` -> the size the Machine is counted at; also each `Cluster` of the
+    /// project, as `(seed name, its uid)` -> one cluster (the key of its reservation).
     pub machines: HashMap<(String, String), ResourceDetails>,
     /// Clusters whose Machines may exist uncounted (unreachable, not synced yet).
     pub unsettled: HashSet<String>,

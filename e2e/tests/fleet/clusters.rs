@@ -2,11 +2,10 @@
 //! counts one in the `ProjectQuota`'s global usage and in its seed's figures, from the moment a
 //! seed stores it (its user cluster reachable or not) until it is gone.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e::wait_for;
-use kkp_quota_crds::kkp::{Cluster, ClusterSpec, PROJECT_ID_LABEL};
+use kkp_quota_crds::kkp::Cluster;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 
@@ -29,13 +28,7 @@ pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
     wait_counted(3, [2, 1]).await;
 
     let clusters = Api::<Cluster>::all(seed_b);
-    let mut extra = Cluster::new(
-        "delta-unprovisioned",
-        ClusterSpec {
-            human_readable_name: "delta".to_owned(),
-        },
-    );
-    extra.metadata.labels = Some(BTreeMap::from([(PROJECT_ID_LABEL.to_owned(), "demo".to_owned())]));
+    let extra = e2e::fleet::project_cluster("delta-unprovisioned", "demo");
     clusters
         .create(&PostParams::default(), &extra)
         .await
@@ -56,4 +49,70 @@ pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     wait_counted(3, [2, 1]).await;
+}
+
+/// Project `other` has no cluster anywhere. Given a quota of one cluster, its ledger on seed-a is
+/// counted all the same (at zero), so its first `Cluster` there is admitted, and a second one is
+/// refused, saying how many it has of how many.
+pub async fn a_projects_first_cluster_on_a_seed_is_admitted(master: kube::Client, seed_a: kube::Client) {
+    use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
+    use kube::api::{Patch, PatchParams};
+
+    let quota = e2e::demo::cpu_quota("other", "4");
+    Api::<ResourceQuota>::all(master.clone())
+        .patch(
+            "project-other",
+            &PatchParams::apply("clusters-test").force(),
+            &Patch::Apply(&quota),
+        )
+        .await
+        .expect("the quota of project other");
+    let project_quotas = Api::<ProjectQuota>::all(master);
+    wait_for(WAIT, "project other's ProjectQuota", || async {
+        project_quotas.get("project-other").await.ok()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    project_quotas
+        .patch(
+            "project-other",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"quota": {"clusters": "1"}}})),
+        )
+        .await
+        .expect("a limit of one cluster");
+    let ledgers = Api::<QuotaLedger>::all(seed_a.clone());
+    wait_for(
+        WAIT,
+        "project other's ledger on seed-a, counted, limiting clusters",
+        || async {
+            let ledger = ledgers.get("project-other").await.ok()?;
+            (ledger.status?.local_usage.is_some()
+                && ledger.spec.quota.get(Resource::Clusters) == Some(Quantity::from_units(1)))
+            .then_some(())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let clusters = Api::<Cluster>::all(seed_a);
+    let of_other = |name: &str| e2e::fleet::project_cluster(name, "other");
+    clusters
+        .create(&PostParams::default(), &of_other("other-first"))
+        .await
+        .expect("the first cluster of project other");
+    let refused = clusters
+        .create(&PostParams::default(), &of_other("other-second"))
+        .await
+        .expect_err("a second cluster over a limit of one");
+    assert!(
+        refused.to_string().contains(
+            r#"cluster "other-second" cannot be created: project "other" has 1 of 1 clusters; delete a cluster or ask an admin to raise the limit"#
+        ),
+        "{refused}"
+    );
+    clusters
+        .delete("other-first", &DeleteParams::default())
+        .await
+        .expect("delete the first cluster of project other");
 }

@@ -2,10 +2,8 @@
 //! seeds' API servers send every `Cluster` create to their machine-webhook, which reserves one
 //! cluster through the same ledgers and per-seed shares as a Machine.
 
-use std::collections::BTreeMap;
-
 use futures::future::join_all;
-use kkp_quota_crds::kkp::{Cluster, ClusterSpec, PROJECT_ID_LABEL};
+use kkp_quota_crds::kkp::Cluster;
 use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
@@ -20,17 +18,6 @@ use e2e::wait_for;
 const CLUSTERS_LIMIT: i64 = 7;
 const ROOM: usize = 4;
 
-fn cluster(name: &str) -> Cluster {
-    let mut cluster = Cluster::new(
-        name,
-        ClusterSpec {
-            human_readable_name: name.to_owned(),
-        },
-    );
-    cluster.metadata.labels = Some(BTreeMap::from([(PROJECT_ID_LABEL.to_owned(), "demo".to_owned())]));
-    cluster
-}
-
 /// Creates `names` on the seeds given, all at once; returns the names admitted and how many
 /// were refused for want of room. Every refusal must be the quota's: for room, in words about
 /// clusters, or while share moves.
@@ -42,7 +29,8 @@ async fn create_all(seeds: &[(&str, Client)], names: &[String]) -> (Vec<String>,
             (
                 *seed,
                 name.clone(),
-                api.create(&PostParams::default(), &cluster(name)).await,
+                api.create(&PostParams::default(), &e2e::fleet::project_cluster(name, "demo"))
+                    .await,
             )
         }
     });

@@ -15,18 +15,14 @@ fn join_human(parts: &[String]) -> String {
 
 /// The sentence naming every resource that does not fit, in the quota's units:
 /// `needs 4 cpu and 2Gi memory, project "x8k2" uses 14 of 16 cpu and 31Gi of 32Gi memory`.
-/// For a `Cluster` (which asks for one cluster):
-/// `cannot be created: project "x8k2" has 5 of 5 clusters; delete a cluster or ask an admin ...`.
+/// For a `Cluster` (which asks for one cluster): `project "x8k2" has 5 of 5 clusters`.
 pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool, subject: Subject) -> String {
     if subject == Subject::Cluster {
         let has: Vec<String> = exceeded
             .iter()
             .map(|e| uses(e.resource, e.used, e.limit))
             .collect();
-        return format!(
-            "cannot be created: project {project:?} has {}; delete a cluster or ask an admin to raise the limit",
-            join_human(&has)
-        );
+        return format!("project {project:?} has {}", join_human(&has));
     }
     let needs: Vec<String> = exceeded
         .iter()

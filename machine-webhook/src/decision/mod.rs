@@ -272,7 +272,8 @@ impl Subject {
 /// One request as the decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
-    /// The Machine's (or `Cluster`'s) name (for messages).
+    /// The Machine's name (for messages); a `Cluster`'s, under [`Subject::Cluster`] (the field
+    /// kept its name from before `Cluster`s were decided too).
     pub machine: String,
     pub ask: Ask,
     /// Dry-run requests are decided but add nothing for later requests.
@@ -281,16 +282,6 @@ pub struct Request {
 }
 
 impl Request {
-    /// A request about a Machine.
-    pub fn machine(name: impl Into<String>, ask: Ask, dry_run: bool) -> Request {
-        Request {
-            machine: name.into(),
-            ask,
-            dry_run,
-            subject: Subject::Machine,
-        }
-    }
-
     /// A denial of this request's Machine or `Cluster`.
     pub fn deny(&self, reason: Reason, detail: &str) -> Verdict {
         Verdict::deny_subject(self.subject, reason, &self.machine, detail)
@@ -384,14 +375,20 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
                 ),
             )
         },
-        Ok(exceeded) => request.deny(
-            Reason::QuotaExceeded,
-            &format!(
+        Ok(exceeded) => {
+            let detail = format!(
                 "{}{}",
                 exceeded_detail(project, &exceeded, ask.is_update(), request.subject),
                 held_note(&exceeded, &state.allotted)
-            ),
-        ),
+            );
+            let detail = match request.subject {
+                Subject::Machine => detail,
+                Subject::Cluster => format!(
+                    "cannot be created: {detail}; delete a cluster or ask an admin to raise the limit"
+                ),
+            };
+            request.deny(Reason::QuotaExceeded, &detail)
+        }
     }
 }
 

@@ -63,7 +63,8 @@ mod worker;
 pub use config::{AllotmentConfig, ReserverConfig};
 use standing::{Escrow, Plan};
 
-/// Where an admitted Machine lives (for its reservation).
+/// Where an admitted Machine lives (for its reservation). A `Cluster` is referred to the same
+/// way: the seed's name in place of the user cluster's, no namespace ([`crate::clusters`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MachineRef {
     pub cluster: String,

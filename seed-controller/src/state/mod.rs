@@ -69,6 +69,9 @@ pub struct State {
     pub seed_name: String,
     /// `Cluster`s seen deleted lately, by project: a reservation recorded for one goes at once.
     pub gone_clusters: GoneClusters,
+    /// The watch of the seed's `Cluster`s failed and has not listed them again since: a
+    /// `Cluster` may exist uncounted, so no reservation of one expires meanwhile.
+    pub clusters_watch_failed: bool,
 }
 
 /// `Cluster`s seen deleted (or replaced by one of the same name), remembered for
@@ -116,6 +119,7 @@ impl State {
             successions: crate::succession::Successions::default(),
             seed_name: String::new(),
             gone_clusters: GoneClusters::default(),
+            clusters_watch_failed: false,
         }
     }
 
@@ -131,6 +135,16 @@ impl State {
         if let Some(project) = self.clusters.get(cluster).and_then(|c| c.project.clone()) {
             self.dirty_projects.insert(project);
         }
+    }
+
+    /// The `Cluster` watch failed: every project is marked for a write that keeps its `Cluster`
+    /// reservations. Returns whether it had failed already.
+    pub fn clusters_unwatched(&mut self) -> bool {
+        let already = std::mem::replace(&mut self.clusters_watch_failed, true);
+        if !already {
+            self.mark_all();
+        }
+        already
     }
 
     /// A `Cluster` was seen on the seed.
@@ -150,6 +164,7 @@ impl State {
         ) {
             self.gone_clusters.gone(project, old, now);
         }
+        let uid_changed = entry.uid != uid;
         entry.uid = uid;
         if entry.baseline.is_none() && entry.observed.is_none() {
             entry.baseline = status.as_ref().and_then(|s| s.resource_usage.clone());
@@ -157,10 +172,12 @@ impl State {
         let changed = entry.project != project;
         let old_project = std::mem::replace(&mut entry.project, project);
         entry.observed = status;
-        if changed {
-            if let Some(old) = old_project {
-                self.dirty_projects.insert(old);
-            }
+        if changed && let Some(old) = old_project {
+            self.dirty_projects.insert(old);
+        }
+        // Another project, or another `Cluster` of the same name (its count and the old one's
+        // gone reservation are this write's).
+        if changed || uid_changed {
             self.mark(name);
         }
     }

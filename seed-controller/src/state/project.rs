@@ -107,10 +107,14 @@ impl State {
                 .of(project)
                 .map(|uid| (seed.clone(), uid.to_owned())),
         );
-        if self.clusters_listed {
+        if self.clusters_listed && !self.clusters_watch_failed {
             watched.insert(seed.clone());
         } else {
+            // (Nothing is written before the list is read; after a failed watch, nothing of a
+            // `Cluster` that may exist unseen expires: its reservation, nor the allotment it may
+            // have been admitted from.)
             counted.unsettled.insert(seed.clone());
+            project_unsettled |= self.clusters_watch_failed;
         }
         let mut known: HashSet<String> = self.clusters.keys().cloned().collect();
         known.insert(seed.clone());
@@ -225,6 +229,12 @@ mod tests {
         assert!(!plan.seen_gone("seed-1", "uid-x"), "the seed is known");
         state.clusters_listed = true;
         assert!(state.project_plan("p").unwrap().watched.contains("seed-1"));
+        // The Cluster watch fails: unseen Clusters may exist, so nothing of theirs expires.
+        assert!(!state.clusters_unwatched());
+        let plan = state.project_plan("p").unwrap();
+        assert!(plan.counted.unsettled.contains("seed-1") && plan.project_unsettled);
+        assert!(state.dirty_projects.contains("p"));
+        state.clusters_watch_failed = false;
         // Deleted, and re-created under the same name with a missed delete: both gone.
         state.remove_cluster("a");
         state.upsert_cluster("b", Some("uid-b2".to_owned()), Some("q".to_owned()), None);

@@ -78,7 +78,11 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                                 warn!(project = %project, error = %e, "share arithmetic failed; releasing nothing");
                                 shares::Upkeep::default()
                             });
-                        let write_due = (ours || status.local_usage.is_some()) && differs
+                        // With the seed's Cluster webhook, a project's first Cluster here is
+                        // checked against this ledger, which must then be counted (at zero)
+                        // although the project has no cluster on this seed yet.
+                        let counts_here = ours || status.local_usage.is_some() || shared.config.cluster_webhook;
+                        let write_due = counts_here && differs
                             || !status.reservations.is_empty()
                             || upkeep.due_now;
                         (write_due, upkeep.next)

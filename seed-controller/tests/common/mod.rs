@@ -10,7 +10,7 @@ use e2e::ControlPlane;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
-use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, ClusterSpec, KUBECONFIG_KEY, PROJECT_ID_LABEL};
+use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, PROJECT_ID_LABEL};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{LedgerSubject, Quantity, QuotaLedger, QuotaLedgerSpec, Resource, ResourceDetails};
@@ -51,16 +51,7 @@ pub async fn register_cluster(seed: &Client, name: &str, project: &str, kubeconf
     ensure_namespace(seed, &namespace).await;
     write_kubeconfig_secret(seed, &namespace, kubeconfig).await;
     let clusters: Api<Cluster> = Api::all(seed.clone());
-    let mut cluster = Cluster::new(
-        name,
-        ClusterSpec {
-            human_readable_name: name.into(),
-        },
-    );
-    cluster.metadata.labels = Some(BTreeMap::from([(
-        PROJECT_ID_LABEL.to_owned(),
-        project.to_owned(),
-    )]));
+    let cluster = e2e::fleet::project_cluster(name, project);
     clusters.create(&PostParams::default(), &cluster).await.unwrap();
     clusters
         .patch_status(
