@@ -31,6 +31,7 @@ use crate::resources::ResourceDetails;
     printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".spec.quota.storage","priority":1}"#,
     printcolumn = r#"{"name":"Clusters","type":"string","jsonPath":".status.usage.clusters","priority":1}"#,
     printcolumn = r#"{"name":"Clusters limit","type":"string","jsonPath":".spec.quota.clusters","priority":1}"#,
+    printcolumn = r#"{"name":"Over","type":"string","jsonPath":".status.conditions[?(@.type==\"QuotaExceeded\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -40,6 +41,9 @@ pub struct QuotaGroupSpec {
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": "(has(self.matchLabels) && size(self.matchLabels) > 0) || (has(self.matchExpressions) && size(self.matchExpressions) > 0)",
         "message": "selector must select by at least one label (an empty selector would select every project)"
+    }, {
+        "rule": "!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'] && ((e.operator in ['In', 'NotIn']) == (has(e.values) && size(e.values) > 0)))",
+        "message": "each matchExpressions operator must be In, NotIn, Exists or DoesNotExist, with values for In and NotIn only"
     }]))]
     pub selector: LabelSelector,
     /// The limit over all selected projects together; absent resources are unlimited.
@@ -60,8 +64,8 @@ pub struct QuotaGroupStatus {
     /// What the selected projects use together, over every seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ResourceDetails>,
-    /// Each selected project's usage, over every seed (projects without a quota are not counted
-    /// by any seed, and are absent: see the `ProjectsUncounted` condition).
+    /// Each selected project's usage, over every seed, from its quota in force (projects without
+    /// one, or whose quota has no usage yet, are absent: see the `ProjectsUncounted` condition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub by_project: Vec<NamedUsage>,
@@ -69,7 +73,8 @@ pub struct QuotaGroupStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub by_seed: Vec<NamedUsage>,
-    /// `Enforced`, `QuotaExceeded`, `SeedsStale`, `ProjectsUncounted`.
+    /// `Enforced`, `QuotaExceeded`, `SeedsStale`, `ProjectsUncounted`, `SelectorInvalid`
+    /// (docs/groups.md), every one always present.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -292,7 +292,8 @@ async fn scenarios(running: &FleetWithSystem) {
 }
 
 /// A `QuotaGroup` over project `demo` (by a label the admin gives it) shows the project's usage,
-/// overall and by seed, and says it is over its limit and not enforced.
+/// overall and by seed, and says it is over its limit and not enforced; once the label is gone,
+/// so is every figure of the project.
 async fn a_quota_group_shows_its_projects_usage(fleet: &Fleet) {
     let projects = Api::<kkp_quota_crds::kkp::Project>::all(fleet.master().client());
     let label = serde_json::json!({"metadata": {"labels": {"team": "red"}}});
@@ -333,6 +334,25 @@ async fn a_quota_group_shows_its_projects_usage(fleet: &Fleet) {
             && condition("QuotaExceeded").as_deref() == Some("True")
             && condition("Enforced").as_deref() == Some("False"))
         .then_some(())
+    })
+    .await
+    .unwrap();
+
+    // The project leaves the group (its label removed): every figure of it goes.
+    let unlabel = serde_json::json!({"metadata": {"labels": {"team": null}}});
+    projects
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&unlabel))
+        .await
+        .unwrap();
+    wait_for(WAIT, "the group emptied", || async {
+        let status = groups.get("team-red").await.ok()?.status?;
+        let exceeded = status.conditions.iter().find(|c| c.type_ == "QuotaExceeded")?;
+        (status.projects.is_empty()
+            && status.project_count == 0
+            && status.by_project.is_empty()
+            && status.by_seed.is_empty()
+            && exceeded.status == "False")
+            .then_some(())
     })
     .await
     .unwrap();

@@ -247,7 +247,8 @@ async fn the_rollout_allowance_is_validated_by_the_api_server() {
 }
 
 /// A `QuotaGroup` must select by at least one label: an empty selector (every project) is
-/// refused, with a message that says why; one label is enough.
+/// refused, with a message that says why, as is an expression the API server could not apply;
+/// one label or one expression is enough.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quota_groups_selector_must_select_by_a_label() {
     let cp = ControlPlane::start("crd-group-selector").await.unwrap();
@@ -276,6 +277,29 @@ async fn a_quota_groups_selector_must_select_by_a_label() {
         );
         assert!(
             message.contains("selector must select by at least one label"),
+            "{message}"
+        );
+    }
+    for (name, expression) in [
+        (
+            "unknown-operator",
+            json!({"key": "team", "operator": "Near", "values": ["red"]}),
+        ),
+        ("in-without-values", json!({"key": "team", "operator": "In"})),
+        (
+            "exists-with-values",
+            json!({"key": "team", "operator": "Exists", "values": ["red"]}),
+        ),
+    ] {
+        let selector = json!({ "matchExpressions": [expression] });
+        let message = assert_invalid(
+            groups
+                .create(&PostParams::default(), &group(name, selector))
+                .await,
+            name,
+        );
+        assert!(
+            message.contains("must be In, NotIn, Exists or DoesNotExist"),
             "{message}"
         );
     }

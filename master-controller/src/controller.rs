@@ -199,11 +199,10 @@ async fn run_as_leader(
                 .modify(crate::api::forget_managed_fields),
         )
         .default_backoff()
+        // Every event, deletions too (`applied_objects` drops them), may change a group.
+        .inspect(move |_| groups_changed.notify_one())
         .applied_objects()
-        .inspect(move |_| {
-            defaults.notify_one();
-            groups_changed.notify_one();
-        })
+        .inspect(move |_| defaults.notify_one())
         .filter_map(|p| future::ready(p.ok()))
         .flat_map(move |p| stream::iter(quotas_of_project(&quotas, &p.name_any())))
     };
@@ -217,8 +216,8 @@ async fn run_as_leader(
                 .modify(crate::api::forget_managed_fields),
         )
         .default_backoff()
-        .applied_objects()
         .inspect(move |_| groups_changed.notify_one())
+        .applied_objects()
         .filter_map(|pq| future::ready(pq.ok().map(|pq| ObjectRef::new(&pq.name_any()))))
     };
 

@@ -5,19 +5,20 @@
 
 pub mod status;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt as _;
+use futures::{FutureExt as _, StreamExt as _};
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::{ProjectQuota, QuotaGroup};
+use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus};
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, ResourceExt as _};
 use tokio::sync::Notify;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::status::{merge_conditions, same_conditions};
@@ -41,64 +42,104 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
             .modify(crate::api::forget_managed_fields),
     )
     .default_backoff()
-    .applied_objects()
     .boxed();
     let mut resync = tokio::time::interval(sources.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let _ = sources.projects.wait_until_ready().await;
     let _ = sources.project_quotas.wait_until_ready().await;
+    // What this process last wrote of each group (by UID): the store lags its own writes, and
+    // comparing with it would write them again (and stamp new transition times).
+    let mut written: HashMap<String, QuotaGroupStatus> = HashMap::new();
     loop {
-        tokio::select! {
+        let pass = tokio::select! {
             event = events.next() => match event {
                 None => return,
-                Some(Err(e)) => {
-                    debug!(error = %e, "watch of quota groups");
-                    continue;
-                }
-                Some(Ok(_)) => {}
+                Some(event) => counts(event.as_ref(), &metrics),
             },
-            () = sources.changed.notified() => {}
-            _ = resync.tick() => {}
+            () = sources.changed.notified() => true,
+            _ = resync.tick() => {
+                // Once a period, compare with what the API server holds (someone else's write).
+                written.clear();
+                true
+            }
+        };
+        // Take in whatever else is ready before one pass over every group.
+        let mut pass = pass;
+        while let Some(Some(event)) = events.next().now_or_never() {
+            pass |= counts(event.as_ref(), &metrics);
         }
-        for group in groups.state() {
-            if let Err(e) = write_status(&api, &group, &sources).await {
-                warn!(group = %group.name_any(), error = %e, "could not write the group's status; retrying on the next change");
-                metrics.reconcile_errors.with_label_values(&["group"]).inc();
+        if !pass {
+            continue;
+        }
+        let projects = sources.projects.state();
+        let quotas = sources.project_quotas.state();
+        let groups = groups.state();
+        written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
+        for group in groups {
+            match write_status(&api, &group, &projects, &quotas, &written).await {
+                Ok(Some(status)) => {
+                    if let Some(uid) = group.uid() {
+                        written.insert(uid, status);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    warn!(group = %group.name_any(), error = %e, "could not write the group's status; retrying on the next change");
+                    metrics.reconcile_errors.with_label_values(&["group"]).inc();
+                }
             }
         }
     }
 }
 
-/// Writes `group`'s status if what it should say differs from what it says.
+/// Whether a watch event calls for a pass over the groups: a change, or the end of a listing
+/// (the store holds every group only from then). An error is counted and logged.
+fn counts(event: Result<&watcher::Event<QuotaGroup>, &watcher::Error>, metrics: &Metrics) -> bool {
+    match event {
+        Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => true,
+        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
+        Err(e) => {
+            warn!(error = %e, "watch of the QuotaGroups failed (is the CRD installed, and may master-controller list them?); retrying");
+            metrics.reconcile_errors.with_label_values(&["group"]).inc();
+            false
+        }
+    }
+}
+
+/// Writes `group`'s status if what it should say differs from what it says (or from what this
+/// process last wrote of it); returns what it wrote.
 async fn write_status(
     api: &Api<QuotaGroup>,
     group: &QuotaGroup,
-    sources: &Sources,
-) -> Result<(), crate::Error> {
-    let projects = sources.projects.state();
-    let quotas = sources.project_quotas.state();
+    projects: &[Arc<Project>],
+    quotas: &[Arc<ProjectQuota>],
+    written: &HashMap<String, QuotaGroupStatus>,
+) -> Result<Option<QuotaGroupStatus>, crate::Error> {
     let (mut wanted, desired) = status::desired(
         &group.spec,
         projects.iter().map(Arc::as_ref),
         quotas.iter().map(Arc::as_ref),
     )
     .map_err(crate::Error::Quantity)?;
-    let current = group.status.clone().unwrap_or_default();
+    let current = group
+        .uid()
+        .and_then(|uid| written.get(&uid).cloned())
+        .or_else(|| group.status.clone())
+        .unwrap_or_default();
     wanted.conditions = merge_conditions(
         &current.conditions,
         &desired,
         group.metadata.generation,
         jiff::Timestamp::now(),
     );
-    let same = kkp_quota_crds::QuotaGroupStatus {
+    let without_conditions = |s: &QuotaGroupStatus| QuotaGroupStatus {
         conditions: Vec::new(),
-        ..current.clone()
-    } == kkp_quota_crds::QuotaGroupStatus {
-        conditions: Vec::new(),
-        ..wanted.clone()
-    } && same_conditions(&current.conditions, &wanted.conditions);
-    if same {
-        return Ok(());
+        ..s.clone()
+    };
+    if without_conditions(&current) == without_conditions(&wanted)
+        && same_conditions(&current.conditions, &wanted.conditions)
+    {
+        return Ok(None);
     }
     // A merge patch leaves absent fields as they are: an emptied list is written as null.
     let mut body =
@@ -115,5 +156,5 @@ async fn write_status(
     )
     .await?;
     info!(group = %group.name_any(), projects = wanted.projects.len(), "quota group status written");
-    Ok(())
+    Ok(Some(wanted))
 }

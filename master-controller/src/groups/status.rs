@@ -5,9 +5,16 @@
 //! - `Enforced`: always `False` in this release: a group is shown, not enforced (docs/groups.md).
 //! - `QuotaExceeded`: `True` while the members together use more than the group's limit.
 //! - `SeedsStale`: `True` while a member's usage on some seed is its last known one.
-//! - `ProjectsUncounted`: `True` while a selected project has no `ProjectQuota` with usage:
-//!   seeds count only projects with a quota, so its Machines are missing from the group's usage.
-//! - `SelectorInvalid`: `True` while the selector cannot be read (an unknown operator).
+//! - `ProjectsUncounted`: `True` while a selected project has no quota in force (seeds count only
+//!   projects with a quota, so its Machines are missing from the group's usage), or its quota has
+//!   no usage yet.
+//! - `SelectorInvalid`: `True` while the selector cannot be read (an unknown operator); nothing
+//!   is selected then, and the other conditions say so.
+//!
+//! Every condition is always written, so none is left over from an earlier state.
+//!
+//! A project's usage comes from its quota in force: of its `ProjectQuota`s not being deleted and
+//! not `NotInForce`, the first by name, as the seeds choose (`crate::not_in_force`).
 
 use std::collections::BTreeMap;
 
@@ -34,18 +41,7 @@ pub fn desired<'a>(
 ) -> Result<(QuotaGroupStatus, Vec<Desired>), QuantityError> {
     let selector = match Selector::try_from(spec.selector.clone()) {
         Ok(selector) => selector,
-        Err(e) => {
-            let conditions = vec![
-                not_enforced(),
-                condition(
-                    SELECTOR_INVALID,
-                    true,
-                    "InvalidSelector",
-                    format!("the selector cannot be read: {e}; no project is selected"),
-                ),
-            ];
-            return Ok((QuotaGroupStatus::default(), conditions));
-        }
+        Err(e) => return Ok((QuotaGroupStatus::default(), invalid_selector(&e.to_string()))),
     };
     let mut members: Vec<String> = projects
         .into_iter()
@@ -53,23 +49,23 @@ pub fn desired<'a>(
         .map(ResourceExt::name_any)
         .collect();
     members.sort();
-    // A project's usage, from its quota with figures (of several quotas of one project, the
-    // first by name: they count the same Machines).
-    let mut by_name: BTreeMap<&str, &ProjectQuota> = BTreeMap::new();
-    let mut quotas: Vec<&ProjectQuota> = quotas.into_iter().collect();
+    let mut in_force: BTreeMap<&str, &ProjectQuota> = BTreeMap::new();
+    let mut quotas: Vec<&ProjectQuota> = quotas.into_iter().filter(|q| is_in_force(q)).collect();
     quotas.sort_by_key(|q| q.name_any());
     for quota in quotas {
-        if quota.status.as_ref().is_some_and(|s| s.global_usage.is_some()) {
-            by_name.entry(quota.project()).or_insert(quota);
-        }
+        in_force.entry(quota.project()).or_insert(quota);
     }
     let mut by_project = Vec::new();
     let mut by_seed: BTreeMap<String, ResourceDetails> = BTreeMap::new();
     let mut stale = std::collections::BTreeSet::new();
-    let mut uncounted = Vec::new();
+    let (mut no_quota, mut not_counted) = (Vec::new(), Vec::new());
     for member in &members {
-        let Some(status) = by_name.get(member.as_str()).and_then(|q| q.status.as_ref()) else {
-            uncounted.push(member.clone());
+        let Some(quota) = in_force.get(member.as_str()) else {
+            no_quota.push(member.clone());
+            continue;
+        };
+        let Some(status) = quota.status.as_ref().filter(|s| s.global_usage.is_some()) else {
+            not_counted.push(member.clone());
             continue;
         };
         by_project.push(NamedUsage {
@@ -89,7 +85,13 @@ pub fn desired<'a>(
         not_enforced(),
         exceeded(&spec.quota, &usage),
         seeds_stale(&stale),
-        projects_uncounted(&uncounted),
+        projects_uncounted(&no_quota, &not_counted),
+        condition(
+            SELECTOR_INVALID,
+            false,
+            "SelectorValid",
+            "the selector is read".to_owned(),
+        ),
     ];
     let status = QuotaGroupStatus {
         project_count: u32::try_from(members.len()).unwrap_or(u32::MAX),
@@ -103,6 +105,40 @@ pub fn desired<'a>(
         conditions: Vec::new(),
     };
     Ok((status, conditions))
+}
+
+/// Whether the seeds take this quota for its project: not being deleted, not `NotInForce`.
+fn is_in_force(quota: &ProjectQuota) -> bool {
+    quota.metadata.deletion_timestamp.is_none()
+        && !quota.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == crate::status::NOT_IN_FORCE && c.status == "True")
+        })
+}
+
+/// Every condition, for a selector that cannot be read: nothing is selected.
+fn invalid_selector(why: &str) -> Vec<Desired> {
+    let nothing = |type_| {
+        condition(
+            type_,
+            false,
+            "SelectorInvalid",
+            "no project is selected: the selector cannot be read".to_owned(),
+        )
+    };
+    vec![
+        not_enforced(),
+        nothing(QUOTA_EXCEEDED),
+        nothing(SEEDS_STALE),
+        nothing(PROJECTS_UNCOUNTED),
+        condition(
+            SELECTOR_INVALID,
+            true,
+            "InvalidSelector",
+            format!("the selector cannot be read: {why}; no project is selected"),
+        ),
+    ]
 }
 
 fn condition(type_: &'static str, status: bool, reason: &str, message: String) -> Desired {
@@ -159,7 +195,7 @@ fn seeds_stale(stale: &std::collections::BTreeSet<String>) -> Desired {
         return condition(
             SEEDS_STALE,
             false,
-            "AllSeedsCurrent",
+            "AllSeedsSynced",
             "every seed's usage is current".to_owned(),
         );
     }
@@ -169,28 +205,46 @@ fn seeds_stale(stale: &std::collections::BTreeSet<String>) -> Desired {
         true,
         "SeedsUnreachable",
         format!(
-            "the usage on seeds {} is as last seen: they cannot be reached",
+            "seeds {} cannot be reached: their usage is as last seen (or not known yet)",
             seeds.join(", ")
         ),
     )
 }
 
-fn projects_uncounted(uncounted: &[String]) -> Desired {
-    if uncounted.is_empty() {
+fn projects_uncounted(no_quota: &[String], not_counted: &[String]) -> Desired {
+    let mut parts = Vec::new();
+    if !no_quota.is_empty() {
+        parts.push(format!(
+            "projects {} have no quota, so no seed counts their Machines: give each a quota",
+            no_quota.join(", ")
+        ));
+    }
+    if !not_counted.is_empty() {
+        parts.push(format!(
+            "the quotas of projects {} have no usage yet (just created, or their seeds not counted yet)",
+            not_counted.join(", ")
+        ));
+    }
+    if parts.is_empty() {
         return condition(
             PROJECTS_UNCOUNTED,
             false,
             "AllCounted",
-            "every selected project has a quota and is counted".to_owned(),
+            "every selected project is counted".to_owned(),
         );
     }
+    let reason = if no_quota.is_empty() {
+        "UsageUnknown"
+    } else {
+        "ProjectsWithoutQuota"
+    };
     condition(
         PROJECTS_UNCOUNTED,
         true,
-        "ProjectsWithoutQuota",
+        reason,
         format!(
-            "projects {} have no quota, so no seed counts their Machines and the group's usage leaves them out: give each a quota",
-            uncounted.join(", ")
+            "the group's usage leaves out what is not counted: {}",
+            parts.join("; ")
         ),
     )
 }
@@ -323,6 +377,7 @@ mod tests {
             uncounted.status && uncounted.message.contains("projects b have no quota"),
             "{uncounted:?}"
         );
+        assert!(!find(&conditions, SELECTOR_INVALID).status);
 
         let mut bad = group("red", 10);
         bad.selector.match_expressions = Some(vec![LabelSelectorRequirement {
@@ -333,5 +388,48 @@ mod tests {
         let (status, conditions) = desired(&bad, &projects, &quotas).unwrap();
         assert!(status.projects.is_empty());
         assert!(find(&conditions, SELECTOR_INVALID).status);
+        // Every type is there either way, so nothing of one state is left over in the other.
+        let (_, valid) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        for type_ in [
+            ENFORCED,
+            QUOTA_EXCEEDED,
+            SEEDS_STALE,
+            PROJECTS_UNCOUNTED,
+            SELECTOR_INVALID,
+        ] {
+            find(&conditions, type_);
+            find(&valid, type_);
+        }
+        assert!(!find(&conditions, SEEDS_STALE).status);
+    }
+
+    #[test]
+    fn a_projects_usage_comes_from_its_quota_in_force() {
+        let projects = [project("a", "red")];
+        // Two quotas of one project: the first by name is not in force; the other is.
+        let mut not_in_force = quota("a", &[("seed-1", 9, false)]);
+        not_in_force.metadata.name = Some("a-first".into());
+        if let Some(status) = not_in_force.status.as_mut() {
+            status.conditions = crate::status::merge_conditions(
+                &[],
+                &[crate::status::not_in_force("a", "project-a")],
+                None,
+                jiff::Timestamp::UNIX_EPOCH,
+            );
+        }
+        let in_force = quota("a", &[("seed-1", 2, false)]);
+        let (status, _) = desired(&group("red", 10), &projects, &[not_in_force, in_force.clone()]).unwrap();
+        assert_eq!(status.by_project[0].usage, cpu(2));
+        // Its quota in force without usage yet: uncounted, and said so.
+        let mut fresh = in_force;
+        fresh.status = None;
+        let (status, conditions) = desired(&group("red", 10), &projects, &[fresh]).unwrap();
+        assert!(status.by_project.is_empty());
+        let uncounted = find(&conditions, PROJECTS_UNCOUNTED);
+        assert_eq!(uncounted.reason, "UsageUnknown");
+        assert!(
+            uncounted.message.contains("projects a have no usage yet"),
+            "{uncounted:?}"
+        );
     }
 }
