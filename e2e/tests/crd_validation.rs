@@ -265,43 +265,39 @@ async fn a_quota_groups_selector_must_select_by_a_label() {
         }))
         .expect("a valid DynamicObject")
     };
-    for (name, selector) in [
-        ("empty", json!({})),
-        ("empty-lists", json!({"matchLabels": {}, "matchExpressions": []})),
-    ] {
-        let message = assert_invalid(
-            groups
-                .create(&PostParams::default(), &group(name, selector))
-                .await,
-            name,
-        );
-        assert!(
-            message.contains("selector must select by at least one label"),
-            "{message}"
-        );
-    }
-    for (name, expression) in [
+    let empty = "selector must select by at least one label";
+    let operator = "must be In, NotIn, Exists or DoesNotExist";
+    let expression = |e: Value| json!({ "matchExpressions": [e] });
+    for (name, selector, says) in [
+        ("empty", json!({}), empty),
+        (
+            "empty-lists",
+            json!({"matchLabels": {}, "matchExpressions": []}),
+            empty,
+        ),
         (
             "unknown-operator",
-            json!({"key": "team", "operator": "Near", "values": ["red"]}),
+            expression(json!({"key": "team", "operator": "Near", "values": ["red"]})),
+            operator,
         ),
-        ("in-without-values", json!({"key": "team", "operator": "In"})),
+        (
+            "in-without-values",
+            expression(json!({"key": "team", "operator": "In"})),
+            operator,
+        ),
         (
             "exists-with-values",
-            json!({"key": "team", "operator": "Exists", "values": ["red"]}),
+            expression(json!({"key": "team", "operator": "Exists", "values": ["red"]})),
+            operator,
         ),
     ] {
-        let selector = json!({ "matchExpressions": [expression] });
         let message = assert_invalid(
             groups
                 .create(&PostParams::default(), &group(name, selector))
                 .await,
             name,
         );
-        assert!(
-            message.contains("must be In, NotIn, Exists or DoesNotExist"),
-            "{message}"
-        );
+        assert!(message.contains(says), "{name}: {message}");
     }
     groups
         .create(

@@ -132,12 +132,15 @@ async fn validate_without_token(
     Path(cluster): Path<String>,
     request: Request,
 ) -> Response {
-    if matches!(app.auth, Authenticator::Disabled) {
-        return app
-            .validate_body(Subject::Machine, cluster, request.into_body())
-            .await;
-    }
-    app.refuse(AuthFailure::MissingToken, &cluster, peer_of(&request))
+    app.call(Subject::Machine, cluster, None, request).await
+}
+
+async fn validate(
+    State(app): State<App>,
+    Path((cluster, token)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    app.call(Subject::Machine, cluster, Some(&token), request).await
 }
 
 /// The seed's `Cluster` creates without credentials. Served only with authentication off.
@@ -146,12 +149,7 @@ async fn validate_clusters_without_token(
     Path(seed): Path<String>,
     request: Request,
 ) -> Response {
-    if matches!(app.auth, Authenticator::Disabled) {
-        return app
-            .validate_body(Subject::Cluster, seed, request.into_body())
-            .await;
-    }
-    app.refuse(AuthFailure::MissingToken, &seed, peer_of(&request))
+    app.call(Subject::Cluster, seed, None, request).await
 }
 
 /// The seed's `Cluster` creates ([`crate::clusters`]): the token is signed over the seed's name.
@@ -160,23 +158,7 @@ async fn validate_clusters(
     Path((seed, token)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    if let Err(failure) = app.authenticate_seed(&seed, &token) {
-        return app.refuse(failure, &seed, peer_of(&request));
-    }
-    app.validate_body(Subject::Cluster, seed, request.into_body())
-        .await
-}
-
-async fn validate(
-    State(app): State<App>,
-    Path((cluster, token)): Path<(String, String)>,
-    request: Request,
-) -> Response {
-    if let Err(failure) = app.authenticate(&cluster, &token) {
-        return app.refuse(failure, &cluster, peer_of(&request));
-    }
-    app.validate_body(Subject::Machine, cluster, request.into_body())
-        .await
+    app.call(Subject::Cluster, seed, Some(&token), request).await
 }
 
 fn plain(status: StatusCode, text: impl Into<String>) -> Response {
@@ -229,41 +211,38 @@ fn too_large(limits: Limits) -> (StatusCode, &'static str, String) {
 }
 
 impl App {
-    /// Checks the URL token of a call for `cluster` against the `Cluster` object in the cache.
-    pub fn authenticate(&self, cluster: &str, token: &str) -> Result<(), AuthFailure> {
-        let Authenticator::UrlTokens(keys) = &self.auth else {
-            return Ok(());
-        };
-        if token.is_empty() {
-            return Err(AuthFailure::MissingToken);
+    /// One admission call for `subject` under `name` (the user cluster of a Machine, the seed
+    /// of a `Cluster`): authenticated by its token (none: only with authentication off), then
+    /// decided.
+    async fn call(&self, subject: Subject, name: String, token: Option<&str>, request: Request) -> Response {
+        if let Err(failure) = self.authenticate(subject, &name, token.unwrap_or_default()) {
+            return self.refuse(failure, &name, peer_of(&request));
         }
-        if !self.cache.is_synced() {
-            return Err(AuthFailure::NotReady);
-        }
-        let uid = self
-            .cache
-            .cluster(cluster)
-            .and_then(|c| c.metadata.uid.clone())
-            .ok_or(AuthFailure::UnknownCluster)?;
-        match keys.current().verify(cluster, &uid, token) {
-            Some(index) => {
-                let key = if index == 0 { "signing" } else { "older" };
-                self.metrics.authenticated.with_label_values(&[key]).inc();
-                Ok(())
-            }
-            None => Err(AuthFailure::InvalidToken),
-        }
+        self.validate_body(subject, name, request.into_body()).await
     }
 
-    /// Checks the URL token of a call for the `Cluster`s of seed `seed`.
-    pub fn authenticate_seed(&self, seed: &str, token: &str) -> Result<(), AuthFailure> {
+    /// Checks the URL token of a call: for a Machine, against the `Cluster` object of `name` in
+    /// the cache (its UID is signed); for a seed's `Cluster` create, against the seed's name.
+    pub fn authenticate(&self, subject: Subject, name: &str, token: &str) -> Result<(), AuthFailure> {
         let Authenticator::UrlTokens(keys) = &self.auth else {
             return Ok(());
         };
         if token.is_empty() {
             return Err(AuthFailure::MissingToken);
         }
-        match keys.current().verify(seed, SEED_CLUSTERS_UID, token) {
+        let uid = match subject {
+            Subject::Machine => {
+                if !self.cache.is_synced() {
+                    return Err(AuthFailure::NotReady);
+                }
+                self.cache
+                    .cluster(name)
+                    .and_then(|c| c.metadata.uid.clone())
+                    .ok_or(AuthFailure::UnknownCluster)?
+            }
+            Subject::Cluster => SEED_CLUSTERS_UID.to_owned(),
+        };
+        match keys.current().verify(name, &uid, token) {
             Some(index) => {
                 let key = if index == 0 { "signing" } else { "older" };
                 self.metrics.authenticated.with_label_values(&[key]).inc();

@@ -161,6 +161,19 @@ pub fn foreign_quota_controller(writers: &[String]) -> Desired {
     }
 }
 
+/// "6 cpu used of 4 cpu" for each resource of `over`.
+pub fn overrun_parts(over: &[Resource], limit: &ResourceDetails, usage: &ResourceDetails) -> Vec<String> {
+    over.iter()
+        .map(|&r| {
+            format!(
+                "{} used of {}",
+                r.describe(usage.amount(r)),
+                r.describe(limit.amount(r))
+            )
+        })
+        .collect()
+}
+
 /// `QuotaExceeded`: usage above the limit for some resource.
 pub fn quota_exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desired {
     let over = limit.overrun_by(usage);
@@ -172,16 +185,7 @@ pub fn quota_exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desir
             message: "usage is within the quota".into(),
         };
     }
-    let parts: Vec<String> = over
-        .iter()
-        .map(|&r: &Resource| {
-            format!(
-                "{} used of {}",
-                r.describe(usage.amount(r)),
-                r.describe(limit.amount(r))
-            )
-        })
-        .collect();
+    let parts = overrun_parts(&over, limit, usage);
     Desired {
         type_: QUOTA_EXCEEDED,
         status: true,

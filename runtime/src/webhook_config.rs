@@ -82,10 +82,7 @@ pub fn url(cluster: &str, uid: &str, base_url: &str, keys: Option<&SigningKeys>)
 /// there with either `operations` (on a CREATE it is true at its first test), so that switching
 /// changes only the rule.
 pub fn desired(url: &str, ca_bundle: Option<&[u8]>, operations: Operations) -> Value {
-    let mut client_config = json!({ "url": url });
-    if let Some(ca) = ca_bundle {
-        client_config["caBundle"] = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or(Value::Null);
-    }
+    let client_config = with_ca(json!({ "url": url }), ca_bundle);
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -140,10 +137,10 @@ pub fn clusters_url(seed: &str, base_url: &str, keys: Option<&SigningKeys>) -> S
 /// default) is written as a service reference: the seed's own API server often runs outside the
 /// cluster's DNS (on the host network, or managed), where user clusters' API servers are pods.
 pub fn desired_for_clusters(url: &str, ca_bundle: Option<&[u8]>) -> Value {
-    let mut client_config = service_reference(url).unwrap_or_else(|| json!({ "url": url }));
-    if let Some(ca) = ca_bundle {
-        client_config["caBundle"] = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or(Value::Null);
-    }
+    let client_config = with_ca(
+        service_reference(url).unwrap_or_else(|| json!({ "url": url })),
+        ca_bundle,
+    );
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -170,6 +167,14 @@ pub fn desired_for_clusters(url: &str, ca_bundle: Option<&[u8]>) -> Value {
             "admissionReviewVersions": ["v1"],
         }],
     })
+}
+
+/// A `clientConfig` with the CA bundle the API server should trust the webhook by, if any.
+fn with_ca(mut client_config: Value, ca_bundle: Option<&[u8]>) -> Value {
+    if let Some(ca) = ca_bundle {
+        client_config["caBundle"] = serde_json::to_value(ByteString(ca.to_vec())).unwrap_or(Value::Null);
+    }
+    client_config
 }
 
 /// `{"service": {namespace, name, port, path}}` for an `https://<name>.<namespace>.svc[:port]`

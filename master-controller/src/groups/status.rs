@@ -169,16 +169,7 @@ fn exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desired {
             "the projects together use no more than the group's limit".to_owned(),
         );
     }
-    let parts: Vec<String> = over
-        .iter()
-        .map(|r| {
-            format!(
-                "{} used of {}",
-                r.describe(usage.amount(*r)),
-                r.describe(limit.amount(*r))
-            )
-        })
-        .collect();
+    let parts = crate::status::overrun_parts(&over, limit, usage);
     condition(
         QUOTA_EXCEEDED,
         true,

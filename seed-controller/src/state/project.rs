@@ -70,6 +70,14 @@ impl State {
                 continue;
             }
             clusters += 1;
+            // The `Cluster` itself, under the seed's name: a reservation that admitted it goes
+            // once the same write counts it, or at once if it is gone (docs/capacity.md).
+            if let Some(uid) = &cluster.uid {
+                counted.machines.insert(
+                    (self.seed_name.clone(), uid.clone()),
+                    ResourceDetails::one_cluster(),
+                );
+            }
             project_unsettled |= cluster.unsettled();
             usages.push(cluster.reported_usage());
             if cluster.synced && !cluster.unsettled() {
@@ -91,17 +99,7 @@ impl State {
                 at: a.at,
             }));
         }
-        // The project's `Cluster`s themselves, under the seed's name: a reservation that admitted
-        // one goes once the same write counts it, or at once if it is gone (docs/capacity.md).
         let seed = &self.seed_name;
-        for cluster in self.clusters.values() {
-            if let (Some(uid), Some(true)) = (&cluster.uid, cluster.project.as_deref().map(|p| p == project))
-            {
-                counted
-                    .machines
-                    .insert((seed.clone(), uid.clone()), ResourceDetails::one_cluster());
-            }
-        }
         counted.gone.extend(
             self.gone_clusters
                 .of(project)
