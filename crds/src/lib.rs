@@ -7,6 +7,7 @@
 //!   (`kkp-quota.dev/v1alpha1`): the master's view of a project quota, each seed's ledger of it,
 //!   and the users' read-only view of it in each user cluster.
 //! - [`ledger`]: admission reservations and allotments kept in a `QuotaLedger`'s status.
+//! - [`reserved`]: capacity reserved for cluster autoscalers (a `MachineDeployment`'s bounds).
 //! - [`rollout`]: the opt-in rollout allowance (surge Machines over the limit) and its rules.
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
 //! - [`kkp_shape`]: KKP's CRDs in KKP's shape, for the local fleet only.
@@ -27,6 +28,7 @@ pub mod quota;
 pub mod quota_group;
 pub mod quota_ledger;
 pub mod quota_view;
+pub mod reserved;
 pub mod resources;
 pub mod rollout;
 pub mod shares;

@@ -85,8 +85,10 @@ pub struct GlobalKeyRef {
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct MachineSetSpec {}
 
-/// machine-controller's `MachineDeployment`, as far as the local fleet needs it: the owner of
-/// `MachineSet`s (a stand-in, like [`MachineSet`]).
+/// machine-controller's `MachineDeployment`, as far as this project reads it: the owner of
+/// `MachineSet`s, and for the capacity reserved for the cluster autoscaler (`crate::reserved`)
+/// its replica count and the template its Machines are made from. The CRD keeps every other
+/// field.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
     group = "cluster.k8s.io",
@@ -95,5 +97,35 @@ pub struct MachineSetSpec {}
     plural = "machinedeployments",
     namespaced
 )]
+#[serde(rename_all = "camelCase")]
 #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
-pub struct MachineDeploymentSpec {}
+pub struct MachineDeploymentSpec {
+    /// Absent means 1, as machine-controller defaults it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    #[serde(default)]
+    pub template: MachineTemplate,
+}
+
+/// A `MachineDeployment`'s template: the spec each of its Machines gets.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+pub struct MachineTemplate {
+    #[serde(default)]
+    pub spec: MachineSpec,
+}
+
+impl MachineDeployment {
+    /// The replicas it asks for (absent: 1; a negative count, which the API refuses, as 0).
+    pub fn replicas(&self) -> u32 {
+        self.spec.replicas.map_or(1, |r| u32::try_from(r).unwrap_or(0))
+    }
+
+    /// One Machine as its template makes it, for sizing.
+    pub fn template_machine(&self) -> Machine {
+        Machine::new(
+            &self.metadata.name.clone().unwrap_or_default(),
+            self.spec.template.spec.clone(),
+        )
+    }
+}

@@ -35,6 +35,8 @@ use crate::rollout::RolloutAllowance;
     printcolumn = r#"{"name":"CPU limit","type":"string","jsonPath":".status.limits.cpu"}"#,
     printcolumn = r#"{"name":"Memory used","type":"string","jsonPath":".status.globalUsage.memory"}"#,
     printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".status.limits.memory"}"#,
+    printcolumn = r#"{"name":"CPU reserved","type":"string","jsonPath":".status.reserved.cpu","priority":1}"#,
+    printcolumn = r#"{"name":"Memory reserved","type":"string","jsonPath":".status.reserved.memory","priority":1}"#,
     printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.globalUsage.storage","priority":1}"#,
     printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".status.limits.storage","priority":1}"#,
     printcolumn = r#"{"name":"Clusters","type":"string","jsonPath":".status.globalUsage.clusters","priority":1}"#,
@@ -67,6 +69,10 @@ pub struct ProjectQuotaStatus {
     /// Usage of every resource summed over every seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_usage: Option<ResourceDetails>,
+    /// What the project's cluster autoscalers may still add, summed over the seeds that report
+    /// it (their ledgers' `reservedUsage`): shown beside the usage, not counted in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<ResourceDetails>,
     /// Each seed's usage as last seen (`stale` when the seed cannot be reached).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
@@ -119,6 +125,9 @@ pub struct SeedFigures {
     /// The seed's usage; absent when never seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ResourceDetails>,
+    /// The seed's reserved capacity (its ledger's `reservedUsage`); absent when it reports none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<ResourceDetails>,
     /// True when the seed cannot be reached and `usage` is the last one seen.
     #[serde(default)]
     pub stale: bool,

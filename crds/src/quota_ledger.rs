@@ -174,6 +174,12 @@ pub struct QuotaLedgerStatus {
     /// Usage on this seed. Written by seed-controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_usage: Option<ResourceDetails>,
+    /// What this seed's cluster autoscalers may still add to the project: per `MachineDeployment`
+    /// with autoscaling bounds, `(max - replicas) x` its Machines' size (`crate::reserved`).
+    /// Shown, not counted in `localUsage` nor admitted against (docs/capacity.md). Written by
+    /// seed-controller, with `localUsage`; absent from ledgers of older writers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_usage: Option<ResourceDetails>,
     /// The usage of every other seed as the master last folded it, so that the webhook can add
     /// this seed's own, fresher `localUsage`. Written by master-controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -32,6 +32,7 @@ use crate::resources::ResourceDetails;
     printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".status.limits.memory"}"#,
     printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.used.storage","priority":1}"#,
     printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".status.limits.storage","priority":1}"#,
+    printcolumn = r#"{"name":"CPU reserved","type":"string","jsonPath":".status.autoscalerReserved.cpu","priority":1}"#,
     printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.state"}"#,
     printcolumn = r#"{"name":"Confirmed","type":"date","jsonPath":".status.confirmedAt"}"#
 )]
@@ -56,6 +57,10 @@ pub struct QuotaViewStatus {
     /// What the project uses over every seed, Machines admitted and not counted yet included.
     #[serde(default)]
     pub used: ResourceDetails,
+    /// What the project's cluster autoscalers on this seed may still add (its ledger's
+    /// `reservedUsage`), beside `used`: not counted in it, nor taken from `free`.
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub autoscaler_reserved: ResourceDetails,
     /// The room left under each limit (`limits - used`, never below zero).
     #[serde(default)]
     pub free: ResourceDetails,

@@ -190,6 +190,16 @@ impl ResourceDetails {
             .try_fold(ResourceDetails::zero(), |acc, item| acc.checked_add(item))
     }
 
+    /// Every amount `factor` times over (the size of `factor` Machines of this size); a resource
+    /// absent stays absent.
+    pub fn checked_times(&self, factor: i64) -> Result<ResourceDetails, QuantityError> {
+        let mut out = ResourceDetails::default();
+        for (resource, amount) in self.iter() {
+            out.set(resource, Some(amount.checked_mul(factor)?));
+        }
+        Ok(out)
+    }
+
     /// The usage left after removing `other`: never below zero, absent counting as zero.
     #[must_use]
     pub fn saturating_sub(&self, other: &ResourceDetails) -> ResourceDetails {

@@ -4,6 +4,8 @@
 mod clusters;
 #[path = "fleet/kubectl.rs"]
 mod kubectl;
+#[path = "fleet/reserved.rs"]
+mod reserved;
 #[path = "fleet/rollout.rs"]
 mod rollout;
 
@@ -282,6 +284,7 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
         client_for("seed-a").await,
     )
     .await;
+    reserved::autoscaler_room_is_shown_reserved(client_for("alpha").await, client_for("master").await).await;
 }
 
 /// Real cascades (kube-controller-manager runs in every cluster of the demo fleet): a deleted
@@ -294,7 +297,7 @@ async fn a_deleted_machine_deployment_frees_its_room(alpha: kube::Client, master
     let deployment = deployments
         .create(
             &PostParams::default(),
-            &MachineDeployment::new("workers", MachineDeploymentSpec {}),
+            &MachineDeployment::new("workers", MachineDeploymentSpec::default()),
         )
         .await
         .unwrap();

@@ -44,6 +44,10 @@ pub struct ProjectStatus {
     pub clusters: Vec<ClusterRow>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub other_seeds: Option<ResourceDetails>,
+    /// What cluster autoscalers may still add, not counted in `used` (docs/capacity.md): over
+    /// every seed on the master, on this seed in a user cluster.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<ResourceDetails>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub seeds: Vec<SeedRow>,
 }
@@ -148,6 +152,7 @@ fn from_view(view: &QuotaView, now: Timestamp) -> ProjectStatus {
             })
             .collect(),
         other_seeds: Some(status.other_seeds.clone()).filter(|o| !o.is_empty()),
+        reserved: Some(status.autoscaler_reserved.clone()).filter(|r| !r.is_empty()),
         seeds: Vec::new(),
     }
 }
@@ -181,6 +186,7 @@ fn from_master(quota: &ProjectQuota) -> ProjectStatus {
         ),
         clusters: Vec::new(),
         other_seeds: None,
+        reserved: status.reserved.clone().filter(|r| !r.is_empty()),
         seeds: status
             .seeds
             .iter()
@@ -230,11 +236,15 @@ pub fn table(report: &StatusReport) -> String {
         return summary(report);
     }
     let now = Timestamp::now();
-    let blocks: Vec<String> = report.projects.iter().map(|p| block(p, now)).collect();
+    let blocks: Vec<String> = report
+        .projects
+        .iter()
+        .map(|p| block(p, report.source, now))
+        .collect();
     blocks.join("\n")
 }
 
-fn block(project: &ProjectStatus, now: Timestamp) -> String {
+fn block(project: &ProjectStatus, source: Source, now: Timestamp) -> String {
     let mut out = format!("project {}: {}", project.project, project.state);
     if let Some(at) = project.confirmed_at {
         let _ = write!(out, ", confirmed {} ago", ago(now, at));
@@ -255,6 +265,18 @@ fn block(project: &ProjectStatus, now: Timestamp) -> String {
     }
     if let Some(other) = &project.other_seeds {
         let _ = writeln!(out, "clusters on other seeds use {}", describe(other));
+    }
+    if let Some(reserved) = &project.reserved {
+        let here = if source == Source::UserCluster {
+            " on this seed"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "cluster autoscalers{here} may still add {} (reserved; not in USED)",
+            describe(reserved)
+        );
     }
     if !project.seeds.is_empty() {
         let rows: Vec<Vec<String>> = project.seeds.iter().map(seed_cells).collect();
@@ -370,12 +392,42 @@ mod tests {
         );
         // Storage is used but not limited: shown, with no limit and no room.
         assert_eq!(demo.resources[2].limit, None);
-        let text = block(demo, at("2026-11-27T06:00:04Z"));
+        let text = block(demo, Source::UserCluster, at("2026-11-27T06:00:04Z"));
         assert!(text.starts_with("project demo: Current, confirmed 4s ago\nRESOURCE   USED   LIMIT   FREE\ncpu        2      16      14\n"), "{text}");
         assert!(
             text.contains("alpha                 2 cpu, 4Gi memory, 50Gi storage"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn capacity_reserved_for_autoscalers_is_shown_apart_from_use() {
+        let mut v = view("demo", "Current", &json!({"cpu": "16"}), &json!({"cpu": "2"}));
+        let status = v.status.as_mut().expect("a status");
+        status
+            .autoscaler_reserved
+            .set(Resource::Cpu, Some("8".parse().expect("cpu")));
+        let here = report(&Quotas::Views(vec![v]), None, at("2026-11-27T06:00:04Z")).expect("a report");
+        let text = table(&here);
+        assert!(
+            text.contains("cpu        2      16      14\n"),
+            "reserved is not in USED nor FREE: {text}"
+        );
+        assert!(
+            text.contains("cluster autoscalers on this seed may still add 8 cpu (reserved; not in USED)"),
+            "{text}"
+        );
+        let mut quota = project_quota("demo", &json!({"cpu": "16"}), &json!({"cpu": "2"}), &json!([]));
+        let status = quota.status.as_mut().expect("a status");
+        status.reserved = Some(serde_json::from_value(json!({"cpu": "4", "memory": "0"})).expect("amounts"));
+        let master = report(&Quotas::Master(vec![quota]), None, Timestamp::now()).expect("a report");
+        assert!(
+            table(&master).contains("\ncluster autoscalers may still add 4 cpu (reserved; not in USED)"),
+            "{}",
+            table(&master)
+        );
+        let json = serde_json::to_value(&master).expect("JSON");
+        assert_eq!(json["projects"][0]["reserved"]["cpu"], "4");
     }
 
     #[test]

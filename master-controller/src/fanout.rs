@@ -305,6 +305,8 @@ pub struct ProjectFigures {
     pub limits: ResourceDetails,
     /// `None` when a seed's usage is unknown: the field is left as it is.
     pub global: Option<ResourceDetails>,
+    /// The seeds' reserved capacity summed; `None` when no seed reports any.
+    pub reserved: Option<ResourceDetails>,
     pub seeds: Vec<SeedFigures>,
     pub conditions: Vec<Condition>,
 }
@@ -320,6 +322,9 @@ pub fn project_quota_status_patch(pq: &ProjectQuota, figures: &ProjectFigures) -
         && status.global_usage.as_ref() != Some(g)
     {
         patch.insert("globalUsage".into(), json!(g));
+    }
+    if status.reserved != figures.reserved {
+        patch.insert("reserved".into(), json!(figures.reserved));
     }
     if status.seeds != figures.seeds {
         patch.insert("seeds".into(), json!(figures.seeds));

@@ -96,6 +96,8 @@ pub struct SeedUsage {
     pub health: Health,
     /// The copy's `status.localUsage`; `None` when the copy or its usage does not exist (zero).
     pub local: Option<ResourceDetails>,
+    /// The copy's `status.reservedUsage` (shown, never folded into the usage).
+    pub reserved: Option<ResourceDetails>,
 }
 
 /// The result of folding one quota.
@@ -116,6 +118,21 @@ pub struct StaleSeed {
     pub since: Timestamp,
     /// True when its usage is not known at all (never listed since start-up).
     pub unknown: bool,
+}
+
+/// The capacity the seeds whose usage is known reserve for cluster autoscalers, summed; `None`
+/// when none of them reports any (ledgers of older seed-controllers). Shown, never folded into
+/// the usage (docs/capacity.md).
+pub fn reserved(seeds: &[SeedUsage]) -> Result<Option<ResourceDetails>, QuantityError> {
+    let reported: Vec<&ResourceDetails> = seeds
+        .iter()
+        .filter(|s| s.health.is_known())
+        .filter_map(|s| s.reserved.as_ref())
+        .collect();
+    if reported.is_empty() {
+        return Ok(None);
+    }
+    ResourceDetails::checked_sum(reported).map(Some)
 }
 
 /// Folds the seeds' usage of one quota.
@@ -184,6 +201,7 @@ mod tests {
                 last_sync: Timestamp::UNIX_EPOCH,
             },
             local,
+            reserved: None,
         }
     }
 
@@ -240,6 +258,7 @@ mod tests {
             seed: "b".into(),
             health: Health::Unknown { since },
             local: None,
+            reserved: None,
         };
         let folded = fold(&[fresh("a", Some(usage(2, 4))), b]).unwrap();
         assert_eq!(folded.global, None);
@@ -249,6 +268,40 @@ mod tests {
             Quantity::from_units(2)
         );
         assert!(folded.stale[0].unknown);
+    }
+
+    #[test]
+    fn reserved_sums_the_known_seeds_that_report_it() {
+        let since = Timestamp::UNIX_EPOCH;
+        let mut a = fresh("a", Some(usage(2, 4)));
+        let b = fresh("b", Some(usage(1, 1)));
+        assert_eq!(
+            reserved(&[a.clone(), b.clone()]).unwrap(),
+            None,
+            "no seed reports any"
+        );
+        a.reserved = Some(usage(8, 32));
+        let mut c = SeedUsage {
+            seed: "c".into(),
+            health: Health::Unknown { since },
+            local: None,
+            reserved: Some(usage(100, 100)),
+        };
+        let cpu_mem =
+            |r: Option<ResourceDetails>| r.map(|r| (r.amount(Resource::Cpu), r.amount(Resource::Memory)));
+        let amounts = |cpu, gib| Some((Quantity::from_units(cpu), Quantity::from_gibibytes(gib)));
+        assert_eq!(
+            cpu_mem(reserved(&[a.clone(), b.clone(), c.clone()]).unwrap()),
+            amounts(8, 32)
+        );
+        c.health = Health::Fresh { last_sync: since };
+        assert_eq!(cpu_mem(reserved(&[a.clone(), b, c]).unwrap()), amounts(108, 132));
+        let folded = fold(&[a]).unwrap();
+        assert_eq!(
+            cpu_mem(folded.global),
+            amounts(2, 4),
+            "reserved is not folded into usage"
+        );
     }
 
     #[test]

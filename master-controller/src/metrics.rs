@@ -18,7 +18,8 @@ pub struct Metrics {
     pub registry: Registry,
     /// Per project: `kkp_quota_limit{project,resource}` (limited resources only),
     /// `kkp_quota_usage{project,resource,scope}` (scope `global` or a seed name),
-    /// `kkp_quota_over_limit{project,resource}`, `kkp_quota_share{project,seed,resource}` and
+    /// `kkp_quota_reserved{project,resource,scope}`, `kkp_quota_over_limit{project,resource}`,
+    /// `kkp_quota_share{project,seed,resource}` and
     /// `kkp_quota_share_stuck{project,seed,resource}`; written into `/metrics` beside the
     /// registry's (see [`ProjectSeries`] for why).
     pub projects: Arc<ProjectSeries>,
@@ -268,6 +269,16 @@ impl Metrics {
         self.projects.set_seed_usage(project, seed, local);
     }
 
+    /// The reserved series of one project (`kkp_quota_reserved`).
+    pub fn set_reserved<'a>(
+        &self,
+        project: &str,
+        global: Option<&ResourceDetails>,
+        seeds: impl IntoIterator<Item = (&'a str, &'a ResourceDetails)>,
+    ) {
+        self.projects.set_reserved(project, global, seeds);
+    }
+
     /// The share series of one project: `shares` per seed in the record (limited resources
     /// only), `stuck` for the unreachable ones. Series of seeds and resources no longer there go.
     pub fn set_shares(
@@ -326,6 +337,7 @@ mod tests {
         };
         m.set_quota("demo", &limit, Some(&used));
         m.set_seed_usage("demo", "seed-a", &used);
+        m.set_reserved("demo", Some(&limit), [("seed-a", &limit)]);
         m.seed_stale.with_label_values(&["seed-a"]).set(1.0);
         m.sync_error("seed-a", "watch");
         m.reconcile_duration.with_label_values(&["quota"]).observe(0.01);
@@ -337,6 +349,8 @@ mod tests {
             "kkp_quota_usage{project=\"demo\",resource=\"cpu\",scope=\"global\"} 6.5",
             "kkp_quota_usage{project=\"demo\",resource=\"memory\",scope=\"seed-a\"} 1073741824",
             "kkp_quota_over_limit{project=\"demo\",resource=\"cpu\"} 1",
+            "kkp_quota_reserved{project=\"demo\",resource=\"cpu\",scope=\"global\"} 4",
+            "kkp_quota_reserved{project=\"demo\",resource=\"cpu\",scope=\"seed-a\"} 4",
             "kkp_quota_seed_stale{seed=\"seed-a\"} 1",
             "kkp_quota_sync_errors_total{operation=\"watch\",seed=\"seed-a\"} 1",
             "kkp_quota_reconcile_duration_seconds_bucket",

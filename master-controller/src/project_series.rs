@@ -1,4 +1,4 @@
-//! The per-project series (`kkp_quota_limit`, `_usage`, `_over_limit`, `_share`,
+//! The per-project series (`kkp_quota_limit`, `_usage`, `_reserved`, `_over_limit`, `_share`,
 //! `_share_stuck`), kept as plain figures and written straight into the `/metrics` text.
 //!
 //! Why not the registry's gauges: at 10,000 projects over 3 seeds these are ~390,000 series. A
@@ -28,6 +28,8 @@ struct Figures {
     over: Option<Vec<bool>>,
     /// Per seed: its usage.
     seeds: BTreeMap<String, Vec<f64>>,
+    /// What cluster autoscalers may still add: `"global"` and per seed, for those that report it.
+    reserved: BTreeMap<String, Vec<f64>>,
     /// Per seed in the share record: (resource, share, stuck share), limited resources only.
     shares: BTreeMap<String, Vec<(Resource, f64, f64)>>,
 }
@@ -38,6 +40,7 @@ impl Figures {
             && self.global.is_none()
             && self.over.is_none()
             && self.seeds.is_empty()
+            && self.reserved.is_empty()
             && self.shares.is_empty()
     }
 }
@@ -80,6 +83,23 @@ impl ProjectSeries {
         });
     }
 
+    /// What the project's cluster autoscalers may still add: over every seed (`None`: no seed
+    /// reports it) and per seed that reports it. Series of seeds no longer given go.
+    pub fn set_reserved<'a>(
+        &self,
+        project: &str,
+        global: Option<&ResourceDetails>,
+        seeds: impl IntoIterator<Item = (&'a str, &'a ResourceDetails)>,
+    ) {
+        let amounts = |d: &ResourceDetails| Resource::ALL.iter().map(|&r| as_f64(d.amount(r))).collect();
+        let reserved = global
+            .map(|g| ("global".to_owned(), amounts(g)))
+            .into_iter()
+            .chain(seeds.into_iter().map(|(seed, r)| (seed.to_owned(), amounts(r))))
+            .collect();
+        self.with(project, |f| f.reserved = reserved);
+    }
+
     /// The shares of a project's seeds in its record (limited resources), `stuck` for the
     /// unreachable ones; seeds not in `shares` lose their share series.
     pub fn set_shares(
@@ -117,6 +137,7 @@ impl ProjectSeries {
         let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         for figures in all.values_mut() {
             figures.seeds.remove(seed);
+            figures.reserved.remove(seed);
         }
         all.retain(|_, f| !f.is_empty());
     }
@@ -133,8 +154,8 @@ struct Family {
     samples: fn(&mut String, &'static str, &str, &Figures),
 }
 
-/// The five families, in the order a scrape writes them.
-const FAMILIES: [Family; 5] = [
+/// The six families, in the order a scrape writes them.
+const FAMILIES: [Family; 6] = [
     Family {
         name: "kkp_quota_limit",
         help: "Quota limit per project and resource (cores, bytes, count).",
@@ -159,6 +180,22 @@ const FAMILIES: [Family; 5] = [
                 for (&r, used) in Resource::ALL.iter().zip(usage) {
                     let labels = [("project", project), ("resource", r.name()), ("scope", scope)];
                     sample(out, name, &labels, *used);
+                }
+            }
+        },
+    },
+    Family {
+        name: "kkp_quota_reserved",
+        help: "What a project's cluster autoscalers may still add (max size minus replicas, times the Machine size), not counted in its usage; scope is \"global\" or the seed name.",
+        samples: |out, name, project, f| {
+            for (scope, reserved) in &f.reserved {
+                for (&r, amount) in Resource::ALL.iter().zip(reserved) {
+                    let labels = [
+                        ("project", project),
+                        ("resource", r.name()),
+                        ("scope", scope.as_str()),
+                    ];
+                    sample(out, name, &labels, *amount);
                 }
             }
         },

@@ -146,6 +146,14 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
                 .set_seed_usage(&project_name, &u.seed, &u.local.clone().unwrap_or_default());
         }
     }
+    ctx.metrics.set_reserved(
+        &project_name,
+        fold::reserved(&usages)?.as_ref(),
+        usages
+            .iter()
+            .filter(|u| u.health.is_known())
+            .filter_map(|u| Some((u.seed.as_str(), u.reserved.as_ref()?))),
+    );
 
     if failed.is_empty() {
         Ok(Action::await_change())
@@ -168,6 +176,7 @@ fn retired_figures<'a>(round: &'a Round, usages: &'a [SeedUsage]) -> impl Iterat
             SeedFigures {
                 name: name.clone(),
                 usage: None,
+                reserved: None,
                 stale: true,
                 share: shares.share,
                 demand: None,
@@ -184,6 +193,7 @@ fn usages(views: &[SeedView]) -> Vec<SeedUsage> {
             seed: v.name.clone(),
             health: v.health,
             local: v.copy.as_ref().and_then(|c| c.local_usage.clone()),
+            reserved: v.copy.as_ref().and_then(|c| c.reserved_usage.clone()),
         })
         .collect()
 }
@@ -236,6 +246,7 @@ async fn write_master_status(
     let figures = fanout::ProjectFigures {
         limits: limits.clone(),
         global: folded.global.clone(),
+        reserved: fold::reserved(usages)?,
         seeds: usages
             .iter()
             .filter(|u| u.health.is_known())
@@ -244,6 +255,7 @@ async fn write_master_status(
                 SeedFigures {
                     name: u.seed.clone(),
                     usage: Some(u.local.clone().unwrap_or_default()),
+                    reserved: u.reserved.clone(),
                     stale: !u.health.is_fresh(),
                     share: shares.share,
                     demand: shares.demand,

@@ -31,6 +31,8 @@ pub struct SeedLedger {
     pub other_seeds_usage: Option<ResourceDetails>,
     /// `status.localUsage`, what the fold sums.
     pub local_usage: Option<ResourceDetails>,
+    /// `status.reservedUsage`, shown beside it.
+    pub reserved_usage: Option<ResourceDetails>,
     /// What the share round reads.
     pub reading: LedgerReading,
 }
@@ -54,6 +56,7 @@ impl From<&QuotaLedger> for SeedLedger {
             global_usage: status.and_then(|s| s.global_usage.clone()),
             other_seeds_usage: status.and_then(|s| s.other_seeds_usage.clone()),
             local_usage: status.and_then(|s| s.local_usage.clone()),
+            reserved_usage: status.and_then(|s| s.reserved_usage.clone()),
             reading: LedgerReading::of(ledger),
         }
     }

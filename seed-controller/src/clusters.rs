@@ -14,7 +14,7 @@ use std::time::Duration;
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY};
-use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::machine::{Machine, MachineDeployment};
 use kkp_quota_runtime::chain::Chain;
 use kkp_quota_runtime::kubeconfig::client_from_yaml;
 use kkp_quota_runtime::watch::relisting_watcher;
@@ -341,11 +341,12 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     });
     // Machines queued before the sender existed (initial listing) are re-sent by `account` on
     // the next listing; the first listing comes after this point anyway.
-    let api: Api<Machine> = Api::namespaced(client, &namespace);
+    let api: Api<Machine> = Api::namespaced(client.clone(), &namespace);
     let mut machines = relisting_watcher(api.clone(), watcher::Config::default(), None)
         .default_backoff()
         .boxed();
     let mut buffer: Vec<Machine> = Vec::new();
+    let mut deployments = DeploymentWatch::new(Api::namespaced(client, &namespace));
     let mut recount = tokio::time::interval(shared.config.resync_period);
     recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recount.tick().await;
@@ -360,16 +361,7 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
         tokio::select! {
             () = &mut first_listing, if !listed_once => {
                 listed_once = true;
-                if !shared.state().clusters.get(&name).is_some_and(|c| c.synced) {
-                    set_reachability(
-                        &shared,
-                        &name,
-                        Reachability::Unreachable(format!(
-                            "the Machines could not be listed within {:?}",
-                            shared.config.user_cluster_timeout
-                        )),
-                    );
-                }
+                unreachable_unless_listed(&shared, &name);
             }
             event = machines.next() => match event {
                 Some(Ok(Event::Init)) => buffer.clear(),
@@ -392,6 +384,10 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
                 Some(Err(e)) => watch_failed(&shared, &name, &e),
                 None => return,
             },
+            event = deployments.stream.next() => match event {
+                Some(event) => deployments.take(&shared, &name, event),
+                None => return,
+            },
             _ = recount.tick() => {
                 suspect = recount_cluster(&shared, &name, &api, None).await;
                 confirm_at = tokio::time::Instant::now() + RECOUNT_CONFIRM_AFTER;
@@ -400,6 +396,70 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
                 recount_cluster(&shared, &name, &api, suspect.take()).await;
             }
         }
+    }
+}
+
+/// A cluster whose Machines were not listed within `--user-cluster-timeout` is unreachable.
+fn unreachable_unless_listed(shared: &Shared, name: &str) {
+    if !shared.state().clusters.get(name).is_some_and(|c| c.synced) {
+        set_reachability(
+            shared,
+            name,
+            Reachability::Unreachable(format!(
+                "the Machines could not be listed within {:?}",
+                shared.config.user_cluster_timeout
+            )),
+        );
+    }
+}
+
+/// A user cluster's `MachineDeployment`s, for the capacity reserved for its cluster autoscaler
+/// (`crate::state`'s `deployments`). Its failures leave the Machines' count alone: a cluster
+/// without machine-controller's `MachineDeployment`s reserves nothing, and says so once.
+struct DeploymentWatch {
+    stream: futures::stream::BoxStream<'static, watcher::Result<Event<MachineDeployment>>>,
+    buffer: Vec<MachineDeployment>,
+    /// The last failure logged (each new one is logged once).
+    failure: Option<String>,
+}
+
+impl DeploymentWatch {
+    fn new(api: Api<MachineDeployment>) -> DeploymentWatch {
+        DeploymentWatch {
+            stream: relisting_watcher(api, watcher::Config::default(), None)
+                .default_backoff()
+                .boxed(),
+            buffer: Vec::new(),
+            failure: None,
+        }
+    }
+
+    fn take(&mut self, shared: &Shared, cluster: &str, event: watcher::Result<Event<MachineDeployment>>) {
+        match event {
+            Ok(Event::Init) => self.buffer.clear(),
+            Ok(Event::InitApply(deployment)) => self.buffer.push(deployment),
+            Ok(Event::InitDone) => {
+                self.failure = None;
+                shared
+                    .state()
+                    .deployments_listed(cluster, &std::mem::take(&mut self.buffer));
+            }
+            Ok(Event::Apply(deployment)) => shared.state().deployment_applied(cluster, &deployment),
+            Ok(Event::Delete(deployment)) => {
+                if let Some(uid) = deployment.uid() {
+                    shared.state().deployment_deleted(cluster, &uid);
+                }
+            }
+            Err(e) => {
+                let error = e.to_string();
+                if self.failure.as_ref() != Some(&error) {
+                    warn!(%error, "MachineDeployments cannot be watched; what is known of their reservations counts");
+                    self.failure = Some(error);
+                }
+                shared.state().deployments_unlistable(cluster);
+            }
+        }
+        shared.wake_writer();
     }
 }
 

@@ -46,6 +46,8 @@ pub struct ClusterState {
     pub(super) written: Option<(Option<ResourceDetails>, ClusterCondition)>,
     pub(super) usage: ClusterUsage,
     pub(super) machines: HashMap<String, MachineInfo>,
+    /// Its `MachineDeployment`s, for the capacity reserved for the cluster autoscaler.
+    pub deployments: super::deployments::Deployments,
     pub synced: bool,
     pub reachability: Reachability,
     /// Machines that appeared while the watch was running: checked for a reservation.
@@ -71,6 +73,12 @@ impl ClusterState {
     /// Whether its Machines may exist uncounted right now.
     pub fn unsettled(&self) -> bool {
         !self.synced || matches!(self.reachability, Reachability::Unreachable(_))
+    }
+
+    /// Whether its `MachineDeployment`s may still be listed soon: not listed yet, and the
+    /// cluster not known to be unreachable (an unreachable one's reservation counts as known).
+    pub fn deployments_pending(&self) -> bool {
+        !self.deployments.listed && !matches!(self.reachability, Reachability::Unreachable(_))
     }
 
     /// Whether start-up may consider this cluster done (listed, or known to be unreachable).

@@ -327,6 +327,7 @@ impl State {
                 self.mark(&name);
             }
         }
+        self.resize_deployments();
     }
 }
 

@@ -10,6 +10,8 @@
 //!   `Cluster` status ([`ClusterPlan`], the `ResourceQuotaUsage` condition);
 //! - `machines`: a cluster's Machines: sizing, the count, listings, the size catalog, the Machines
 //!   remembered as gone, and the Events published on Machines ([`MachineEvent`]);
+//! - `deployments`: a cluster's `MachineDeployment`s, for the capacity reserved for the cluster
+//!   autoscaler (shown beside the usage);
 //! - `last_size`: Machines that can no longer be sized, counted at their last known size (kept
 //!   in the ledgers for a restart);
 //! - `admission`: bypass detection: Machines that appeared while watched, held back, judged;
@@ -18,6 +20,7 @@
 
 mod admission;
 mod cluster;
+mod deployments;
 mod last_size;
 mod machines;
 mod project;

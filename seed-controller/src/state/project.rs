@@ -16,6 +16,9 @@ use crate::usage::project_usage;
 pub struct ProjectPlan {
     pub project: String,
     pub local_usage: ResourceDetails,
+    /// `reservedUsage`: what the project's autoscaled `MachineDeployment`s here may still add;
+    /// `None` while a reachable cluster of it has not listed them yet (the ledger keeps its own).
+    pub reserved_usage: Option<ResourceDetails>,
     pub counted: Counted,
     /// Machines that appeared while watched, to check for reservations.
     pub appeared: Vec<Appeared>,
@@ -62,6 +65,7 @@ impl State {
         let mut project_unsettled = false;
         let mut watched = HashSet::new();
         let mut clusters = 0;
+        let mut reserved = Some(Vec::new());
         for (name, cluster) in &self.clusters {
             if cluster.unsettled() {
                 counted.unsettled.insert(name.clone());
@@ -80,6 +84,11 @@ impl State {
             }
             project_unsettled |= cluster.unsettled();
             usages.push(cluster.reported_usage());
+            if cluster.deployments_pending() {
+                reserved = None;
+            } else if let Some(reserved) = &mut reserved {
+                reserved.push(cluster.deployments.reserved());
+            }
             if cluster.synced && !cluster.unsettled() {
                 watched.insert(name.clone());
             }
@@ -119,6 +128,9 @@ impl State {
         Ok(ProjectPlan {
             project: project.to_owned(),
             local_usage: project_usage(usages.iter(), clusters)?,
+            reserved_usage: reserved
+                .map(|r| ResourceDetails::checked_sum(r.iter()))
+                .transpose()?,
             counted,
             appeared,
             project_unsettled,

@@ -73,6 +73,7 @@ pub fn build(
         limits,
         used,
         free,
+        autoscaler_reserved: status.reserved_usage.clone().unwrap_or_default(),
         clusters,
         other_seeds,
         confirmed_at: None,

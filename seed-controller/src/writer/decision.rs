@@ -29,6 +29,8 @@ use crate::state::ProjectPlan;
 pub(super) struct Decision {
     /// `localUsage`: the plan's usage without the held-back Machines.
     pub(super) local_usage: ResourceDetails,
+    /// `reservedUsage` to write (the autoscalers' room), when known (`ProjectPlan`).
+    pub(super) reserved_usage: Option<ResourceDetails>,
     /// Reservations dropped (by index).
     pub(super) drops: Vec<(usize, DropReason)>,
     /// Allotments removed (by index).
@@ -48,6 +50,18 @@ pub(super) struct Decision {
     pub(super) last_known: Option<Vec<LastKnownSize>>,
     /// Rollout surges removed (by index): the Machine each replaced, or the surge itself, is gone.
     pub(super) surges_ended: Vec<usize>,
+}
+
+impl Decision {
+    /// Whether the `reservedUsage` to write is not what `status` has (a write is due for it).
+    pub(super) fn reserved_differs(&self, status: &QuotaLedgerStatus) -> bool {
+        self.reserved_usage.as_ref().is_some_and(|r| {
+            status
+                .reserved_usage
+                .as_ref()
+                .is_none_or(|u| !crate::usage::same_usage(u, r))
+        })
+    }
 }
 
 pub(super) fn decide(
@@ -86,6 +100,7 @@ pub(super) fn decide(
         .collect();
     Ok(Decision {
         local_usage,
+        reserved_usage: plan.reserved_usage.clone(),
         expired,
         demands_expired,
         had_allotments: !status.allotments.is_empty(),
@@ -131,6 +146,10 @@ fn last_known_change(planned: &[LastKnownSize], read: &[LastKnownSize]) -> Optio
 pub(super) fn status_after(status: &QuotaLedgerStatus, decision: &Decision) -> QuotaLedgerStatus {
     QuotaLedgerStatus {
         local_usage: Some(decision.local_usage.clone()),
+        reserved_usage: decision
+            .reserved_usage
+            .clone()
+            .or_else(|| status.reserved_usage.clone()),
         reservations: remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i)),
         allotments: remaining(&status.allotments, decision.expired.iter().copied()),
         demands: remaining(&status.demands, decision.demands_expired.iter().copied()),
@@ -155,6 +174,9 @@ pub(super) fn ledger_patch(
         "metadata": { "resourceVersion": quota.resource_version() },
         "status": { "formatVersion": LEDGER_FORMAT, "localUsage": decision.local_usage },
     });
+    if let Some(reserved) = &decision.reserved_usage {
+        patch["status"]["reservedUsage"] = json!(reserved);
+    }
     if !decision.drops.is_empty() {
         let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
         patch["status"]["reservations"] = if kept.is_empty() {
@@ -290,6 +312,7 @@ mod tests {
             ProjectPlan {
                 project: "p".into(),
                 local_usage: ResourceDetails::default(),
+                reserved_usage: None,
                 counted: c,
                 appeared: Vec::new(),
                 project_unsettled: false,

@@ -81,7 +81,8 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
         let usage_same = status
             .local_usage
             .as_ref()
-            .is_some_and(|u| same_usage(u, &decision.local_usage));
+            .is_some_and(|u| same_usage(u, &decision.local_usage))
+            && !decision.reserved_differs(&status);
         let release = share_release(
             shared,
             project,

@@ -21,6 +21,30 @@ use crate::Shared;
 use crate::shares;
 use crate::usage::same_usage;
 
+/// A project's ledger is gone: what was kept of it, and its gauges, go too.
+fn forget_ledger(shared: &Shared, project: &str) {
+    {
+        let mut state = shared.state();
+        state.share_activity.remove(project);
+        state.lifetimes.forget(project);
+        state.forget_last_sizes(project);
+    }
+    for &resource in Resource::ALL {
+        let _ = shared
+            .metrics
+            .share_held
+            .remove_label_values(&[project, resource.name()]);
+        let _ = shared
+            .metrics
+            .rollout_surge
+            .remove_label_values(&[project, resource.name()]);
+    }
+    let _ = shared
+        .metrics
+        .rollout_surge_overdue_at
+        .remove_label_values(&[project]);
+}
+
 /// Watches the seed's quota copies: a new copy, a copy whose `localUsage` is not ours, copies
 /// with reservations, with an expired demand or with share to release get a write; so does a copy
 /// when its oldest reservation's TTL ends, its earliest allotment or live demand expires, or its
@@ -69,7 +93,9 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                             .as_ref()
                             .and_then(|plan| decide(plan, &status, &shared.config).ok());
                         let differs = match (&status.local_usage, &decision) {
-                            (Some(a), Some(d)) => !same_usage(a, &d.local_usage) || d.last_known.is_some(),
+                            (Some(a), Some(d)) => {
+                                !same_usage(a, &d.local_usage) || d.last_known.is_some() || d.reserved_differs(&status)
+                            }
                             _ => true,
                         } || adopted;
                         let unsettled = plan.as_ref().is_some_and(|p| p.project_unsettled);
@@ -99,19 +125,8 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                     }
                 }
                 Some(Ok(Event::Delete(quota))) => {
-                    let project = quota.project();
-                    due.remove(project);
-                    {
-                        let mut state = shared.state();
-                        state.share_activity.remove(project);
-                        state.lifetimes.forget(project);
-                        state.forget_last_sizes(project);
-                    }
-                    for &resource in Resource::ALL {
-                        let _ = shared.metrics.share_held.remove_label_values(&[project, resource.name()]);
-                        let _ = shared.metrics.rollout_surge.remove_label_values(&[project, resource.name()]);
-                    }
-                    let _ = shared.metrics.rollout_surge_overdue_at.remove_label_values(&[project]);
+                    due.remove(quota.project());
+                    forget_ledger(&shared, quota.project());
                 }
                 Some(Ok(Event::Init | Event::InitDone)) => {}
                 Some(Err(e)) => warn!(error = %e, "QuotaLedger watch on the seed failed; retrying"),

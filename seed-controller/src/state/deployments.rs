@@ -1,0 +1,315 @@
+//! A user cluster's `MachineDeployment`s, for the capacity reserved for the cluster autoscaler
+//! (`kkp_quota_crds::reserved`): each one with autoscaling bounds reserves `(max - replicas)` of
+//! its template's Machines, sized against the size catalog like any Machine. Shown beside the
+//! usage (the ledger's `reservedUsage`), never counted in it (docs/capacity.md).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::machine::MachineDeployment;
+use kkp_quota_crds::reserved::{AutoscalingBounds, BoundsError};
+use kube::ResourceExt;
+use provider_sizes::{SizeCatalog, SizingError, size_machine};
+use tracing::warn;
+
+use super::State;
+use kkp_quota_crds::machine::Machine;
+
+/// One `MachineDeployment` as far as its reservation goes.
+#[derive(Debug, Clone)]
+pub(super) struct DeploymentInfo {
+    /// `namespace/name`, for log lines.
+    name: String,
+    replicas: u32,
+    bounds: Result<Option<AutoscalingBounds>, BoundsError>,
+    template: Machine,
+    /// Sized only while it has bounds (nothing else reads it).
+    sizing: Option<Result<ResourceDetails, SizingError>>,
+}
+
+impl DeploymentInfo {
+    fn of(catalog: &SizeCatalog, deployment: &MachineDeployment) -> DeploymentInfo {
+        let bounds = AutoscalingBounds::of(deployment.annotations());
+        let template = deployment.template_machine();
+        let sizing = matches!(bounds, Ok(Some(_))).then(|| size_machine(&template, catalog, None));
+        DeploymentInfo {
+            name: format!(
+                "{}/{}",
+                deployment.namespace().unwrap_or_default(),
+                deployment.name_any()
+            ),
+            replicas: deployment.replicas(),
+            bounds,
+            template,
+            sizing,
+        }
+    }
+
+    fn resized(&self, catalog: &SizeCatalog) -> DeploymentInfo {
+        DeploymentInfo {
+            sizing: self
+                .sizing
+                .as_ref()
+                .map(|_| size_machine(&self.template, catalog, None)),
+            ..self.clone()
+        }
+    }
+
+    /// What it reserves; zero when it has no bounds, or none the autoscaler would use, or its
+    /// Machines cannot be sized (said once in the log, by [`Self::why_nothing`]).
+    fn reserved(&self) -> ResourceDetails {
+        match (&self.bounds, &self.sizing) {
+            (Ok(Some(bounds)), Some(Ok(size))) => bounds
+                .reservation(self.replicas, size)
+                .unwrap_or_else(|_| ResourceDetails::zero()),
+            _ => ResourceDetails::zero(),
+        }
+    }
+
+    /// Why a deployment the autoscaler may mean to grow reserves nothing.
+    fn why_nothing(&self) -> Option<String> {
+        match (&self.bounds, &self.sizing) {
+            (Err(e), _) => Some(format!("its autoscaling annotations are not usable: {e}")),
+            (Ok(Some(_)), Some(Err(e))) => Some(format!("its Machines cannot be sized: {e}")),
+            _ => None,
+        }
+    }
+
+    fn same_as(&self, other: &DeploymentInfo) -> bool {
+        self.replicas == other.replicas
+            && self.bounds == other.bounds
+            && self.template.spec == other.template.spec
+            && self.sizing == other.sizing
+    }
+}
+
+/// A cluster's `MachineDeployment`s, by UID.
+#[derive(Debug, Default)]
+pub struct Deployments {
+    by_uid: HashMap<String, DeploymentInfo>,
+    /// Listed once, or their listing failed (then what is known counts): until then, the
+    /// cluster's reservation is not known and its project's ledger keeps the one it has.
+    pub(super) listed: bool,
+}
+
+impl Deployments {
+    /// The sum of every deployment's reservation.
+    pub fn reserved(&self) -> ResourceDetails {
+        let reservations: Vec<ResourceDetails> = self.by_uid.values().map(DeploymentInfo::reserved).collect();
+        ResourceDetails::checked_sum(reservations.iter()).unwrap_or_else(|_| ResourceDetails::zero())
+    }
+
+    /// Takes in one deployment; returns whether the reservation changed.
+    fn apply(&mut self, cluster: &str, uid: String, info: DeploymentInfo) -> bool {
+        let old = self.by_uid.get(&uid);
+        if old.is_some_and(|old| old.same_as(&info)) {
+            return false;
+        }
+        warn_if_newly_nothing(cluster, old, &info);
+        let before = old.map(DeploymentInfo::reserved);
+        let after = info.reserved();
+        self.by_uid.insert(uid, info);
+        before.as_ref() != Some(&after)
+    }
+}
+
+/// Says in the log why a deployment reserves nothing, once per reason.
+fn warn_if_newly_nothing(cluster: &str, old: Option<&DeploymentInfo>, new: &DeploymentInfo) {
+    if let Some(why) = new.why_nothing()
+        && old.and_then(DeploymentInfo::why_nothing).as_ref() != Some(&why)
+    {
+        warn!(cluster, deployment = %new.name, "MachineDeployment reserves nothing for the cluster autoscaler: {why}");
+    }
+}
+
+impl State {
+    /// A `MachineDeployment` was added or changed in a user cluster.
+    pub fn deployment_applied(&mut self, cluster_name: &str, deployment: &MachineDeployment) {
+        let Some(uid) = deployment.uid() else { return };
+        let info = DeploymentInfo::of(&self.catalog, deployment);
+        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+            return;
+        };
+        if cluster.deployments.apply(cluster_name, uid, info) {
+            self.mark(cluster_name);
+        }
+    }
+
+    /// A `MachineDeployment` is gone: it reserves nothing any more.
+    pub fn deployment_deleted(&mut self, cluster_name: &str, uid: &str) {
+        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+            return;
+        };
+        if cluster.deployments.by_uid.remove(uid).is_some() {
+            self.mark(cluster_name);
+        }
+    }
+
+    /// A complete listing of a cluster's `MachineDeployment`s.
+    pub fn deployments_listed(&mut self, cluster_name: &str, deployments: &[MachineDeployment]) {
+        let catalog = Arc::clone(&self.catalog);
+        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+            return;
+        };
+        let before = cluster.deployments.listed.then(|| cluster.deployments.reserved());
+        let mut listed = Deployments {
+            by_uid: HashMap::with_capacity(deployments.len()),
+            listed: true,
+        };
+        for deployment in deployments {
+            if let Some(uid) = deployment.uid() {
+                let info = DeploymentInfo::of(&catalog, deployment);
+                warn_if_newly_nothing(cluster_name, cluster.deployments.by_uid.get(&uid), &info);
+                listed.by_uid.insert(uid, info);
+            }
+        }
+        cluster.deployments = listed;
+        if before.as_ref() != Some(&cluster.deployments.reserved()) {
+            self.mark(cluster_name);
+        }
+    }
+
+    /// The `MachineDeployment`s of a cluster cannot be listed (no such resource there, or no
+    /// right to read it): what is known of them counts, so the project's reservation is written.
+    pub fn deployments_unlistable(&mut self, cluster_name: &str) {
+        if let Some(cluster) = self.clusters.get_mut(cluster_name)
+            && !std::mem::replace(&mut cluster.deployments.listed, true)
+        {
+            self.mark(cluster_name);
+        }
+    }
+
+    /// A new size catalog: every autoscaled deployment's Machines are sized again.
+    pub(super) fn resize_deployments(&mut self) {
+        let catalog = Arc::clone(&self.catalog);
+        let names: Vec<String> = self.clusters.keys().cloned().collect();
+        for name in names {
+            let Some(cluster) = self.clusters.get_mut(&name) else {
+                continue;
+            };
+            let resized: Vec<(String, DeploymentInfo)> = cluster
+                .deployments
+                .by_uid
+                .iter()
+                .filter(|(_, d)| d.sizing.is_some())
+                .map(|(uid, d)| (uid.clone(), d.resized(&catalog)))
+                .collect();
+            let mut changed = false;
+            for (uid, info) in resized {
+                changed |= cluster.deployments.apply(&name, uid, info);
+            }
+            if changed {
+                self.mark(&name);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kkp_quota_crds::reserved::{MAX_SIZE_ANNOTATION, MIN_SIZE_ANNOTATION};
+    use kkp_quota_crds::{Quantity, Resource};
+    use provider_sizes::{AdminCatalog, SizeCatalog};
+    use serde_json::json;
+
+    use super::*;
+    use crate::state::fixtures::state_with;
+
+    fn deployment(
+        uid: &str,
+        replicas: i32,
+        bounds: Option<(&str, &str)>,
+        instance_type: &str,
+    ) -> MachineDeployment {
+        let annotations = bounds.map_or_else(
+            || json!({}),
+            |(min, max)| json!({ MIN_SIZE_ANNOTATION: min, MAX_SIZE_ANNOTATION: max }),
+        );
+        serde_json::from_value(json!({
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "MachineDeployment",
+            "metadata": {"name": format!("md-{uid}"), "namespace": "kube-system", "uid": uid, "annotations": annotations},
+            "spec": {"replicas": replicas, "template": {"spec": {"providerSpec": {"value": {
+                "cloudProvider": "aws",
+                "cloudProviderSpec": {"instanceType": instance_type, "diskSize": 10}
+            }}}}},
+        }))
+        .unwrap()
+    }
+
+    fn reserved_cpu(state: &State, project: &str) -> Option<Quantity> {
+        state
+            .project_plan(project)
+            .unwrap()
+            .reserved_usage
+            .map(|r| r.amount(Resource::Cpu))
+    }
+
+    #[test]
+    fn autoscaled_deployments_reserve_their_room_to_grow_per_project() {
+        let mut state = state_with(&[("c1", "p"), ("c2", "p"), ("c3", "q")]);
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            None,
+            "not listed yet: the ledger keeps its own"
+        );
+        // t3.medium: 2 vCPUs.
+        state.deployments_listed("c1", &[deployment("a", 2, Some(("1", "6")), "t3.medium")]);
+        assert_eq!(reserved_cpu(&state, "p"), None, "c2 not listed yet");
+        state.deployments_unlistable("c2");
+        assert_eq!(reserved_cpu(&state, "p"), Some(Quantity::from_units(8)));
+        state.deployments_listed("c3", &[deployment("b", 0, Some(("0", "1")), "t3.medium")]);
+        assert_eq!(reserved_cpu(&state, "q"), Some(Quantity::from_units(2)));
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            Some(Quantity::from_units(8)),
+            "q's is q's"
+        );
+
+        state.dirty_projects.clear();
+        state.deployment_applied("c1", &deployment("a", 5, Some(("1", "6")), "t3.medium"));
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            Some(Quantity::from_units(2)),
+            "grown by 3"
+        );
+        assert!(state.dirty_projects.contains("p"));
+        state.deployment_applied("c2", &deployment("c", 1, None, "t3.medium"));
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            Some(Quantity::from_units(2)),
+            "not autoscaled"
+        );
+        state.deployment_applied("c2", &deployment("d", 1, Some(("1", "x")), "t3.medium"));
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            Some(Quantity::from_units(2)),
+            "bounds unusable"
+        );
+        state.deployment_applied("c2", &deployment("e", 1, Some(("1", "3")), "no-such-type"));
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            Some(Quantity::from_units(2)),
+            "unsizeable"
+        );
+        state.deployment_deleted("c1", "a");
+        assert_eq!(reserved_cpu(&state, "p"), Some(Quantity::ZERO));
+        let plan = state.project_plan("p").unwrap();
+        assert_eq!(
+            plan.local_usage.amount(Resource::Cpu),
+            Quantity::ZERO,
+            "reserved is not usage"
+        );
+    }
+
+    #[test]
+    fn a_catalog_edit_resizes_the_reservations() {
+        let mut state = state_with(&[("c1", "p")]);
+        state.deployments_listed("c1", &[deployment("a", 1, Some(("1", "3")), "custom-big")]);
+        assert_eq!(reserved_cpu(&state, "p"), Some(Quantity::ZERO), "unsizeable yet");
+        let admin =
+            AdminCatalog::parse("providers:\n  aws:\n    custom-big: {cpu: 16, memory: 64Gi}\n").unwrap();
+        state.set_catalog(SizeCatalog::shipped().with_admin(&admin));
+        assert_eq!(reserved_cpu(&state, "p"), Some(Quantity::from_units(32)));
+    }
+}
