@@ -35,6 +35,8 @@ use crate::rollout::RolloutAllowance;
     printcolumn = r#"{"name":"CPU limit","type":"string","jsonPath":".status.limits.cpu"}"#,
     printcolumn = r#"{"name":"Memory used","type":"string","jsonPath":".status.globalUsage.memory"}"#,
     printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".status.limits.memory"}"#,
+    printcolumn = r#"{"name":"CPU free","type":"string","jsonPath":".status.free.cpu","priority":1}"#,
+    printcolumn = r#"{"name":"Memory free","type":"string","jsonPath":".status.free.memory","priority":1}"#,
     printcolumn = r#"{"name":"CPU reserved","type":"string","jsonPath":".status.reserved.cpu","priority":1}"#,
     printcolumn = r#"{"name":"Memory reserved","type":"string","jsonPath":".status.reserved.memory","priority":1}"#,
     printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.globalUsage.storage","priority":1}"#,
@@ -69,6 +71,10 @@ pub struct ProjectQuotaStatus {
     /// Usage of every resource summed over every seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_usage: Option<ResourceDetails>,
+    /// The room left under each limit: `limits - globalUsage`, never below zero; unlimited
+    /// resources are absent. Capacity reserved for cluster autoscalers is not taken off it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free: Option<ResourceDetails>,
     /// What the project's cluster autoscalers may still add, summed over the seeds that report
     /// it (their ledgers' `reservedUsage`): shown beside the usage, not counted in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -284,7 +284,12 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
         client_for("seed-a").await,
     )
     .await;
-    reserved::autoscaler_room_is_shown_reserved(client_for("alpha").await, client_for("master").await).await;
+    reserved::autoscaler_room_is_shown_reserved(
+        fleet_dir,
+        client_for("alpha").await,
+        client_for("master").await,
+    )
+    .await;
 }
 
 /// Real cascades (kube-controller-manager runs in every cluster of the demo fleet): a deleted

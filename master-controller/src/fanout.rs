@@ -27,7 +27,7 @@ use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::{LEDGER_FINALIZER, LedgerShares};
 use kkp_quota_crds::rollout::RolloutAllowance;
-use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, Resource, ResourceDetails, ResourceQuota};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
 
@@ -305,10 +305,25 @@ pub struct ProjectFigures {
     pub limits: ResourceDetails,
     /// `None` when a seed's usage is unknown: the field is left as it is.
     pub global: Option<ResourceDetails>,
+    /// The room left under the limits, once the global usage is known (`None`: left as it is).
+    pub free: Option<ResourceDetails>,
     /// The seeds' reserved capacity summed; `None` when no seed reports any.
     pub reserved: Option<ResourceDetails>,
     pub seeds: Vec<SeedFigures>,
     pub conditions: Vec<Condition>,
+}
+
+/// Amounts as a merge-patch value that replaces the ones there: a resource absent here is `null`,
+/// so that a limit removed (or its room) goes instead of staying from before.
+fn replacing(details: &ResourceDetails) -> Value {
+    Resource::ALL
+        .iter()
+        .map(|&r| {
+            let amount = details.get(r).map_or(Value::Null, |q| Value::String(r.amount(q)));
+            (r.name().to_owned(), amount)
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
 }
 
 /// The merge patch of a `ProjectQuota`'s `/status`, or `None` when nothing changed.
@@ -316,12 +331,17 @@ pub fn project_quota_status_patch(pq: &ProjectQuota, figures: &ProjectFigures) -
     let status = pq.status.clone().unwrap_or_default();
     let mut patch = serde_json::Map::new();
     if status.limits.as_ref() != Some(&figures.limits) {
-        patch.insert("limits".into(), json!(figures.limits));
+        patch.insert("limits".into(), replacing(&figures.limits));
     }
     if let Some(g) = &figures.global
         && status.global_usage.as_ref() != Some(g)
     {
         patch.insert("globalUsage".into(), json!(g));
+    }
+    if let Some(free) = &figures.free
+        && status.free.as_ref() != Some(free)
+    {
+        patch.insert("free".into(), replacing(free));
     }
     if status.reserved != figures.reserved {
         patch.insert("reserved".into(), json!(figures.reserved));
@@ -520,5 +540,49 @@ mod tests {
         assert!(patch["status"]["globalUsage"].get("machines").is_none());
         assert_eq!(kkp_status_patch(Some(&g.kkp_subset()), Some(&g)), None);
         assert_eq!(kkp_status_patch(None, None), None);
+    }
+
+    /// A limit removed goes from `status.limits` and `status.free` (a merge patch keeps what it
+    /// does not name), and the room is the limit minus the global usage.
+    #[test]
+    fn a_removed_limit_goes_from_the_status() {
+        let mut pq = ProjectQuota::new(
+            "project-demo",
+            kkp_quota_crds::ProjectQuotaSpec {
+                subject: kkp_quota_crds::LedgerSubject::project("demo"),
+                quota: ResourceDetails::default(),
+                rollout_allowance: None,
+            },
+        );
+        let mut both = limits(4);
+        both.set(Resource::Memory, Some(Quantity::from_gibibytes(8)));
+        pq.status = Some(kkp_quota_crds::ProjectQuotaStatus {
+            limits: Some(both.clone()),
+            free: Some(both),
+            ..kkp_quota_crds::ProjectQuotaStatus::default()
+        });
+        let mut used = ResourceDetails::zero();
+        used.set(Resource::Cpu, Some(Quantity::from_units(1)));
+        let figures = ProjectFigures {
+            limits: limits(4),
+            global: Some(used.clone()),
+            free: Some(kkp_quota_crds::fit::room(&limits(4), &used)),
+            reserved: None,
+            seeds: Vec::new(),
+            conditions: Vec::new(),
+        };
+        let patch = project_quota_status_patch(&pq, &figures).unwrap();
+        assert_eq!(patch["status"]["limits"]["cpu"], "4");
+        assert_eq!(
+            patch["status"]["limits"].get("memory"),
+            Some(&Value::Null),
+            "{patch}"
+        );
+        assert_eq!(patch["status"]["free"]["cpu"], "3");
+        assert_eq!(
+            patch["status"]["free"].get("memory"),
+            Some(&Value::Null),
+            "{patch}"
+        );
     }
 }

@@ -246,6 +246,10 @@ async fn write_master_status(
     let figures = fanout::ProjectFigures {
         limits: limits.clone(),
         global: folded.global.clone(),
+        free: folded
+            .global
+            .as_ref()
+            .map(|g| kkp_quota_crds::fit::room(limits, g)),
         reserved: fold::reserved(usages)?,
         seeds: usages
             .iter()

@@ -40,8 +40,41 @@ async fn figures(
     ))
 }
 
+/// `kubectl get pquota project-demo -o wide` on the master: each column's header and value (the
+/// value cut from the row where its header starts: an empty cell is blank).
+fn wide_row(fleet_dir: &std::path::Path) -> Vec<(String, String)> {
+    let master = fleet_dir.join("master.kubeconfig");
+    let out = e2e::kubectl::run(&master, &["get", "pquota", "project-demo", "-o", "wide"], "")
+        .expect("kubectl runs");
+    assert!(out.success, "{out:?}");
+    let mut lines = out.stdout.lines();
+    let (header, row) = (lines.next().unwrap_or_default(), lines.next().unwrap_or_default());
+    // A column starts where a header word follows two or more spaces (or the line's start).
+    let starts: Vec<usize> = header
+        .char_indices()
+        .filter(|&(i, c)| c != ' ' && (i == 0 || header[..i].ends_with("  ")))
+        .map(|(i, _)| i)
+        .collect();
+    let cut = |line: &str, from: usize, to: Option<usize>| {
+        let end = to.unwrap_or(line.len()).min(line.len());
+        line.get(from.min(end)..end).unwrap_or_default().trim().to_owned()
+    };
+    starts
+        .iter()
+        .enumerate()
+        .map(|(k, &from)| {
+            let to = starts.get(k + 1).copied();
+            (cut(header, from, to), cut(row, from, to))
+        })
+        .collect()
+}
+
 #[allow(clippy::unwrap_used, reason = "a test helper: a panic is the failure report")]
-pub async fn autoscaler_room_is_shown_reserved(alpha: kube::Client, master: kube::Client) {
+pub async fn autoscaler_room_is_shown_reserved(
+    fleet_dir: &std::path::Path,
+    alpha: kube::Client,
+    master: kube::Client,
+) {
     let quotas = Api::<ProjectQuota>::all(master);
     let views = Api::<QuotaView>::all(alpha.clone());
     let deployments = Api::<MachineDeployment>::namespaced(alpha, "kube-system");
@@ -83,6 +116,21 @@ pub async fn autoscaler_room_is_shown_reserved(alpha: kube::Client, master: kube
     if let Some(before) = committed {
         assert_eq!(shown, before, "reserved capacity is not counted as usage");
     }
+    // What an admin reads: used, free (the limit minus the use, reserved not taken off) and
+    // reserved, resource by resource.
+    let status = quotas.get("project-demo").await.unwrap().status.unwrap();
+    let limit = status.limits.unwrap().amount(Resource::Cpu);
+    let free = status.free.unwrap().amount(Resource::Cpu);
+    assert_eq!(free, limit.saturating_sub_to_zero(shown));
+    let wide = wide_row(fleet_dir);
+    let cell = |name: &str| {
+        wide.iter()
+            .find(|(h, _)| h == name)
+            .map_or_else(|| panic!("no {name} in {wide:?}"), |(_, v)| v.clone())
+    };
+    assert_eq!(cell("CPU RESERVED"), "8", "{wide:?}");
+    assert_eq!(cell("CPU FREE").parse::<Quantity>().unwrap(), free, "{wide:?}");
+    assert_eq!(cell("CPU USED").parse::<Quantity>().unwrap(), shown, "{wide:?}");
 
     let edit = |value: serde_json::Value| {
         let deployments = deployments.clone();
