@@ -366,6 +366,7 @@ impl System {
                     format!("--tls-key-file={}", certs.key.display()),
                     format!("--metrics-address={webhook_metrics}"),
                     format!("--url-signing-keys={}", url_signing_keys.display()),
+                    format!("--seed-name={seed}"),
                 ],
             )?;
             webhook.name = format!("machine-webhook-{seed}");

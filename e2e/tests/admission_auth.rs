@@ -2,8 +2,10 @@
 //! `make demo` runs it (real processes, the URL-signing key file the fleet generates):
 //!
 //! - forged calls to the webhook (no token, another cluster's token, beta's valid token with
-//!   alpha's name, a made-up token, the old path-less URL) are refused with 401/403, decide
-//!   nothing and reserve nothing; creates through alpha's own API server keep working;
+//!   alpha's name, a made-up token, the old path-less URL; on the seed's path for `Cluster`
+//!   creates: no token, a user cluster's token, and the other seed's valid token, which both seeds'
+//!   shared keys verify but `--seed-name` refuses) are refused with 401/403, decide nothing and
+//!   reserve nothing; creates through alpha's own API server keep working;
 //! - the key rotates while creates keep arriving: none fails, and once the old key is dropped
 //!   the old token is refused.
 
@@ -37,6 +39,29 @@ async fn webhook_url(user: &Client) -> String {
         .url
         .clone()
         .expect("url")
+}
+
+/// The URL seed-controller wrote for the seed's own `Cluster` creates (waits for it), split into
+/// `(base, token)` of `https://host:port/validate/clusters/<seed>/<token>`.
+async fn seed_clusters_url(seed: &Client, name: &str) -> (String, String) {
+    let api = Api::<ValidatingWebhookConfiguration>::all(seed.clone());
+    let url = wait_for(WAIT, "the seed's Cluster webhook URL", || async {
+        api.get("kkp-quota-clusters")
+            .await
+            .ok()?
+            .webhooks?
+            .first()?
+            .client_config
+            .url
+            .clone()
+    })
+    .await
+    .expect("the seed's Cluster webhook URL");
+    let (base, rest) = url.split_once("/validate/clusters/").expect("the clusters path");
+    let token = rest
+        .strip_prefix(&format!("{name}/"))
+        .unwrap_or_else(|| panic!("{url} names seed {name}"));
+    (base.to_owned(), token.to_owned())
 }
 
 /// Waits until the user cluster's webhook URL differs from `old`, and returns it.
@@ -134,6 +159,7 @@ async fn start() -> Running {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[allow(clippy::too_many_lines)] // one scenario: the forged calls listed, sent twice, checked
 async fn forged_admission_calls_are_refused_and_reserve_nothing() {
     let Running { running, http } = start().await;
     let (fleet, system) = (&running.fleet, &running.system);
@@ -147,6 +173,15 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
     let (beta_base, _, beta_token) = split(&beta_url);
     assert_eq!(base, beta_base, "alpha and beta share seed-a's webhook");
     assert_ne!(alpha_token, beta_token);
+
+    let (own_seed_base, own_seed_token) = seed_clusters_url(&seed_a, "seed-a").await;
+    assert_eq!(
+        own_seed_base, base,
+        "seed-a's Cluster creates go to seed-a's webhook"
+    );
+    let (other_seed_base, other_seed_token) =
+        seed_clusters_url(&fleet.seed("seed-b").client(), "seed-b").await;
+    assert_ne!(other_seed_base, base);
 
     let before = ledger_size(&seed_a).await;
     let admissions_before = metric(system, "kkp_quota_admissions_total", "").await;
@@ -175,6 +210,25 @@ async fn forged_admission_calls_are_refused_and_reserve_nothing() {
             format!("{base}/validate/machines/ghost/{alpha_token}"),
             403,
             "unknown_cluster",
+        ),
+        // The seed's path for Cluster creates: no token; a user cluster's token;
+        (format!("{base}/validate/clusters/seed-a"), 401, "missing_token"),
+        (
+            format!("{base}/validate/clusters/seed-a/{alpha_token}"),
+            403,
+            "invalid_token",
+        ),
+        // and each seed's valid token sent to the other seed's webhook (the seeds share the
+        // URL-signing keys, so only the webhook's --seed-name tells them apart).
+        (
+            format!("{base}/validate/clusters/seed-b/{other_seed_token}"),
+            403,
+            "invalid_token",
+        ),
+        (
+            format!("{other_seed_base}/validate/clusters/seed-a/{own_seed_token}"),
+            403,
+            "invalid_token",
         ),
     ];
     for (round, (url, status, _)) in forged.iter().chain(forged.iter()).enumerate() {

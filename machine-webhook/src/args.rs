@@ -93,6 +93,11 @@ pub struct Args {
         conflicts_with = "url_signing_keys"
     )]
     pub insecure_no_auth: bool,
+    /// This seed's name, as seed-controller's --seed-name: the seed's `Cluster` creates are
+    /// served only under it, so a token signed for another seed that shares the URL-signing keys
+    /// is refused here. Unset: any seed's name is taken (as before this flag existed).
+    #[arg(long, env = "MACHINE_WEBHOOK_SEED_NAME")]
+    pub seed_name: Option<String>,
     /// Largest admission request body accepted, in bytes (413 above).
     #[arg(long, env = "MACHINE_WEBHOOK_MAX_BODY_BYTES", default_value_t = 3 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -151,6 +156,7 @@ impl Args {
             ..WakeConfig::default()
         });
         config.test_clock_offset = self.test_clock_offset;
+        config.seed_name = self.seed_name.clone().filter(|n| !n.is_empty());
         config.auth = match &self.url_signing_keys {
             Some(path) => Some(AuthConfig::UrlSigningKeys(path.clone())),
             None if self.insecure_no_auth => Some(AuthConfig::InsecureNoAuth),

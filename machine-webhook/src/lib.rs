@@ -90,6 +90,8 @@ pub struct Config {
     pub test_clock_offset: jiff::SignedDuration,
     /// Waking the owners of Machines refused for room when room appears; `None`: never.
     pub wake: Option<waiting::WakeConfig>,
+    /// This seed's name: `Cluster` creates under another seed's name are refused (`None`: any).
+    pub seed_name: Option<String>,
 }
 
 /// How admission calls are authenticated.
@@ -120,6 +122,7 @@ impl Config {
             share_demand_ttl: ReserverConfig::default().demand_ttl,
             test_clock_offset: jiff::SignedDuration::ZERO,
             wake: Some(waiting::WakeConfig::default()),
+            seed_name: None,
         }
     }
 }
@@ -207,6 +210,16 @@ impl std::fmt::Debug for Webhook {
     }
 }
 
+/// The seed's name the webhook serves `Cluster` creates under, warning when there is none.
+fn seed_name(config: &Config) -> Option<String> {
+    if config.seed_name.is_none() {
+        tracing::warn!(
+            "--seed-name is not set: Cluster creates are taken under any seed's name, so a token of another seed that shares the URL-signing keys is valid here"
+        );
+    }
+    config.seed_name.clone()
+}
+
 impl Webhook {
     /// Loads the certificate, binds the listeners and prepares the watches; `seed` is a client
     /// for the seed cluster this webhook serves.
@@ -270,6 +283,7 @@ impl Webhook {
             auth: authenticator,
             auth_log: Arc::new(auth::RateLimitedLog::new(Duration::from_secs(10))),
             limits: config.limits,
+            seed_name: seed_name(&config),
         };
         let router = server::router(app);
         let shutdown = server::Shutdown::default();

@@ -101,6 +101,8 @@ pub struct App {
     pub auth: Authenticator,
     pub auth_log: Arc<RateLimitedLog>,
     pub limits: Limits,
+    /// This seed's name (`--seed-name`): the only one its `Cluster` creates are taken under.
+    pub seed_name: Option<String>,
 }
 
 pub fn router(app: App) -> Router {
@@ -222,8 +224,14 @@ impl App {
     }
 
     /// Checks the URL token of a call: for a Machine, against the `Cluster` object of `name` in
-    /// the cache (its UID is signed); for a seed's `Cluster` create, against the seed's name.
+    /// the cache (its UID is signed); for a seed's `Cluster` create, against the seed's name,
+    /// which must be this seed's (`--seed-name`, when set).
     pub fn authenticate(&self, subject: Subject, name: &str, token: &str) -> Result<(), AuthFailure> {
+        // Another seed's path: its token may well verify (seeds may share the keys), but what it
+        // would reserve here is keyed by a name this seed never counts.
+        if subject == Subject::Cluster && self.seed_name.as_deref().is_some_and(|seed| seed != name) {
+            return Err(AuthFailure::InvalidToken);
+        }
         let Authenticator::UrlTokens(keys) = &self.auth else {
             return Ok(());
         };
