@@ -27,6 +27,8 @@ use crate::resources::ResourceDetails;
     printcolumn = r#"{"name":"CPU limit","type":"string","jsonPath":".spec.quota.cpu"}"#,
     printcolumn = r#"{"name":"Memory used","type":"string","jsonPath":".status.usage.memory"}"#,
     printcolumn = r#"{"name":"Memory limit","type":"string","jsonPath":".spec.quota.memory"}"#,
+    printcolumn = r#"{"name":"CPU reserved","type":"string","jsonPath":".status.reserved.cpu","priority":1}"#,
+    printcolumn = r#"{"name":"Memory reserved","type":"string","jsonPath":".status.reserved.memory","priority":1}"#,
     printcolumn = r#"{"name":"Storage used","type":"string","jsonPath":".status.usage.storage","priority":1}"#,
     printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".spec.quota.storage","priority":1}"#,
     printcolumn = r#"{"name":"Clusters","type":"string","jsonPath":".status.usage.clusters","priority":1}"#,
@@ -64,6 +66,10 @@ pub struct QuotaGroupStatus {
     /// What the selected projects use together, over every seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ResourceDetails>,
+    /// What the selected projects' cluster autoscalers may still add together (their quotas'
+    /// `status.reserved`), shown beside `usage`, not counted in it; absent when none reports any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<ResourceDetails>,
     /// Each selected project's usage, over every seed, from its quota in force (projects without
     /// one, or whose quota has no usage yet, are absent: see the `ProjectsUncounted` condition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -144,7 +144,14 @@ async fn write_status(
     // A merge patch leaves absent fields as they are: an emptied list is written as null.
     let mut body =
         serde_json::to_value(&wanted).map_err(|e| crate::Error::Kube(kube::Error::SerdeError(e)))?;
-    for field in ["projects", "usage", "byProject", "bySeed", "conditions"] {
+    for field in [
+        "projects",
+        "usage",
+        "reserved",
+        "byProject",
+        "bySeed",
+        "conditions",
+    ] {
         if let Some(object) = body.as_object_mut() {
             object.entry(field).or_insert(serde_json::Value::Null);
         }

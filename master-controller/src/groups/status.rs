@@ -56,6 +56,7 @@ pub fn desired<'a>(
         in_force.entry(quota.project()).or_insert(quota);
     }
     let mut by_project = Vec::new();
+    let mut reserved = Vec::new();
     let mut by_seed: BTreeMap<String, ResourceDetails> = BTreeMap::new();
     let mut stale = std::collections::BTreeSet::new();
     let (mut no_quota, mut not_counted) = (Vec::new(), Vec::new());
@@ -72,6 +73,7 @@ pub fn desired<'a>(
             name: member.clone(),
             usage: status.global_usage.clone().unwrap_or_default(),
         });
+        reserved.extend(status.reserved.as_ref());
         for seed in &status.seeds {
             if seed.stale {
                 stale.insert(seed.name.clone());
@@ -97,6 +99,11 @@ pub fn desired<'a>(
         project_count: u32::try_from(members.len()).unwrap_or(u32::MAX),
         projects: members,
         usage: Some(usage),
+        reserved: if reserved.is_empty() {
+            None
+        } else {
+            Some(ResourceDetails::checked_sum(reserved)?)
+        },
         by_project,
         by_seed: by_seed
             .into_iter()
@@ -342,6 +349,10 @@ mod tests {
         );
         assert!(!find(&conditions, QUOTA_EXCEEDED).status);
         assert!(!find(&conditions, ENFORCED).status, "shown, never enforced yet");
+        assert_eq!(
+            status.reserved, None,
+            "no member reports capacity reserved for autoscalers"
+        );
         let (_, over) = desired(&group("red", 6), &projects, &quotas).unwrap();
         let exceeded = find(&over, QUOTA_EXCEEDED);
         assert!(exceeded.status);
@@ -350,6 +361,33 @@ mod tests {
             "{}",
             exceeded.message
         );
+    }
+
+    /// What the members' autoscalers may still add is summed apart from their usage.
+    #[test]
+    fn the_members_reserved_capacity_is_shown_beside_their_usage() {
+        let projects = [project("a", "red"), project("b", "red"), project("c", "blue")];
+        let mut quotas = [
+            quota("a", &[("seed-1", 2, false)]),
+            quota("b", &[("seed-1", 4, false)]),
+            quota("c", &[("seed-1", 8, false)]),
+        ];
+        for (quota, reserved) in quotas.iter_mut().zip([Some(6), None, Some(100)]) {
+            if let Some(status) = quota.status.as_mut() {
+                status.reserved = reserved.map(cpu);
+            }
+        }
+        let (status, conditions) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        let amount = |d: Option<ResourceDetails>| d.map(|d| d.amount(kkp_quota_crds::Resource::Cpu));
+        assert_eq!(
+            amount(status.reserved),
+            Some(kkp_quota_crds::Quantity::from_units(6))
+        );
+        assert_eq!(
+            amount(status.usage),
+            Some(kkp_quota_crds::Quantity::from_units(6))
+        );
+        assert!(!find(&conditions, QUOTA_EXCEEDED).status, "reserved is not usage");
     }
 
     #[test]
