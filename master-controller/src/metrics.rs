@@ -338,6 +338,8 @@ mod tests {
         m.set_quota("demo", &limit, Some(&used));
         m.set_seed_usage("demo", "seed-a", &used);
         m.set_reserved("demo", Some(&limit), [("seed-a", &limit)]);
+        let nothing = ResourceDetails::zero();
+        m.set_reserved("idle", Some(&nothing), [("seed-a", &nothing)]);
         m.seed_stale.with_label_values(&["seed-a"]).set(1.0);
         m.sync_error("seed-a", "watch");
         m.reconcile_duration.with_label_values(&["quota"]).observe(0.01);
@@ -362,6 +364,10 @@ mod tests {
         assert!(
             !text.contains("kkp_quota_limit{project=\"demo\",resource=\"memory\"}"),
             "unlimited resources have no limit series"
+        );
+        assert!(
+            !text.contains("kkp_quota_reserved{project=\"idle\""),
+            "nothing reserved, no reserved series"
         );
         m.forget_seed("seed-a");
         let text = exposition(&m);

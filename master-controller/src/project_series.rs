@@ -28,8 +28,8 @@ struct Figures {
     over: Option<Vec<bool>>,
     /// Per seed: its usage.
     seeds: BTreeMap<String, Vec<f64>>,
-    /// What cluster autoscalers may still add: `"global"` and per seed, for those that report it.
-    reserved: BTreeMap<String, Vec<f64>>,
+    /// What cluster autoscalers may still add: `"global"` and per seed, the amounts above zero.
+    reserved: BTreeMap<String, Vec<(Resource, f64)>>,
     /// Per seed in the share record: (resource, share, stuck share), limited resources only.
     shares: BTreeMap<String, Vec<(Resource, f64, f64)>>,
 }
@@ -84,18 +84,26 @@ impl ProjectSeries {
     }
 
     /// What the project's cluster autoscalers may still add: over every seed (`None`: no seed
-    /// reports it) and per seed that reports it. Series of seeds no longer given go.
+    /// reports it) and per seed that reports it. Only amounts above zero have a series (most
+    /// projects reserve nothing, and a series per resource and seed for each would be most of a
+    /// scrape); series of seeds and resources no longer given go.
     pub fn set_reserved<'a>(
         &self,
         project: &str,
         global: Option<&ResourceDetails>,
         seeds: impl IntoIterator<Item = (&'a str, &'a ResourceDetails)>,
     ) {
-        let amounts = |d: &ResourceDetails| Resource::ALL.iter().map(|&r| as_f64(d.amount(r))).collect();
+        let amounts = |d: &ResourceDetails| {
+            d.iter()
+                .filter(|(_, q)| *q > kkp_quota_crds::Quantity::ZERO)
+                .map(|(r, q)| (r, as_f64(q)))
+                .collect::<Vec<_>>()
+        };
         let reserved = global
             .map(|g| ("global".to_owned(), amounts(g)))
             .into_iter()
             .chain(seeds.into_iter().map(|(seed, r)| (seed.to_owned(), amounts(r))))
+            .filter(|(_, amounts)| !amounts.is_empty())
             .collect();
         self.with(project, |f| f.reserved = reserved);
     }
@@ -189,7 +197,7 @@ const FAMILIES: [Family; 6] = [
         help: "What a project's cluster autoscalers may still add (max size minus replicas, times the Machine size), not counted in its usage; scope is \"global\" or the seed name.",
         samples: |out, name, project, f| {
             for (scope, reserved) in &f.reserved {
-                for (&r, amount) in Resource::ALL.iter().zip(reserved) {
+                for (r, amount) in reserved {
                     let labels = [
                         ("project", project),
                         ("resource", r.name()),

@@ -146,14 +146,17 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
                 .set_seed_usage(&project_name, &u.seed, &u.local.clone().unwrap_or_default());
         }
     }
-    ctx.metrics.set_reserved(
-        &project_name,
-        fold::reserved(&usages)?.as_ref(),
-        usages
-            .iter()
-            .filter(|u| u.health.is_known())
-            .filter_map(|u| Some((u.seed.as_str(), u.reserved.as_ref()?))),
-    );
+    // Like the global usage, left as it is while some seed's figures are not known.
+    if folded.global.is_some() {
+        ctx.metrics.set_reserved(
+            &project_name,
+            fold::reserved(&usages)?.as_ref(),
+            usages
+                .iter()
+                .filter(|u| u.health.is_known())
+                .filter_map(|u| Some((u.seed.as_str(), u.reserved.as_ref()?))),
+        );
+    }
 
     if failed.is_empty() {
         Ok(Action::await_change())

@@ -266,6 +266,8 @@ fn ensure_task(
                     "no Secret {namespace}/{ADMIN_KUBECONFIG_SECRET} with key {KUBECONFIG_KEY}"
                 )),
             );
+            // Nothing will list its deployments: what is known of them (nothing) counts.
+            shared.state().deployments_unlistable(name);
         }
         None
     };
@@ -399,8 +401,18 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
     }
 }
 
-/// A cluster whose Machines were not listed within `--user-cluster-timeout` is unreachable.
+/// A cluster whose Machines were not listed within `--user-cluster-timeout` is unreachable; one
+/// whose `MachineDeployment`s were not listed by then reserves what is known of them (nothing),
+/// so that its project's reservation is written meanwhile.
 fn unreachable_unless_listed(shared: &Shared, name: &str) {
+    let pending = shared
+        .state()
+        .clusters
+        .get(name)
+        .is_some_and(|c| c.deployments.pending());
+    if pending && shared.state().deployments_unlistable(name) {
+        shared.wake_writer();
+    }
     if !shared.state().clusters.get(name).is_some_and(|c| c.synced) {
         set_reachability(
             shared,
@@ -435,32 +447,46 @@ impl DeploymentWatch {
     }
 
     fn take(&mut self, shared: &Shared, cluster: &str, event: watcher::Result<Event<MachineDeployment>>) {
-        match event {
-            Ok(Event::Init) => self.buffer.clear(),
-            Ok(Event::InitApply(deployment)) => self.buffer.push(deployment),
+        let changed = match event {
+            Ok(Event::Init) => {
+                self.buffer.clear();
+                false
+            }
+            Ok(Event::InitApply(deployment)) => {
+                self.buffer.push(deployment);
+                false
+            }
             Ok(Event::InitDone) => {
                 self.failure = None;
                 shared
                     .state()
-                    .deployments_listed(cluster, &std::mem::take(&mut self.buffer));
+                    .deployments_listed(cluster, &std::mem::take(&mut self.buffer))
             }
             Ok(Event::Apply(deployment)) => shared.state().deployment_applied(cluster, &deployment),
-            Ok(Event::Delete(deployment)) => {
-                if let Some(uid) = deployment.uid() {
-                    shared.state().deployment_deleted(cluster, &uid);
-                }
-            }
+            Ok(Event::Delete(deployment)) => deployment
+                .uid()
+                .is_some_and(|uid| shared.state().deployment_deleted(cluster, &uid)),
             Err(e) => {
                 let error = e.to_string();
                 if self.failure.as_ref() != Some(&error) {
-                    warn!(%error, "MachineDeployments cannot be watched; what is known of their reservations counts");
+                    warn!(%error, "MachineDeployments cannot be watched; the reservations last known stay");
                     self.failure = Some(error);
                 }
-                shared.state().deployments_unlistable(cluster);
+                // Only a cluster with nothing to list reserves nothing; any other failure
+                // (a timeout, an expired watch) keeps what was known.
+                no_deployments_there(&e) && shared.state().deployments_unlistable(cluster)
             }
+        };
+        if changed {
+            shared.wake_writer();
         }
-        shared.wake_writer();
     }
+}
+
+/// The listing failed because the cluster has no `MachineDeployment` resource (404) or this
+/// controller may not read it (403).
+fn no_deployments_there(error: &watcher::Error) -> bool {
+    matches!(error, watcher::Error::InitialListFailed(kube::Error::Api(status)) if status.code == 404 || status.code == 403)
 }
 
 /// The safety net, in two listings: the first finds differences from the watched state (returned

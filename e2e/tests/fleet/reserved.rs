@@ -78,7 +78,12 @@ pub async fn autoscaler_room_is_shown_reserved(
     let quotas = Api::<ProjectQuota>::all(master);
     let views = Api::<QuotaView>::all(alpha.clone());
     let deployments = Api::<MachineDeployment>::namespaced(alpha, "kube-system");
-    let committed = figures(&quotas, &views).await.map(|f| f.3);
+    let committed = wait_for(WAIT, "the project's figures before the deployment", || {
+        figures(&quotas, &views)
+    })
+    .await
+    .unwrap()
+    .3;
     let expect = |cpus: i64, what: &'static str| {
         let (quotas, views) = (quotas.clone(), views.clone());
         async move {
@@ -113,9 +118,7 @@ pub async fn autoscaler_room_is_shown_reserved(
         .unwrap();
     // Max 6, 2 replicas, t3.medium (2 cpu): 4 more may come, 8 cpu.
     let shown = expect(8, "8 cpu reserved (max 6, 2 replicas of 2 cpu)").await;
-    if let Some(before) = committed {
-        assert_eq!(shown, before, "reserved capacity is not counted as usage");
-    }
+    assert_eq!(shown, committed, "reserved capacity is not counted as usage");
     // What an admin reads: used, free (the limit minus the use, reserved not taken off) and
     // reserved, resource by resource.
     let status = quotas.get("project-demo").await.unwrap().status.unwrap();

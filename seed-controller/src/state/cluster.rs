@@ -75,12 +75,6 @@ impl ClusterState {
         !self.synced || matches!(self.reachability, Reachability::Unreachable(_))
     }
 
-    /// Whether its `MachineDeployment`s may still be listed soon: not listed yet, and the
-    /// cluster not known to be unreachable (an unreachable one's reservation counts as known).
-    pub fn deployments_pending(&self) -> bool {
-        !self.deployments.listed && !matches!(self.reachability, Reachability::Unreachable(_))
-    }
-
     /// Whether start-up may consider this cluster done (listed, or known to be unreachable).
     pub fn settled_for_readiness(&self) -> bool {
         self.synced || matches!(self.reachability, Reachability::Unreachable(_))

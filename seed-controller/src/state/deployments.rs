@@ -7,14 +7,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kkp_quota_crds::ResourceDetails;
-use kkp_quota_crds::machine::MachineDeployment;
+use kkp_quota_crds::machine::{Machine, MachineDeployment};
 use kkp_quota_crds::reserved::{AutoscalingBounds, BoundsError};
 use kube::ResourceExt;
 use provider_sizes::{SizeCatalog, SizingError, size_machine};
 use tracing::warn;
 
 use super::State;
-use kkp_quota_crds::machine::Machine;
 
 /// One `MachineDeployment` as far as its reservation goes.
 #[derive(Debug, Clone)]
@@ -88,12 +87,22 @@ impl DeploymentInfo {
 #[derive(Debug, Default)]
 pub struct Deployments {
     by_uid: HashMap<String, DeploymentInfo>,
-    /// Listed once, or their listing failed (then what is known counts): until then, the
-    /// cluster's reservation is not known and its project's ledger keeps the one it has.
-    pub(super) listed: bool,
+    /// Listed completely at least once.
+    listed: bool,
+    /// Nothing to wait for: the cluster has no `MachineDeployment`s to list (the resource is not
+    /// there, or may not be read), or did not answer in time: what is known of them counts.
+    unlistable: bool,
 }
 
 impl Deployments {
+    /// Whether the cluster's reservation is not known yet (never listed since this process
+    /// started, whether the cluster is reachable or not): its project's ledger keeps the one it
+    /// has meanwhile, as a cluster's usage stays its last written one until its Machines are
+    /// listed.
+    pub fn pending(&self) -> bool {
+        !self.listed && !self.unlistable
+    }
+
     /// The sum of every deployment's reservation.
     pub fn reserved(&self) -> ResourceDetails {
         let reservations: Vec<ResourceDetails> = self.by_uid.values().map(DeploymentInfo::reserved).collect();
@@ -124,38 +133,45 @@ fn warn_if_newly_nothing(cluster: &str, old: Option<&DeploymentInfo>, new: &Depl
 }
 
 impl State {
-    /// A `MachineDeployment` was added or changed in a user cluster.
-    pub fn deployment_applied(&mut self, cluster_name: &str, deployment: &MachineDeployment) {
-        let Some(uid) = deployment.uid() else { return };
+    /// A `MachineDeployment` was added or changed in a user cluster. Returns whether the
+    /// project's reservation changed (a write is due).
+    pub fn deployment_applied(&mut self, cluster_name: &str, deployment: &MachineDeployment) -> bool {
+        let Some(uid) = deployment.uid() else { return false };
         let info = DeploymentInfo::of(&self.catalog, deployment);
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
-            return;
+            return false;
         };
-        if cluster.deployments.apply(cluster_name, uid, info) {
+        let changed = cluster.deployments.apply(cluster_name, uid, info);
+        if changed {
             self.mark(cluster_name);
         }
+        changed
     }
 
-    /// A `MachineDeployment` is gone: it reserves nothing any more.
-    pub fn deployment_deleted(&mut self, cluster_name: &str, uid: &str) {
+    /// A `MachineDeployment` is gone: it reserves nothing any more. Returns whether it was known.
+    pub fn deployment_deleted(&mut self, cluster_name: &str, uid: &str) -> bool {
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
-            return;
+            return false;
         };
-        if cluster.deployments.by_uid.remove(uid).is_some() {
+        let known = cluster.deployments.by_uid.remove(uid).is_some();
+        if known {
             self.mark(cluster_name);
         }
+        known
     }
 
-    /// A complete listing of a cluster's `MachineDeployment`s.
-    pub fn deployments_listed(&mut self, cluster_name: &str, deployments: &[MachineDeployment]) {
+    /// A complete listing of a cluster's `MachineDeployment`s. Returns whether the project's
+    /// reservation changed.
+    pub fn deployments_listed(&mut self, cluster_name: &str, deployments: &[MachineDeployment]) -> bool {
         let catalog = Arc::clone(&self.catalog);
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
-            return;
+            return false;
         };
-        let before = cluster.deployments.listed.then(|| cluster.deployments.reserved());
+        let before = (!cluster.deployments.pending()).then(|| cluster.deployments.reserved());
         let mut listed = Deployments {
             by_uid: HashMap::with_capacity(deployments.len()),
             listed: true,
+            unlistable: false,
         };
         for deployment in deployments {
             if let Some(uid) = deployment.uid() {
@@ -165,19 +181,26 @@ impl State {
             }
         }
         cluster.deployments = listed;
-        if before.as_ref() != Some(&cluster.deployments.reserved()) {
+        let changed = before.as_ref() != Some(&cluster.deployments.reserved());
+        if changed {
             self.mark(cluster_name);
         }
+        changed
     }
 
-    /// The `MachineDeployment`s of a cluster cannot be listed (no such resource there, or no
-    /// right to read it): what is known of them counts, so the project's reservation is written.
-    pub fn deployments_unlistable(&mut self, cluster_name: &str) {
-        if let Some(cluster) = self.clusters.get_mut(cluster_name)
-            && !std::mem::replace(&mut cluster.deployments.listed, true)
-        {
+    /// The cluster's `MachineDeployment`s are not to be waited for (the resource is not there,
+    /// may not be read, or the cluster did not answer within `--user-cluster-timeout`): what is
+    /// known of them counts (nothing, if never listed), so that the project's reservation is
+    /// written. Returns whether that is news.
+    pub fn deployments_unlistable(&mut self, cluster_name: &str) -> bool {
+        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+            return false;
+        };
+        let news = !std::mem::replace(&mut cluster.deployments.unlistable, true);
+        if news {
             self.mark(cluster_name);
         }
+        news
     }
 
     /// A new size catalog: every autoscaled deployment's Machines are sized again.
@@ -256,7 +279,14 @@ mod tests {
         // t3.medium: 2 vCPUs.
         state.deployments_listed("c1", &[deployment("a", 2, Some(("1", "6")), "t3.medium")]);
         assert_eq!(reserved_cpu(&state, "p"), None, "c2 not listed yet");
-        state.deployments_unlistable("c2");
+        state.set_reachability("c2", crate::state::Reachability::Unreachable("down".into()));
+        assert_eq!(
+            reserved_cpu(&state, "p"),
+            None,
+            "never listed: unreachable or not, its reservation is not known (the ledger keeps its own)"
+        );
+        assert!(state.deployments_unlistable("c2"), "no MachineDeployments there");
+        assert!(!state.deployments_unlistable("c2"), "said once");
         assert_eq!(reserved_cpu(&state, "p"), Some(Quantity::from_units(8)));
         state.deployments_listed("c3", &[deployment("b", 0, Some(("0", "1")), "t3.medium")]);
         assert_eq!(reserved_cpu(&state, "q"), Some(Quantity::from_units(2)));

@@ -17,7 +17,7 @@ pub struct ProjectPlan {
     pub project: String,
     pub local_usage: ResourceDetails,
     /// `reservedUsage`: what the project's autoscaled `MachineDeployment`s here may still add;
-    /// `None` while a reachable cluster of it has not listed them yet (the ledger keeps its own).
+    /// `None` while a cluster of it has not listed them yet (the ledger keeps its own).
     pub reserved_usage: Option<ResourceDetails>,
     pub counted: Counted,
     /// Machines that appeared while watched, to check for reservations.
@@ -84,7 +84,7 @@ impl State {
             }
             project_unsettled |= cluster.unsettled();
             usages.push(cluster.reported_usage());
-            if cluster.deployments_pending() {
+            if cluster.deployments.pending() {
                 reserved = None;
             } else if let Some(reserved) = &mut reserved {
                 reserved.push(cluster.deployments.reserved());

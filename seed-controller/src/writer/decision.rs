@@ -241,6 +241,10 @@ pub(super) fn carry_over(patch: &mut Value, status: &QuotaLedgerStatus, decision
     patch["status"]["rolloutSurges"] = or_null(json!(after.rollout_surges), after.rollout_surges.is_empty());
     patch["status"]["lastKnownSizes"] =
         or_null(json!(after.last_known_sizes), after.last_known_sizes.is_empty());
+    // Shown only, but kept as the predecessor had it until the deployments are listed.
+    if let Some(reserved) = &after.reserved_usage {
+        patch["status"]["reservedUsage"] = json!(reserved);
+    }
 }
 
 /// When a quota copy's ledger next needs a write although nothing changes: its oldest
