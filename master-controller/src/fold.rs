@@ -109,6 +109,10 @@ pub struct Folded {
     pub others: BTreeMap<String, Option<ResourceDetails>>,
     /// Seeds whose usage is counted from a stale view, or not known at all, with since when.
     pub stale: Vec<StaleSeed>,
+    /// The capacity every seed reserves for cluster autoscalers, summed: shown, never folded
+    /// into the usage (docs/capacity.md). `None` when a seed's figures are unknown (as `global`
+    /// is), or when no seed reports any (ledgers of older seed-controllers).
+    pub reserved: Option<ResourceDetails>,
 }
 
 /// A seed whose data is not current.
@@ -120,15 +124,9 @@ pub struct StaleSeed {
     pub unknown: bool,
 }
 
-/// The capacity the seeds whose usage is known reserve for cluster autoscalers, summed; `None`
-/// when none of them reports any (ledgers of older seed-controllers). Shown, never folded into
-/// the usage (docs/capacity.md).
-pub fn reserved(seeds: &[SeedUsage]) -> Result<Option<ResourceDetails>, QuantityError> {
-    let reported: Vec<&ResourceDetails> = seeds
-        .iter()
-        .filter(|s| s.health.is_known())
-        .filter_map(|s| s.reserved.as_ref())
-        .collect();
+/// [`Folded::reserved`], for seeds whose figures are all known.
+fn reserved(seeds: &[SeedUsage]) -> Result<Option<ResourceDetails>, QuantityError> {
+    let reported: Vec<&ResourceDetails> = seeds.iter().filter_map(|s| s.reserved.as_ref()).collect();
     if reported.is_empty() {
         return Ok(None);
     }
@@ -173,10 +171,12 @@ pub fn fold(seeds: &[SeedUsage]) -> Result<Folded, QuantityError> {
             })
         })
         .collect();
+    let reserved = if global.is_some() { reserved(seeds)? } else { None };
     Ok(Folded {
         global,
         others,
         stale,
+        reserved,
     })
 }
 
@@ -271,8 +271,9 @@ mod tests {
     }
 
     #[test]
-    fn reserved_sums_the_known_seeds_that_report_it() {
+    fn reserved_sums_the_seeds_that_report_it_once_all_are_known() {
         let since = Timestamp::UNIX_EPOCH;
+        let reserved = |seeds: &[SeedUsage]| fold(seeds).map(|f| f.reserved);
         let mut a = fresh("a", Some(usage(2, 4)));
         let b = fresh("b", Some(usage(1, 1)));
         assert_eq!(
@@ -292,6 +293,11 @@ mod tests {
         let amounts = |cpu, gib| Some((Quantity::from_units(cpu), Quantity::from_gibibytes(gib)));
         assert_eq!(
             cpu_mem(reserved(&[a.clone(), b.clone(), c.clone()]).unwrap()),
+            None,
+            "not known while a seed's figures are not, as the global usage"
+        );
+        assert_eq!(
+            cpu_mem(reserved(&[a.clone(), b.clone()]).unwrap()),
             amounts(8, 32)
         );
         c.health = Health::Fresh { last_sync: since };

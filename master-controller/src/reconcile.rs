@@ -150,10 +150,9 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     if folded.global.is_some() {
         ctx.metrics.set_reserved(
             &project_name,
-            fold::reserved(&usages)?.as_ref(),
+            folded.reserved.as_ref(),
             usages
                 .iter()
-                .filter(|u| u.health.is_known())
                 .filter_map(|u| Some((u.seed.as_str(), u.reserved.as_ref()?))),
         );
     }
@@ -253,7 +252,7 @@ async fn write_master_status(
             .global
             .as_ref()
             .map(|g| kkp_quota_crds::fit::room(limits, g)),
-        reserved: fold::reserved(usages)?,
+        reserved: folded.reserved.clone(),
         seeds: usages
             .iter()
             .filter(|u| u.health.is_known())

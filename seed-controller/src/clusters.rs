@@ -405,15 +405,15 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
 /// whose `MachineDeployment`s were not listed by then reserves what is known of them (nothing),
 /// so that its project's reservation is written meanwhile.
 fn unreachable_unless_listed(shared: &Shared, name: &str) {
-    let pending = shared
-        .state()
-        .clusters
-        .get(name)
-        .is_some_and(|c| c.deployments.pending());
-    if pending && shared.state().deployments_unlistable(name) {
+    let (news, synced) = {
+        let mut state = shared.state();
+        let news = state.deployments_unlistable(name);
+        (news, state.clusters.get(name).is_some_and(|c| c.synced))
+    };
+    if news {
         shared.wake_writer();
     }
-    if !shared.state().clusters.get(name).is_some_and(|c| c.synced) {
+    if !synced {
         set_reachability(
             shared,
             name,

@@ -14,6 +14,7 @@ use provider_sizes::{SizeCatalog, SizingError, size_machine};
 use tracing::warn;
 
 use super::State;
+use crate::usage::same_usage;
 
 /// One `MachineDeployment` as far as its reservation goes.
 #[derive(Debug, Clone)]
@@ -42,16 +43,6 @@ impl DeploymentInfo {
             bounds,
             template,
             sizing,
-        }
-    }
-
-    fn resized(&self, catalog: &SizeCatalog) -> DeploymentInfo {
-        DeploymentInfo {
-            sizing: self
-                .sizing
-                .as_ref()
-                .map(|_| size_machine(&self.template, catalog, None)),
-            ..self.clone()
         }
     }
 
@@ -119,7 +110,26 @@ impl Deployments {
         let before = old.map(DeploymentInfo::reserved);
         let after = info.reserved();
         self.by_uid.insert(uid, info);
-        before.as_ref() != Some(&after)
+        !before.is_some_and(|before| same_usage(&before, &after))
+    }
+
+    /// Sizes every autoscaled deployment's Machines again against `catalog` (a catalog edit);
+    /// returns whether a reservation changed.
+    pub(super) fn resize(&mut self, cluster: &str, catalog: &SizeCatalog) -> bool {
+        let mut changed = false;
+        for info in self.by_uid.values_mut() {
+            let Some(old) = &info.sizing else { continue };
+            let sizing = size_machine(&info.template, catalog, None);
+            if &sizing == old {
+                continue;
+            }
+            let before = info.reserved();
+            let previous = info.clone();
+            info.sizing = Some(sizing);
+            warn_if_newly_nothing(cluster, Some(&previous), info);
+            changed |= !same_usage(&before, &info.reserved());
+        }
+        changed
     }
 }
 
@@ -181,7 +191,7 @@ impl State {
             }
         }
         cluster.deployments = listed;
-        let changed = before.as_ref() != Some(&cluster.deployments.reserved());
+        let changed = !before.is_some_and(|before| same_usage(&before, &cluster.deployments.reserved()));
         if changed {
             self.mark(cluster_name);
         }
@@ -191,9 +201,13 @@ impl State {
     /// The cluster's `MachineDeployment`s are not to be waited for (the resource is not there,
     /// may not be read, or the cluster did not answer within `--user-cluster-timeout`): what is
     /// known of them counts (nothing, if never listed), so that the project's reservation is
-    /// written. Returns whether that is news.
+    /// written. Returns whether that is news (nothing for a cluster listed already).
     pub fn deployments_unlistable(&mut self, cluster_name: &str) -> bool {
-        let Some(cluster) = self.clusters.get_mut(cluster_name) else {
+        let Some(cluster) = self
+            .clusters
+            .get_mut(cluster_name)
+            .filter(|c| c.deployments.pending())
+        else {
             return false;
         };
         let news = !std::mem::replace(&mut cluster.deployments.unlistable, true);
@@ -201,31 +215,6 @@ impl State {
             self.mark(cluster_name);
         }
         news
-    }
-
-    /// A new size catalog: every autoscaled deployment's Machines are sized again.
-    pub(super) fn resize_deployments(&mut self) {
-        let catalog = Arc::clone(&self.catalog);
-        let names: Vec<String> = self.clusters.keys().cloned().collect();
-        for name in names {
-            let Some(cluster) = self.clusters.get_mut(&name) else {
-                continue;
-            };
-            let resized: Vec<(String, DeploymentInfo)> = cluster
-                .deployments
-                .by_uid
-                .iter()
-                .filter(|(_, d)| d.sizing.is_some())
-                .map(|(uid, d)| (uid.clone(), d.resized(&catalog)))
-                .collect();
-            let mut changed = false;
-            for (uid, info) in resized {
-                changed |= cluster.deployments.apply(&name, uid, info);
-            }
-            if changed {
-                self.mark(&name);
-            }
-        }
     }
 }
 

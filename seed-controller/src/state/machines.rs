@@ -299,7 +299,8 @@ impl State {
         (!first).then_some(drift)
     }
 
-    /// A new size catalog: every Machine is sized again.
+    /// A new size catalog: every Machine, and every autoscaled deployment's template, is sized
+    /// again.
     pub fn set_catalog(&mut self, catalog: SizeCatalog) {
         self.catalog = Arc::new(catalog);
         let catalog = Arc::clone(&self.catalog);
@@ -323,11 +324,11 @@ impl State {
                     }
                 }
             }
+            changed |= cluster.deployments.resize(&name, &catalog);
             if changed {
                 self.mark(&name);
             }
         }
-        self.resize_deployments();
     }
 }
 

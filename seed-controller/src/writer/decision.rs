@@ -53,14 +53,17 @@ pub(super) struct Decision {
 }
 
 impl Decision {
-    /// Whether the `reservedUsage` to write is not what `status` has (a write is due for it).
-    pub(super) fn reserved_differs(&self, status: &QuotaLedgerStatus) -> bool {
-        self.reserved_usage.as_ref().is_some_and(|r| {
-            status
+    /// Whether the `localUsage` or `reservedUsage` to write is not what `status` has (a write
+    /// is due for them).
+    pub(super) fn usage_differs(&self, status: &QuotaLedgerStatus) -> bool {
+        let same = |written: Option<&ResourceDetails>, wanted: &ResourceDetails| {
+            written.is_some_and(|w| crate::usage::same_usage(w, wanted))
+        };
+        !same(status.local_usage.as_ref(), &self.local_usage)
+            || self
                 .reserved_usage
                 .as_ref()
-                .is_none_or(|u| !crate::usage::same_usage(u, r))
-        })
+                .is_some_and(|r| !same(status.reserved_usage.as_ref(), r))
     }
 }
 

@@ -18,7 +18,6 @@ use super::decision::{Decision, carry_over, decide, ledger_patch, status_after};
 use super::report::{Dropped, set_surge_gauges, set_usage_gauges, timed, written};
 use crate::shares::{self, Release};
 use crate::succession::{Succession, inherit_for_count};
-use crate::usage::same_usage;
 use crate::{Error, Shared};
 
 pub(super) async fn write_project(shared: &Shared, project: &str) -> Result<(), Error> {
@@ -78,11 +77,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             &quota.spec,
             &crate::ledger::remaining(&status.rollout_surges, decision.surges_ended.iter().copied()),
         );
-        let usage_same = status
-            .local_usage
-            .as_ref()
-            .is_some_and(|u| same_usage(u, &decision.local_usage))
-            && !decision.reserved_differs(&status);
+        let usage_same = !decision.usage_differs(&status);
         let release = share_release(
             shared,
             project,

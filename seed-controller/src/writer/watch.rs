@@ -19,7 +19,6 @@ use super::judge_lifetimes;
 use super::report::set_share_gauges;
 use crate::Shared;
 use crate::shares;
-use crate::usage::same_usage;
 
 /// A project's ledger is gone: what was kept of it, and its gauges, go too.
 fn forget_ledger(shared: &Shared, project: &str) {
@@ -92,12 +91,10 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                         let decision = plan
                             .as_ref()
                             .and_then(|plan| decide(plan, &status, &shared.config).ok());
-                        let differs = match (&status.local_usage, &decision) {
-                            (Some(a), Some(d)) => {
-                                !same_usage(a, &d.local_usage) || d.last_known.is_some() || d.reserved_differs(&status)
-                            }
-                            _ => true,
-                        } || adopted;
+                        let differs = decision
+                            .as_ref()
+                            .is_none_or(|d| d.usage_differs(&status) || d.last_known.is_some())
+                            || adopted;
                         let unsettled = plan.as_ref().is_some_and(|p| p.project_unsettled);
                         let upkeep = shares::upkeep(&quota.spec, &status, &activity, unsettled, settings, now)
                             .unwrap_or_else(|e| {
