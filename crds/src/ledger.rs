@@ -37,10 +37,14 @@ pub struct Reservation {
     pub reserved: ResourceDetails,
     /// When the webhook admitted it; used for expiry.
     pub created_at: Timestamp,
+    /// The autoscaled `MachineDeployment` (UID) whose counted room admitted it, under the policy
+    /// `reservedCounts` (`crate::autoscaled`); its `reserved` is then zero. A deployment's own
+    /// create or raise names itself.
+    pub deployment: Option<String>,
 }
 
 /// Reservations as written in `status.reservations`: the Machines (by UID) of one user cluster
-/// admitted at the same size, growth and time.
+/// admitted at the same size, growth and time (and from the same deployment's room).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReservationGroup {
@@ -54,17 +58,35 @@ pub struct ReservationGroup {
     /// When the webhook admitted (or recorded) them; used for expiry.
     #[schemars(with = "String")]
     pub created_at: Timestamp,
+    /// The autoscaled `MachineDeployment` (UID) whose room admitted them (`crate::autoscaled`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
     /// The Machines' UIDs, as the API server assigned them before admission.
     pub uids: Vec<String>,
 }
+
+/// What reservations are grouped by on the wire: cluster, sizes, time and deployment.
+type GroupKey<'a> = (
+    &'a str,
+    &'a ResourceDetails,
+    &'a ResourceDetails,
+    Timestamp,
+    Option<&'a str>,
+);
 
 /// `reservations` grouped for the wire, groups in order of their first reservation, UIDs in
 /// order within each group.
 pub fn group(reservations: &[Reservation]) -> Vec<ReservationGroup> {
     let mut groups: Vec<ReservationGroup> = Vec::new();
-    let mut index: HashMap<(&str, &ResourceDetails, &ResourceDetails, Timestamp), usize> = HashMap::new();
+    let mut index: HashMap<GroupKey<'_>, usize> = HashMap::new();
     for r in reservations {
-        let key = (r.cluster.as_str(), &r.size, &r.reserved, r.created_at);
+        let key = (
+            r.cluster.as_str(),
+            &r.size,
+            &r.reserved,
+            r.created_at,
+            r.deployment.as_deref(),
+        );
         if let Some(&i) = index.get(&key) {
             groups[i].uids.push(r.uid.clone());
         } else {
@@ -74,6 +96,7 @@ pub fn group(reservations: &[Reservation]) -> Vec<ReservationGroup> {
                 size: r.size.clone(),
                 reserved: r.reserved.clone(),
                 created_at: r.created_at,
+                deployment: r.deployment.clone(),
                 uids: vec![r.uid.clone()],
             });
         }
@@ -92,6 +115,7 @@ pub fn ungroup(groups: &[ReservationGroup]) -> Vec<Reservation> {
                 size: g.size.clone(),
                 reserved: g.reserved.clone(),
                 created_at: g.created_at,
+                deployment: g.deployment.clone(),
             })
         })
         .collect()
@@ -201,6 +225,7 @@ mod tests {
             size: size(cpu),
             reserved: size(reserved),
             created_at: Timestamp::from_second(1_800_000_000 + secs).unwrap(),
+            deployment: None,
         }
     }
 

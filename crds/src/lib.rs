@@ -8,12 +8,14 @@
 //!   and the users' read-only view of it in each user cluster.
 //! - [`ledger`]: admission reservations and allotments kept in a `QuotaLedger`'s status.
 //! - [`reserved`]: capacity reserved for cluster autoscalers (a `MachineDeployment`'s bounds).
+//! - [`autoscaled`]: the policy `reservedCounts`: that capacity counted, and admitted from.
 //! - [`rollout`]: the opt-in rollout allowance (surge Machines over the limit) and its rules.
 //! - [`kkp`], [`machine`]: the parts of KKP's and machine-controller's objects this project uses.
 //! - [`kkp_shape`]: KKP's CRDs in KKP's shape, for the local fleet only.
 //! - [`crd`]: the CRD manifests `crdgen` writes.
 //! - `fixtures` (feature `test-support`): test data every crate's tests share.
 
+pub mod autoscaled;
 pub mod crd;
 pub mod fit;
 #[cfg(any(test, feature = "test-support"))]

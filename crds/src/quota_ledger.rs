@@ -76,6 +76,12 @@ pub struct QuotaLedgerSpec {
     /// Absent: no Machine is admitted over the limit. Written by master-controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_allowance: Option<RolloutAllowance>,
+    /// The project's policy `reservedCounts`, copied from its `ProjectQuota`
+    /// (`crate::autoscaled`): the room its cluster autoscalers may grow into counts as usage
+    /// (in `status.localUsage`), and their Machines are admitted from it. Written by
+    /// master-controller.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserved_counts: bool,
 }
 
 /// A seed's share as the master's record holds it. The seed's share is
@@ -180,6 +186,12 @@ pub struct QuotaLedgerStatus {
     /// seed-controller, with `localUsage`; absent from ledgers of older writers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reserved_usage: Option<ResourceDetails>,
+    /// Every autoscaled `MachineDeployment` of the project on this seed as last counted: its
+    /// maximum, its template's size and its counted Machines (`crate::autoscaled`). The webhook
+    /// admits a deployment's Machines from its room by these under `spec.reservedCounts`.
+    /// Written by seed-controller, with `localUsage`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub autoscaled: Vec<crate::autoscaled::AutoscaledDeployment>,
     /// The usage of every other seed as the master last folded it, so that the webhook can add
     /// this seed's own, fresher `localUsage`. Written by master-controller.
     #[serde(default, skip_serializing_if = "Option::is_none")]

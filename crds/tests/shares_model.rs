@@ -1693,6 +1693,7 @@ fn reservation(uid: u64, size: &Rd) -> Reservation {
         size: size.clone(),
         reserved: size.clone(),
         created_at: Timestamp::UNIX_EPOCH,
+        deployment: None,
     }
 }
 

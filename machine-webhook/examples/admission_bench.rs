@@ -634,6 +634,7 @@ async fn main() -> Result<()> {
                 json!({"cpu": LOOSE_CPU.to_string(), "memory": "1Ei"}),
             )?,
             shares: None,
+            reserved_counts: false,
         },
     );
     quota.metadata.labels = Some(

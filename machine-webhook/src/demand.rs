@@ -203,6 +203,7 @@ mod tests {
             },
             quota: cpu(10),
             shares: None,
+            reserved_counts: false,
         }
     }
 

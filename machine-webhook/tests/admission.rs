@@ -472,6 +472,7 @@ async fn a_ledger_the_cache_has_not_seen_records_what_it_admits(
             subject: LedgerSubject::project("late"),
             quota: details("16"),
             shares: None,
+            reserved_counts: false,
         },
     );
     ledgers.create(&PostParams::default(), &ledger).await?;

@@ -101,6 +101,7 @@ mod tests {
                 subject: LedgerSubject::project("demo"),
                 quota: ResourceDetails::default(),
                 shares: None,
+                reserved_counts: false,
             },
         );
         let mut amount = ResourceDetails::default();

@@ -149,6 +149,7 @@ async fn main() -> Result<()> {
                 subject: LedgerSubject::project(project),
                 quota: ResourceDetails::default(),
                 shares: None,
+                reserved_counts: false,
             },
         );
         rq.metadata.labels = Some(BTreeMap::from([

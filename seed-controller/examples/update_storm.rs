@@ -225,6 +225,7 @@ async fn main() -> Result<()> {
             subject: LedgerSubject::project("demo"),
             quota: serde_json::from_value(json!({"cpu": "100000"}))?,
             shares: None,
+            reserved_counts: false,
         },
     );
     ledger.metadata.labels = Some(BTreeMap::from([

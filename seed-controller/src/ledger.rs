@@ -216,6 +216,7 @@ mod tests {
             size: size(cpu),
             reserved: size(cpu),
             created_at: now - SignedDuration::from_secs(age_secs),
+            deployment: None,
         }
     }
 

@@ -229,6 +229,7 @@ mod tests {
                 target: target.map(cpu).unwrap_or_default(),
                 ..LedgerShares::default()
             }),
+            reserved_counts: false,
         }
     }
 
@@ -242,6 +243,7 @@ mod tests {
                     size: cpu(reserved),
                     reserved: cpu(reserved),
                     created_at: at(0),
+                    deployment: None,
                 })
                 .into_iter()
                 .collect(),

@@ -254,6 +254,7 @@ mod tests {
             size: cpu(1),
             reserved: cpu(1),
             created_at: at(0),
+            deployment: None,
         }
     }
 
@@ -330,6 +331,7 @@ mod tests {
                 quota: cpu(8),
                 shares: None,
                 rollout_allowance: None,
+                reserved_counts: false,
             },
         );
         ledger.metadata.uid = Some(uid.to_owned());

@@ -374,6 +374,7 @@ async fn a_recreated_ledger_carries_what_the_deleted_one_held() {
             size: two_cpu(),
             reserved: two_cpu(),
             created_at: now,
+            deployment: None,
         }],
         allotments: vec![Allotment {
             holder: "another-webhook-process".into(),

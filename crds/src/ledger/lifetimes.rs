@@ -309,6 +309,7 @@ mod tests {
             size: ResourceDetails::default(),
             reserved: ResourceDetails::default(),
             created_at: at(10),
+            deployment: None,
         };
         let s = QuotaLedgerStatus {
             reservations: vec![r],

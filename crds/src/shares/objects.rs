@@ -197,6 +197,7 @@ mod tests {
             subject: LedgerSubject::project("p"),
             quota: cpu(16),
             shares: None,
+            reserved_counts: false,
         };
         assert!(seed_share(&spec, None).is_none());
         let spec = QuotaLedgerSpec {

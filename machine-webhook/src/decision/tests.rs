@@ -216,6 +216,7 @@ fn a_ledger_of_a_newer_format_is_not_read() {
         subject: LedgerSubject::project("p"),
         quota: cpu("10"),
         shares: None,
+        reserved_counts: false,
     };
     let status = QuotaLedgerStatus {
         format_version: Some(kkp_quota_crds::quota_ledger::LEDGER_FORMAT + 1),
@@ -275,6 +276,7 @@ fn a_holder_counts_what_it_admitted_instead_of_its_own_allotment() {
         subject: LedgerSubject::project("p"),
         quota: cpu("16"),
         shares: None,
+        reserved_counts: false,
     };
     let status = QuotaLedgerStatus {
         local_usage: Some(cpu("4")),
@@ -344,6 +346,7 @@ fn from_copy_falls_back_to_global_minus_local() {
             subject: LedgerSubject::project("p"),
             quota: cpu("16"),
             shares: None,
+            reserved_counts: false,
         },
     );
     quota.status = Some(QuotaLedgerStatus {
@@ -637,6 +640,7 @@ fn a_share_never_admits_into_room_other_seeds_already_use() {
                 target: cpu("8"),
                 ..kkp_quota_crds::quota_ledger::LedgerShares::default()
             }),
+            reserved_counts: false,
         },
     );
     ledger.status = Some(QuotaLedgerStatus {

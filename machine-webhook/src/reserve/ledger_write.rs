@@ -33,6 +33,7 @@ impl Reserver {
             size: reserve.size.clone(),
             reserved: reserve.reserved.clone(),
             created_at: now,
+            deployment: None,
         })
     }
 

@@ -214,6 +214,7 @@ pub async fn write_quota(seed: Client, project: &str, limit_cpu: &str, local_cpu
             subject: LedgerSubject::project(project),
             quota: details(limit_cpu),
             shares: None,
+            reserved_counts: false,
         },
     );
     quota.metadata.labels = Some(BTreeMap::from([

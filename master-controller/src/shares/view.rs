@@ -211,6 +211,7 @@ pub(super) mod tests {
                 subject: LedgerSubject::project("demo"),
                 quota: cpu(10),
                 shares: None,
+                reserved_counts: false,
             },
         );
         l.metadata.resource_version = Some(rv.into());

@@ -100,6 +100,7 @@ mod tests {
                 quota: cpu(limit),
                 shares: None,
                 rollout_allowance: None,
+                reserved_counts: false,
             },
         );
         ledger.status = Some(QuotaLedgerStatus {

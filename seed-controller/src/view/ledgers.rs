@@ -92,6 +92,7 @@ mod tests {
                 quota: cpu(8),
                 shares: None,
                 rollout_allowance: None,
+                reserved_counts: false,
             },
         )
     }

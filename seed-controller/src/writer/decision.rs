@@ -346,6 +346,7 @@ mod tests {
                     size: cpu(2),
                     reserved: cpu(2),
                     created_at: at(0),
+                    deployment: None,
                 }]
             } else {
                 Vec::new()

@@ -97,6 +97,7 @@ pub async fn create_quota_copy(seed: &Client, project: &str, cpu_limit: &str) {
             subject: LedgerSubject::project(project),
             quota,
             shares: None,
+            reserved_counts: false,
         },
     );
     rq.metadata.labels = Some(BTreeMap::from([
@@ -458,6 +459,7 @@ pub fn reservation(
         size: size.clone(),
         reserved: size.clone(),
         created_at: jiff::Timestamp::now() - age,
+        deployment: None,
     }
 }
 

@@ -20,6 +20,7 @@ fn reservation(uid: u64, size: &ResourceDetails) -> Reservation {
         size: size.clone(),
         reserved: size.clone(),
         created_at: Timestamp::UNIX_EPOCH,
+        deployment: None,
     }
 }
 
