@@ -255,23 +255,6 @@ pub fn change_reservation(
     })
 }
 
-/// `change` as it is to be written where the ledger may hold a reservation of the same UID
-/// already (`existing`: another admission of a change made on the same version, of which the
-/// API server stores one): holding the greater of both, so that whichever is stored is covered.
-pub fn merged_change(
-    existing: Option<&Reservation>,
-    change: Reservation,
-) -> Result<Reservation, QuantityError> {
-    match existing {
-        Some(e) if e.uid == change.uid && e.cluster == change.cluster => Ok(Reservation {
-            reserved: greater(&e.reserved, &change.reserved)?,
-            size: greater(&e.size, &change.size)?,
-            ..change
-        }),
-        _ => Ok(change),
-    }
-}
-
 /// Whether seed-controller's count of deployment `uid` at `resourceVersion` `seen` settles a
 /// change reservation of it: the count is of a version after the one the change was made on
 /// (then the change is in it, or was never stored). A create's settles with any count of the
@@ -465,18 +448,6 @@ mod tests {
         let bigger =
             change_growth(Some(&counted), ("c", "d"), &[], Some((4, &size(2))), (4, &three)).unwrap();
         assert_eq!(cpu(&bigger), Quantity::from_units(4));
-    }
-
-    #[test]
-    fn two_admissions_of_changes_on_one_version_hold_the_greater() {
-        let first = change(Some("7"), &times(&size(2), 3), 5);
-        let second = change(Some("7"), &size(2), 3);
-        let merged = merged_change(Some(&first), second.clone()).unwrap();
-        assert_eq!(cpu(&merged.reserved), Quantity::from_units(6));
-        assert_eq!(cpu(&merged.size), Quantity::from_units(10));
-        let other = change(Some("8"), &size(2), 3);
-        assert_eq!(merged_change(Some(&first), other.clone()).unwrap(), other);
-        assert_eq!(merged_change(None, second.clone()).unwrap(), second);
     }
 
     #[test]

@@ -59,6 +59,13 @@ pub struct ProjectQuotaSpec {
     /// (docs/architecture.md, "Rollouts at full quota"). Absent: never.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout_allowance: Option<RolloutAllowance>,
+    /// Opt-in: the room the project's cluster autoscalers may grow into (a `MachineDeployment`'s
+    /// max size, less the Machines it has) counts as usage, so a deployment is admitted only if
+    /// its max fits, and then its autoscaler's Machines up to that max are always admitted
+    /// (docs/capacity.md, "Choosing the policy"). Absent or false: only what runs counts, and the
+    /// room is shown apart (`status.reserved`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserved_counts: bool,
 }
 
 /// Written by master-controller.

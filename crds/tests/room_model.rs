@@ -20,7 +20,7 @@ use std::collections::BTreeSet;
 use jiff::Timestamp;
 use kkp_quota_crds::autoscaled::{
     AutoscaledDeployment, Room, admits_from_room, change_growth, change_is_counted, change_reservation,
-    counted_rooms, marked, merged_change,
+    counted_rooms, marked,
 };
 use kkp_quota_crds::ledger::Reservation;
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
@@ -337,12 +337,11 @@ impl World {
             return;
         }
         self.ledger.version += 1;
+        // Appended, as the webhook does: two admissions of changes made on one version (of
+        // which the API server stores one) are both held until counted.
         let uid = write.reservation.uid.clone();
-        let existing = self.ledger.reservations.iter().find(|r| r.uid == uid);
-        let reservation = merged_change(existing, write.reservation).unwrap();
-        let write_size = reservation.size.clone();
-        self.ledger.reservations.retain(|r| r.uid != uid);
-        self.ledger.reservations.push(reservation);
+        let write_size = write.reservation.size.clone();
+        self.ledger.reservations.push(write.reservation);
         if how == 1 {
             self.lost.push((uid, write_size));
             return;

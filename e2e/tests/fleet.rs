@@ -6,6 +6,8 @@ mod clusters;
 mod kubectl;
 #[path = "fleet/reserved.rs"]
 mod reserved;
+#[path = "fleet/reserved_counts.rs"]
+mod reserved_counts;
 #[path = "fleet/rollout.rs"]
 mod rollout;
 
@@ -288,6 +290,12 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
         fleet_dir,
         client_for("alpha").await,
         client_for("master").await,
+    )
+    .await;
+    reserved_counts::the_autoscalers_room_is_held_under_reserved_counts(
+        client_for("alpha").await,
+        client_for("master").await,
+        client_for("seed-a").await,
     )
     .await;
 }

@@ -78,6 +78,7 @@ pub fn cluster_create(request: &AdmissionRequest) -> Result<ClusterCreate, Box<V
             ask: Ask::Create(ResourceDetails::one_cluster()),
             dry_run: request.dry_run.unwrap_or(false),
             subject: Subject::Cluster,
+            autoscaled: None,
         },
         name,
     })

@@ -12,7 +12,9 @@
 //!   appears so that machine-controller tries again at once.
 //! - [`user_clients`]: clients for user clusters from their admin kubeconfigs on the seed.
 //! - [`owners`]: a Machine's `MachineSet` / `MachineDeployment`.
-//! - [`rollout`]: the Machine a rollout's surge replaces, for the opt-in rollout allowance.
+//! - [`rollout`]: the Machine a rollout's surge replaces, for the opt-in rollout allowance; and
+//!   the `MachineDeployment` a new Machine is of, for the policy `reservedCounts`.
+//! - [`deployments`]: autoscaled `MachineDeployment` creates and changes under `reservedCounts`.
 //! - `kkp_quota_runtime::webhook_auth`: the per-cluster token in the URL that authenticates each call
 //!   (shared with seed-controller, which writes the URLs).
 //! - [`server`], [`tls`]: HTTPS with certificates reloaded from disk, limits on bodies and time.
@@ -26,6 +28,7 @@ pub mod cache;
 pub mod clusters;
 pub mod decision;
 pub mod demand;
+pub mod deployments;
 pub mod events;
 pub mod metrics;
 pub mod owners;

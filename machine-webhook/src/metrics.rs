@@ -14,6 +14,9 @@ pub struct Metrics {
     pub admissions: IntCounterVec,
     /// `kkp_quota_cluster_admissions_total{result, reason}`: `Cluster` creates on the seed.
     pub cluster_admissions: IntCounterVec,
+    /// `kkp_quota_deployment_admissions_total{result, reason}`: autoscaled `MachineDeployment`
+    /// creates and changes (the policy `reservedCounts`).
+    pub deployment_admissions: IntCounterVec,
     /// `kkp_quota_admission_duration_seconds`
     pub duration: Histogram,
     /// `kkp_quota_reservation_conflicts_total`
@@ -83,6 +86,13 @@ impl Metrics {
             Opts::new(
                 "kkp_quota_cluster_admissions_total",
                 "Cluster create requests of the seed answered, by result and reason",
+            ),
+            &["result", "reason"],
+        )?;
+        let deployment_admissions = IntCounterVec::new(
+            Opts::new(
+                "kkp_quota_deployment_admissions_total",
+                "Autoscaled MachineDeployment creates and changes answered, by result and reason",
             ),
             &["result", "reason"],
         )?;
@@ -174,6 +184,7 @@ impl Metrics {
         let (wakes, wake_checks, waiting_owners) = wake_metrics(&registry)?;
         registry.register(Box::new(admissions.clone()))?;
         registry.register(Box::new(cluster_admissions.clone()))?;
+        registry.register(Box::new(deployment_admissions.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(conflicts.clone()))?;
         registry.register(Box::new(writes.clone()))?;
@@ -201,6 +212,7 @@ impl Metrics {
             registry,
             admissions,
             cluster_admissions,
+            deployment_admissions,
             duration,
             conflicts,
             writes,
@@ -228,6 +240,7 @@ impl Metrics {
         let counter = match subject {
             Subject::Machine => &self.admissions,
             Subject::Cluster => &self.cluster_admissions,
+            Subject::Deployment => &self.deployment_admissions,
         };
         counter
             .with_label_values(&[result, verdict.reason.as_str()])

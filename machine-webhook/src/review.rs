@@ -165,6 +165,7 @@ pub fn decision_request(
         ask,
         dry_run: request.dry_run.unwrap_or(false),
         subject: Subject::Machine,
+        autoscaled: None,
     };
     Ok((object, decision_request))
 }

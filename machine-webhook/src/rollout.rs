@@ -25,7 +25,7 @@ use crate::decision::Replaced;
 use crate::owners::{self, owner, resource};
 use crate::user_clients::UserClients;
 
-/// Reads user clusters for the rollout allowance.
+/// Reads user clusters for the rollout allowance, and for the policy `reservedCounts`.
 pub struct Rollouts {
     cache: Arc<SeedCache>,
     clients: tokio::sync::Mutex<UserClients>,
@@ -103,6 +103,47 @@ impl Rollouts {
             taken,
             |m| size_machine(m, &catalog, None).ok(),
         )
+    }
+}
+
+impl Rollouts {
+    /// The `MachineDeployment` that controls the `MachineSet` controlling a new Machine (of
+    /// `cluster`, `namespace`, with `owners`), read from the user cluster: `None` when it has
+    /// none, or it cannot be read (the Machine is then decided as any Machine is).
+    pub async fn deployment_of(
+        &self,
+        cluster: &str,
+        namespace: &str,
+        owners: &[OwnerReference],
+    ) -> Option<kkp_quota_crds::machine::MachineDeployment> {
+        let set_ref = owner(owners, "MachineSet")?;
+        let cluster_object = self.cache.cluster(cluster)?;
+        let client = {
+            let mut clients = self.clients.lock().await;
+            let Ok(client) = clients.get(&cluster_object).await else {
+                clients.forget(cluster);
+                return None;
+            };
+            client
+        };
+        // By name, so the UIDs are checked: one re-created under the same name is another, and
+        // seed-controller counts the Machine as a member of the one its owners name.
+        let set = owners::read(&client, namespace, set_ref, "MachineSet")
+            .await
+            .ok()??;
+        if set.metadata.uid.as_deref() != Some(set_ref.uid.as_str()) {
+            return None;
+        }
+        let deployment_ref = owners::deployment_of(&set)?;
+        let deployment = owners::read(&client, namespace, deployment_ref, "MachineDeployment")
+            .await
+            .ok()??;
+        if deployment.metadata.uid.as_deref() != Some(deployment_ref.uid.as_str()) {
+            return None;
+        }
+        serde_json::to_value(deployment)
+            .and_then(serde_json::from_value)
+            .ok()
     }
 }
 

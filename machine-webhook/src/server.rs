@@ -41,7 +41,9 @@ use tracing::{Instrument as _, debug, info, info_span, warn};
 
 use crate::cache::{QuotaCopy, SeedCache};
 use crate::clusters::{cluster_create, reservation_ref};
+use crate::decision::autoscaled::{Autoscaled, Member};
 use crate::decision::{Ask, Reason, Request as DecisionRequest, Subject, Verdict, decide, rollout_hint};
+use crate::deployments::deployment_change;
 use crate::events::{DenialEvent, Events};
 use crate::metrics::Metrics;
 use crate::owners::{owner, reconciling_owner};
@@ -109,6 +111,14 @@ pub fn router(app: App) -> Router {
     Router::new()
         .route("/validate/machines/{cluster}", post(validate_without_token))
         .route("/validate/machines/{cluster}/{token}", post(validate))
+        .route(
+            "/validate/machinedeployments/{cluster}",
+            post(validate_deployments_without_token),
+        )
+        .route(
+            "/validate/machinedeployments/{cluster}/{token}",
+            post(validate_deployments),
+        )
         .route("/validate/clusters/{seed}", post(validate_clusters_without_token))
         .route("/validate/clusters/{seed}/{token}", post(validate_clusters))
         .route("/healthz", get(|| async { "ok" }))
@@ -143,6 +153,27 @@ async fn validate(
     request: Request,
 ) -> Response {
     app.call(Subject::Machine, cluster, Some(&token), request).await
+}
+
+/// A user cluster's autoscaled `MachineDeployment`s without credentials. Served only with
+/// authentication off.
+async fn validate_deployments_without_token(
+    State(app): State<App>,
+    Path(cluster): Path<String>,
+    request: Request,
+) -> Response {
+    app.call(Subject::Deployment, cluster, None, request).await
+}
+
+/// A user cluster's autoscaled `MachineDeployment` creates and changes (the policy
+/// `reservedCounts`, [`crate::deployments`]): the same token as its Machines'.
+async fn validate_deployments(
+    State(app): State<App>,
+    Path((cluster, token)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    app.call(Subject::Deployment, cluster, Some(&token), request)
+        .await
 }
 
 /// The seed's `Cluster` creates without credentials. Served only with authentication off.
@@ -239,7 +270,7 @@ impl App {
             return Err(AuthFailure::MissingToken);
         }
         let uid = match subject {
-            Subject::Machine => {
+            Subject::Machine | Subject::Deployment => {
                 if !self.cache.is_synced() {
                     return Err(AuthFailure::NotReady);
                 }
@@ -293,6 +324,7 @@ impl App {
         let verdict = match subject {
             Subject::Machine => self.admit(&cluster, &request).instrument(span).await,
             Subject::Cluster => self.admit_cluster(&cluster, &request).instrument(span).await,
+            Subject::Deployment => self.admit_deployment(&cluster, &request).instrument(span).await,
         };
         self.metrics.record(subject, &verdict);
         self.metrics.duration.observe(started.elapsed().as_secs_f64());
@@ -342,6 +374,7 @@ impl App {
                 .and_then(|m| m.metadata.uid.clone())
                 .unwrap_or_default(),
         };
+        let decision_request = self.with_room(decision_request, &machine, &owners).await;
         let mut verdict = self.admit_growing(machine.clone(), &decision_request).await;
         if verdict.reason == Reason::QuotaExceeded
             && matches!(decision_request.ask, Ask::Create(_))
@@ -379,6 +412,89 @@ impl App {
             });
         }
         debug!(machine = %name, uid = %machine.uid, allowed = verdict.allowed, reason = %verdict.reason, "admission decided");
+        verdict
+    }
+
+    /// Under the policy `reservedCounts`: a new Machine of an autoscaled deployment carries the
+    /// deployment as it is now, to be admitted from its room ([`crate::decision::autoscaled`]).
+    async fn with_room(
+        &self,
+        mut request: DecisionRequest,
+        machine: &MachineRef,
+        owners: &[OwnerReference],
+    ) -> DecisionRequest {
+        if !matches!(request.ask, Ask::Create(_)) || owner(owners, "MachineSet").is_none() {
+            return request;
+        }
+        let policy = self
+            .cache
+            .cluster(&machine.cluster)
+            .and_then(|c| c.project_id().map(str::to_owned))
+            .and_then(|project| self.cache.quota_for(&project))
+            .and_then(|q| QuotaCopy::from_dynamic(&q).ok())
+            .is_some_and(|copy| copy.spec.reserved_counts);
+        if !policy {
+            return request;
+        }
+        let Some(deployment) = self
+            .rollouts
+            .deployment_of(&machine.cluster, &machine.namespace, owners)
+            .await
+        else {
+            return request;
+        };
+        if let (Some(uid), Some((max, template))) = (
+            deployment.metadata.uid.clone(),
+            crate::deployments::room_of(&deployment, &self.cache.catalog()),
+        ) {
+            request.autoscaled = Some(Autoscaled::Member(Box::new(Member {
+                cluster: machine.cluster.clone(),
+                deployment: uid,
+                max,
+                template,
+            })));
+        }
+        request
+    }
+
+    /// A user cluster's autoscaled `MachineDeployment` create or change
+    /// ([`crate::deployments`]): under the project's policy `reservedCounts`, the growth of its
+    /// room is checked and reserved like a Machine's; without it, nothing is asked.
+    pub async fn admit_deployment(&self, cluster: &str, request: &AdmissionRequest) -> Verdict {
+        let change = match deployment_change(request, cluster, &self.cache.catalog()) {
+            Ok(change) => change,
+            Err(answer) => return *answer,
+        };
+        if !self.cache.is_synced() {
+            return change.request.deny(
+                Reason::Error,
+                "cannot be checked against its project's quota yet: the quota webhook is still starting; try again",
+            );
+        }
+        let Some(project) = self
+            .cache
+            .cluster(cluster)
+            .and_then(|c| c.project_id().map(str::to_owned))
+        else {
+            return Verdict::allow(Reason::NoQuota);
+        };
+        let policy = self
+            .cache
+            .quota_for(&project)
+            .and_then(|q| QuotaCopy::from_dynamic(&q).ok())
+            .map(|copy| copy.spec.reserved_counts);
+        if policy == Some(false) {
+            return Verdict::allow(Reason::Unchanged);
+        }
+        tracing::Span::current().record("project", project.as_str());
+        let reference = MachineRef {
+            cluster: cluster.to_owned(),
+            namespace: change.namespace.clone(),
+            name: change.name.clone(),
+            uid: change.uid.clone(),
+        };
+        let verdict = self.reserve_growth(&project, reference, &change.request).await;
+        debug!(deployment = %change.name, uid = %change.uid, allowed = verdict.allowed, reason = %verdict.reason, "deployment admission decided");
         verdict
     }
 

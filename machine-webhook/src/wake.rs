@@ -124,6 +124,7 @@ impl Waker {
                         ask: Ask::Create(size.clone()),
                         dry_run: false,
                         subject: Subject::Machine,
+                        autoscaled: None,
                     })
                     .collect();
                 let room: Vec<RoomNow> = decide_batch(&project, quota.state(), &requests)

@@ -152,7 +152,7 @@ pub fn ledger_apply_body(
     master: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
-    rollout: Option<&RolloutAllowance>,
+    policies: Policies<'_>,
 ) -> Value {
     let mut spec = json!({
         "subject": LedgerSubject::from(&master.spec.subject),
@@ -161,8 +161,11 @@ pub fn ledger_apply_body(
     if let Some(shares) = shares {
         spec["shares"] = json!(shares);
     }
-    if let Some(rollout) = rollout {
+    if let Some(rollout) = policies.rollout {
         spec["rolloutAllowance"] = json!(rollout);
+    }
+    if policies.reserved_counts {
+        spec["reservedCounts"] = json!(true);
     }
     json!({
         "apiVersion": QuotaLedger::api_version(&()),
@@ -185,7 +188,7 @@ pub fn ledger_in_sync(
     master: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
-    rollout: Option<&RolloutAllowance>,
+    policies: Policies<'_>,
     ledger: &SeedLedger,
 ) -> bool {
     ledger.protected
@@ -194,7 +197,7 @@ pub fn ledger_in_sync(
                 &LedgerSubject::from(&master.spec.subject),
                 limits,
                 shares,
-                rollout,
+                policies,
                 &copy_labels(master),
             )
 }
@@ -206,16 +209,44 @@ pub fn ledger_word(
     subject: &LedgerSubject,
     limits: &ResourceDetails,
     shares: Option<&LedgerShares>,
-    rollout: Option<&RolloutAllowance>,
+    policies: Policies<'_>,
     labels: &BTreeMap<String, String>,
 ) -> Fingerprint {
     Fingerprint::of(&json!({
         "subject": subject,
         "quota": limits,
         "shares": shares.map(LedgerShares::word),
-        "rolloutAllowance": rollout,
+        "rolloutAllowance": policies.rollout,
+        "reservedCounts": policies.reserved_counts,
         "labels": labels,
     }))
+}
+
+/// The project's policies a ledger carries from its `ProjectQuota`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policies<'a> {
+    /// `rolloutAllowance` (`kkp_quota_crds::rollout`).
+    pub rollout: Option<&'a RolloutAllowance>,
+    /// `reservedCounts` (`kkp_quota_crds::autoscaled`).
+    pub reserved_counts: bool,
+}
+
+impl<'a> Policies<'a> {
+    /// A `ProjectQuota`'s (none without one).
+    pub fn of(spec: Option<&'a kkp_quota_crds::ProjectQuotaSpec>) -> Policies<'a> {
+        spec.map_or_else(Policies::default, |spec| Policies {
+            rollout: spec.rollout_allowance.as_ref(),
+            reserved_counts: spec.reserved_counts,
+        })
+    }
+
+    /// A rollout allowance and no other policy.
+    pub fn rollout_only(rollout: Option<&'a RolloutAllowance>) -> Policies<'a> {
+        Policies {
+            rollout,
+            reserved_counts: false,
+        }
+    }
 }
 
 /// The controller owner reference of a `ProjectQuota` to its KKP `ResourceQuota`, or `None`
@@ -412,23 +443,56 @@ mod tests {
     #[test]
     fn ledger_carries_the_limits_in_force() {
         let m = master();
-        let body = ledger_apply_body(&m, &limits(4), None, None);
+        let body = ledger_apply_body(&m, &limits(4), None, Policies::rollout_only(None));
         assert_eq!(body["apiVersion"], "kkp-quota.dev/v1alpha1");
         assert_eq!(body["spec"]["quota"]["machines"], "3");
         assert!(body["spec"].get("shares").is_none(), "no record, no shares");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
         let ledger = SeedLedger::from(&ledger);
-        assert!(ledger_in_sync(&m, &limits(4), None, None, &ledger));
+        assert!(ledger_in_sync(
+            &m,
+            &limits(4),
+            None,
+            Policies::rollout_only(None),
+            &ledger
+        ));
         assert!(
-            !ledger_in_sync(&m, &limits(5), None, None, &ledger),
+            !ledger_in_sync(&m, &limits(5), None, Policies::rollout_only(None), &ledger),
             "a changed limit is applied again"
         );
         let mut relabelled = m.clone();
         relabelled.metadata.labels = None;
         assert!(
-            !ledger_in_sync(&relabelled, &limits(4), None, None, &ledger),
+            !ledger_in_sync(
+                &relabelled,
+                &limits(4),
+                None,
+                Policies::rollout_only(None),
+                &ledger
+            ),
             "a label removed on the master is removed on the copy"
         );
+    }
+
+    #[test]
+    fn ledger_carries_the_reserved_counts_policy_and_its_changes() {
+        let m = master();
+        let on = Policies {
+            rollout: None,
+            reserved_counts: true,
+        };
+        let body = ledger_apply_body(&m, &limits(4), None, on);
+        assert_eq!(body["spec"]["reservedCounts"], true);
+        let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
+        assert!(ledger.spec.reserved_counts);
+        let ledger = SeedLedger::from(&ledger);
+        assert!(ledger_in_sync(&m, &limits(4), None, on, &ledger));
+        assert!(
+            !ledger_in_sync(&m, &limits(4), None, Policies::default(), &ledger),
+            "turned off: applied again"
+        );
+        let off = ledger_apply_body(&m, &limits(4), None, Policies::default());
+        assert!(off["spec"].get("reservedCounts").is_none(), "absent when off");
     }
 
     #[test]
@@ -437,19 +501,31 @@ mod tests {
         let allowance = RolloutAllowance {
             overdue_after_seconds: 600,
         };
-        let body = ledger_apply_body(&m, &limits(4), None, Some(&allowance));
+        let body = ledger_apply_body(&m, &limits(4), None, Policies::rollout_only(Some(&allowance)));
         assert_eq!(body["spec"]["rolloutAllowance"]["overdueAfterSeconds"], 600);
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
         let ledger = SeedLedger::from(&ledger);
-        assert!(ledger_in_sync(&m, &limits(4), None, Some(&allowance), &ledger));
+        assert!(ledger_in_sync(
+            &m,
+            &limits(4),
+            None,
+            Policies::rollout_only(Some(&allowance)),
+            &ledger
+        ));
         assert!(
-            !ledger_in_sync(&m, &limits(4), None, None, &ledger),
+            !ledger_in_sync(&m, &limits(4), None, Policies::rollout_only(None), &ledger),
             "an allowance taken back is applied"
         );
         let longer = RolloutAllowance {
             overdue_after_seconds: 900,
         };
-        assert!(!ledger_in_sync(&m, &limits(4), None, Some(&longer), &ledger));
+        assert!(!ledger_in_sync(
+            &m,
+            &limits(4),
+            None,
+            Policies::rollout_only(Some(&longer)),
+            &ledger
+        ));
     }
 
     #[test]
@@ -462,25 +538,55 @@ mod tests {
             others: BTreeMap::from([("seed-b".to_owned(), limits(1))]),
             ..LedgerShares::default()
         };
-        let body = ledger_apply_body(&m, &limits(4), Some(&share(2, 3)), None);
+        let body = ledger_apply_body(&m, &limits(4), Some(&share(2, 3)), Policies::rollout_only(None));
         assert_eq!(body["spec"]["shares"]["version"], 2);
         assert_eq!(body["spec"]["shares"]["granted"]["cpu"], "3");
         assert_eq!(body["spec"]["shares"]["others"]["seed-b"]["cpu"], "1");
         let ledger: QuotaLedger = serde_json::from_value(body).unwrap();
         let ledger = SeedLedger::from(&ledger);
-        assert!(ledger_in_sync(&m, &limits(4), Some(&share(2, 3)), None, &ledger));
+        assert!(ledger_in_sync(
+            &m,
+            &limits(4),
+            Some(&share(2, 3)),
+            Policies::rollout_only(None),
+            &ledger
+        ));
         let mut others_moved = share(2, 3);
         others_moved.others.insert("seed-c".to_owned(), limits(2));
         assert!(
-            ledger_in_sync(&m, &limits(4), Some(&others_moved), None, &ledger),
+            ledger_in_sync(
+                &m,
+                &limits(4),
+                Some(&others_moved),
+                Policies::rollout_only(None),
+                &ledger
+            ),
             "the other seeds' shares alone are no reason to write"
         );
         assert!(
-            !ledger_in_sync(&m, &limits(4), Some(&share(3, 3)), None, &ledger),
+            !ledger_in_sync(
+                &m,
+                &limits(4),
+                Some(&share(3, 3)),
+                Policies::rollout_only(None),
+                &ledger
+            ),
             "a newer record is sent"
         );
-        assert!(!ledger_in_sync(&m, &limits(4), Some(&share(3, 4)), None, &ledger));
-        assert!(!ledger_in_sync(&m, &limits(4), None, None, &ledger));
+        assert!(!ledger_in_sync(
+            &m,
+            &limits(4),
+            Some(&share(3, 4)),
+            Policies::rollout_only(None),
+            &ledger
+        ));
+        assert!(!ledger_in_sync(
+            &m,
+            &limits(4),
+            None,
+            Policies::rollout_only(None),
+            &ledger
+        ));
     }
 
     #[test]
@@ -523,8 +629,13 @@ mod tests {
 
     #[test]
     fn status_patches_only_when_changed() {
-        let mut ledger: QuotaLedger =
-            serde_json::from_value(ledger_apply_body(&master(), &limits(4), None, None)).unwrap();
+        let mut ledger: QuotaLedger = serde_json::from_value(ledger_apply_body(
+            &master(),
+            &limits(4),
+            None,
+            Policies::rollout_only(None),
+        ))
+        .unwrap();
         let g = ResourceDetails::zero();
         assert!(ledger_status_patch(&SeedLedger::from(&ledger), Some(&g), Some(&g)).is_some());
         ledger.status = Some(QuotaLedgerStatus {
@@ -552,6 +663,7 @@ mod tests {
                 subject: kkp_quota_crds::LedgerSubject::project("demo"),
                 quota: ResourceDetails::default(),
                 rollout_allowance: None,
+                reserved_counts: false,
             },
         );
         let mut both = limits(4);

@@ -117,7 +117,13 @@ mod tests {
 
     fn applied(m: &ResourceQuota) -> QuotaLedger {
         let limits = m.spec.quota.limits.clone();
-        serde_json::from_value(ledger_apply_body(m, &limits, None, None)).unwrap()
+        serde_json::from_value(ledger_apply_body(
+            m,
+            &limits,
+            None,
+            crate::fanout::Policies::rollout_only(None),
+        ))
+        .unwrap()
     }
 
     #[test]
@@ -131,14 +137,20 @@ mod tests {
             &m,
             &limits,
             None,
-            None,
+            crate::fanout::Policies::rollout_only(None),
             &SeedLedger::from(&ledger)
         ));
         // Applied before the finalizer existed (or it was removed): applied again.
         ledger.metadata.finalizers = Some(vec!["example.com/other".into()]);
         let seen = SeedLedger::from(&ledger);
         assert!(!seen.protected);
-        assert!(!ledger_in_sync(&m, &limits, None, None, &seen));
+        assert!(!ledger_in_sync(
+            &m,
+            &limits,
+            None,
+            crate::fanout::Policies::rollout_only(None),
+            &seen
+        ));
     }
 
     #[test]
@@ -152,7 +164,13 @@ mod tests {
         let seen = SeedLedger::from(&ledger);
         assert!(seen.deleting && seen.protected);
         assert!(
-            ledger_in_sync(&m, &limits, None, None, &seen),
+            ledger_in_sync(
+                &m,
+                &limits,
+                None,
+                crate::fanout::Policies::rollout_only(None),
+                &seen
+            ),
             "no apply loop on a Terminating ledger"
         );
     }

@@ -106,7 +106,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     // The share round first: grants and targets are persisted in the record before any of it
     // reaches a seed. A round that fails (its write's outcome unknown) sends nothing.
     let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
-    let rollout = project_quota.spec.rollout_allowance.clone();
+    let policy_spec = project_quota.spec.clone();
     let round = shares::round(master_rq, project_quota, &views, settling, ctx).await?;
     let limits = round.limits.clone();
 
@@ -117,7 +117,14 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
             .as_ref()
             .and_then(|c| shares::view::held_shares(&c.reading));
         let shares = round.ledger_shares(&view.name).or(held);
-        fan_out(master_rq, &limits, shares, rollout.as_ref(), view, ctx)
+        fan_out(
+            master_rq,
+            &limits,
+            shares,
+            crate::fanout::Policies::of(Some(&policy_spec)),
+            view,
+            ctx,
+        )
     }))
     .await;
     let mut failed: Vec<String> = Vec::new();

@@ -50,7 +50,10 @@ impl From<&QuotaLedger> for SeedLedger {
                 &spec.subject,
                 &spec.quota,
                 spec.shares.as_ref(),
-                spec.rollout_allowance.as_ref(),
+                fanout::Policies {
+                    rollout: spec.rollout_allowance.as_ref(),
+                    reserved_counts: spec.reserved_counts,
+                },
                 ledger.labels(),
             ),
             global_usage: status.and_then(|s| s.global_usage.clone()),

@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use futures::future;
 use kkp_quota_crds::quota_ledger::LedgerShares;
-use kkp_quota_crds::rollout::RolloutAllowance;
 use kkp_quota_crds::{QuotaLedger, ResourceDetails, ResourceQuota};
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
@@ -94,7 +93,7 @@ pub(crate) async fn fan_out(
     master_rq: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<LedgerShares>,
-    rollout: Option<&RolloutAllowance>,
+    policies: fanout::Policies<'_>,
     view: &SeedView,
     ctx: &Ctx,
 ) -> (SeedView, Result<(), kube::Error>) {
@@ -115,7 +114,8 @@ pub(crate) async fn fan_out(
     // One being deleted without our finalizer cannot be given it (the API server refuses new
     // finalizers then): it is left to go, and re-created once gone.
     let ledger_due = !view.copy.as_ref().is_some_and(|c| {
-        (c.deleting && !c.protected) || fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), rollout, c)
+        (c.deleting && !c.protected)
+            || fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), policies, c)
     });
     if !kkp_due && !ledger_due {
         return (view, Ok(()));
@@ -143,7 +143,7 @@ pub(crate) async fn fan_out(
             return Ok(None);
         }
         let api: Api<QuotaLedger> = Api::all(client.clone());
-        let body = fanout::ledger_apply_body(master_rq, limits, shares.as_ref(), rollout);
+        let body = fanout::ledger_apply_body(master_rq, limits, shares.as_ref(), policies);
         ctx.metrics
             .timed_write(
                 seed,

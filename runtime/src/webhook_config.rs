@@ -83,6 +83,7 @@ pub fn url(cluster: &str, uid: &str, base_url: &str, keys: Option<&SigningKeys>)
 /// changes only the rule.
 pub fn desired(url: &str, ca_bundle: Option<&[u8]>, operations: Operations) -> Value {
     let client_config = with_ca(json!({ "url": url }), ca_bundle);
+    let deployments_config = with_ca(json!({ "url": deployments_url(url) }), ca_bundle);
     json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -111,9 +112,59 @@ pub fn desired(url: &str, ca_bundle: Option<&[u8]>, operations: Operations) -> V
             "sideEffects": "NoneOnDryRun",
             "timeoutSeconds": 5,
             "admissionReviewVersions": ["v1"],
+        }, {
+            // The policy `reservedCounts`: an autoscaled deployment's create, and a change of
+            // its max size or template, may grow the room that counts. The webhook answers at
+            // once for a project without the policy.
+            "name": "machinedeployments.quota.kkp.k8c.io",
+            "clientConfig": deployments_config,
+            "rules": [{
+                "apiGroups": ["cluster.k8s.io"],
+                "apiVersions": ["v1alpha1"],
+                "resources": ["machinedeployments"],
+                "operations": ["CREATE", "UPDATE"],
+            }],
+            "matchConditions": [{
+                "name": ROOM_MATCH_CONDITION_NAME,
+                "expression": AUTOSCALER_ROOM_CHANGES_ONLY,
+            }],
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": 5,
+            "admissionReviewVersions": ["v1"],
         }],
     })
 }
+
+/// The deployments' URL beside a user cluster's Machine URL `url`: the same token, under
+/// `/validate/machinedeployments/`.
+pub fn deployments_url(url: &str) -> String {
+    url.replacen(
+        &format!("{PATH_PREFIX}/"),
+        &format!("{DEPLOYMENTS_PATH_PREFIX}/"),
+        1,
+    )
+}
+
+/// The path under which the webhook takes a user cluster's `MachineDeployment`s.
+pub const DEPLOYMENTS_PATH_PREFIX: &str = "/validate/machinedeployments";
+
+/// The deployments' match condition's name.
+pub const ROOM_MATCH_CONDITION_NAME: &str = "autoscaler-room-changes-only";
+
+/// The `MachineDeployment`s sent to the webhook: those with the cluster autoscaler's max size,
+/// on their create, or when the max size or the template changes. Never a change of `replicas`
+/// alone: the autoscaler makes those all day, and they grow no room.
+pub const AUTOSCALER_ROOM_CHANGES_ONLY: &str = "has(object.metadata.annotations) \
+    && 'cluster.k8s.io/cluster-api-autoscaler-node-group-max-size' in object.metadata.annotations \
+    && (request.operation == 'CREATE' \
+        || !has(oldObject.metadata.annotations) \
+        || !('cluster.k8s.io/cluster-api-autoscaler-node-group-max-size' in oldObject.metadata.annotations) \
+        || oldObject.metadata.annotations['cluster.k8s.io/cluster-api-autoscaler-node-group-max-size'] \
+           != object.metadata.annotations['cluster.k8s.io/cluster-api-autoscaler-node-group-max-size'] \
+        || !has(object.spec.template) || !has(oldObject.spec.template) \
+        || object.spec.template != oldObject.spec.template)";
 
 /// The configuration's name on each seed: KKP `Cluster` creates to the webhook.
 pub const CLUSTERS_NAME: &str = "kkp-quota-clusters";
@@ -213,6 +264,24 @@ pub fn contains(actual: &Value, wanted: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn deployments_go_to_their_own_path_with_the_same_token() {
+        let d = desired(
+            "https://h:9443/validate/machines/alpha/tok",
+            None,
+            Operations::default(),
+        );
+        assert_eq!(
+            d["webhooks"][1]["clientConfig"]["url"],
+            "https://h:9443/validate/machinedeployments/alpha/tok"
+        );
+        assert_eq!(d["webhooks"][1]["rules"][0]["resources"][0], "machinedeployments");
+        assert_eq!(
+            deployments_url("https://h/validate/machines/validate/machines/x"),
+            "https://h/validate/machinedeployments/validate/machines/x"
+        );
+    }
 
     #[test]
     fn desired_points_at_the_cluster_path_with_its_token() {

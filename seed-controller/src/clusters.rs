@@ -348,7 +348,8 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
         .default_backoff()
         .boxed();
     let mut buffer: Vec<Machine> = Vec::new();
-    let mut deployments = DeploymentWatch::new(Api::namespaced(client, &namespace));
+    let mut deployments = DeploymentWatch::new(Api::namespaced(client.clone(), &namespace));
+    let mut sets = crate::machine_set_watch::MachineSetWatch::new(Api::namespaced(client, &namespace));
     let mut recount = tokio::time::interval(shared.config.resync_period);
     recount.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     recount.tick().await;
@@ -388,6 +389,10 @@ async fn run_cluster(shared: Arc<Shared>, name: String, kubeconfig: String) {
             },
             event = deployments.stream.next() => match event {
                 Some(event) => deployments.take(&shared, &name, event),
+                None => return,
+            },
+            event = sets.stream.next() => match event {
+                Some(event) => sets.take(&shared, &name, event),
                 None => return,
             },
             _ = recount.tick() => {

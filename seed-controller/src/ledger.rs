@@ -23,6 +23,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::autoscaled::change_is_counted;
 use kkp_quota_crds::ledger::{Allotment, Reservation};
 use kkp_quota_crds::{QuantityError, ResourceDetails};
 
@@ -46,10 +47,22 @@ pub struct Counted {
     pub unsettled: HashSet<String>,
     /// `(cluster, uid)` of Machines seen deleted (or missing from a complete listing) lately.
     pub gone: HashSet<(String, String)>,
+    /// `(cluster, uid)` of every `MachineDeployment` seen -> its `resourceVersion`: the
+    /// reservation of a change made on an earlier version is counted
+    /// ([`kkp_quota_crds::autoscaled::change_is_counted`]).
+    pub deployments: HashMap<(String, String), String>,
 }
 
 impl Counted {
     fn counts(&self, reservation: &Reservation) -> bool {
+        if let Some(deployment) = reservation.deployment.as_deref()
+            && let Some(seen) = self
+                .deployments
+                .get(&(reservation.cluster.clone(), deployment.to_owned()))
+            && change_is_counted(deployment, seen, reservation)
+        {
+            return true;
+        }
         self.machines
             .get(&(reservation.cluster.clone(), reservation.uid.clone()))
             .is_some_and(|size| same_usage(size, &reservation.size))

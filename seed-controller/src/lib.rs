@@ -4,6 +4,8 @@
 //!   kubeconfig from the cluster's namespace), following additions, deletions and kubeconfig
 //!   rotation; a dead cluster keeps its last usage and is reported.
 //! - [`catalog`]: the admin size catalog `ConfigMap`, watched and reloaded.
+//! - [`machine_set_watch`]: each user cluster's `MachineSet`s (which deployment a Machine is of,
+//!   for the policy `reservedCounts`).
 //! - [`usage`] and [`ledger`]: the pure arithmetic and the reservation upkeep decisions.
 //! - [`shares`]: the pure share decisions (release, expired demands, quiet).
 //! - [`state`]: the in-memory picture the watches update and the writer snapshots.
@@ -18,6 +20,7 @@
 pub mod catalog;
 pub mod clusters;
 pub mod ledger;
+pub mod machine_set_watch;
 pub mod metrics;
 pub mod shares;
 pub mod state;

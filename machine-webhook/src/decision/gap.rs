@@ -92,6 +92,7 @@ mod tests {
             ask,
             dry_run: false,
             subject: crate::decision::Subject::Machine,
+            autoscaled: None,
         }
     }
 

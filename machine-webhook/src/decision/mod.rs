@@ -23,6 +23,7 @@ use std::fmt;
 use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::shares::{self, SeedShare};
 
+pub mod autoscaled;
 mod gap;
 mod messages;
 mod state;
@@ -38,6 +39,7 @@ pub use messages::{
 pub use state::{QuotaState, SeedCapacity, StateError};
 pub use surge::{Replaced, decide_surge};
 
+use autoscaled::{Autoscaled, decide_change, from_room};
 use messages::{held_note, share_detail};
 
 /// What one Machine admission asks of the quota.
@@ -176,12 +178,18 @@ impl fmt::Display for Reason {
 }
 
 /// What to reserve for an admitted Machine.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Reserve {
     /// The Machine's full size once admitted.
     pub size: ResourceDetails,
     /// What this admission adds: the size for a create, the growth for an update.
     pub reserved: ResourceDetails,
+    /// The autoscaled deployment (UID) whose room admitted it, or whose change it is
+    /// (`kkp_quota_crds::autoscaled`).
+    pub deployment: Option<String>,
+    /// The reservation's UID when it is not the object's: a deployment change's
+    /// (`kkp_quota_crds::autoscaled::change_uid`).
+    pub uid: Option<String>,
 }
 
 /// The answer to one admission request.
@@ -249,6 +257,8 @@ pub enum Subject {
     #[default]
     Machine,
     Cluster,
+    /// A `MachineDeployment` whose autoscaler's room counts (`reservedCounts`).
+    Deployment,
 }
 
 impl Subject {
@@ -257,6 +267,7 @@ impl Subject {
         match self {
             Subject::Machine => "machine",
             Subject::Cluster => "cluster",
+            Subject::Deployment => "machinedeployment",
         }
     }
 
@@ -265,6 +276,7 @@ impl Subject {
         match self {
             Subject::Machine => "Machine",
             Subject::Cluster => "Cluster",
+            Subject::Deployment => "MachineDeployment",
         }
     }
 }
@@ -279,6 +291,9 @@ pub struct Request {
     /// Dry-run requests are decided but add nothing for later requests.
     pub dry_run: bool,
     pub subject: Subject,
+    /// Under the policy `reservedCounts`: a Machine of an autoscaled deployment, or a
+    /// deployment's change ([`autoscaled`]).
+    pub autoscaled: Option<Autoscaled>,
 }
 
 impl Request {
@@ -293,6 +308,15 @@ pub fn decide(project: &str, quota: Option<&QuotaState>, request: &Request) -> V
     let mut warnings = quota
         .map(|state| over_quota_warnings(project, state))
         .unwrap_or_default();
+    if let (Some(state), Some(Autoscaled::Change(change))) = (quota, &request.autoscaled) {
+        return decide_change(project, state, request, change).with_warnings(warnings);
+    }
+    if let (Some(state), Some(Autoscaled::Member(member)), Some(size)) =
+        (quota, &request.autoscaled, request.ask.new_size())
+        && let Some(verdict) = from_room(state, member, size)
+    {
+        return verdict.with_warnings(warnings);
+    }
     let verdict = match (&request.ask, quota) {
         (Ask::Delete, _) => Verdict::allow(Reason::Reduction),
         (Ask::Unchanged, _) => Verdict::allow(Reason::Unchanged),
@@ -378,13 +402,23 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
         Ok(exceeded) => {
             let detail = format!(
                 "{}{}",
-                exceeded_detail(project, &exceeded, ask.is_update(), request.subject),
+                exceeded_detail(
+                    project,
+                    &exceeded,
+                    ask.is_update() || request.subject == Subject::Deployment,
+                    request.subject
+                ),
                 held_note(&exceeded, &state.allotted)
             );
             let detail = match request.subject {
                 Subject::Machine => detail,
                 Subject::Cluster => format!(
                     "cannot be created: {detail}; delete a cluster or ask an admin to raise the limit"
+                ),
+                Subject::Deployment => format!(
+                    "cannot grow to its max size: {detail}; under the project's policy reservedCounts the room its \
+                     cluster autoscaler may grow it into counts as usage: lower its max size \
+                     (cluster.k8s.io/cluster-api-autoscaler-node-group-max-size) or ask an admin to raise the limit"
                 ),
             };
             request.deny(Reason::QuotaExceeded, &detail)
@@ -398,6 +432,7 @@ fn fits(ask: &Ask, growth: ResourceDetails) -> Verdict {
         reserve: Some(Reserve {
             size: ask.new_size().cloned().unwrap_or_default(),
             reserved: growth,
+            ..Reserve::default()
         }),
         ..Verdict::allow(Reason::Fits)
     }
@@ -465,6 +500,7 @@ pub fn decide_batch(project: &str, quota: Option<&QuotaState>, requests: &[Reque
             }
         }
         if let (Some(reserve), false) = (&verdict.reserve, request.dry_run) {
+            state.note_room_reservation(request, reserve);
             match state.reserved.checked_add(&reserve.reserved) {
                 Ok(sum) => state.reserved = sum,
                 Err(e) => {

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use kkp_quota_crds::ledger::{allotted_total, reserved_total};
+use kkp_quota_crds::autoscaled::AutoscaledDeployment;
+use kkp_quota_crds::ledger::{Reservation, allotted_total, reserved_total};
 use kkp_quota_crds::shares::{self, SeedShare};
 use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
 
@@ -23,6 +24,13 @@ pub struct QuotaState {
     pub allotted: ResourceDetails,
     /// This seed's share, when shares are in force on the ledger.
     pub seed: Option<SeedCapacity>,
+    /// The policy `reservedCounts` (`kkp_quota_crds::autoscaled`).
+    pub reserved_counts: bool,
+    /// Under it: the autoscaled deployments as seed-controller last counted them.
+    pub autoscaled: Vec<AutoscaledDeployment>,
+    /// Under it: the reservations marked with a deployment (its Machines on their way, its
+    /// changes not counted yet).
+    pub room_reservations: Vec<Reservation>,
 }
 
 /// What this seed may commit under its share, and who holds the rest.
@@ -69,6 +77,12 @@ impl QuotaState {
         });
         let reserved = reserved_total(&status.reservations).map_err(|e| StateError(e.to_string()))?;
         let allotted = allotted_total(&status.allotments).map_err(|e| StateError(e.to_string()))?;
+        let (autoscaled, room_reservations) = if spec.reserved_counts {
+            let marked = status.reservations.iter().filter(|r| r.deployment.is_some());
+            (status.autoscaled.clone(), marked.cloned().collect())
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Ok(QuotaState {
             limit: spec.quota.clone(),
             other_seeds_usage,
@@ -76,6 +90,9 @@ impl QuotaState {
             reserved,
             allotted,
             seed,
+            reserved_counts: spec.reserved_counts,
+            autoscaled,
+            room_reservations,
         })
     }
 
@@ -100,6 +117,26 @@ impl QuotaState {
             .checked_add(admitted_from_own)
             .map_err(|e| StateError(e.to_string()))?;
         Ok(state)
+    }
+
+    /// Takes in an admission decided in a batch, so that the requests after it see it: a
+    /// Machine from a deployment's room, or a deployment's change.
+    pub fn note_room_reservation(&mut self, request: &super::Request, reserve: &super::Reserve) {
+        let (Some(deployment), Some(autoscaled)) = (&reserve.deployment, &request.autoscaled) else {
+            return;
+        };
+        let cluster = match autoscaled {
+            super::Autoscaled::Member(m) => &m.cluster,
+            super::Autoscaled::Change(c) => &c.cluster,
+        };
+        self.room_reservations.push(Reservation {
+            cluster: cluster.clone(),
+            uid: reserve.uid.clone().unwrap_or_default(),
+            size: reserve.size.clone(),
+            reserved: reserve.reserved.clone(),
+            created_at: jiff::Timestamp::UNIX_EPOCH,
+            deployment: Some(deployment.clone()),
+        });
     }
 
     /// What is used or admitted: `otherSeedsUsage + localUsage + reservations`, without headroom

@@ -50,6 +50,7 @@ pub fn decide_surge(
         reserve: Some(Reserve {
             size: size.clone(),
             reserved: growth.clone(),
+            ..Reserve::default()
         }),
         warnings: vec![format!(
             "admitted over the quota of project {project:?} by its rollout allowance: it replaces machine {:?} of MachineDeployment {:?}, and the project is over its limit by {growth} until that Machine is deleted",
@@ -89,6 +90,7 @@ mod tests {
             ask: Ask::Create(cpu(size)),
             dry_run: false,
             subject: crate::decision::Subject::Machine,
+            autoscaled: None,
         }
     }
 

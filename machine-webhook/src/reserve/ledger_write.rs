@@ -29,11 +29,11 @@ impl Reserver {
         let reserve = verdict.reserve.as_ref().filter(|_| verdict.allowed)?;
         (!request.dry_run).then(|| Reservation {
             cluster: machine.cluster.clone(),
-            uid: machine.uid.clone(),
+            uid: reserve.uid.clone().unwrap_or_else(|| machine.uid.clone()),
             size: reserve.size.clone(),
             reserved: reserve.reserved.clone(),
             created_at: now,
-            deployment: None,
+            deployment: reserve.deployment.clone(),
         })
     }
 

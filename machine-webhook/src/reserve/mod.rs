@@ -268,7 +268,9 @@ impl Reserver {
         request: &Request,
     ) -> Option<Verdict> {
         self.inner.config.allotments.as_ref()?;
-        if self.inner.stopping.load(Ordering::SeqCst) {
+        // A Machine from a deployment's room, or a deployment's change, is decided on the ledger
+        // as it is, by compare-and-swap: the room is the deployment's, not this process's.
+        if self.inner.stopping.load(Ordering::SeqCst) || request.autoscaled.is_some() {
             return None;
         }
         let growth = request.ask.growth()?;

@@ -273,6 +273,7 @@ mod tests {
                 subject: LedgerSubject::project(project),
                 quota: ResourceDetails::default(),
                 rollout_allowance: None,
+                reserved_counts: false,
             },
         );
         let total: i64 = seeds.iter().map(|(_, n, _)| n).sum();

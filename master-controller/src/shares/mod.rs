@@ -278,6 +278,7 @@ mod tests {
                     rollout_allowance: None,
                     subject: LedgerSubject::project("demo"),
                     quota: ResourceDetails::default(),
+                    reserved_counts: false,
                 },
             );
             p.metadata.resource_version = Some(rv.into());

@@ -429,6 +429,7 @@ pub(super) mod tests {
                 rollout_allowance: None,
                 subject: LedgerSubject::project("demo"),
                 quota: ResourceDetails::default(),
+                reserved_counts: false,
             },
         );
         let round = Round {

@@ -48,6 +48,8 @@ pub struct ClusterState {
     pub(super) machines: HashMap<String, MachineInfo>,
     /// Its `MachineDeployment`s, for the capacity reserved for the cluster autoscaler.
     pub deployments: super::deployments::Deployments,
+    /// Its `MachineSet`s, for which deployment a Machine is of.
+    pub machine_sets: super::machine_sets::MachineSets,
     pub synced: bool,
     pub reachability: Reachability,
     /// Machines that appeared while the watch was running: checked for a reservation.
@@ -70,6 +72,25 @@ pub struct ClusterState {
 pub type LastSizeLabels = (String, String, String, String);
 
 impl ClusterState {
+    /// Its counted Machines summed by the deployment they are of (by UID; see
+    /// [`super::machine_sets`]).
+    pub fn members(&self) -> Result<HashMap<String, ResourceDetails>, kkp_quota_crds::QuantityError> {
+        let mut members: HashMap<String, ResourceDetails> = HashMap::new();
+        for info in self.machines.values() {
+            let deployment = info
+                .set
+                .as_deref()
+                .and_then(|set| self.machine_sets.deployment_of(set));
+            if let (Some(deployment), Some(size)) = (deployment, info.counting().size()) {
+                let sum = members
+                    .entry(deployment.to_owned())
+                    .or_insert_with(ResourceDetails::zero);
+                *sum = sum.checked_add(size)?;
+            }
+        }
+        Ok(members)
+    }
+
     /// Whether its Machines may exist uncounted right now.
     pub fn unsettled(&self) -> bool {
         !self.synced || matches!(self.reachability, Reachability::Unreachable(_))

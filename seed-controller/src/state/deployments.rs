@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::autoscaled::AutoscaledDeployment;
 use kkp_quota_crds::machine::{Machine, MachineDeployment};
 use kkp_quota_crds::reserved::{AutoscalingBounds, BoundsError};
 use kube::ResourceExt;
@@ -26,6 +27,9 @@ pub(super) struct DeploymentInfo {
     template: Machine,
     /// Sized only while it has bounds (nothing else reads it).
     sizing: Option<Result<ResourceDetails, SizingError>>,
+    /// Its `resourceVersion`: a change reservation made on an earlier one is counted
+    /// (`kkp_quota_crds::autoscaled::change_is_counted`).
+    version: Option<String>,
 }
 
 impl DeploymentInfo {
@@ -43,6 +47,23 @@ impl DeploymentInfo {
             bounds,
             template,
             sizing,
+            version: deployment.resource_version(),
+        }
+    }
+
+    /// Its entry in the ledger's `status.autoscaled`, with its `members` counted; none when it
+    /// reserves nothing (no usable bounds, or its Machines cannot be sized).
+    fn entry(&self, cluster: &str, uid: &str, members: ResourceDetails) -> Option<AutoscaledDeployment> {
+        match (&self.bounds, &self.sizing) {
+            (Ok(Some(bounds)), Some(Ok(size))) => Some(AutoscaledDeployment {
+                cluster: cluster.to_owned(),
+                uid: uid.to_owned(),
+                name: self.name.clone(),
+                max: bounds.max,
+                size: size.clone(),
+                members,
+            }),
+            _ => None,
         }
     }
 
@@ -100,12 +121,44 @@ impl Deployments {
         ResourceDetails::checked_sum(reservations.iter()).unwrap_or_else(|_| ResourceDetails::zero())
     }
 
+    /// Every autoscaled deployment's entry, its members summed from `members` (by deployment
+    /// UID), sorted by UID.
+    pub fn autoscaled(
+        &self,
+        cluster: &str,
+        members: &HashMap<String, ResourceDetails>,
+    ) -> Vec<AutoscaledDeployment> {
+        let mut entries: Vec<AutoscaledDeployment> = self
+            .by_uid
+            .iter()
+            .filter_map(|(uid, info)| {
+                let mine = members.get(uid).cloned().unwrap_or_else(ResourceDetails::zero);
+                info.entry(cluster, uid, mine)
+            })
+            .collect();
+        entries.sort_by(|a, b| a.uid.cmp(&b.uid));
+        entries
+    }
+
+    /// Every deployment's UID and `resourceVersion`.
+    pub fn versions(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.by_uid
+            .iter()
+            .filter_map(|(uid, info)| Some((uid.as_str(), info.version.as_deref()?)))
+    }
+
     /// Takes in one deployment; returns whether the reservation changed.
     fn apply(&mut self, cluster: &str, uid: String, info: DeploymentInfo) -> bool {
-        let old = self.by_uid.get(&uid);
-        if old.is_some_and(|old| old.same_as(&info)) {
-            return false;
+        if let Some(old) = self.by_uid.get_mut(&uid)
+            && old.same_as(&info)
+        {
+            // A write that changes nothing reserved still makes a change made on an earlier
+            // version counted.
+            let news = old.version != info.version;
+            old.version = info.version;
+            return news;
         }
+        let old = self.by_uid.get(&uid);
         warn_if_newly_nothing(cluster, old, &info);
         let before = old.map(DeploymentInfo::reserved);
         let after = info.reserved();
@@ -319,6 +372,67 @@ mod tests {
             Quantity::ZERO,
             "reserved is not usage"
         );
+    }
+
+    fn owned(value: serde_json::Value, kind: &str, owner: &str) -> serde_json::Value {
+        let mut value = value;
+        value["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": kind, "name": owner, "uid": owner, "controller": true
+        }]);
+        value
+    }
+
+    fn member(uid: &str, set: &str) -> kkp_quota_crds::machine::Machine {
+        let machine = serde_json::to_value(crate::state::fixtures::machine(uid, "t3.medium")).unwrap();
+        serde_json::from_value(owned(machine, "MachineSet", set)).unwrap()
+    }
+
+    fn set(uid: &str, deployment: &str) -> kkp_quota_crds::machine::MachineSet {
+        let set = json!({
+            "apiVersion": "cluster.k8s.io/v1alpha1", "kind": "MachineSet",
+            "metadata": {"name": uid, "namespace": "kube-system", "uid": uid}, "spec": {}
+        });
+        serde_json::from_value(owned(set, "MachineDeployment", deployment)).unwrap()
+    }
+
+    #[test]
+    fn a_deployments_members_are_the_machines_of_its_machine_sets() {
+        let mut state = state_with(&[("c1", "p")]);
+        let mut md = deployment("a", 2, Some(("1", "4")), "t3.medium");
+        md.metadata.resource_version = Some("7".into());
+        state.deployments_listed("c1", &[md]);
+        state.cluster_listed(
+            "c1",
+            vec![member("m1", "s1"), member("m2", "s1"), member("m3", "s2")],
+        );
+        let entries = |state: &State| state.project_plan("p").unwrap().autoscaled.unwrap();
+        let cpu = |d: &ResourceDetails| d.amount(Resource::Cpu);
+        assert_eq!(entries(&state).len(), 1);
+        assert_eq!(
+            cpu(&entries(&state)[0].members),
+            Quantity::ZERO,
+            "no MachineSet known yet"
+        );
+        assert!(state.machine_sets_listed("c1", &[set("s1", "a"), set("s2", "other")]));
+        let entry = entries(&state).remove(0);
+        assert_eq!((entry.uid.as_str(), entry.max), ("a", 4));
+        assert_eq!(
+            cpu(&entry.members),
+            Quantity::from_units(4),
+            "m1 and m2, 2 vCPUs each"
+        );
+        assert_eq!(
+            cpu(&entry.reserved().unwrap()),
+            Quantity::from_units(4),
+            "room for 2 more"
+        );
+        let plan = state.project_plan("p").unwrap();
+        assert_eq!(
+            plan.counted.deployments.get(&("c1".into(), "a".into())),
+            Some(&"7".to_owned())
+        );
+        state.machine_set_deleted("c1", "s1");
+        assert_eq!(cpu(&entries(&state)[0].members), Quantity::ZERO);
     }
 
     #[test]

@@ -42,6 +42,8 @@ pub(super) struct MachineInfo {
     pub(super) sizing: Result<ResourceDetails, SizingError>,
     /// While it cannot be sized: the size it last had, if it ever had one (it counts so).
     pub(super) last_size: Option<ResourceDetails>,
+    /// The UID of the `MachineSet` controlling it (for the room of its deployment).
+    pub(super) set: Option<String>,
 }
 
 impl MachineInfo {
@@ -106,6 +108,8 @@ impl State {
         persisted: Option<&ResourceDetails>,
     ) -> MachineInfo {
         let name = machine.name_any();
+        let set =
+            super::machine_sets::controller_of(machine.owner_references(), "MachineSet").map(str::to_owned);
         // Keep only what sizing needs (not metadata such as managedFields).
         let spec = Machine::new(&name, machine.spec);
         let sizing = Self::size(catalog, &spec);
@@ -115,6 +119,7 @@ impl State {
             sizing,
             name,
             spec,
+            set,
         }
     }
 
@@ -174,10 +179,11 @@ impl State {
         let persisted = self
             .remembered
             .get(cluster.project.as_deref(), cluster_name, &uid);
+        let set = super::machine_sets::controller_of(machine.owner_references(), "MachineSet");
         if cluster
             .machines
             .get(&uid)
-            .is_some_and(|old| old.spec.spec == machine.spec)
+            .is_some_and(|old| old.spec.spec == machine.spec && old.set.as_deref() == set)
         {
             return;
         }

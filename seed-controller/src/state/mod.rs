@@ -11,7 +11,8 @@
 //! - `machines`: a cluster's Machines: sizing, the count, listings, the size catalog, the Machines
 //!   remembered as gone, and the Events published on Machines ([`MachineEvent`]);
 //! - `deployments`: a cluster's `MachineDeployment`s, for the capacity reserved for the cluster
-//!   autoscaler (shown beside the usage);
+//!   autoscaler (shown beside the usage, or counted in it under the policy `reservedCounts`);
+//! - `machine_sets`: a cluster's `MachineSet`s: which deployment a Machine is of;
 //! - `last_size`: Machines that can no longer be sized, counted at their last known size (kept
 //!   in the ledgers for a restart);
 //! - `admission`: bypass detection: Machines that appeared while watched, held back, judged;
@@ -22,6 +23,7 @@ mod admission;
 mod cluster;
 mod deployments;
 mod last_size;
+mod machine_sets;
 mod machines;
 mod project;
 

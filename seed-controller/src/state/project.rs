@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use kkp_quota_crds::autoscaled::AutoscaledDeployment;
 use kkp_quota_crds::rollout::Presence;
 use kkp_quota_crds::{LastKnownSize, ResourceDetails};
 
@@ -19,6 +20,9 @@ pub struct ProjectPlan {
     /// `reservedUsage`: what the project's autoscaled `MachineDeployment`s here may still add;
     /// `None` while a cluster of it has not listed them yet (the ledger keeps its own).
     pub reserved_usage: Option<ResourceDetails>,
+    /// `status.autoscaled`: the project's autoscaled deployments here with their members
+    /// (`kkp_quota_crds::autoscaled`); `None` while a cluster of it has not listed them yet.
+    pub autoscaled: Option<Vec<AutoscaledDeployment>>,
     pub counted: Counted,
     /// Machines that appeared while watched, to check for reservations.
     pub appeared: Vec<Appeared>,
@@ -66,6 +70,7 @@ impl State {
         let mut watched = HashSet::new();
         let mut clusters = 0;
         let mut reserved = Some(Vec::new());
+        let mut autoscaled = Some(Vec::new());
         for (name, cluster) in &self.clusters {
             if cluster.unsettled() {
                 counted.unsettled.insert(name.clone());
@@ -86,8 +91,15 @@ impl State {
             usages.push(cluster.reported_usage());
             if cluster.deployments.pending() {
                 reserved = None;
-            } else if let Some(reserved) = &mut reserved {
+                autoscaled = None;
+            } else if let (Some(reserved), Some(autoscaled)) = (&mut reserved, &mut autoscaled) {
                 reserved.push(cluster.deployments.reserved());
+                autoscaled.extend(cluster.deployments.autoscaled(name, &cluster.members()?));
+            }
+            for (uid, version) in cluster.deployments.versions() {
+                counted
+                    .deployments
+                    .insert((name.clone(), uid.to_owned()), version.to_owned());
             }
             if cluster.synced && !cluster.unsettled() {
                 watched.insert(name.clone());
@@ -131,6 +143,7 @@ impl State {
             reserved_usage: reserved
                 .map(|r| ResourceDetails::checked_sum(r.iter()))
                 .transpose()?,
+            autoscaled,
             counted,
             appeared,
             project_unsettled,

@@ -10,10 +10,13 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use jiff::{SignedDuration, Timestamp};
+use kkp_quota_crds::autoscaled::{AutoscaledDeployment, counted_rooms};
 use kkp_quota_crds::ledger::group;
 use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
 use kkp_quota_crds::rollout::{self, Presence};
-use kkp_quota_crds::{LastKnownSize, QuantityError, QuotaLedger, QuotaLedgerStatus, ResourceDetails};
+use kkp_quota_crds::{
+    LastKnownSize, QuantityError, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails,
+};
 use kube::ResourceExt;
 use serde_json::{Value, json};
 
@@ -29,8 +32,11 @@ use crate::state::ProjectPlan;
 pub(super) struct Decision {
     /// `localUsage`: the plan's usage without the held-back Machines.
     pub(super) local_usage: ResourceDetails,
-    /// `reservedUsage` to write (the autoscalers' room), when known (`ProjectPlan`).
+    /// `reservedUsage` to write (the autoscalers' room), when known (`ProjectPlan`). Under the
+    /// policy `reservedCounts`, the rooms counted in `localUsage`.
     pub(super) reserved_usage: Option<ResourceDetails>,
+    /// `status.autoscaled` to write, when known and not what the copy read has.
+    pub(super) autoscaled: Option<Vec<AutoscaledDeployment>>,
     /// Reservations dropped (by index).
     pub(super) drops: Vec<(usize, DropReason)>,
     /// Allotments removed (by index).
@@ -60,6 +66,7 @@ impl Decision {
             written.is_some_and(|w| crate::usage::same_usage(w, wanted))
         };
         !same(status.local_usage.as_ref(), &self.local_usage)
+            || self.autoscaled.is_some()
             || self
                 .reserved_usage
                 .as_ref()
@@ -69,6 +76,7 @@ impl Decision {
 
 pub(super) fn decide(
     plan: &ProjectPlan,
+    spec: &QuotaLedgerSpec,
     status: &QuotaLedgerStatus,
     config: &Config,
 ) -> Result<Decision, QuantityError> {
@@ -93,6 +101,13 @@ pub(super) fn decide(
         grace,
     );
     let local_usage = usage_without_held(&plan.local_usage, &plan.counted, &plan.appeared, &held)?;
+    let kept = remaining(&status.reservations, drops.iter().map(|(i, _)| *i));
+    let rooms = counted_rooms(&entries_to_count(plan, status), &kept)?;
+    let (local_usage, reserved_usage) = if spec.reserved_counts {
+        (local_usage.checked_add(&rooms)?, Some(rooms))
+    } else {
+        (local_usage, plan.reserved_usage.clone())
+    };
     let held_set: HashSet<usize> = held.iter().copied().collect();
     let judged: Vec<_> = plan
         .appeared
@@ -103,7 +118,8 @@ pub(super) fn decide(
         .collect();
     Ok(Decision {
         local_usage,
-        reserved_usage: plan.reserved_usage.clone(),
+        reserved_usage,
+        autoscaled: plan.autoscaled.clone().filter(|a| *a != status.autoscaled),
         expired,
         demands_expired,
         had_allotments: !status.allotments.is_empty(),
@@ -114,6 +130,22 @@ pub(super) fn decide(
         last_known: last_known_change(&plan.last_known, &status.last_known_sizes),
         surges_ended: surges_ended(plan, status, &drops),
         drops,
+    })
+}
+
+/// The autoscaled deployments whose rooms this write counts (under the policy
+/// `reservedCounts`): the plan's, or while a cluster has not listed its deployments yet, the
+/// ledger's own with no members (each room its whole nominal size: more than it is, never less).
+fn entries_to_count(plan: &ProjectPlan, status: &QuotaLedgerStatus) -> Vec<AutoscaledDeployment> {
+    plan.autoscaled.clone().unwrap_or_else(|| {
+        status
+            .autoscaled
+            .iter()
+            .map(|a| AutoscaledDeployment {
+                members: ResourceDetails::zero(),
+                ..a.clone()
+            })
+            .collect()
     })
 }
 
@@ -161,6 +193,10 @@ pub(super) fn status_after(status: &QuotaLedgerStatus, decision: &Decision) -> Q
             .clone()
             .unwrap_or_else(|| status.last_known_sizes.clone()),
         rollout_surges: remaining(&status.rollout_surges, decision.surges_ended.iter().copied()),
+        autoscaled: decision
+            .autoscaled
+            .clone()
+            .unwrap_or_else(|| status.autoscaled.clone()),
         ..status.clone()
     }
 }
@@ -179,6 +215,13 @@ pub(super) fn ledger_patch(
     });
     if let Some(reserved) = &decision.reserved_usage {
         patch["status"]["reservedUsage"] = json!(reserved);
+    }
+    if let Some(autoscaled) = &decision.autoscaled {
+        patch["status"]["autoscaled"] = if autoscaled.is_empty() {
+            Value::Null
+        } else {
+            json!(autoscaled)
+        };
     }
     if !decision.drops.is_empty() {
         let kept = remaining(&status.reservations, decision.drops.iter().map(|(i, _)| *i));
@@ -320,6 +363,7 @@ mod tests {
                 project: "p".into(),
                 local_usage: ResourceDetails::default(),
                 reserved_usage: None,
+                autoscaled: None,
                 counted: c,
                 appeared: Vec::new(),
                 project_unsettled: false,
@@ -373,5 +417,141 @@ mod tests {
             ),
             [0]
         );
+    }
+}
+
+#[cfg(test)]
+mod policy_tests {
+    use std::collections::HashSet;
+
+    use jiff::Timestamp;
+    use kkp_quota_crds::autoscaled::{AutoscaledDeployment, change_reservation};
+    use kkp_quota_crds::fixtures::cpu;
+    use kkp_quota_crds::ledger::Reservation;
+    use kkp_quota_crds::{LedgerSubject, QuotaLedgerSpec, QuotaLedgerStatus, Resource, ResourceDetails};
+
+    use super::decide;
+    use crate::Config;
+    use crate::ledger::Counted;
+    use crate::state::ProjectPlan;
+
+    fn plan(autoscaled: Option<Vec<AutoscaledDeployment>>, version: &str) -> ProjectPlan {
+        let mut counted = Counted::default();
+        counted.machines.insert(("c".into(), "m1".into()), cpu(2));
+        counted
+            .deployments
+            .insert(("c".into(), "d".into()), version.to_owned());
+        ProjectPlan {
+            project: "p".into(),
+            local_usage: cpu(2),
+            reserved_usage: Some(cpu(100)),
+            autoscaled,
+            counted,
+            appeared: Vec::new(),
+            project_unsettled: false,
+            last_known: Vec::new(),
+            watched: HashSet::from(["c".to_owned()]),
+            known: HashSet::from(["c".to_owned()]),
+        }
+    }
+
+    fn entry(max: u32, members: i64) -> AutoscaledDeployment {
+        AutoscaledDeployment {
+            cluster: "c".into(),
+            uid: "d".into(),
+            name: "kube-system/md".into(),
+            max,
+            size: cpu(2),
+            members: cpu(members),
+        }
+    }
+
+    fn spec(reserved_counts: bool) -> QuotaLedgerSpec {
+        QuotaLedgerSpec {
+            subject: LedgerSubject::project("p"),
+            quota: cpu(20),
+            shares: None,
+            rollout_allowance: None,
+            reserved_counts,
+        }
+    }
+
+    fn local_cpu(d: &super::Decision) -> i64 {
+        let amount = d.local_usage.amount(Resource::Cpu);
+        (0..100)
+            .find(|&n| kkp_quota_crds::Quantity::from_units(n) == amount)
+            .unwrap()
+    }
+
+    #[test]
+    fn under_the_policy_the_rooms_count_and_machines_on_their_way_outlive_them() {
+        let config = Config::for_tests("seed");
+        let on_its_way = Reservation {
+            cluster: "c".into(),
+            uid: "m9".into(),
+            size: cpu(2),
+            reserved: ResourceDetails::zero(),
+            created_at: Timestamp::now(),
+            deployment: Some("d".into()),
+        };
+        let status = QuotaLedgerStatus {
+            reservations: vec![on_its_way],
+            ..QuotaLedgerStatus::default()
+        };
+        // max 4 of 2 cpu, one member (2 cpu): room 6; the Machine on its way is inside it.
+        let d = decide(&plan(Some(vec![entry(4, 2)]), "5"), &spec(true), &status, &config).unwrap();
+        assert_eq!(local_cpu(&d), 2 + 6);
+        assert!(crate::usage::same_usage(
+            d.reserved_usage.as_ref().unwrap(),
+            &cpu(6)
+        ));
+        assert_eq!(
+            d.autoscaled,
+            Some(vec![entry(4, 2)]),
+            "written: the ledger has none"
+        );
+        // Policy off: shown apart, not counted.
+        let d = decide(
+            &plan(Some(vec![entry(4, 2)]), "5"),
+            &spec(false),
+            &status,
+            &config,
+        )
+        .unwrap();
+        assert_eq!(local_cpu(&d), 2);
+        assert_eq!(
+            d.reserved_usage,
+            Some(cpu(100)),
+            "the plan's, (max - replicas) x size"
+        );
+        // Lowered to 1 (room 0): the Machine on its way still counts.
+        let d = decide(&plan(Some(vec![entry(1, 2)]), "5"), &spec(true), &status, &config).unwrap();
+        assert_eq!(local_cpu(&d), 2 + 2);
+        // Deployments not listed yet: the ledger's entries count, whole.
+        let listed = QuotaLedgerStatus {
+            autoscaled: vec![entry(4, 2)],
+            ..QuotaLedgerStatus::default()
+        };
+        let d = decide(&plan(None, "5"), &spec(true), &listed, &config).unwrap();
+        assert_eq!((local_cpu(&d), d.autoscaled.clone()), (2 + 8, None));
+    }
+
+    #[test]
+    fn a_change_reservation_goes_with_a_count_of_a_later_version() {
+        let config = Config::for_tests("seed");
+        let raise =
+            change_reservation(("c", "d"), Some("5"), &cpu(4), (6, &cpu(2)), Timestamp::now()).unwrap();
+        let status = QuotaLedgerStatus {
+            reservations: vec![raise],
+            ..QuotaLedgerStatus::default()
+        };
+        let d = decide(&plan(Some(vec![entry(4, 2)]), "5"), &spec(true), &status, &config).unwrap();
+        assert!(
+            d.drops.is_empty(),
+            "the count is of the version the raise was made on"
+        );
+        let d = decide(&plan(Some(vec![entry(6, 2)]), "6"), &spec(true), &status, &config).unwrap();
+        assert_eq!(d.drops.len(), 1);
+        assert_eq!(local_cpu(&d), 2 + 10);
     }
 }

@@ -69,7 +69,7 @@ async fn write_project_inner(shared: &Shared, project: &str) -> Result<(), Error
             .unwrap_or_else(|| quota.status.clone().unwrap_or_default());
         // Decided on the lifetimes as our clock judges them; patched from the status as read.
         let judged_status = super::judge_lifetimes(shared, project, &status, Timestamp::now());
-        let decision = decide(&plan, &judged_status, &shared.config)?;
+        let decision = decide(&plan, &quota.spec, &judged_status, &shared.config)?;
         set_usage_gauges(&shared.metrics.local_usage, &[project], &decision.local_usage);
         set_surge_gauges(
             shared,

@@ -90,7 +90,7 @@ pub async fn watch_quotas(shared: Arc<Shared>) {
                         let plan = state.project_plan(&project).ok();
                         let decision = plan
                             .as_ref()
-                            .and_then(|plan| decide(plan, &status, &shared.config).ok());
+                            .and_then(|plan| decide(plan, &quota.spec, &status, &shared.config).ok());
                         let differs = decision
                             .as_ref()
                             .is_none_or(|d| d.usage_differs(&status) || d.last_known.is_some())
