@@ -58,9 +58,14 @@ pub struct QuotaViewStatus {
     #[serde(default)]
     pub used: ResourceDetails,
     /// What the project's cluster autoscalers on this seed may still add (its ledger's
-    /// `reservedUsage`), beside `used`: not counted in it, nor taken from `free`.
+    /// `reservedUsage`), beside `used`: not counted in it, nor taken from `free`; under
+    /// `reservedCounts`, held for them inside `used`.
     #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
     pub autoscaler_reserved: ResourceDetails,
+    /// The project's policy `reservedCounts`: the autoscalers' room counts in `used`
+    /// (docs/capacity.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reserved_counts: bool,
     /// The room left under each limit (`limits - used`, never below zero).
     #[serde(default)]
     pub free: ResourceDetails,

@@ -48,6 +48,9 @@ pub struct ProjectStatus {
     /// every seed on the master, on this seed in a user cluster.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reserved: Option<ResourceDetails>,
+    /// The policy `reservedCounts`: `reserved` is held for the autoscalers, inside `used`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub reserved_counts: bool,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub seeds: Vec<SeedRow>,
 }
@@ -153,6 +156,7 @@ fn from_view(view: &QuotaView, now: Timestamp) -> ProjectStatus {
             .collect(),
         other_seeds: Some(status.other_seeds.clone()).filter(|o| !o.is_empty()),
         reserved: Some(status.autoscaler_reserved.clone()).filter(|r| !r.is_empty()),
+        reserved_counts: status.reserved_counts,
         seeds: Vec::new(),
     }
 }
@@ -187,6 +191,7 @@ fn from_master(quota: &ProjectQuota) -> ProjectStatus {
         clusters: Vec::new(),
         other_seeds: None,
         reserved: status.reserved.clone().filter(|r| !r.is_empty()),
+        reserved_counts: quota.spec.reserved_counts,
         seeds: status
             .seeds
             .iter()
@@ -272,9 +277,14 @@ fn block(project: &ProjectStatus, source: Source, now: Timestamp) -> String {
         } else {
             ""
         };
+        let how = if project.reserved_counts {
+            "held for them: counted in USED"
+        } else {
+            "reserved; not in USED"
+        };
         let _ = writeln!(
             out,
-            "cluster autoscalers{here} may still add {} (reserved; not in USED)",
+            "cluster autoscalers{here} may still add {} ({how})",
             describe(reserved)
         );
     }
@@ -428,6 +438,18 @@ mod tests {
         );
         let json = serde_json::to_value(&master).expect("JSON");
         assert_eq!(json["projects"][0]["reserved"]["cpu"], "4");
+        // Under reservedCounts the same room is held, inside USED.
+        let mut held = project_quota("demo", &json!({"cpu": "16"}), &json!({"cpu": "6"}), &json!([]));
+        held.spec.reserved_counts = true;
+        held.status.as_mut().expect("a status").reserved =
+            Some(serde_json::from_value(json!({"cpu": "4"})).expect("amounts"));
+        let held = report(&Quotas::Master(vec![held]), None, Timestamp::now()).expect("a report");
+        assert!(
+            table(&held)
+                .contains("\ncluster autoscalers may still add 4 cpu (held for them: counted in USED)"),
+            "{}",
+            table(&held)
+        );
     }
 
     #[test]

@@ -153,8 +153,11 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
                 .set_seed_usage(&project_name, &u.seed, &u.local.clone().unwrap_or_default());
         }
     }
-    // Like the global usage, left as it is while some seed's figures are not known.
-    if folded.global.is_some() {
+    // Like the global usage, left as it is while some seed's figures are not known. Under the
+    // policy `reservedCounts` the room is held inside the usage: no series says it may be short.
+    if policy_spec.reserved_counts {
+        ctx.metrics.set_reserved(&project_name, None, std::iter::empty());
+    } else if folded.global.is_some() {
         ctx.metrics.set_reserved(
             &project_name,
             folded.reserved.as_ref(),

@@ -74,6 +74,7 @@ pub fn build(
         used,
         free,
         autoscaler_reserved: status.reserved_usage.clone().unwrap_or_default(),
+        reserved_counts: ledger.spec.reserved_counts,
         clusters,
         other_seeds,
         confirmed_at: None,
