@@ -3,10 +3,11 @@
 //! that lags behind, and webhook admissions of Machines (from a deployment's room or by their
 //! full size) and of deployment creates, raises, lowerings and template changes, each written by
 //! compare-and-swap and landing, conflicting, or landing with its object never stored. Machines
-//! are deleted, deployments deleted and created again, and seed-controller may not know yet
-//! which deployment a Machine is of.
+//! are deleted, deployments deleted and created again, seed-controller may not know yet which
+//! deployment a Machine is of, and an admin turns the policy off and on again.
 //!
-//! The invariants, after every step: what the user cluster holds, every Machine once plus every
+//! The invariants, after every step: the Machines are within the limit, and the ledger counts at
+//! least them. In runs where the policy stays on, also: what the user cluster holds, every Machine once plus every
 //! autoscaled deployment's room, is within the limit, and the ledger counts at least as much.
 //! (It may count more for a while: a count from a view that has not seen a deployment's change
 //! yet counts its old room beside the change's reservation.) At the end, with seed-controller
@@ -116,6 +117,8 @@ impl Cluster {
 #[derive(Debug, Clone, Default)]
 struct Ledger {
     version: u64,
+    /// `spec.reservedCounts` (on when a run starts).
+    policy: bool,
     local_usage: Rd,
     autoscaled: Vec<AutoscaledDeployment>,
     reservations: Vec<Reservation>,
@@ -131,6 +134,10 @@ impl Ledger {
 
     fn fits(&self, growth: &Rd) -> bool {
         cpu(&self.in_use()) + cpu(growth) <= LIMIT
+    }
+
+    fn over_limit(&self) -> bool {
+        cpu(&self.in_use()) > LIMIT
     }
 }
 
@@ -181,6 +188,8 @@ enum Step {
     },
     /// seed-controller counts from its view.
     Count,
+    /// An admin turns the policy off, or on again (the master writes the ledger's spec).
+    TogglePolicy,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -193,6 +202,7 @@ fn step() -> impl Strategy<Value = Step> {
             .prop_map(|(pick, how)| Step::Land { pick, how }),
         3 => any::<u8>().prop_map(|unowned| Step::Look { unowned }),
         3 => Just(Step::Count),
+        1 => Just(Step::TogglePolicy),
     ]
 }
 
@@ -209,6 +219,8 @@ struct World {
     refused: u32,
     /// The reservations (UID and size) of writes that landed with their object never stored.
     lost: Vec<(String, Rd)>,
+    /// The policy was turned off or on again at least once.
+    toggled: bool,
 }
 
 impl World {
@@ -242,19 +254,21 @@ impl World {
         };
         let machine_size = size(machine_cpu);
         // The webhook reads the owner as it is now.
-        let from_room = deployment.as_ref().is_some_and(|dep| {
-            let template = size(dep.cpu);
-            let room = Room::find(
-                CLUSTER,
-                &dep.uid,
-                &self.ledger.autoscaled,
-                &self.ledger.reservations,
-                (dep.max, &template),
-            )
-            .unwrap();
-            let on_their_way = marked(CLUSTER, &dep.uid, &self.ledger.reservations).unwrap();
-            room.is_some_and(|room| admits_from_room(&room, &on_their_way, &machine_size).unwrap())
-        });
+        let room_open = self.ledger.policy && !self.ledger.over_limit();
+        let from_room = room_open
+            && deployment.as_ref().is_some_and(|dep| {
+                let template = size(dep.cpu);
+                let room = Room::find(
+                    CLUSTER,
+                    &dep.uid,
+                    &self.ledger.autoscaled,
+                    &self.ledger.reservations,
+                    (dep.max, &template),
+                )
+                .unwrap();
+                let on_their_way = marked(CLUSTER, &dep.uid, &self.ledger.reservations).unwrap();
+                room.is_some_and(|room| admits_from_room(&room, &on_their_way, &machine_size).unwrap())
+            });
         let reserved = if from_room {
             self.from_room += 1;
             Rd::zero()
@@ -305,7 +319,8 @@ impl World {
             cpu: template_cpu,
             version: 0,
         };
-        if growth.is_empty() {
+        // Without the policy a deployment asks nothing.
+        if growth.is_empty() || !self.ledger.policy {
             // Nothing to check or record: stored at once.
             self.cluster.revision += 1;
             deployment.version = self.cluster.revision;
@@ -385,6 +400,9 @@ impl World {
                     .is_some_and(|d| r.uid.starts_with(&format!("{d}@")) && view.deleted.contains(d))
         };
         self.ledger.reservations.retain(|r| !counted(r) && !gone(r));
+        // Without the policy no room counts and no entry is written; Machines on their way from
+        // a room still count.
+        let entries = if self.ledger.policy { entries } else { Vec::new() };
         self.ledger.local_usage = Rd::checked_sum(parts.iter())
             .unwrap()
             .checked_add(&counted_rooms(&entries, &self.ledger.reservations).unwrap())
@@ -417,10 +435,32 @@ impl World {
                 }
             }
             Step::Count => self.count(),
+            Step::TogglePolicy => {
+                self.ledger.policy = !self.ledger.policy;
+                self.ledger.version += 1;
+                self.toggled = true;
+            }
         }
     }
 
     fn check(&self) -> Result<(), String> {
+        let machines: i64 = self.cluster.machines.iter().map(|m| i64::from(m.cpu)).sum();
+        if machines > LIMIT {
+            return Err(format!(
+                "the user cluster runs {machines} cpu of Machines over the limit {LIMIT}"
+            ));
+        }
+        let counted = cpu(&self.ledger.in_use());
+        if counted < machines {
+            return Err(format!(
+                "the ledger counts {counted} cpu of the {machines} of Machines"
+            ));
+        }
+        // Turning the policy on counts rooms no admission held (the project may then be over its
+        // limit, as with a lowered limit): the stricter invariants hold for runs without that.
+        if self.toggled {
+            return Ok(());
+        }
         let held = cpu(&self.cluster.usage());
         if held > LIMIT {
             return Err(format!(
@@ -447,7 +487,13 @@ impl World {
             .retain(|r| !lost.iter().any(|(uid, size)| *uid == r.uid && *size == r.size));
         self.apply(&Step::Look { unowned: u8::MAX });
         self.apply(&Step::Count);
-        let (counted, held) = (cpu(&self.ledger.in_use()), cpu(&self.cluster.usage()));
+        let machines: i64 = self.cluster.machines.iter().map(|m| i64::from(m.cpu)).sum();
+        let held = if self.ledger.policy {
+            cpu(&self.cluster.usage())
+        } else {
+            machines
+        };
+        let counted = cpu(&self.ledger.in_use());
         if counted != held {
             return Err(format!(
                 "settled, the ledger counts {counted} cpu for the {held} held"
@@ -466,6 +512,7 @@ fn run(steps: &[Step]) -> Result<World, String> {
 /// The steps, each checked.
 fn play(steps: &[Step]) -> Result<World, String> {
     let mut world = World::default();
+    world.ledger.policy = true;
     let trace = std::env::var_os("ROOM_MODEL_TRACE").is_some();
     for (i, step) in steps.iter().enumerate() {
         world.apply(step);
@@ -623,4 +670,32 @@ fn a_raise_after_a_lowering_holds_its_whole_raise() {
     world.apply(&steps[7]);
     world.check().unwrap();
     assert_eq!(cpu(&world.ledger.in_use()), 2);
+}
+
+/// The policy turned on over rooms no admission held, beyond the limit: nothing grows from them.
+#[test]
+fn rooms_counted_by_turning_the_policy_on_are_not_admitted_from_while_over() {
+    let mut steps = vec![
+        Step::TogglePolicy,
+        Step::ChangeDeployment { d: 0, max: 5, cpu: 3 },
+    ];
+    for _ in 0..3 {
+        steps.push(Step::AskMachine { owner: None, cpu: 3 });
+        steps.push(Step::Land { pick: 0, how: 0 });
+    }
+    steps.extend([Step::TogglePolicy, Step::Look { unowned: u8::MAX }, Step::Count]);
+    for _ in 0..3 {
+        steps.push(Step::AskMachine {
+            owner: Some(0),
+            cpu: 3,
+        });
+        steps.push(Step::Land { pick: 0, how: 0 });
+    }
+    let world = run(&steps).unwrap();
+    assert_eq!(world.from_room, 0);
+    assert_eq!(
+        world.cluster.machines.len(),
+        3,
+        "9 cpu run, and 9 + 15 of room are over 16"
+    );
 }

@@ -16,6 +16,17 @@ pub fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerRe
         .find(|o| o.kind == kind && o.api_version.split_once('/').is_some_and(|(g, _)| g == GROUP))
 }
 
+/// The controller owner of `kind` in machine-controller's group: the one the Machine (or
+/// `MachineSet`) belongs to, as seed-controller counts it (a non-controller reference names no
+/// deployment whose room the Machine may take).
+pub fn controller<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerReference> {
+    owners.iter().find(|o| {
+        o.kind == kind
+            && o.controller == Some(true)
+            && o.api_version.split_once('/').is_some_and(|(g, _)| g == GROUP)
+    })
+}
+
 /// The object that reconciles the Machine: its `MachineSet`, else a `MachineDeployment` owning it
 /// directly.
 pub fn reconciling_owner(owners: &[OwnerReference]) -> Option<&OwnerReference> {
@@ -80,6 +91,16 @@ mod tests {
             Some("d")
         );
         assert!(reconciling_owner(&owners[..1]).is_none());
+        assert!(
+            controller(&owners, "MachineSet").is_none(),
+            "none is the controller"
+        );
+        let mut controlled = owners.clone();
+        controlled[2].controller = Some(true);
+        assert_eq!(
+            controller(&controlled, "MachineSet").map(|o| o.name.as_str()),
+            Some("s")
+        );
         let r = resource("cluster.k8s.io/v1alpha1", "MachineDeployment");
         assert_eq!(
             (r.group.as_str(), r.version.as_str(), r.plural.as_str()),

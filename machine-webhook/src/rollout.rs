@@ -116,7 +116,7 @@ impl Rollouts {
         namespace: &str,
         owners: &[OwnerReference],
     ) -> Option<kkp_quota_crds::machine::MachineDeployment> {
-        let set_ref = owner(owners, "MachineSet")?;
+        let set_ref = owners::controller(owners, "MachineSet")?;
         let cluster_object = self.cache.cluster(cluster)?;
         let client = {
             let mut clients = self.clients.lock().await;
@@ -134,7 +134,8 @@ impl Rollouts {
         if set.metadata.uid.as_deref() != Some(set_ref.uid.as_str()) {
             return None;
         }
-        let deployment_ref = owners::deployment_of(&set)?;
+        let deployment_ref =
+            owners::controller(set.metadata.owner_references.as_deref()?, "MachineDeployment")?;
         let deployment = owners::read(&client, namespace, deployment_ref, "MachineDeployment")
             .await
             .ok()??;

@@ -154,15 +154,21 @@ pub const DEPLOYMENTS_PATH_PREFIX: &str = "/validate/machinedeployments";
 pub const ROOM_MATCH_CONDITION_NAME: &str = "autoscaler-room-changes-only";
 
 /// The `MachineDeployment`s sent to the webhook: those with the cluster autoscaler's max size,
-/// on their create, or when the max size or the template changes. Never a change of `replicas`
-/// alone: the autoscaler makes those all day, and they grow no room.
+/// on their create, or when either size annotation (min too: bounds with a min above the max, or
+/// without a min, are not bounds, so adding or mending the min can give a deployment its room)
+/// or the template changes. Never a change of `replicas` alone: the autoscaler makes those all
+/// day, and they grow no room.
 pub const AUTOSCALER_ROOM_CHANGES_ONLY: &str = "has(object.metadata.annotations) \
     && 'cluster.k8s.io/cluster-api-autoscaler-node-group-max-size' in object.metadata.annotations \
     && (request.operation == 'CREATE' \
         || !has(oldObject.metadata.annotations) \
         || !('cluster.k8s.io/cluster-api-autoscaler-node-group-max-size' in oldObject.metadata.annotations) \
+        || !('cluster.k8s.io/cluster-api-autoscaler-node-group-min-size' in oldObject.metadata.annotations) \
+        || !('cluster.k8s.io/cluster-api-autoscaler-node-group-min-size' in object.metadata.annotations) \
         || oldObject.metadata.annotations['cluster.k8s.io/cluster-api-autoscaler-node-group-max-size'] \
            != object.metadata.annotations['cluster.k8s.io/cluster-api-autoscaler-node-group-max-size'] \
+        || oldObject.metadata.annotations['cluster.k8s.io/cluster-api-autoscaler-node-group-min-size'] \
+           != object.metadata.annotations['cluster.k8s.io/cluster-api-autoscaler-node-group-min-size'] \
         || !has(object.spec.template) || !has(oldObject.spec.template) \
         || object.spec.template != oldObject.spec.template)";
 

@@ -477,6 +477,7 @@ impl DeploymentWatch {
                     warn!(%error, "MachineDeployments cannot be watched; the reservations last known stay");
                     self.failure = Some(error);
                 }
+                shared.state().deployments_failing(cluster, true);
                 // Only a cluster with nothing to list reserves nothing; any other failure
                 // (a timeout, an expired watch) keeps what was known.
                 no_deployments_there(&e) && shared.state().deployments_unlistable(cluster)

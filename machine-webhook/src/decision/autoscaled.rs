@@ -48,6 +48,11 @@ pub(super) fn from_room(state: &QuotaState, member: &Member, size: &ResourceDeta
     if !state.reserved_counts {
         return None;
     }
+    // Over the limit (the policy just turned on, the limit lowered, a catalog edit), a room
+    // counted since is not one an admission held: nothing grows from it until the project fits.
+    if !state.limit.overrun_by(&state.in_use().ok()?).is_empty() {
+        return None;
+    }
     let reservations = &state.room_reservations;
     let room = Room::find(
         &member.cluster,

@@ -769,6 +769,15 @@ mod reserved_counts {
         assert!(reserve.reserved.is_empty(), "adds nothing: its room is counted");
         assert_eq!(reserve.deployment.as_deref(), Some("d"));
         assert_eq!(verdicts[1].reason, Reason::QuotaExceeded);
+        // Over the limit (the policy turned on with rooms that do not fit): nothing from them.
+        let over = QuotaState {
+            local_usage: cpu("9"),
+            ..full()
+        };
+        assert_eq!(
+            decide("p", Some(&over), &member("m1")).reason,
+            Reason::QuotaExceeded
+        );
         // Policy off: the same Machine is a Machine.
         let off = QuotaState {
             reserved_counts: false,

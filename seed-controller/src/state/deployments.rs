@@ -104,6 +104,8 @@ pub struct Deployments {
     /// Nothing to wait for: the cluster has no `MachineDeployment`s to list (the resource is not
     /// there, or may not be read), or did not answer in time: what is known of them counts.
     unlistable: bool,
+    /// The watch failed since the last listing or event.
+    failing: bool,
 }
 
 impl Deployments {
@@ -113,6 +115,18 @@ impl Deployments {
     /// listed.
     pub fn pending(&self) -> bool {
         !self.listed && !self.unlistable
+    }
+
+    /// Whether they have been listed since this process started (else, under the policy
+    /// `reservedCounts`, the ledger's entries for the cluster stand for them).
+    pub fn known(&self) -> bool {
+        self.listed
+    }
+
+    /// Whether the watch failed since the last listing or event: what is known of them may be
+    /// old, so nothing of the cluster that a deployment's change reserved may expire.
+    pub fn failing(&self) -> bool {
+        self.failing
     }
 
     /// The sum of every deployment's reservation.
@@ -196,6 +210,13 @@ fn warn_if_newly_nothing(cluster: &str, old: Option<&DeploymentInfo>, new: &Depl
 }
 
 impl State {
+    /// The cluster's `MachineDeployment` watch failed (`true`), or works again.
+    pub fn deployments_failing(&mut self, cluster_name: &str, failing: bool) {
+        if let Some(cluster) = self.clusters.get_mut(cluster_name) {
+            cluster.deployments.failing = failing;
+        }
+    }
+
     /// A `MachineDeployment` was added or changed in a user cluster. Returns whether the
     /// project's reservation changed (a write is due).
     pub fn deployment_applied(&mut self, cluster_name: &str, deployment: &MachineDeployment) -> bool {
@@ -204,6 +225,7 @@ impl State {
         let Some(cluster) = self.clusters.get_mut(cluster_name) else {
             return false;
         };
+        cluster.deployments.failing = false;
         let changed = cluster.deployments.apply(cluster_name, uid, info);
         if changed {
             self.mark(cluster_name);
@@ -235,6 +257,7 @@ impl State {
             by_uid: HashMap::with_capacity(deployments.len()),
             listed: true,
             unlistable: false,
+            failing: false,
         };
         for deployment in deployments {
             if let Some(uid) = deployment.uid() {
@@ -405,7 +428,7 @@ mod tests {
             "c1",
             vec![member("m1", "s1"), member("m2", "s1"), member("m3", "s2")],
         );
-        let entries = |state: &State| state.project_plan("p").unwrap().autoscaled.unwrap();
+        let entries = |state: &State| state.project_plan("p").unwrap().autoscaled;
         let cpu = |d: &ResourceDetails| d.amount(Resource::Cpu);
         assert_eq!(entries(&state).len(), 1);
         assert_eq!(

@@ -12,11 +12,18 @@ use kube::ResourceExt;
 
 use super::State;
 
-/// The UID of the controller owner of `kind` among `owners`.
+/// The UID of the controller owner of `kind` in machine-controller's group among `owners` (the
+/// webhook admits from a deployment's room only by the same chain).
 pub(crate) fn controller_of<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a str> {
     owners
         .iter()
-        .find(|o| o.kind == kind && o.controller == Some(true))
+        .find(|o| {
+            o.kind == kind
+                && o.controller == Some(true)
+                && o.api_version
+                    .split_once('/')
+                    .is_some_and(|(g, _)| g == "cluster.k8s.io")
+        })
         .map(|o| o.uid.as_str())
 }
 

@@ -21,8 +21,11 @@ pub struct ProjectPlan {
     /// `None` while a cluster of it has not listed them yet (the ledger keeps its own).
     pub reserved_usage: Option<ResourceDetails>,
     /// `status.autoscaled`: the project's autoscaled deployments here with their members
-    /// (`kkp_quota_crds::autoscaled`); `None` while a cluster of it has not listed them yet.
-    pub autoscaled: Option<Vec<AutoscaledDeployment>>,
+    /// (`kkp_quota_crds::autoscaled`), of the clusters whose deployments have been listed.
+    pub autoscaled: Vec<AutoscaledDeployment>,
+    /// The project's clusters whose deployments have not been listed since this process
+    /// started: the ledger's entries of them stand for them (`writer::decision`).
+    pub autoscaled_unknown: HashSet<String>,
     pub counted: Counted,
     /// Machines that appeared while watched, to check for reservations.
     pub appeared: Vec<Appeared>,
@@ -70,7 +73,8 @@ impl State {
         let mut watched = HashSet::new();
         let mut clusters = 0;
         let mut reserved = Some(Vec::new());
-        let mut autoscaled = Some(Vec::new());
+        let mut autoscaled = Vec::new();
+        let mut autoscaled_unknown = HashSet::new();
         for (name, cluster) in &self.clusters {
             if cluster.unsettled() {
                 counted.unsettled.insert(name.clone());
@@ -91,10 +95,16 @@ impl State {
             usages.push(cluster.reported_usage());
             if cluster.deployments.pending() {
                 reserved = None;
-                autoscaled = None;
-            } else if let (Some(reserved), Some(autoscaled)) = (&mut reserved, &mut autoscaled) {
+            } else if let Some(reserved) = &mut reserved {
                 reserved.push(cluster.deployments.reserved());
+            }
+            if cluster.deployments.known() {
                 autoscaled.extend(cluster.deployments.autoscaled(name, &cluster.members()?));
+            } else {
+                autoscaled_unknown.insert(name.clone());
+            }
+            if cluster.deployments.failing() {
+                counted.unsettled.insert(name.clone());
             }
             for (uid, version) in cluster.deployments.versions() {
                 counted
@@ -144,6 +154,7 @@ impl State {
                 .map(|r| ResourceDetails::checked_sum(r.iter()))
                 .transpose()?,
             autoscaled,
+            autoscaled_unknown,
             counted,
             appeared,
             project_unsettled,

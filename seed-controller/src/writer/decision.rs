@@ -102,11 +102,20 @@ pub(super) fn decide(
     );
     let local_usage = usage_without_held(&plan.local_usage, &plan.counted, &plan.appeared, &held)?;
     let kept = remaining(&status.reservations, drops.iter().map(|(i, _)| *i));
-    let rooms = counted_rooms(&entries_to_count(plan, status), &kept)?;
-    let (local_usage, reserved_usage) = if spec.reserved_counts {
-        (local_usage.checked_add(&rooms)?, Some(rooms))
+    let (entries, counting) = autoscaled_entries(plan, status);
+    // Without the policy no room counts, but a Machine admitted from one while it was on (and
+    // not counted yet) still does; and no entry is written, so that the webhook admits from a
+    // room only once a write under the policy counts it.
+    let (local_usage, reserved_usage, autoscaled) = if spec.reserved_counts {
+        let rooms = counted_rooms(&counting, &kept)?;
+        (local_usage.checked_add(&rooms)?, Some(rooms), entries)
     } else {
-        (local_usage, plan.reserved_usage.clone())
+        let coming = counted_rooms(&[], &kept)?;
+        (
+            local_usage.checked_add(&coming)?,
+            plan.reserved_usage.clone(),
+            Vec::new(),
+        )
     };
     let held_set: HashSet<usize> = held.iter().copied().collect();
     let judged: Vec<_> = plan
@@ -119,7 +128,7 @@ pub(super) fn decide(
     Ok(Decision {
         local_usage,
         reserved_usage,
-        autoscaled: plan.autoscaled.clone().filter(|a| *a != status.autoscaled),
+        autoscaled: (autoscaled != status.autoscaled).then_some(autoscaled),
         expired,
         demands_expired,
         had_allotments: !status.allotments.is_empty(),
@@ -133,20 +142,27 @@ pub(super) fn decide(
     })
 }
 
-/// The autoscaled deployments whose rooms this write counts (under the policy
-/// `reservedCounts`): the plan's, or while a cluster has not listed its deployments yet, the
-/// ledger's own with no members (each room its whole nominal size: more than it is, never less).
-fn entries_to_count(plan: &ProjectPlan, status: &QuotaLedgerStatus) -> Vec<AutoscaledDeployment> {
-    plan.autoscaled.clone().unwrap_or_else(|| {
-        status
-            .autoscaled
-            .iter()
-            .map(|a| AutoscaledDeployment {
-                members: ResourceDetails::zero(),
-                ..a.clone()
-            })
-            .collect()
-    })
+/// The autoscaled deployments to write (under the policy `reservedCounts`), and those whose
+/// rooms this write counts: the plan's, and for a cluster whose deployments have not been listed
+/// yet, the ledger's own (written as they are, counted with no members: each room its whole
+/// nominal size, more than it is, never less).
+fn autoscaled_entries(
+    plan: &ProjectPlan,
+    status: &QuotaLedgerStatus,
+) -> (Vec<AutoscaledDeployment>, Vec<AutoscaledDeployment>) {
+    let standing: Vec<&AutoscaledDeployment> = status
+        .autoscaled
+        .iter()
+        .filter(|a| plan.autoscaled_unknown.contains(&a.cluster))
+        .collect();
+    let mut written = plan.autoscaled.clone();
+    written.extend(standing.iter().map(|a| (*a).clone()));
+    let mut counting = plan.autoscaled.clone();
+    counting.extend(standing.iter().map(|a| AutoscaledDeployment {
+        members: ResourceDetails::zero(),
+        ..(*a).clone()
+    }));
+    (written, counting)
 }
 
 /// The rollout surges that end with this write: the Machine each replaced is gone, or the surge
@@ -363,7 +379,8 @@ mod tests {
                 project: "p".into(),
                 local_usage: ResourceDetails::default(),
                 reserved_usage: None,
-                autoscaled: None,
+                autoscaled: Vec::new(),
+                autoscaled_unknown: HashSet::new(),
                 counted: c,
                 appeared: Vec::new(),
                 project_unsettled: false,
@@ -435,6 +452,7 @@ mod policy_tests {
     use crate::ledger::Counted;
     use crate::state::ProjectPlan;
 
+    /// `None`: cluster `c` has not listed its deployments yet.
     fn plan(autoscaled: Option<Vec<AutoscaledDeployment>>, version: &str) -> ProjectPlan {
         let mut counted = Counted::default();
         counted.machines.insert(("c".into(), "m1".into()), cpu(2));
@@ -445,7 +463,12 @@ mod policy_tests {
             project: "p".into(),
             local_usage: cpu(2),
             reserved_usage: Some(cpu(100)),
-            autoscaled,
+            autoscaled_unknown: if autoscaled.is_some() {
+                HashSet::new()
+            } else {
+                HashSet::from(["c".to_owned()])
+            },
+            autoscaled: autoscaled.unwrap_or_default(),
             counted,
             appeared: Vec::new(),
             project_unsettled: false,
@@ -518,11 +541,29 @@ mod policy_tests {
             &config,
         )
         .unwrap();
-        assert_eq!(local_cpu(&d), 2);
+        assert_eq!(
+            local_cpu(&d),
+            2 + 2,
+            "no room, but the Machine on its way from it counts"
+        );
         assert_eq!(
             d.reserved_usage,
             Some(cpu(100)),
             "the plan's, (max - replicas) x size"
+        );
+        assert_eq!(
+            d.autoscaled, None,
+            "no entries without the policy (the ledger has none)"
+        );
+        let had = QuotaLedgerStatus {
+            autoscaled: vec![entry(4, 2)],
+            ..status.clone()
+        };
+        let d = decide(&plan(Some(vec![entry(4, 2)]), "5"), &spec(false), &had, &config).unwrap();
+        assert_eq!(
+            d.autoscaled,
+            Some(Vec::new()),
+            "turned off: the entries go, with the rooms"
         );
         // Lowered to 1 (room 0): the Machine on its way still counts.
         let d = decide(&plan(Some(vec![entry(1, 2)]), "5"), &spec(true), &status, &config).unwrap();
@@ -534,6 +575,24 @@ mod policy_tests {
         };
         let d = decide(&plan(None, "5"), &spec(true), &listed, &config).unwrap();
         assert_eq!((local_cpu(&d), d.autoscaled.clone()), (2 + 8, None));
+        // One cluster listed (a new deployment there), another not yet: each counts its own.
+        let other = AutoscaledDeployment {
+            cluster: "c2".into(),
+            ..entry(2, 2)
+        };
+        let mut mixed = plan(Some(vec![entry(4, 2)]), "5");
+        mixed.autoscaled_unknown.insert("c2".into());
+        let read = QuotaLedgerStatus {
+            autoscaled: vec![other.clone()],
+            ..QuotaLedgerStatus::default()
+        };
+        let d = decide(&mixed, &spec(true), &read, &config).unwrap();
+        assert_eq!(
+            local_cpu(&d),
+            2 + 6 + 4,
+            "c's room of 6, and c2's as the ledger has it, whole"
+        );
+        assert_eq!(d.autoscaled, Some(vec![entry(4, 2), other]));
     }
 
     #[test]
