@@ -115,6 +115,23 @@ pub struct MachineTemplate {
     pub spec: MachineSpec,
 }
 
+/// machine-controller's API group.
+pub const GROUP: &str = "cluster.k8s.io";
+
+/// The controller owner of `kind` in machine-controller's group among `owners`: the one a
+/// Machine (or `MachineSet`) belongs to. Seed-controller counts a Machine as a member of a
+/// deployment's room, and the webhook admits it from that room, only by this chain.
+pub fn controller_ref<'a>(
+    owners: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    kind: &str,
+) -> Option<&'a k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    owners.iter().find(|o| {
+        o.kind == kind
+            && o.controller == Some(true)
+            && o.api_version.split_once('/').is_some_and(|(g, _)| g == GROUP)
+    })
+}
+
 impl MachineDeployment {
     /// The replicas it asks for (absent: 1; a negative count, which the API refuses, as 0).
     pub fn replicas(&self) -> u32 {

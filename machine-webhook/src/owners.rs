@@ -6,8 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject};
 use kube::{Api, Client};
 
-/// machine-controller's API group.
-const GROUP: &str = "cluster.k8s.io";
+use kkp_quota_crds::machine::GROUP;
 
 /// The owner of `kind` in machine-controller's group, if the list has one.
 pub fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerReference> {
@@ -20,11 +19,7 @@ pub fn owner<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerRe
 /// `MachineSet`) belongs to, as seed-controller counts it (a non-controller reference names no
 /// deployment whose room the Machine may take).
 pub fn controller<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a OwnerReference> {
-    owners.iter().find(|o| {
-        o.kind == kind
-            && o.controller == Some(true)
-            && o.api_version.split_once('/').is_some_and(|(g, _)| g == GROUP)
-    })
+    kkp_quota_crds::machine::controller_ref(owners, kind)
 }
 
 /// The object that reconciles the Machine: its `MachineSet`, else a `MachineDeployment` owning it

@@ -15,16 +15,7 @@ use super::State;
 /// The UID of the controller owner of `kind` in machine-controller's group among `owners` (the
 /// webhook admits from a deployment's room only by the same chain).
 pub(crate) fn controller_of<'a>(owners: &'a [OwnerReference], kind: &str) -> Option<&'a str> {
-    owners
-        .iter()
-        .find(|o| {
-            o.kind == kind
-                && o.controller == Some(true)
-                && o.api_version
-                    .split_once('/')
-                    .is_some_and(|(g, _)| g == "cluster.k8s.io")
-        })
-        .map(|o| o.uid.as_str())
+    kkp_quota_crds::machine::controller_ref(owners, kind).map(|o| o.uid.as_str())
 }
 
 /// A cluster's `MachineSet`s: UID -> the UID of the `MachineDeployment` controlling it.
