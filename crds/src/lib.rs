@@ -38,7 +38,7 @@ pub mod shares;
 pub use project_quota::{ProjectQuota, ProjectQuotaSpec, ProjectQuotaStatus};
 pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
-pub use quota_group::{NamedUsage, QuotaGroup, QuotaGroupSpec, QuotaGroupStatus};
+pub use quota_group::{GroupMode, GroupOwner, NamedUsage, QuotaGroup, QuotaGroupSpec, QuotaGroupStatus};
 pub use quota_ledger::{
     LastKnownSize, LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
 };

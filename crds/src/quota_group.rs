@@ -1,10 +1,11 @@
 //! `QuotaGroup` (`kkp-quota.dev/v1alpha1`, cluster-scoped, on the master): one limit over every
 //! KKP `Project` a label selector picks (a customer, a team, a user; issue #36, docs/groups.md).
 //!
-//! Built so far: step 1, the group is **shown, not enforced**. master-controller keeps its
-//! status (the projects selected, their usage together, by project and by seed, and conditions)
-//! from the members' `ProjectQuota`s; no Machine is refused for a group yet, which the
-//! `Enforced` condition says on every group.
+//! master-controller keeps its status (the projects selected, their usage together, by project
+//! and by seed, their quota limits added up, and conditions) from the members' quotas. In
+//! `allocation` mode the limit caps the sum of the projects' quota limits, enforced by
+//! master-controller's webhook on quota edits; in `shared` mode (the default) it caps their
+//! usage, shown but not enforced yet, which the `Enforced` condition says.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
@@ -33,6 +34,8 @@ use crate::resources::ResourceDetails;
     printcolumn = r#"{"name":"Storage limit","type":"string","jsonPath":".spec.quota.storage","priority":1}"#,
     printcolumn = r#"{"name":"Clusters","type":"string","jsonPath":".status.usage.clusters","priority":1}"#,
     printcolumn = r#"{"name":"Clusters limit","type":"string","jsonPath":".spec.quota.clusters","priority":1}"#,
+    printcolumn = r#"{"name":"Mode","type":"string","jsonPath":".spec.mode","priority":1}"#,
+    printcolumn = r#"{"name":"CPU allocated","type":"string","jsonPath":".status.allocated.cpu","priority":1}"#,
     printcolumn = r#"{"name":"Over","type":"string","jsonPath":".status.conditions[?(@.type==\"QuotaExceeded\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -51,6 +54,49 @@ pub struct QuotaGroupSpec {
     /// The limit over all selected projects together; absent resources are unlimited.
     #[serde(default)]
     pub quota: ResourceDetails,
+    /// What the limit caps: `shared` (the default), what the projects use together; or
+    /// `allocation`, the sum of the projects' quota limits (a webhook on the master refuses a
+    /// quota edit that would take the sum over it).
+    #[serde(default)]
+    pub mode: GroupMode,
+    /// Users and groups who may edit the quotas of the group's projects within the allocation
+    /// (with the `kkp-quota-group-owner` `ClusterRole`), and no other project's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "size(self) == 0 || self.all(o, o.kind in ['User', 'Group'] && size(o.name) > 0)",
+        "message": "each owner is a User or a Group, with a name"
+    }]))]
+    pub owners: Vec<GroupOwner>,
+}
+
+/// What a group's limit caps.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum GroupMode {
+    /// What the selected projects use together (shown in this release, not enforced yet).
+    #[default]
+    Shared,
+    /// The sum of the selected projects' quota limits, enforced when quotas are edited.
+    Allocation,
+}
+
+/// A user or group of the API server's authentication, as in an RBAC subject.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct GroupOwner {
+    /// `User` or `Group`.
+    pub kind: String,
+    pub name: String,
+}
+
+impl GroupOwner {
+    /// Whether the requester `username`, a member of `groups`, is this owner.
+    pub fn is(&self, username: &str, groups: &[String]) -> bool {
+        match self.kind.as_str() {
+            "User" => self.name == username,
+            "Group" => groups.contains(&self.name),
+            _ => false,
+        }
+    }
 }
 
 /// Written by master-controller.
@@ -66,6 +112,10 @@ pub struct QuotaGroupStatus {
     /// What the selected projects use together, over every seed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<ResourceDetails>,
+    /// The selected projects' quota limits added up (what an `allocation` group caps); a
+    /// resource is absent when some project has no limit on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<ResourceDetails>,
     /// What the selected projects' cluster autoscalers may still add together (their quotas'
     /// `status.reserved`), shown beside `usage`, not counted in it; absent when none reports any.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -25,6 +25,7 @@ positive=(
   "role=master"
   "role=seed"
   "role=master,logFormat=json,serviceMonitor.enabled=true,prometheusRule.enabled=true,crds.install=false"
+  "role=master,masterController.allocationWebhook.enabled=false"
   "role=master,masterController.leaderElection.enabled=false,masterController.replicas=1,masterController.seedKubeconfigSecret=kkp-quota-seed-{seed},masterController.goneSeeds={seed-b,seed-c},masterController.drainingSeeds={seed-d}"
   "role=seed,machineWebhook.certificate.source=cert-manager,serviceMonitor.enabled=true,prometheusRule.enabled=true"
   "role=seed,machineWebhook.certificate.source=cert-manager,machineWebhook.certificate.certManager.issuerRef.name=my-ca,machineWebhook.certificate.certManager.issuerRef.kind=ClusterIssuer"
@@ -52,19 +53,22 @@ expect() { # role, then "Kind/name" strings that must be rendered
 }
 expect master ServiceAccount/kkp-quota-master-controller Deployment/kkp-quota-master-controller \
   ClusterRole/kkp-quota-master-controller CustomResourceDefinition/projectquotas.kkp-quota.dev \
-  CustomResourceDefinition/quotagroups.kkp-quota.dev
+  CustomResourceDefinition/quotagroups.kkp-quota.dev ClusterRole/kkp-quota-group-owner \
+  Service/kkp-quota-master-controller-webhook Secret/kkp-quota-allocation-webhook-tls \
+  ValidatingWebhookConfiguration/kkp-quota-allocation
 expect seed ServiceAccount/kkp-quota-seed-controller ServiceAccount/kkp-quota-machine-webhook \
   ServiceAccount/kkp-quota-master Deployment/kkp-quota-seed-controller Deployment/kkp-quota-machine-webhook \
   ClusterRole/kkp-quota-master Service/kkp-quota-machine-webhook Secret/kkp-quota-webhook-tls \
   Secret/kkp-quota-url-signing-keys CustomResourceDefinition/quotaledgers.kkp-quota.dev \
   ValidatingWebhookConfiguration/kkp-quota-clusters
 for role in master seed; do
-  # Every RBAC object carries app.kubernetes.io/component of one of the four identities.
+  # Every RBAC object carries app.kubernetes.io/component of one of the four identities, or
+  # group-owner (the ClusterRole for QuotaGroup owners, bound by admins).
   unlabelled=$(render --set "role=$role" | awk '
     /^---/ { if (rbac && !ok) print kind "/" name; rbac = 0; ok = 0; kind = ""; name = ""; next }
     /^kind: (ServiceAccount|ClusterRole|ClusterRoleBinding|Role|RoleBinding)$/ { rbac = 1; kind = $2 }
     /^  name: / && name == "" { name = $2 }
-    /^    app.kubernetes.io\/component: (master-controller|seed-controller|machine-webhook|master-on-seed)$/ { ok = 1 }
+    /^    app.kubernetes.io\/component: (master-controller|seed-controller|machine-webhook|master-on-seed|group-owner)$/ { ok = 1 }
     END { if (rbac && !ok) print kind "/" name }')
   [[ -z "$unlabelled" ]] || fail "role=$role: RBAC objects without a component label: $unlabelled"
 done

@@ -98,7 +98,8 @@ impl std::fmt::Display for Grant {
     }
 }
 
-/// Everything the RBAC objects in `docs` grant `user` (`system:serviceaccount:<ns>:<name>`).
+/// Everything the RBAC objects in `docs` grant `user` (`system:serviceaccount:<ns>:<name>`, or
+/// a `User` subject's name).
 /// Namespaced objects without a namespace are in `default_namespace` (as `helm template`
 /// leaves them).
 pub fn grants(docs: &[Value], user: &str, default_namespace: &str) -> Vec<Grant> {
@@ -123,12 +124,13 @@ pub fn grants(docs: &[Value], user: &str, default_namespace: &str) -> Vec<Grant>
     {
         let binding_ns = namespace_of(binding, default_namespace);
         let binds_user = binding["subjects"].as_array().into_iter().flatten().any(|s| {
-            s["kind"] == "ServiceAccount"
+            (s["kind"] == "ServiceAccount"
                 && format!(
                     "system:serviceaccount:{}:{}",
                     s["namespace"].as_str().unwrap_or(&binding_ns),
                     s["name"].as_str().unwrap_or_default()
-                ) == user
+                ) == user)
+                || (s["kind"] == "User" && s["name"] == user)
         });
         if !binds_user {
             continue;
@@ -186,7 +188,7 @@ fn namespace_of(doc: &Value, default_namespace: &str) -> String {
 
 /// Whether `request` is one `grant` allows. A patch or update that answered 201 created the
 /// object (server-side apply does): the API server authorized it as a `create` as well.
-fn allows(grant: &Grant, request: &Request) -> bool {
+pub fn allows(grant: &Grant, request: &Request) -> bool {
     let a = &request.access;
     let created = request.code == Some(201) && matches!(a.verb.as_str(), "patch" | "update");
     (grant.verb == a.verb || (created && grant.verb == "create"))

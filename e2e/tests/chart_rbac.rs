@@ -32,6 +32,11 @@ const ALLOWED_UNUSED: &[(&str, (&str, &str, &str))] = &[
     ("master-controller", ("get", "kkp-quota.dev", "projectquotas")),
     // The self-managed webhook certificate (--webhook-certificate-secret), proven by
     // seed-controller/tests/webhook_certificate.rs; this fleet serves the harness's certificate.
+    // The allocation webhook's record (a ConfigMap), proven by master-controller/tests/allocation.rs;
+    // this fleet runs master-controller without the webhook.
+    ("master-controller", ("create", "", "configmaps")),
+    ("master-controller", ("get", "", "configmaps")),
+    ("master-controller", ("update", "", "configmaps")),
     ("seed-controller", ("get", "", "secrets")),
     ("seed-controller", ("update", "", "secrets")),
 ];
@@ -312,6 +317,8 @@ async fn a_quota_group_shows_its_projects_usage(fleet: &Fleet) {
                 ..Default::default()
             },
             quota: limit,
+            mode: kkp_quota_crds::GroupMode::Shared,
+            owners: Vec::new(),
         },
     );
     groups.create(&PostParams::default(), &group).await.unwrap();

@@ -316,4 +316,44 @@ async fn a_quota_groups_selector_must_select_by_a_label() {
         )
         .await
         .unwrap();
+    // Allocation mode and its owners: an unknown mode or an owner that is neither a User nor a
+    // Group (or has no name) is refused; users and groups are kept.
+    let with = |name: &str, extra: Value| -> DynamicObject {
+        let mut object = serde_json::to_value(group(name, json!({"matchLabels": {"team": "red"}}))).unwrap();
+        for (key, value) in extra.as_object().unwrap() {
+            object["spec"][key] = value.clone();
+        }
+        serde_json::from_value(object).unwrap()
+    };
+    for (name, extra, says) in [
+        ("unknown-mode", json!({"mode": "borrowing"}), "Unsupported value"),
+        (
+            "robot-owner",
+            json!({"mode": "allocation", "owners": [{"kind": "ServiceAccount", "name": "bot"}]}),
+            "each owner is a User or a Group, with a name",
+        ),
+        (
+            "nameless-owner",
+            json!({"mode": "allocation", "owners": [{"kind": "User", "name": ""}]}),
+            "each owner is a User or a Group, with a name",
+        ),
+    ] {
+        let message = assert_invalid(
+            groups.create(&PostParams::default(), &with(name, extra)).await,
+            name,
+        );
+        assert!(message.contains(says), "{name}: {message}");
+    }
+    let owned = groups
+        .create(
+            &PostParams::default(),
+            &with(
+                "acme",
+                json!({"mode": "allocation", "owners": [{"kind": "User", "name": "alice"}, {"kind": "Group", "name": "acme-admins"}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(owned.data["spec"]["mode"], "allocation");
+    assert_eq!(owned.data["spec"]["owners"][1]["name"], "acme-admins");
 }

@@ -36,7 +36,7 @@ pub mod reserve;
 pub mod review;
 pub mod rollout;
 pub mod server;
-pub mod tls;
+pub use kkp_quota_runtime::tls;
 pub mod user_clients;
 pub mod waiting;
 pub mod wake;

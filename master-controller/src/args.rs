@@ -89,6 +89,29 @@ pub struct Args {
     /// can create no Machines meanwhile.
     #[arg(long, env = "MASTER_CONTROLLER_DRAINING_SEEDS", value_delimiter = ',')]
     pub draining_seeds: Vec<String>,
+    /// Serving certificate (PEM) of the allocation webhook (docs/groups.md, "Allocation
+    /// mode"), re-read when the file changes; without it and --tls-key-file the webhook is not
+    /// served.
+    #[arg(long, env = "MASTER_CONTROLLER_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, env = "MASTER_CONTROLLER_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Address of the allocation webhook's HTTPS server.
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_WEBHOOK_ADDRESS",
+        default_value = "0.0.0.0:8443"
+    )]
+    pub webhook_address: SocketAddr,
+    /// Namespace of the allocation webhook's record of allowed raises (`ConfigMap`
+    /// kkp-quota-allocation-record), shared by every replica.
+    #[arg(
+        long,
+        env = "MASTER_CONTROLLER_WEBHOOK_NAMESPACE",
+        default_value = "kubermatic"
+    )]
+    pub webhook_namespace: String,
     /// Log JSON lines instead of human-readable text.
     #[arg(long, env = "MASTER_CONTROLLER_LOG_JSON")]
     pub log_json: bool,
@@ -114,6 +137,16 @@ fn seed_secret_template(value: &str) -> Result<String, String> {
 }
 
 impl Args {
+    /// Where the allocation webhook is served, when it is.
+    pub fn allocation_webhook(&self) -> Option<crate::allocation::server::Serving> {
+        Some(crate::allocation::server::Serving {
+            address: self.webhook_address,
+            namespace: self.webhook_namespace.clone(),
+            cert: self.tls_cert_file.clone()?,
+            key: self.tls_key_file.clone()?,
+        })
+    }
+
     /// What the controller runs with.
     pub fn options(&self) -> Options {
         let mut options = Options::new(self.seed_namespace.clone());
@@ -126,6 +159,7 @@ impl Args {
             .clone_from(&self.seed_kubeconfig_secret);
         options.gone_seeds = names(&self.gone_seeds);
         options.draining_seeds = names(&self.draining_seeds);
+        options.allocation_webhook = self.allocation_webhook().is_some();
         if !self.no_leader_election {
             options.lease = Some(LeaseConfig::new(
                 self.leader_election_namespace.clone(),
@@ -165,5 +199,18 @@ mod tests {
         assert_eq!(options.gone_seeds.len(), 2);
         assert!(options.lease.is_none());
         assert!(Args::try_parse_from(["master-controller", "--seed-kubeconfig-secret", "fixed"]).is_err());
+        assert!(args.allocation_webhook().is_none());
+        assert!(Args::try_parse_from(["master-controller", "--tls-cert-file", "c.pem"]).is_err());
+        let serving = Args::try_parse_from([
+            "master-controller",
+            "--tls-cert-file",
+            "c.pem",
+            "--tls-key-file",
+            "k.pem",
+        ])
+        .unwrap()
+        .allocation_webhook()
+        .unwrap();
+        assert_eq!(serving.key, PathBuf::from("k.pem"));
     }
 }

@@ -59,6 +59,9 @@ pub struct Options {
     /// Seeds the admin is draining before they leave: no more share, all they do not use handed
     /// back, and forgotten by every record once they use nothing (docs/operations.md).
     pub draining_seeds: BTreeSet<String>,
+    /// Whether this process serves the allocation webhook (`--tls-cert-file`): an `allocation`
+    /// group says it is enforced only then.
+    pub allocation_webhook: bool,
 }
 
 impl Options {
@@ -74,6 +77,7 @@ impl Options {
             seed_kubeconfig_secret: None,
             gone_seeds: BTreeSet::new(),
             draining_seeds: BTreeSet::new(),
+            allocation_webhook: false,
         }
     }
 }
@@ -312,6 +316,8 @@ async fn run_as_leader(
         crate::groups::Sources {
             projects: projects.clone(),
             project_quotas: project_quotas.clone(),
+            kkp_quotas: quotas.clone(),
+            allocation_webhook: options.allocation_webhook,
             changed: groups_changed,
             resync: options.resync_period,
         },

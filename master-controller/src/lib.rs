@@ -11,6 +11,7 @@
 //! - [`status`]: the master object's conditions (pure). `unreadable`: quotas with a limit this
 //!   system cannot read, skipped alone and reported. [`not_in_force`]: a project's quotas beyond
 //!   the first by name, which the seeds do not enforce: not fanned out, and reported.
+//! - [`allocation`]: the webhook that keeps `allocation` groups' caps on quota edits.
 //! - [`metrics`]: Prometheus metrics; [`project_series`]: the per-project ones, written
 //!   straight into `/metrics` (too many for the registry at 10,000 projects).
 //! - [`ledger_guard`]: the finalizer that keeps a seed's ledger until this controller deletes it.
@@ -19,6 +20,7 @@
 //! - [`controller`]: the wiring and [`controller::run`]; `reconcile`: one quota's reconcile;
 //!   `seed_writes`: its applies and status writes on the seeds; `api`: helpers around API calls.
 
+pub mod allocation;
 mod api;
 pub mod args;
 pub mod controller;

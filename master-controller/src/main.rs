@@ -22,6 +22,15 @@ async fn main() -> anyhow::Result<()> {
         .context("binding the metrics address")?;
     tracing::info!(%address, "serving /metrics, /healthz, /readyz");
     tokio::spawn(serve);
+    // Every replica answers the allocation webhook, leader or not.
+    if let Some(serving) = args.allocation_webhook() {
+        let (address, webhook) =
+            master_controller::allocation::server::serve(client.clone(), serving, metrics.clone())
+                .await
+                .context("starting the allocation webhook")?;
+        tracing::info!(%address, path = master_controller::allocation::server::PATH, "serving the allocation webhook");
+        tokio::spawn(webhook);
+    }
     let shutdown = async {
         let signal = kkp_quota_runtime::shutdown_signal().await;
         tracing::info!(signal, "stopping");

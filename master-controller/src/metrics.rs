@@ -67,6 +67,12 @@ pub struct Metrics {
     /// webhook's at the write, as the newest demand or allotment first seen on the seed shows
     /// it (delay included).
     pub clock_skew: GaugeVec,
+    /// `kkp_quota_allocation_decisions_total{verdict}`: the allocation webhook's answers
+    /// (`allowed`, `refused`), in this replica.
+    pub allocation_decisions: IntCounterVec,
+    /// `kkp_quota_allocation_record_conflicts_total`: record writes that lost their
+    /// compare-and-swap (another replica decided meanwhile) and were decided again.
+    pub allocation_record_conflicts: IntCounter,
 }
 
 fn must<T>(r: Result<T, prometheus::Error>) -> T {
@@ -191,6 +197,16 @@ impl Metrics {
             "This component's clock minus a webhook's when it wrote the newest demand or allotment (entry) first seen, delay included; lifetimes are judged by this component's own clock.",
             &["seed", "entry"],
         );
+        let allocation_decisions = counter(
+            "kkp_quota_allocation_decisions_total",
+            "The allocation webhook's answers to quota and group edits, by verdict (allowed, refused).",
+            &["verdict"],
+        );
+        let allocation_record_conflicts = must(IntCounter::new(
+            "kkp_quota_allocation_record_conflicts_total",
+            "Allocation record writes that lost their compare-and-swap and were decided again.",
+        ));
+        must(registry.register(Box::new(allocation_record_conflicts.clone())));
         Metrics {
             registry,
             projects: Arc::default(),
@@ -211,6 +227,8 @@ impl Metrics {
             unreadable_quotas,
             quotas_not_in_force,
             clock_skew,
+            allocation_decisions,
+            allocation_record_conflicts,
         }
     }
 

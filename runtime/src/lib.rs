@@ -1,8 +1,9 @@
 //! What every long-running component of the quota system shares: clients from kubeconfigs, the
 //! operations HTTP server, leader election, tracing set-up, watches that survive a restored
-//! etcd, and the contract between seed-controller and the webhook for signed webhook URLs
-//! ([`webhook_auth`]). Kept apart from `kkp-quota-crds`, which holds types and pure domain logic
-//! only, so that seed-controller depends on this and not on the webhook.
+//! etcd, HTTPS serving certificates reloaded from disk ([`tls`]), and the contract between
+//! seed-controller and the webhook for signed webhook URLs ([`webhook_auth`]). Kept apart from
+//! `kkp-quota-crds`, which holds types and pure domain logic only, so that seed-controller
+//! depends on this and not on the webhook.
 
 pub mod chain;
 pub mod duration;
@@ -10,6 +11,7 @@ pub mod kubeconfig;
 pub mod leader;
 pub mod ops;
 pub mod telemetry;
+pub mod tls;
 pub mod watch;
 pub mod webhook_auth;
 pub mod webhook_config;

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus};
+use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceQuota};
+
+use crate::allocation::books::Books;
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
@@ -27,6 +29,10 @@ use crate::status::{merge_conditions, same_conditions};
 pub struct Sources {
     pub projects: Store<Project>,
     pub project_quotas: Store<ProjectQuota>,
+    /// KKP's quotas (what an `allocation` group adds up).
+    pub kkp_quotas: Store<ResourceQuota>,
+    /// Whether this process serves the allocation webhook.
+    pub allocation_webhook: bool,
     /// Notified on every change of a `Project` or `ProjectQuota`.
     pub changed: Arc<Notify>,
     pub resync: Duration,
@@ -47,6 +53,7 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let _ = sources.projects.wait_until_ready().await;
     let _ = sources.project_quotas.wait_until_ready().await;
+    let _ = sources.kkp_quotas.wait_until_ready().await;
     // What this process last wrote of each group (by UID): the store lags its own writes, and
     // comparing with it would write them again (and stamp new transition times).
     let mut written: HashMap<String, QuotaGroupStatus> = HashMap::new();
@@ -74,9 +81,25 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         let projects = sources.projects.state();
         let quotas = sources.project_quotas.state();
         let groups = groups.state();
+        let kkp_quotas = sources.kkp_quotas.state();
+        let books = Books::from_objects(
+            kkp_quotas.iter().map(Arc::as_ref),
+            quotas.iter().map(Arc::as_ref),
+            projects.iter().map(Arc::as_ref),
+            [],
+        );
         written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
         for group in groups {
-            match write_status(&api, &group, &projects, &quotas, &written).await {
+            match write_status(
+                &api,
+                &group,
+                &projects,
+                &quotas,
+                (&books, sources.allocation_webhook),
+                &written,
+            )
+            .await
+            {
                 Ok(Some(status)) => {
                     if let Some(uid) = group.uid() {
                         written.insert(uid, status);
@@ -113,12 +136,15 @@ async fn write_status(
     group: &QuotaGroup,
     projects: &[Arc<Project>],
     quotas: &[Arc<ProjectQuota>],
+    (books, checked): (&Books, bool),
     written: &HashMap<String, QuotaGroupStatus>,
 ) -> Result<Option<QuotaGroupStatus>, crate::Error> {
     let (mut wanted, desired) = status::desired(
         &group.spec,
         projects.iter().map(Arc::as_ref),
         quotas.iter().map(Arc::as_ref),
+        &books.group_allocation(&group.spec).0,
+        checked,
     )
     .map_err(crate::Error::Quantity)?;
     let current = group
@@ -147,6 +173,7 @@ async fn write_status(
     for field in [
         "projects",
         "usage",
+        "allocated",
         "reserved",
         "byProject",
         "bySeed",

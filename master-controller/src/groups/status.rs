@@ -20,7 +20,7 @@ use std::collections::BTreeMap;
 
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::{
-    NamedUsage, ProjectQuota, QuantityError, QuotaGroupSpec, QuotaGroupStatus, ResourceDetails,
+    GroupMode, NamedUsage, ProjectQuota, QuantityError, QuotaGroupSpec, QuotaGroupStatus, ResourceDetails,
 };
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt as _};
@@ -32,16 +32,24 @@ pub const QUOTA_EXCEEDED: &str = "QuotaExceeded";
 pub const SEEDS_STALE: &str = "SeedsStale";
 pub const PROJECTS_UNCOUNTED: &str = "ProjectsUncounted";
 pub const SELECTOR_INVALID: &str = "SelectorInvalid";
+pub const ALLOCATION_EXCEEDED: &str = "AllocationExceeded";
 
 /// The status a group should have (conditions without their times), from what the caches hold.
 pub fn desired<'a>(
     spec: &QuotaGroupSpec,
     projects: impl IntoIterator<Item = &'a Project>,
     quotas: impl IntoIterator<Item = &'a ProjectQuota>,
+    allocated: &ResourceDetails,
+    checked: bool,
 ) -> Result<(QuotaGroupStatus, Vec<Desired>), QuantityError> {
     let selector = match Selector::try_from(spec.selector.clone()) {
         Ok(selector) => selector,
-        Err(e) => return Ok((QuotaGroupStatus::default(), invalid_selector(&e.to_string()))),
+        Err(e) => {
+            return Ok((
+                QuotaGroupStatus::default(),
+                invalid_selector(&e.to_string(), spec.mode, checked),
+            ));
+        }
     };
     let mut members: Vec<String> = projects
         .into_iter()
@@ -84,8 +92,9 @@ pub fn desired<'a>(
     }
     let usage = ResourceDetails::checked_sum(by_project.iter().map(|p| &p.usage))?;
     let conditions = vec![
-        not_enforced(),
-        exceeded(&spec.quota, &usage),
+        enforced(spec.mode, checked),
+        exceeded(&spec.quota, &usage, spec.mode),
+        allocation_exceeded(spec, allocated),
         seeds_stale(&stale),
         projects_uncounted(&no_quota, &not_counted),
         condition(
@@ -99,6 +108,7 @@ pub fn desired<'a>(
         project_count: u32::try_from(members.len()).unwrap_or(u32::MAX),
         projects: members,
         usage: Some(usage),
+        allocated: Some(allocated.clone()),
         reserved: if reserved.is_empty() {
             None
         } else {
@@ -125,7 +135,7 @@ fn is_in_force(quota: &ProjectQuota) -> bool {
 }
 
 /// Every condition, for a selector that cannot be read: nothing is selected.
-fn invalid_selector(why: &str) -> Vec<Desired> {
+fn invalid_selector(why: &str, mode: GroupMode, checked: bool) -> Vec<Desired> {
     let nothing = |type_| {
         condition(
             type_,
@@ -135,8 +145,9 @@ fn invalid_selector(why: &str) -> Vec<Desired> {
         )
     };
     vec![
-        not_enforced(),
+        enforced(mode, checked),
         nothing(QUOTA_EXCEEDED),
+        nothing(ALLOCATION_EXCEEDED),
         nothing(SEEDS_STALE),
         nothing(PROJECTS_UNCOUNTED),
         condition(
@@ -157,16 +168,73 @@ fn condition(type_: &'static str, status: bool, reason: &str, message: String) -
     }
 }
 
-fn not_enforced() -> Desired {
+/// `Enforced`: an `allocation` group is, when this process serves the webhook (`checked`).
+fn enforced(mode: GroupMode, checked: bool) -> Desired {
+    match mode {
+        GroupMode::Shared => condition(
+            ENFORCED,
+            false,
+            "ShownOnly",
+            "this release shows a shared group's usage against its limit but does not enforce it: Machines are checked against their own project's quota only".to_owned(),
+        ),
+        GroupMode::Allocation if !checked => condition(
+            ENFORCED,
+            false,
+            "WebhookNotServed",
+            "master-controller does not serve the allocation webhook (no --tls-cert-file): quota edits are not checked against the group's limit".to_owned(),
+        ),
+        GroupMode::Allocation => condition(
+            ENFORCED,
+            true,
+            "QuotaEditsChecked",
+            "the master's webhook refuses a quota edit that would allocate the projects more than the group's limit".to_owned(),
+        ),
+    }
+}
+
+/// `AllocationExceeded`: an `allocation` group's projects are allocated more than its limit
+/// (a project labelled into it, or quotas from before the group), so raises are refused.
+fn allocation_exceeded(spec: &QuotaGroupSpec, allocated: &ResourceDetails) -> Desired {
+    if spec.mode != GroupMode::Allocation {
+        return condition(
+            ALLOCATION_EXCEEDED,
+            false,
+            "SharedMode",
+            "the group limits usage, not allocation".to_owned(),
+        );
+    }
+    let over: Vec<String> = spec
+        .quota
+        .iter()
+        .filter(|&(r, cap)| crate::allocation::books::above(allocated.get(r), Some(cap)))
+        .map(|(r, cap)| match allocated.get(r) {
+            Some(amount) => format!("{} allocated of {}", r.describe(amount), r.describe(cap)),
+            None => format!(
+                "unlimited {r} allocated (a project without a limit on it) of {}",
+                r.describe(cap)
+            ),
+        })
+        .collect();
+    if over.is_empty() {
+        return condition(
+            ALLOCATION_EXCEEDED,
+            false,
+            "WithinAllocation",
+            "the projects' quotas add up to no more than the group's limit".to_owned(),
+        );
+    }
     condition(
-        ENFORCED,
-        false,
-        "ShownOnly",
-        "this release shows a group's usage against its limit but does not enforce it: Machines are checked against their own project's quota only".to_owned(),
+        ALLOCATION_EXCEEDED,
+        true,
+        "AllocatedAboveLimit",
+        format!(
+            "the projects' quotas add up to more than the group's limit: {}; only reductions are accepted until they fit",
+            over.join(", ")
+        ),
     )
 }
 
-fn exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desired {
+fn exceeded(limit: &ResourceDetails, usage: &ResourceDetails, mode: GroupMode) -> Desired {
     let over = limit.overrun_by(usage);
     if over.is_empty() {
         return condition(
@@ -181,10 +249,16 @@ fn exceeded(limit: &ResourceDetails, usage: &ResourceDetails) -> Desired {
         QUOTA_EXCEEDED,
         true,
         "UsageAboveLimit",
-        format!(
-            "the projects together use more than the group's limit: {} (not enforced: nothing is refused for it)",
-            parts.join(", ")
-        ),
+        match mode {
+            GroupMode::Shared => format!(
+                "the projects together use more than the group's limit: {} (not enforced: nothing is refused for it)",
+                parts.join(", ")
+            ),
+            GroupMode::Allocation => format!(
+                "the projects together use more than the group's limit: {} (their quotas were raised before the group existed, or a project was labelled into it)",
+                parts.join(", ")
+            ),
+        },
     )
 }
 
@@ -256,7 +330,7 @@ mod tests {
     use kkp_quota_crds::kkp::ProjectSpec;
     use kkp_quota_crds::project_quota::SeedFigures;
     use kkp_quota_crds::quota_ledger::LedgerSubject;
-    use kkp_quota_crds::{ProjectQuotaSpec, ProjectQuotaStatus};
+    use kkp_quota_crds::{GroupMode, ProjectQuotaSpec, ProjectQuotaStatus};
 
     use super::*;
 
@@ -300,6 +374,8 @@ mod tests {
                 ..LabelSelector::default()
             },
             quota: cpu(limit),
+            mode: GroupMode::Shared,
+            owners: Vec::new(),
         }
     }
 
@@ -315,7 +391,14 @@ mod tests {
             quota("b", &[("seed-1", 4, false)]),
             quota("c", &[("seed-1", 8, false)]),
         ];
-        let (status, conditions) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        let (status, conditions) = desired(
+            &group("red", 10),
+            &projects,
+            &quotas,
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         assert_eq!(status.projects, ["a", "b"]);
         assert_eq!(status.project_count, 2);
         assert_eq!(
@@ -354,7 +437,14 @@ mod tests {
             status.reserved, None,
             "no member reports capacity reserved for autoscalers"
         );
-        let (_, over) = desired(&group("red", 6), &projects, &quotas).unwrap();
+        let (_, over) = desired(
+            &group("red", 6),
+            &projects,
+            &quotas,
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         let exceeded = find(&over, QUOTA_EXCEEDED);
         assert!(exceeded.status);
         assert!(
@@ -378,7 +468,14 @@ mod tests {
                 status.reserved = reserved.map(cpu);
             }
         }
-        let (status, conditions) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        let (status, conditions) = desired(
+            &group("red", 10),
+            &projects,
+            &quotas,
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         let amount = |d: Option<ResourceDetails>| d.map(|d| d.amount(kkp_quota_crds::Resource::Cpu));
         assert_eq!(
             amount(status.reserved),
@@ -395,7 +492,14 @@ mod tests {
     fn stale_seeds_uncounted_projects_and_a_bad_selector_are_said() {
         let projects = [project("a", "red"), project("b", "red")];
         let quotas = [quota("a", &[("seed-1", 2, true)])];
-        let (status, conditions) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        let (status, conditions) = desired(
+            &group("red", 10),
+            &projects,
+            &quotas,
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         assert_eq!(status.projects, ["a", "b"]);
         assert_eq!(
             status.usage.unwrap().amount(kkp_quota_crds::Resource::Cpu),
@@ -415,11 +519,19 @@ mod tests {
             operator: "Near".into(),
             values: None,
         }]);
-        let (status, conditions) = desired(&bad, &projects, &quotas).unwrap();
+        let (status, conditions) =
+            desired(&bad, &projects, &quotas, &ResourceDetails::default(), false).unwrap();
         assert!(status.projects.is_empty());
         assert!(find(&conditions, SELECTOR_INVALID).status);
         // Every type is there either way, so nothing of one state is left over in the other.
-        let (_, valid) = desired(&group("red", 10), &projects, &quotas).unwrap();
+        let (_, valid) = desired(
+            &group("red", 10),
+            &projects,
+            &quotas,
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         for type_ in [
             ENFORCED,
             QUOTA_EXCEEDED,
@@ -448,12 +560,26 @@ mod tests {
             );
         }
         let in_force = quota("a", &[("seed-1", 2, false)]);
-        let (status, _) = desired(&group("red", 10), &projects, &[not_in_force, in_force.clone()]).unwrap();
+        let (status, _) = desired(
+            &group("red", 10),
+            &projects,
+            &[not_in_force, in_force.clone()],
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         assert_eq!(status.by_project[0].usage, cpu(2));
         // Its quota in force without usage yet: uncounted, and said so.
         let mut fresh = in_force;
         fresh.status = None;
-        let (status, conditions) = desired(&group("red", 10), &projects, &[fresh]).unwrap();
+        let (status, conditions) = desired(
+            &group("red", 10),
+            &projects,
+            &[fresh],
+            &ResourceDetails::default(),
+            false,
+        )
+        .unwrap();
         assert!(status.by_project.is_empty());
         let uncounted = find(&conditions, PROJECTS_UNCOUNTED);
         assert_eq!(uncounted.reason, "UsageUnknown");

@@ -1,0 +1,349 @@
+//! The allocation webhook over HTTPS: `POST /validate/allocation`, answered from watch caches of
+//! the master's quotas, projects and groups, and the record of allowed raises
+//! ([`super::pending`], [`super::record`]).
+//!
+//! A decision reads the record, decides over the caches with its entries counted, and, when it
+//! allows an edit of a quota in an `allocation` group, appends the edit to the record before
+//! answering; a lost compare-and-swap decides again. One process decides one request at a time
+//! (fewer lost writes); several replicas are kept apart by the record.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::routing::post;
+use futures::future::BoxFuture;
+use futures::{FutureExt as _, StreamExt as _};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::{GroupMode, ProjectQuota, QuotaGroup, ResourceQuota};
+use kkp_quota_runtime::tls::{ReloadingCert, TlsError, server_config};
+use kkp_quota_runtime::watch::relisting_watcher;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client, ResourceExt as _};
+use tokio::net::TcpListener;
+use tokio::sync::Mutex;
+use tokio_rustls::TlsAcceptor;
+use tracing::{debug, info, warn};
+
+use super::books::Books;
+use super::decide::{Edit, Verdict, decide};
+use super::pending::{Cached, Entry, Object, count, record_after};
+use super::record;
+use super::review::{AdmissionRequest, AdmissionReview, response};
+use crate::metrics::Metrics;
+
+/// The webhook's path.
+pub const PATH: &str = "/validate/allocation";
+
+/// How long an entry of the record counts (each process timing it from its first sight): long
+/// past the moment a watch cache shows its edit, and an edit never stored (another webhook
+/// refused it, it lost a conflict, the API server crashed) holds its room no longer than this.
+pub const PENDING_FOR: Duration = Duration::from_secs(30);
+
+/// Where and with which certificate the webhook is served.
+#[derive(Clone, Debug)]
+pub struct Serving {
+    pub address: SocketAddr,
+    /// Namespace of the record of allowed raises.
+    pub namespace: String,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+struct Checker {
+    kkp: Store<ResourceQuota>,
+    ours: Store<ProjectQuota>,
+    projects: Store<Project>,
+    groups: Store<QuotaGroup>,
+    record: Api<ConfigMap>,
+    /// When this process first saw each entry of the record (entries age out by it).
+    first_seen: Mutex<HashMap<Entry, Instant>>,
+    metrics: Metrics,
+}
+
+/// Why the webhook could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error("binding {address}: {source}")]
+    Bind {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Binds, then serves until the future is dropped. The caches are filled before the first
+/// answer: until then requests wait (and the API server's timeout refuses them).
+pub async fn serve(
+    master: Client,
+    serving: Serving,
+    metrics: Metrics,
+) -> Result<(SocketAddr, BoxFuture<'static, ()>), ServeError> {
+    let cert = Arc::new(ReloadingCert::new(&serving.cert, &serving.key)?);
+    let acceptor = TlsAcceptor::from(Arc::new(server_config(cert)?));
+    let listener = TcpListener::bind(serving.address)
+        .await
+        .map_err(|source| ServeError::Bind {
+            address: serving.address,
+            source,
+        })?;
+    let address = listener.local_addr().unwrap_or(serving.address);
+    let (webhook, caches) = Webhook::start(master, &serving.namespace, metrics);
+    let router = Router::new().route(PATH, post(review)).with_state(webhook);
+    let run = async move {
+        tokio::select! {
+            () = caches => warn!("an allocation webhook cache stopped"),
+            () = accept(listener, acceptor, router) => {}
+        }
+    };
+    Ok((address, run.boxed()))
+}
+
+/// The webhook's decisions without the HTTPS server (what a replica answers).
+#[derive(Clone)]
+pub struct Webhook(Arc<Checker>);
+
+impl Webhook {
+    /// The webhook over `master`, its record in `namespace`, and the future that keeps its
+    /// caches (requests wait until they are filled).
+    pub fn start(master: Client, namespace: &str, metrics: Metrics) -> (Webhook, BoxFuture<'static, ()>) {
+        for verdict in ["allowed", "refused"] {
+            metrics.allocation_decisions.with_label_values(&[verdict]);
+        }
+        let (kkp, kkp_run) = cache(Api::<ResourceQuota>::all(master.clone()));
+        let (ours, ours_run) = cache(Api::<ProjectQuota>::all(master.clone()));
+        let (projects, projects_run) = cache(Api::<Project>::all(master.clone()));
+        let (groups, groups_run) = cache(Api::<QuotaGroup>::all(master.clone()));
+        let checker = Checker {
+            kkp,
+            ours,
+            projects,
+            groups,
+            record: Api::namespaced(master, namespace),
+            first_seen: Mutex::new(HashMap::new()),
+            metrics,
+        };
+        let caches = async move {
+            futures::future::join4(kkp_run, ours_run, projects_run, groups_run).await;
+        }
+        .boxed();
+        (Webhook(Arc::new(checker)), caches)
+    }
+
+    /// The answer to an `AdmissionReview` (JSON).
+    pub async fn review(&self, body: &[u8]) -> serde_json::Value {
+        let Ok(Some(request)) = serde_json::from_slice::<AdmissionReview>(body).map(|r| r.request) else {
+            return response("", &Verdict::Denied("not an AdmissionReview request".to_owned()));
+        };
+        let verdict = match request.edit() {
+            Ok(edit) => self.0.decide(&request, &edit).await,
+            Err(why) => Verdict::Denied(why),
+        };
+        let counted = if verdict == Verdict::Allowed {
+            "allowed"
+        } else {
+            "refused"
+        };
+        self.0
+            .metrics
+            .allocation_decisions
+            .with_label_values(&[counted])
+            .inc();
+        match &verdict {
+            Verdict::Allowed => {
+                debug!(kind = %request.kind.kind, name = %request.name, user = %request.user_info.username, "allowed");
+            }
+            Verdict::Denied(why) => {
+                info!(kind = %request.kind.kind, name = %request.name, user = %request.user_info.username, %why, "refused");
+            }
+        }
+        response(&request.uid, &verdict)
+    }
+}
+
+/// A store of `api`'s objects and the future that keeps it.
+fn cache<K>(api: Api<K>) -> (Store<K>, BoxFuture<'static, ()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(
+        writer,
+        relisting_watcher(api, watcher::Config::default(), None).modify(crate::api::forget_managed_fields),
+    )
+    .default_backoff();
+    let run = async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    };
+    (store, run.boxed())
+}
+
+async fn accept(listener: TcpListener, acceptor: TlsAcceptor, router: Router) {
+    loop {
+        let (tcp, peer) = match listener.accept().await {
+            Ok(pair) => pair,
+            Err(e) => {
+                warn!(error = %e, "accept failed");
+                continue;
+            }
+        };
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        tokio::spawn(async move {
+            let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    debug!(error = %e, %peer, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => return,
+            };
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(e) = builder
+                .serve_connection(TokioIo::new(tls), TowerToHyperService::new(router))
+                .await
+            {
+                debug!(error = %e, %peer, "connection ended with an error");
+            }
+        });
+    }
+}
+
+async fn review(State(webhook): State<Webhook>, body: axum::body::Bytes) -> axum::Json<serde_json::Value> {
+    axum::Json(webhook.review(&body).await)
+}
+
+/// How many times one request decides again after losing the record's compare-and-swap.
+const ATTEMPTS: usize = 8;
+
+impl Checker {
+    async fn decide(&self, request: &AdmissionRequest, edit: &Edit) -> Verdict {
+        let _ = self.kkp.wait_until_ready().await;
+        let _ = self.ours.wait_until_ready().await;
+        let _ = self.projects.wait_until_ready().await;
+        let _ = self.groups.wait_until_ready().await;
+        let mut first_seen = self.first_seen.lock().await;
+        for _ in 0..ATTEMPTS {
+            let read = match record::read(&self.record).await {
+                Ok(read) => read,
+                Err(e) => {
+                    return Verdict::Denied(format!("the allocation record cannot be read: {e}; try again"));
+                }
+            };
+            let entries = fresh(&mut first_seen, read.entries);
+            let (mut books, cached) = self.books();
+            count(&mut books, &entries, &cached);
+            let verdict = decide(&books, edit, &request.requester());
+            let Some(entry) = entry_for(request, edit, &books).filter(|_| verdict == Verdict::Allowed) else {
+                return verdict;
+            };
+            match record::write(&self.record, &record_after(&entries, entry), read.version).await {
+                Ok(()) => return Verdict::Allowed,
+                Err(record::WriteError::Conflict) => self.metrics.allocation_record_conflicts.inc(),
+                Err(e) => {
+                    return Verdict::Denied(format!(
+                        "the allowed edit could not be recorded: {e}; try again"
+                    ));
+                }
+            }
+        }
+        Verdict::Denied("too many quota edits at once in allocation groups; try again".to_owned())
+    }
+
+    /// The books from the caches, and what they hold of each quota (UID and version).
+    fn books(&self) -> (Books, BTreeMap<Object, Cached>) {
+        let kkp = self.kkp.state();
+        let ours = self.ours.state();
+        let projects = self.projects.state();
+        let books = Books::from_objects(
+            kkp.iter().map(AsRef::as_ref),
+            ours.iter().map(AsRef::as_ref),
+            projects.iter().map(AsRef::as_ref),
+            self.groups.state().iter().map(|g| (g.name_any(), g.spec.clone())),
+        );
+        let cached_of = |meta: &kube::api::ObjectMeta| {
+            Some(Cached {
+                uid: meta.uid.clone()?,
+                version: meta.resource_version.clone()?,
+            })
+        };
+        let mut cached = BTreeMap::new();
+        for q in &kkp {
+            if let Some(c) = cached_of(&q.metadata) {
+                cached.insert(Object::Kkp(q.name_any()), c);
+            }
+        }
+        for q in &ours {
+            if let Some(c) = cached_of(&q.metadata) {
+                cached.insert(Object::Ours(q.name_any()), c);
+            }
+        }
+        (books, cached)
+    }
+}
+
+/// The record's entries this process has seen for less than [`PENDING_FOR`] (timed from its
+/// own first sight of each, so no two clocks are compared).
+fn fresh(first_seen: &mut HashMap<Entry, Instant>, entries: Vec<Entry>) -> Vec<Entry> {
+    let now = Instant::now();
+    first_seen.retain(|e, _| entries.contains(e));
+    entries
+        .into_iter()
+        .filter(|e| now.duration_since(*first_seen.entry(e.clone()).or_insert(now)) < PENDING_FOR)
+        .collect()
+}
+
+/// The record entry for an allowed edit: a quota created or changed whose project is in an
+/// `allocation` group (nothing else can take a group over its allocation).
+fn entry_for(request: &AdmissionRequest, edit: &Edit, books: &Books) -> Option<Entry> {
+    let (object, project, limits) = match edit {
+        Edit::Kkp {
+            name, new: Some(new), ..
+        } => (Object::Kkp(name.clone()), new.project.clone(), new.limits.clone()),
+        Edit::Ours {
+            name,
+            project,
+            new: Some(quota),
+        } => {
+            let project = books.kkp.get(name).map_or(project.clone(), |e| e.project.clone());
+            (Object::Ours(name.clone()), project, quota.clone())
+        }
+        _ => return None,
+    };
+    if !books
+        .groups_of(&project)
+        .iter()
+        .any(|(_, g)| g.mode == GroupMode::Allocation)
+    {
+        return None;
+    }
+    let meta = |v: &Option<serde_json::Value>, field: &str| {
+        v.as_ref()?
+            .get("metadata")?
+            .get(field)?
+            .as_str()
+            .map(str::to_owned)
+    };
+    Some(Entry {
+        object,
+        uid: meta(&request.object, "uid")?,
+        base: meta(&request.old_object, "resourceVersion"),
+        project,
+        limits,
+    })
+}
