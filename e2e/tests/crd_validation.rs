@@ -316,10 +316,24 @@ async fn a_quota_groups_selector_must_select_by_a_label() {
         )
         .await
         .unwrap();
-    // Allocation mode and its owners: an unknown mode or an owner that is neither a User nor a
-    // Group (or has no name) is refused; users and groups are kept.
+}
+
+/// A `QuotaGroup`'s mode and owners: an unknown mode, or an owner that is neither a User nor a
+/// Group (or has no name), is refused; users and groups are kept.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_quota_groups_mode_and_owners_are_checked() {
+    let cp = ControlPlane::start("crd-group-owners").await.unwrap();
+    let groups: Api<DynamicObject> = Api::all_with(
+        cp.client(),
+        &ApiResource::erase::<kkp_quota_crds::QuotaGroup>(&()),
+    );
     let with = |name: &str, extra: Value| -> DynamicObject {
-        let mut object = serde_json::to_value(group(name, json!({"matchLabels": {"team": "red"}}))).unwrap();
+        let mut object = json!({
+            "apiVersion": "kkp-quota.dev/v1alpha1",
+            "kind": "QuotaGroup",
+            "metadata": {"name": name},
+            "spec": {"selector": {"matchLabels": {"team": "red"}}, "quota": {"cpu": "8"}},
+        });
         for (key, value) in extra.as_object().unwrap() {
             object["spec"][key] = value.clone();
         }
