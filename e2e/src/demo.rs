@@ -1,5 +1,6 @@
 //! The demo project `make demo` sets up: a quota for project `demo` on the master, which
-//! master-controller fans out to every seed.
+//! master-controller fans out to every seed; and a quota group in allocation mode over `demo` and
+//! `other`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -62,6 +63,68 @@ pub async fn write_demo_project(fleet: &Fleet) -> Result<()> {
         "cpu": "16", "memory": "64Gi", "storage": "1Ti"
     }))?;
     apply_quota(fleet, &project_quota("demo", &quota), "kkp-quota-demo").await
+}
+
+/// The demo's quota group, in allocation mode: projects `demo` and `other` (label
+/// `customer=demo-co`) share 32 cpu and 128Gi of quota limits; `demo-owner` may move them
+/// between the two.
+pub const DEMO_GROUP: &str = "demo-co";
+
+/// Registers master-controller's allocation webhook (at `webhook`, its certificate signed by
+/// `ca_pem`) on the master, gives project `other` a quota of 8 cpu and 32Gi, labels `demo` and
+/// `other` and creates [`DEMO_GROUP`] over them (docs/groups.md, "Allocation mode").
+pub async fn write_demo_group(fleet: &Fleet, webhook: std::net::SocketAddr, ca_pem: &str) -> Result<()> {
+    use kkp_quota_runtime::allocation_config;
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+    let master = fleet.master().client();
+    let params = PatchParams::apply("kkp-quota-demo").force();
+    let configuration: DynamicObject =
+        serde_json::from_value(allocation_config::configuration(&serde_json::json!({
+            "url": format!("https://{webhook}{}", allocation_config::PATH),
+            "caBundle": k8s_openapi::ByteString(ca_pem.as_bytes().to_vec()),
+        })))?;
+    let gvk = GroupVersionKind::gvk(
+        "admissionregistration.k8s.io",
+        "v1",
+        "ValidatingWebhookConfiguration",
+    );
+    Api::<DynamicObject>::all_with(master.clone(), &ApiResource::from_gvk(&gvk))
+        .patch(allocation_config::NAME, &params, &Patch::Apply(&configuration))
+        .await
+        .context("registering the allocation webhook on the master")?;
+    let other: ResourceDetails = serde_json::from_value(serde_json::json!({"cpu": "8", "memory": "32Gi"}))?;
+    apply_quota(fleet, &project_quota("other", &other), "kkp-quota-demo").await?;
+    let projects = Api::<kkp_quota_crds::kkp::Project>::all(master.clone());
+    let label = serde_json::json!({"metadata": {"labels": {"customer": DEMO_GROUP}}});
+    for project in ["demo", "other"] {
+        projects
+            .patch(project, &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .with_context(|| format!("labelling project {project}"))?;
+    }
+    let group: kkp_quota_crds::QuotaGroup = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaGroup",
+        "metadata": {"name": DEMO_GROUP},
+        "spec": {
+            "selector": {"matchLabels": {"customer": DEMO_GROUP}},
+            "mode": "allocation",
+            "quota": {"cpu": "32", "memory": "128Gi"},
+            "owners": [{"kind": "User", "name": "demo-owner"}],
+        },
+    }))?;
+    let groups = Api::<kkp_quota_crds::QuotaGroup>::all(master);
+    // The webhook refuses the group until its caches hold other's quota (unlimited before).
+    wait_for(Duration::from_mins(1), "the demo group accepted", || async {
+        groups
+            .patch(DEMO_GROUP, &params, &Patch::Apply(&group))
+            .await
+            .map_err(|e| tracing::debug!(error = %e, "the demo group, refused for now"))
+            .ok()
+    })
+    .await?;
+    Ok(())
 }
 
 /// Waits until `project`'s quota is in force wherever the project has a user cluster, as a user

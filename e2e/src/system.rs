@@ -228,6 +228,33 @@ impl Credentials {
     }
 }
 
+/// master-controller's flags in the fleet: its kubeconfig, metrics address, and the allocation
+/// webhook served with the machine webhooks' certificate.
+fn master_controller_args(
+    kubeconfig: &str,
+    metrics: SocketAddr,
+    allocation_webhook: SocketAddr,
+    certs: &crate::certs::WebhookCertPaths,
+    credentials: &Credentials,
+) -> Vec<String> {
+    let mut args = vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--metrics-address={metrics}"),
+        "--resync-period=30s".to_owned(),
+        format!("--webhook-address={allocation_webhook}"),
+        format!("--tls-cert-file={}", certs.cert.display()),
+        format!("--tls-key-file={}", certs.key.display()),
+        format!("--webhook-namespace={}", crate::fleet::KUBERMATIC_NAMESPACE),
+    ];
+    if let Credentials::Chart(_) = credentials {
+        args.push(format!(
+            "--seed-kubeconfig-secret={}",
+            crate::chart::SEED_KUBECONFIG_SECRET
+        ));
+    }
+    args
+}
+
 /// The running system; dropping it kills every component.
 #[derive(Debug)]
 pub struct System {
@@ -237,6 +264,9 @@ pub struct System {
     /// The URL-signing key file every seed-controller and machine-webhook is given (one base64
     /// key per line, the first signs). Rewrite it to rotate: both re-read it on change.
     pub url_signing_keys: PathBuf,
+    /// Where master-controller serves the allocation webhook (same serving certificate as the
+    /// machine webhooks); registered on the master only by the demo (`demo::write_demo_group`).
+    pub allocation_webhook: SocketAddr,
 }
 
 /// A fresh URL-signing key: 32 random bytes, base64 (one line of a key file).
@@ -332,20 +362,14 @@ impl System {
         let kubeconfig = |component: &str, cluster: &str| credentials.kubeconfig(dir, component, cluster);
 
         let metrics = SocketAddr::from(([127, 0, 0, 1], free_port()?));
-        let mut master_args = vec![
-            format!(
-                "--kubeconfig={}",
-                kubeconfig("master-controller", crate::fleet::MASTER)?
-            ),
-            format!("--metrics-address={metrics}"),
-            "--resync-period=30s".to_owned(),
-        ];
-        if let Credentials::Chart(_) = credentials {
-            master_args.push(format!(
-                "--seed-kubeconfig-secret={}",
-                crate::chart::SEED_KUBECONFIG_SECRET
-            ));
-        }
+        let allocation_webhook = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        let master_args = master_controller_args(
+            &kubeconfig("master-controller", crate::fleet::MASTER)?,
+            metrics,
+            allocation_webhook,
+            &certs,
+            credentials,
+        );
         specs.push((
             "master-controller",
             None,
@@ -417,6 +441,7 @@ impl System {
         let system = System {
             components,
             webhook_ca: certs.ca,
+            allocation_webhook,
             url_signing_keys,
         };
         system.wait_ready(Duration::from_mins(2)).await?;

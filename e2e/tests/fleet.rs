@@ -2,6 +2,8 @@
 
 #[path = "fleet/clusters.rs"]
 mod clusters;
+#[path = "fleet/groups.rs"]
+mod groups;
 #[path = "fleet/kubectl.rs"]
 mod kubectl;
 #[path = "fleet/reserved.rs"]
@@ -270,6 +272,7 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
     assert!(message.contains("needs 32 cpu"), "{message}");
     assert!(message.contains("of 16 cpu"), "{message}");
 
+    groups::the_demo_group_caps_its_allocation(client_for("master").await).await;
     kubectl::what_kubectl_shows_near_the_limit(fleet_dir, seed_a.clone(), master.clone()).await;
     kubectl::the_plugin_answers(fleet_dir).await;
     a_deleted_machine_deployment_frees_its_room(client_for("alpha").await, master.clone()).await;

@@ -5,6 +5,7 @@
 //! `kkp-quota-crds`, which holds types and pure domain logic only, so that seed-controller
 //! depends on this and not on the webhook.
 
+pub mod allocation_config;
 pub mod chain;
 pub mod duration;
 pub mod kubeconfig;

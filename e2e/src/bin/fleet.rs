@@ -102,17 +102,7 @@ async fn main() -> Result<()> {
             "component ready"
         );
     }
-    demo::write_demo_project(&fleet).await?;
-    // Ready means a user's first create is decided against the quota, not refused while
-    // seed-controller has yet to count the new ledgers.
-    demo::wait_in_force(&fleet, "demo", std::time::Duration::from_mins(2)).await?;
-    tracing::info!(
-        "demo project `demo` has a quota of {} (kubectl --kubeconfig {dir}/master.kubeconfig get pquota); \
-         try `kubectl --kubeconfig {dir}/alpha.kubeconfig apply -f deploy/examples/machine-small.yaml` (admitted) and \
-         `... -f deploy/examples/machine-too-big.yaml` (refused with the reason)",
-        demo::DEMO_QUOTA,
-        dir = args.dir.display()
-    );
+    write_demo(&fleet, &running, &args.dir).await?;
     let rss_mib = e2e::bench::mib(fleet.rss_bytes());
     tracing::info!(
         clusters = fleet.members().len(),
@@ -192,4 +182,29 @@ async fn report_exits_until(
             }
         }
     }
+}
+
+/// The demo project's quota (in force before this returns) and the demo's quota group, each
+/// with a log line saying what to try.
+async fn write_demo(fleet: &Fleet, running: &System, dir: &std::path::Path) -> Result<()> {
+    demo::write_demo_project(fleet).await?;
+    // Ready means a user's first create is decided against the quota, not refused while
+    // seed-controller has yet to count the new ledgers.
+    demo::wait_in_force(fleet, "demo", std::time::Duration::from_mins(2)).await?;
+    let ca = std::fs::read_to_string(&running.webhook_ca)?;
+    demo::write_demo_group(fleet, running.allocation_webhook, &ca).await?;
+    tracing::info!(
+        "quota group `{}` allocates 32 cpu and 128Gi to projects demo and other (kubectl --kubeconfig {dir}/master.kubeconfig get qgroup -o wide); \
+         raising their quotas past it is refused",
+        demo::DEMO_GROUP,
+        dir = dir.display()
+    );
+    tracing::info!(
+        "demo project `demo` has a quota of {} (kubectl --kubeconfig {dir}/master.kubeconfig get pquota); \
+         try `kubectl --kubeconfig {dir}/alpha.kubeconfig apply -f deploy/examples/machine-small.yaml` (admitted) and \
+         `... -f deploy/examples/machine-too-big.yaml` (refused with the reason)",
+        demo::DEMO_QUOTA,
+        dir = dir.display()
+    );
+    Ok(())
 }

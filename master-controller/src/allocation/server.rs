@@ -41,7 +41,7 @@ use super::review::{AdmissionRequest, AdmissionReview, response};
 use crate::metrics::Metrics;
 
 /// The webhook's path.
-pub const PATH: &str = "/validate/allocation";
+pub use super::registration::PATH;
 
 /// How long an entry of the record counts (each process timing it from its first sight): long
 /// past the moment a watch cache shows its edit, and an edit never stored (another webhook
