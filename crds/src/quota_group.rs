@@ -60,11 +60,12 @@ pub struct QuotaGroupSpec {
     #[serde(default)]
     pub mode: GroupMode,
     /// Users and groups who may edit the quotas of the group's projects within the allocation
-    /// (with the `kkp-quota-group-owner` `ClusterRole`), and no other project's.
+    /// (with the `kkp-quota-group-owner` `ClusterRole`), and no other project's. Not Kubernetes'
+    /// own (`system:...`): every component and admin would be held to the group.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-validations" = [{
-        "rule": "size(self) == 0 || self.all(o, o.kind in ['User', 'Group'] && size(o.name) > 0)",
-        "message": "each owner is a User or a Group, with a name"
+        "rule": "size(self) == 0 || self.all(o, o.kind in ['User', 'Group'] && size(o.name) > 0 && !o.name.startsWith('system:'))",
+        "message": "each owner is a User or a Group, with a name that is not one of Kubernetes' own (system:...)"
     }]))]
     pub owners: Vec<GroupOwner>,
 }

@@ -351,6 +351,11 @@ async fn a_quota_groups_mode_and_owners_are_checked() {
             json!({"mode": "allocation", "owners": [{"kind": "User", "name": ""}]}),
             "each owner is a User or a Group, with a name",
         ),
+        (
+            "everyone-owns-it",
+            json!({"mode": "allocation", "owners": [{"kind": "Group", "name": "system:authenticated"}]}),
+            "not one of Kubernetes' own",
+        ),
     ] {
         let message = assert_invalid(
             groups.create(&PostParams::default(), &with(name, extra)).await,

@@ -275,9 +275,17 @@ pub async fn reconcile(
                 }
             }
         };
-        if let Err(e) = result {
-            warn!(error = %e, action = ?action, "default quota write failed");
-            return Err(Error::Kube(e));
+        match result {
+            Ok(()) => {}
+            // Refused by an admission webhook (the allocation webhook: the write would take a
+            // quota group past its allocation): said, and the other projects still get theirs.
+            Err(kube::Error::Api(e)) if e.code == 403 => {
+                warn!(reason = %e.message, action = ?action, "default quota write refused; left as it is");
+            }
+            Err(e) => {
+                warn!(error = %e, action = ?action, "default quota write failed");
+                return Err(Error::Kube(e));
+            }
         }
     }
     Ok(count)

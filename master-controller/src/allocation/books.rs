@@ -36,6 +36,9 @@ pub struct Books {
     pub projects: BTreeMap<String, BTreeMap<String, String>>,
     /// `QuotaGroup` specs by name.
     pub groups: BTreeMap<String, QuotaGroupSpec>,
+    /// Group specs allowed but perhaps not stored yet (`super::pending`), each checked beside
+    /// the stored one of its name: a quota edit must fit both.
+    pub pending_groups: Vec<(String, QuotaGroupSpec)>,
 }
 
 impl KkpEntry {
@@ -71,6 +74,7 @@ impl Books {
                 .map(|p| (p.name_any(), p.labels().clone()))
                 .collect(),
             groups: groups.into_iter().collect(),
+            pending_groups: Vec::new(),
         }
     }
 
@@ -122,13 +126,14 @@ impl Books {
             .collect()
     }
 
-    /// The groups selecting `project`, by name.
+    /// The groups selecting `project`, by name (with the specs of [`Books::pending_groups`]).
     pub fn groups_of(&self, project: &str) -> Vec<(&str, &QuotaGroupSpec)> {
         let Some(labels) = self.projects.get(project) else {
             return Vec::new();
         };
         self.groups
             .iter()
+            .chain(self.pending_groups.iter().map(|(name, spec)| (name, spec)))
             .filter(|(_, spec)| Selector::try_from(spec.selector.clone()).is_ok_and(|s| s.matches(labels)))
             .map(|(name, spec)| (name.as_str(), spec))
             .collect()

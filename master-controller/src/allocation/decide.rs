@@ -1,11 +1,15 @@
 //! Whether an edit on the master keeps every `allocation` group within its limit, and whether a
 //! group owner may make it, pure (docs/groups.md, "Allocation mode").
 //!
-//! - A quota edit (KKP `ResourceQuota` or `ProjectQuota`: create, update, delete) that raises
-//!   its project's allocation of some resource is refused when, for an `allocation` group
-//!   selecting the project that caps that resource, the group's projects would then be
-//!   allocated more than the cap. Edits that raise nothing (reductions) always pass, even in a
-//!   group that is over its cap already.
+//! - A quota edit (KKP `ResourceQuota` or `ProjectQuota`: create, update, delete) that loosens
+//!   a limit is refused when, for an `allocation` group selecting its project that caps that
+//!   resource, the group's projects would then be allocated more than the cap. Whether an edit
+//!   loosens is read from the object before and after (as the API server sends them), never
+//!   from caches, which may lag or hold edits that never landed: a `ResourceQuota` or
+//!   `ProjectQuota` with a limit raised or removed, a `ProjectQuota` deleted, a KKP quota deleted
+//!   or moved to another project (its old project loses it), and a KKP quota created for a
+//!   project that has one already (a project's first quota only ever lowers it from unlimited).
+//!   Everything else always passes, even in a group over its cap.
 //! - A group edit in `allocation` mode is refused when its projects would be allocated more than
 //!   the new cap of some resource, unless the edit makes that no worse (the same selector, still
 //!   `allocation`, a cap not lowered).
@@ -21,17 +25,19 @@ use super::books::{Books, KkpEntry, above, sum};
 /// What is being written.
 #[derive(Clone, Debug)]
 pub enum Edit {
-    /// A KKP `ResourceQuota` created or changed (`new`), or deleted (`None`); `old_project` is
-    /// the project it had before, if any.
+    /// A KKP `ResourceQuota`: `old` as stored (`None`: a create), `new` as it will be (`None`:
+    /// a delete).
     Kkp {
         name: String,
-        old_project: Option<String>,
+        old: Option<KkpEntry>,
         new: Option<KkpEntry>,
     },
-    /// A `ProjectQuota` (its `spec.quota`) created or changed, or deleted (`None`).
+    /// A `ProjectQuota`'s `spec.quota`: `old` as stored (`None`: a create), `new` as it will be
+    /// (`None`: a delete).
     Ours {
         name: String,
         project: String,
+        old: Option<ResourceDetails>,
         new: Option<ResourceDetails>,
     },
     /// A `QuotaGroup` created or changed (`new`), or deleted (`None`).
@@ -60,31 +66,102 @@ pub fn decide(books: &Books, edit: &Edit, who: &Requester) -> Verdict {
     if let Some(refusal) = ownership(books, edit, who) {
         return Verdict::Denied(refusal);
     }
-    let refusals = match edit {
+    let mut refusals = match edit {
         Edit::Group { name, new: Some(new) } => group_edit(books, name, new),
         Edit::Group { new: None, .. } => Vec::new(),
-        Edit::Kkp { name, new, .. } => match new {
-            Some(entry) => quota_edit(books, &entry.project, Some((name, new.as_ref())), None),
-            // A deleted KKP quota leaves its project; its allocation can only grow.
-            None => match books.kkp.get(name) {
-                Some(old) => quota_edit(books, &old.project, Some((name, None)), None),
-                None => Vec::new(),
-            },
-        },
-        // A `ProjectQuota` tightens the KKP quota of its name, whose project it is.
-        Edit::Ours { name, project, new } => {
-            let project = books
-                .kkp
-                .get(name)
-                .map_or(project.as_str(), |e| e.project.as_str());
-            quota_edit(books, project, None, Some((name, new.as_ref())))
-        }
+        Edit::Kkp { .. } | Edit::Ours { .. } => quota_changes(books, edit)
+            .into_iter()
+            .flat_map(|(project, kkp, ours, may_loosen)| quota_edit(books, project, kkp, ours, &may_loosen))
+            .collect(),
     };
+    // A group and its copy being changed (`Books::pending_groups`) may refuse alike.
+    let mut seen = BTreeSet::new();
+    refusals.retain(|r| seen.insert(r.clone()));
     if refusals.is_empty() {
         Verdict::Allowed
     } else {
         Verdict::Denied(refusals.join("; "))
     }
+}
+
+/// One project's quotas changed (a KKP quota replaced, `None`: removed from it; or a
+/// `ProjectQuota`), and the resources the change may loosen.
+type QuotaChange<'a> = (
+    &'a str,
+    Option<(&'a String, Option<&'a KkpEntry>)>,
+    Option<(&'a String, Option<&'a ResourceDetails>)>,
+    Vec<Resource>,
+);
+
+/// The resources whose limit `new` loosens from `old` (an absent limit is no limit).
+fn loosened(old: Option<&ResourceDetails>, new: Option<&ResourceDetails>) -> Vec<Resource> {
+    let none = ResourceDetails::default();
+    let (old, new) = (old.unwrap_or(&none), new.unwrap_or(&none));
+    Resource::ALL
+        .iter()
+        .copied()
+        .filter(|&r| above(new.get(r), old.get(r)))
+        .collect()
+}
+
+/// What a quota edit changes, project by project, and what it may loosen there.
+fn quota_changes<'a>(books: &'a Books, edit: &'a Edit) -> Vec<QuotaChange<'a>> {
+    let mut changes: Vec<QuotaChange<'a>> = Vec::new();
+    match edit {
+        Edit::Kkp { name, old, new } => {
+            if let Some(n) = new {
+                let kept = old.as_ref().filter(|o| o.project == n.project);
+                let may_loosen = match kept {
+                    Some(o) => loosened(Some(&o.limits), Some(&n.limits)),
+                    // Created, or moved in: only a project that has a quota already can gain.
+                    None if books.kkp.iter().any(|(k, e)| e.project == n.project && k != name) => {
+                        Resource::ALL.to_vec()
+                    }
+                    None => Vec::new(),
+                };
+                changes.push((n.project.as_str(), Some((name, Some(n))), None, may_loosen));
+            }
+            // Deleted, or moved out: its old project loses it (unlimited if it was the only one).
+            if let Some(o) = old
+                .as_ref()
+                .filter(|o| new.as_ref().is_none_or(|n| n.project != o.project))
+            {
+                changes.push((
+                    o.project.as_str(),
+                    Some((name, None)),
+                    None,
+                    Resource::ALL.to_vec(),
+                ));
+            }
+        }
+        // A `ProjectQuota` tightens the KKP quota of its name, whose project it is.
+        Edit::Ours {
+            name,
+            project,
+            old,
+            new,
+        } => {
+            let project = books
+                .kkp
+                .get(name)
+                .map_or(project.as_str(), |e| e.project.as_str());
+            changes.push((
+                project,
+                None,
+                Some((name, new.as_ref())),
+                loosened(old.as_ref(), new.as_ref()),
+            ));
+        }
+        Edit::Group { .. } => {}
+    }
+    changes.retain(|(.., may_loosen)| !may_loosen.is_empty());
+    changes
+}
+
+/// Whether a quota edit may loosen some limit (what the record must hold before the edit is
+/// allowed: an edit that loosens nothing cannot take a group over).
+pub fn raises(books: &Books, edit: &Edit) -> bool {
+    !quota_changes(books, edit).is_empty()
 }
 
 /// A group owner's edit outside their groups' projects, refused with why.
@@ -99,25 +176,19 @@ fn ownership(books: &Books, edit: &Edit, who: &Requester) -> Option<String> {
         return None;
     }
     let names: Vec<&str> = owned.iter().map(|(n, _)| *n).collect();
+    // Groups are RBAC's to guard: refusing owners here could lock an admin who is also an owner
+    // out of the very group that names them.
     let projects: BTreeSet<&str> = match edit {
-        Edit::Group { name, .. } => {
-            return Some(format!(
-                "{} owns quota groups {} and may edit their projects' quotas, not group {name}",
-                who.username,
-                names.join(", ")
-            ));
-        }
-        Edit::Kkp {
-            name,
-            old_project,
-            new,
-        } => old_project
+        Edit::Group { .. } => return None,
+        Edit::Kkp { name, old, new } => old
             .iter()
-            .map(String::as_str)
-            .chain(new.as_ref().map(|e| e.project.as_str()))
+            .chain(new)
+            .map(|e| e.project.as_str())
             .chain(books.kkp.get(name).map(|e| e.project.as_str()))
             .collect(),
-        Edit::Ours { project, .. } => BTreeSet::from([project.as_str()]),
+        Edit::Ours { name, project, .. } => std::iter::once(project.as_str())
+            .chain(books.kkp.get(name).map(|e| e.project.as_str()))
+            .collect(),
     };
     let outside: Vec<&str> = projects
         .into_iter()
@@ -134,15 +205,14 @@ fn ownership(books: &Books, edit: &Edit, who: &Requester) -> Option<String> {
     ))
 }
 
-/// The refusals for an edit of `project`'s quotas: one KKP quota replaced (`None`: deleted),
-/// or one `ProjectQuota`.
-fn quota_edit(
+/// `project`'s allocation after one KKP quota is replaced (`None`: removed) or one
+/// `ProjectQuota` (counting its other quotas as the books hold them).
+fn allocated_after(
     books: &Books,
     project: &str,
     kkp: Option<(&String, Option<&KkpEntry>)>,
     ours: Option<(&String, Option<&ResourceDetails>)>,
-) -> Vec<String> {
-    let before = books.allocated(project);
+) -> ResourceDetails {
     let mut after_books = books.clone_for(project);
     if let Some((name, entry)) = kkp {
         match entry {
@@ -156,15 +226,19 @@ fn quota_edit(
             None => after_books.ours.remove(name),
         };
     }
-    let after = after_books.allocated(project);
-    let raised: Vec<Resource> = Resource::ALL
-        .iter()
-        .copied()
-        .filter(|&r| above(after.get(r), before.get(r)))
-        .collect();
-    if raised.is_empty() {
-        return Vec::new();
-    }
+    after_books.allocated(project)
+}
+
+/// The refusals for an edit of `project`'s quotas (one KKP quota replaced, `None`: removed; or
+/// one `ProjectQuota`) that may loosen the resources `may_loosen`.
+fn quota_edit(
+    books: &Books,
+    project: &str,
+    kkp: Option<(&String, Option<&KkpEntry>)>,
+    ours: Option<(&String, Option<&ResourceDetails>)>,
+    may_loosen: &[Resource],
+) -> Vec<String> {
+    let after = allocated_after(books, project, kkp, ours);
     let mut refusals = Vec::new();
     for (group, spec) in books.groups_of(project) {
         if spec.mode != GroupMode::Allocation {
@@ -183,7 +257,7 @@ fn quota_edit(
             })
             .collect();
         let total = sum(each.iter().map(|(_, a)| a));
-        for &r in &raised {
+        for &r in may_loosen {
             let Some(cap) = spec.quota.get(r) else { continue };
             if above(total.get(r), Some(cap)) {
                 refusals.push(format!(

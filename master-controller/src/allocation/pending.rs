@@ -18,7 +18,7 @@
 
 use std::collections::BTreeMap;
 
-use kkp_quota_crds::ResourceDetails;
+use kkp_quota_crds::{QuotaGroupSpec, ResourceDetails};
 use serde::{Deserialize, Serialize};
 
 use super::books::{Books, KkpEntry, greatest};
@@ -31,10 +31,12 @@ pub enum Object {
     Kkp(String),
     /// A `ProjectQuota`, by name.
     Ours(String),
+    /// A `QuotaGroup`, by name.
+    Group(String),
 }
 
 /// One edit allowed.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Entry {
     pub object: Object,
@@ -43,10 +45,16 @@ pub struct Entry {
     /// The `resourceVersion` the edit was made on; absent for a create.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
-    /// The KKP quota's project (for a `ProjectQuota`, its subject).
+    /// The KKP quota's project (for a `ProjectQuota`, that of the KKP quota of its name).
+    #[serde(default)]
     pub project: String,
-    /// What the edit sets: the KKP quota's readable limits, or the `ProjectQuota`'s `spec.quota`.
+    /// What the edit sets: the KKP quota's readable limits, or the `ProjectQuota`'s `spec.quota`
+    /// (a deletion: none, so unlimited, or no tightening).
+    #[serde(default)]
     pub limits: ResourceDetails,
+    /// A group's new spec (an `allocation` group created or changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<QuotaGroupSpec>,
 }
 
 /// What a decider's cache holds of an object: its UID and `resourceVersion`.
@@ -75,22 +83,39 @@ impl Entry {
 }
 
 /// Counts the unsettled `entries` into `books`: each as the greater of what the cache shows and
-/// what the edit sets (either may be what is stored when the edit lands), per resource.
+/// what the edit sets (either may be what is stored when the edit lands), per resource; a
+/// group's new spec beside its stored one.
 pub fn count(books: &mut Books, entries: &[Entry], cached: &BTreeMap<Object, Cached>) {
-    for entry in entries.iter().filter(|e| !e.settled_by(cached.get(&e.object))) {
+    for (i, entry) in entries
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| !e.settled_by(cached.get(&e.object)))
+    {
         match &entry.object {
             Object::Kkp(name) => {
-                let counted = match books.kkp.get(name) {
-                    Some(now) if now.project == entry.project => KkpEntry {
-                        project: entry.project.clone(),
-                        limits: greatest(&now.limits, &entry.limits),
-                    },
-                    _ => KkpEntry {
-                        project: entry.project.clone(),
-                        limits: entry.limits.clone(),
-                    },
+                let pending = KkpEntry {
+                    project: entry.project.clone(),
+                    limits: entry.limits.clone(),
                 };
-                books.kkp.insert(name.clone(), counted);
+                match books.kkp.get_mut(name) {
+                    None => {
+                        books.kkp.insert(name.clone(), pending);
+                    }
+                    Some(now) if now.project == entry.project => {
+                        now.limits = greatest(&now.limits, &entry.limits);
+                    }
+                    // Another project's (the subject moved, or the name was re-created for
+                    // another project): both count, each for its project, the pending one
+                    // without the `ProjectQuota` of the name (looser).
+                    Some(_) => {
+                        books.kkp.insert(format!("{name}\u{0}pending-{i}"), pending);
+                    }
+                }
+            }
+            Object::Group(name) => {
+                if let Some(spec) = &entry.group {
+                    books.pending_groups.push((name.clone(), spec.clone()));
+                }
             }
             Object::Ours(name) => {
                 let counted = match books.ours.get(name) {
@@ -105,8 +130,8 @@ pub fn count(books: &mut Books, entries: &[Entry], cached: &BTreeMap<Object, Cac
 
 /// The record after `new` is allowed: appended. An earlier entry of the same object stays until
 /// it ages out: the later edit may yet fail while the earlier one lands.
-pub fn record_after(kept: &[Entry], new: Entry) -> Vec<Entry> {
+pub fn record_after(kept: &[Entry], new: Vec<Entry>) -> Vec<Entry> {
     let mut out = kept.to_vec();
-    out.push(new);
+    out.extend(new);
     out
 }

@@ -59,6 +59,19 @@ impl AdmissionRequest {
         }
     }
 
+    /// The object's name: the request's, or on a create with `generateName` (which has none
+    /// there yet) the object's own.
+    fn object_name(&self) -> String {
+        if !self.name.is_empty() {
+            return self.name.clone();
+        }
+        self.object
+            .as_ref()
+            .and_then(|o| o.get("metadata")?.get("name")?.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    }
+
     /// The edit this request makes; `Err` says why it cannot be read (the request is refused).
     pub fn edit(&self) -> Result<Edit, String> {
         let new = if self.operation == "DELETE" {
@@ -76,8 +89,8 @@ impl AdmissionRequest {
                 let new = new.map(parse).transpose()?;
                 let old = old.map(parse).transpose()?;
                 Ok(Edit::Kkp {
-                    name: self.name.clone(),
-                    old_project: old.map(|q| q.project().to_owned()),
+                    name: self.object_name(),
+                    old: old.as_ref().map(KkpEntry::of),
                     new: new.as_ref().map(KkpEntry::of),
                 })
             }
@@ -93,8 +106,9 @@ impl AdmissionRequest {
                     .map(|q| q.project().to_owned())
                     .ok_or("the request carries no ProjectQuota")?;
                 Ok(Edit::Ours {
-                    name: self.name.clone(),
+                    name: self.object_name(),
                     project,
+                    old: old.map(|q| q.spec.quota),
                     new: new.map(|q| q.spec.quota),
                 })
             }
@@ -105,7 +119,7 @@ impl AdmissionRequest {
                     })
                     .transpose()?;
                 Ok(Edit::Group {
-                    name: self.name.clone(),
+                    name: self.object_name(),
                     new: new.map(|g| g.spec),
                 })
             }

@@ -22,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::{GroupMode, ProjectQuota, QuotaGroup, ResourceQuota};
+use kkp_quota_crds::{GroupMode, ProjectQuota, QuotaGroup, ResourceDetails, ResourceQuota};
 use kkp_quota_runtime::tls::{ReloadingCert, TlsError, server_config};
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::runtime::reflector::{self, Store};
@@ -65,7 +65,7 @@ struct Checker {
     groups: Store<QuotaGroup>,
     record: Api<ConfigMap>,
     /// When this process first saw each entry of the record (entries age out by it).
-    first_seen: Mutex<HashMap<Entry, Instant>>,
+    first_seen: Mutex<HashMap<String, Instant>>,
     metrics: Metrics,
 }
 
@@ -249,10 +249,15 @@ impl Checker {
             let (mut books, cached) = self.books();
             count(&mut books, &entries, &cached);
             let verdict = decide(&books, edit, &request.requester());
-            let Some(entry) = entry_for(request, edit, &books).filter(|_| verdict == Verdict::Allowed) else {
+            if verdict != Verdict::Allowed {
                 return verdict;
+            }
+            let new = match entries_for(request, edit, &books) {
+                Ok(new) if new.is_empty() => return verdict,
+                Ok(new) => new,
+                Err(why) => return Verdict::Denied(why),
             };
-            match record::write(&self.record, &record_after(&entries, entry), read.version).await {
+            match record::write(&self.record, &record_after(&entries, new), read.version).await {
                 Ok(()) => return Verdict::Allowed,
                 Err(record::WriteError::Conflict) => self.metrics.allocation_record_conflicts.inc(),
                 Err(e) => {
@@ -270,11 +275,12 @@ impl Checker {
         let kkp = self.kkp.state();
         let ours = self.ours.state();
         let projects = self.projects.state();
+        let groups = self.groups.state();
         let books = Books::from_objects(
             kkp.iter().map(AsRef::as_ref),
             ours.iter().map(AsRef::as_ref),
             projects.iter().map(AsRef::as_ref),
-            self.groups.state().iter().map(|g| (g.name_any(), g.spec.clone())),
+            groups.iter().map(|g| (g.name_any(), g.spec.clone())),
         );
         let cached_of = |meta: &kube::api::ObjectMeta| {
             Some(Cached {
@@ -293,45 +299,36 @@ impl Checker {
                 cached.insert(Object::Ours(q.name_any()), c);
             }
         }
+        for g in &groups {
+            if let Some(c) = cached_of(&g.metadata) {
+                cached.insert(Object::Group(g.name_any()), c);
+            }
+        }
         (books, cached)
     }
 }
 
 /// The record's entries this process has seen for less than [`PENDING_FOR`] (timed from its
 /// own first sight of each, so no two clocks are compared).
-fn fresh(first_seen: &mut HashMap<Entry, Instant>, entries: Vec<Entry>) -> Vec<Entry> {
+fn fresh(first_seen: &mut HashMap<String, Instant>, entries: Vec<Entry>) -> Vec<Entry> {
     let now = Instant::now();
-    first_seen.retain(|e, _| entries.contains(e));
-    entries
+    let keyed: Vec<(String, Entry)> = entries
         .into_iter()
-        .filter(|e| now.duration_since(*first_seen.entry(e.clone()).or_insert(now)) < PENDING_FOR)
+        .map(|e| (serde_json::to_string(&e).unwrap_or_default(), e))
+        .collect();
+    first_seen.retain(|key, _| keyed.iter().any(|(k, _)| k == key));
+    keyed
+        .into_iter()
+        .filter(|(key, _)| now.duration_since(*first_seen.entry(key.clone()).or_insert(now)) < PENDING_FOR)
+        .map(|(_, e)| e)
         .collect()
 }
 
-/// The record entry for an allowed edit: a quota created or changed whose project is in an
-/// `allocation` group (nothing else can take a group over its allocation).
-fn entry_for(request: &AdmissionRequest, edit: &Edit, books: &Books) -> Option<Entry> {
-    let (object, project, limits) = match edit {
-        Edit::Kkp {
-            name, new: Some(new), ..
-        } => (Object::Kkp(name.clone()), new.project.clone(), new.limits.clone()),
-        Edit::Ours {
-            name,
-            project,
-            new: Some(quota),
-        } => {
-            let project = books.kkp.get(name).map_or(project.clone(), |e| e.project.clone());
-            (Object::Ours(name.clone()), project, quota.clone())
-        }
-        _ => return None,
-    };
-    if !books
-        .groups_of(&project)
-        .iter()
-        .any(|(_, g)| g.mode == GroupMode::Allocation)
-    {
-        return None;
-    }
+/// The record entries for an allowed edit: one for each project whose allocation it raises
+/// (a KKP quota moved to another project: both), and one for an `allocation` group created or
+/// changed. An edit that raises nothing needs none: it cannot take a group over. `Err`: the
+/// request does not say which object it is (it is refused rather than allowed unrecorded).
+fn entries_for(request: &AdmissionRequest, edit: &Edit, books: &Books) -> Result<Vec<Entry>, String> {
     let meta = |v: &Option<serde_json::Value>, field: &str| {
         v.as_ref()?
             .get("metadata")?
@@ -339,11 +336,82 @@ fn entry_for(request: &AdmissionRequest, edit: &Edit, books: &Books) -> Option<E
             .as_str()
             .map(str::to_owned)
     };
-    Some(Entry {
+    let uid = || {
+        meta(&request.object, "uid")
+            .or_else(|| meta(&request.old_object, "uid"))
+            .ok_or_else(|| "the request carries no object UID to record the edit by".to_owned())
+    };
+    let base = meta(&request.old_object, "resourceVersion");
+    let entry = |object: Object, uid: String, project: String, limits: ResourceDetails| Entry {
         object,
-        uid: meta(&request.object, "uid")?,
-        base: meta(&request.old_object, "resourceVersion"),
+        uid,
+        base: base.clone(),
         project,
         limits,
-    })
+        group: None,
+    };
+    match edit {
+        Edit::Group { name, new: Some(new) } if new.mode == GroupMode::Allocation => Ok(vec![Entry {
+            group: Some(new.clone()),
+            ..entry(
+                Object::Group(name.clone()),
+                uid()?,
+                String::new(),
+                ResourceDetails::default(),
+            )
+        }]),
+        Edit::Group { .. } => Ok(Vec::new()),
+        // A project's first quota loosens nothing (it was unlimited), but it is recorded in an
+        // `allocation` group: a second create racing it is then no longer a first.
+        Edit::Kkp {
+            name,
+            old: None,
+            new: Some(new),
+        } if !super::decide::raises(books, edit)
+            && books
+                .groups_of(&new.project)
+                .iter()
+                .any(|(_, g)| g.mode == GroupMode::Allocation) =>
+        {
+            Ok(vec![entry(
+                Object::Kkp(name.clone()),
+                uid()?,
+                new.project.clone(),
+                new.limits.clone(),
+            )])
+        }
+        _ if !super::decide::raises(books, edit) => Ok(Vec::new()),
+        Edit::Kkp { name, old, new } => {
+            let uid = uid()?;
+            let mut out = Vec::new();
+            if let Some(new) = new {
+                out.push(entry(
+                    Object::Kkp(name.clone()),
+                    uid.clone(),
+                    new.project.clone(),
+                    new.limits.clone(),
+                ));
+            }
+            // The project it leaves, counted without it (unlimited) until the edit settles.
+            if let Some(old) = old
+                .as_ref()
+                .filter(|o| new.as_ref().is_none_or(|n| n.project != o.project))
+            {
+                out.push(entry(
+                    Object::Kkp(name.clone()),
+                    uid,
+                    old.project.clone(),
+                    ResourceDetails::default(),
+                ));
+            }
+            Ok(out)
+        }
+        Edit::Ours {
+            name, project, new, ..
+        } => {
+            let project = books.kkp.get(name).map_or(project.clone(), |e| e.project.clone());
+            let limits = new.clone().unwrap_or_default();
+            Ok(vec![entry(Object::Ours(name.clone()), uid()?, project, limits)])
+        }
+    }
 }
