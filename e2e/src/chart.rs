@@ -235,11 +235,17 @@ impl ChartKubeconfigs {
 /// [`SEED_KUBECONFIG_SECRET`] on the master, as the install docs tell an admin to.
 pub async fn install_identities(fleet: &Fleet, dir: &Path) -> Result<ChartKubeconfigs> {
     // The RBAC, and the seed's empty webhook configuration for Cluster creates, which
-    // seed-controller may patch but not create.
+    // seed-controller may patch but not create. Not the master's allocation webhook
+    // configuration: it names a Service, and the fleet's master-controller is no pod behind one
+    // (the demo registers it by URL).
     let rbac = |role| -> Result<Vec<Value>> {
         Ok(render(role, &[])?
             .into_iter()
-            .filter(|doc| is_rbac(doc) || kind(doc) == "ValidatingWebhookConfiguration")
+            .filter(|doc| {
+                is_rbac(doc)
+                    || (kind(doc) == "ValidatingWebhookConfiguration"
+                        && doc["metadata"]["name"] == "kkp-quota-clusters")
+            })
             .collect())
     };
     let (master_rbac, seed_rbac) = (rbac("master")?, rbac("seed")?);
