@@ -128,6 +128,7 @@ fn books_at(store: &Store, revision: usize, record: &[Entry]) -> Books {
             KkpEntry {
                 project: n.clone(),
                 limits: cpu(object.limit),
+                leaving: false,
             },
         );
         books
@@ -162,6 +163,7 @@ fn set_limit(n: &str, old: i64, limit: i64) -> Edit {
     let entry = |limit| KkpEntry {
         project: n.to_owned(),
         limits: cpu(limit),
+        leaving: false,
     };
     Edit::Kkp {
         name: n.to_owned(),
@@ -261,6 +263,7 @@ fn run(ops: &[Op]) -> Result<(), TestCaseError> {
                 let books = books_at(&store, caches[replica], &record);
                 let edit = Edit::Group {
                     name: "red".to_owned(),
+                    old: Some(group(store.now()[GROUP].limit)),
                     new: Some(group(cap)),
                 };
                 if decide(&books, &edit, &admin()) == Verdict::Allowed {

@@ -23,6 +23,9 @@ pub struct KkpEntry {
     pub project: String,
     /// Its readable limits, without the unreadable ones (those are unbounded).
     pub limits: ResourceDetails,
+    /// Being deleted (kept by master-controller's finalizer while its seeds are cleaned up): it
+    /// limits nothing any more, as its deletion was checked.
+    pub leaving: bool,
 }
 
 /// The master's quotas, projects and groups, as the allocation check reads them.
@@ -50,6 +53,7 @@ impl KkpEntry {
         KkpEntry {
             project: quota.project().to_owned(),
             limits,
+            leaving: quota.metadata.deletion_timestamp.is_some(),
         }
     }
 }
@@ -81,7 +85,11 @@ impl Books {
     /// The limit `project`'s quotas let it reach (absent: unbounded).
     pub fn allocated(&self, project: &str) -> ResourceDetails {
         let mut out: Option<ResourceDetails> = None;
-        for (name, entry) in self.kkp.iter().filter(|(_, e)| e.project == project) {
+        for (name, entry) in self
+            .kkp
+            .iter()
+            .filter(|(_, e)| e.project == project && !e.leaving)
+        {
             let limits = effective_limits(&entry.limits, self.ours.get(name));
             out = Some(match out {
                 None => limits,

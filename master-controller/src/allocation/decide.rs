@@ -40,9 +40,11 @@ pub enum Edit {
         old: Option<ResourceDetails>,
         new: Option<ResourceDetails>,
     },
-    /// A `QuotaGroup` created or changed (`new`), or deleted (`None`).
+    /// A `QuotaGroup`: `old` as stored (`None`: a create), `new` as it will be (`None`: a
+    /// delete).
     Group {
         name: String,
+        old: Option<QuotaGroupSpec>,
         new: Option<QuotaGroupSpec>,
     },
 }
@@ -67,7 +69,11 @@ pub fn decide(books: &Books, edit: &Edit, who: &Requester) -> Verdict {
         return Verdict::Denied(refusal);
     }
     let mut refusals = match edit {
-        Edit::Group { name, new: Some(new) } => group_edit(books, name, new),
+        Edit::Group {
+            name,
+            old,
+            new: Some(new),
+        } => group_edit(books, name, old.as_ref(), new),
         Edit::Group { new: None, .. } => Vec::new(),
         Edit::Kkp { .. } | Edit::Ours { .. } => quota_changes(books, edit)
             .into_iter()
@@ -114,7 +120,11 @@ fn quota_changes<'a>(books: &'a Books, edit: &'a Edit) -> Vec<QuotaChange<'a>> {
                 let may_loosen = match kept {
                     Some(o) => loosened(Some(&o.limits), Some(&n.limits)),
                     // Created, or moved in: only a project that has a quota already can gain.
-                    None if books.kkp.iter().any(|(k, e)| e.project == n.project && k != name) => {
+                    None if books
+                        .kkp
+                        .iter()
+                        .any(|(k, e)| e.project == n.project && k != name && !e.leaving) =>
+                    {
                         Resource::ALL.to_vec()
                     }
                     None => Vec::new(),
@@ -134,6 +144,8 @@ fn quota_changes<'a>(books: &'a Books, edit: &'a Edit) -> Vec<QuotaChange<'a>> {
                 ));
             }
         }
+        // A `ProjectQuota` of a KKP quota being deleted tightens nothing any more.
+        Edit::Ours { name, .. } if books.kkp.get(name).is_some_and(|e| e.leaving) => {}
         // A `ProjectQuota` tightens the KKP quota of its name, whose project it is.
         Edit::Ours {
             name,
@@ -273,11 +285,12 @@ fn quota_edit(
 }
 
 /// The refusals for a group created or changed to `new`.
-fn group_edit(books: &Books, name: &str, new: &QuotaGroupSpec) -> Vec<String> {
+/// `old` is the group as stored (the request's `oldObject`), never a cache's: "no worse" is
+/// judged against what is there.
+fn group_edit(books: &Books, name: &str, old: Option<&QuotaGroupSpec>, new: &QuotaGroupSpec) -> Vec<String> {
     if new.mode != GroupMode::Allocation {
         return Vec::new();
     }
-    let old = books.groups.get(name);
     let (total, each) = books.group_allocation(new);
     let mut refusals = Vec::new();
     for (r, cap) in new.quota.iter() {

@@ -96,6 +96,7 @@ pub fn count(books: &mut Books, entries: &[Entry], cached: &BTreeMap<Object, Cac
                 let pending = KkpEntry {
                     project: entry.project.clone(),
                     limits: entry.limits.clone(),
+                    leaving: false,
                 };
                 match books.kkp.get_mut(name) {
                     None => {

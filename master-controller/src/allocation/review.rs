@@ -113,13 +113,14 @@ impl AdmissionRequest {
                 })
             }
             ("kkp-quota.dev", "QuotaGroup") => {
-                let new = new
-                    .map(|v| {
-                        serde_json::from_value::<QuotaGroup>(v.clone()).map_err(|e| read("QuotaGroup", e))
-                    })
-                    .transpose()?;
+                let parse = |v: &Value| {
+                    serde_json::from_value::<QuotaGroup>(v.clone()).map_err(|e| read("QuotaGroup", e))
+                };
+                let new = new.map(parse).transpose()?;
+                let old = old.map(parse).transpose()?;
                 Ok(Edit::Group {
                     name: self.object_name(),
+                    old: old.map(|g| g.spec),
                     new: new.map(|g| g.spec),
                 })
             }

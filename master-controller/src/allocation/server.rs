@@ -46,7 +46,7 @@ pub use super::registration::PATH;
 /// How long an entry of the record counts (each process timing it from its first sight): long
 /// past the moment a watch cache shows its edit, and an edit never stored (another webhook
 /// refused it, it lost a conflict, the API server crashed) holds its room no longer than this.
-pub const PENDING_FOR: Duration = Duration::from_secs(30);
+pub const PENDING_FOR: Duration = Duration::from_mins(1);
 
 /// Where and with which certificate the webhook is served.
 #[derive(Clone, Debug)]
@@ -351,7 +351,9 @@ fn entries_for(request: &AdmissionRequest, edit: &Edit, books: &Books) -> Result
         group: None,
     };
     match edit {
-        Edit::Group { name, new: Some(new) } if new.mode == GroupMode::Allocation => Ok(vec![Entry {
+        Edit::Group {
+            name, new: Some(new), ..
+        } if new.mode == GroupMode::Allocation => Ok(vec![Entry {
             group: Some(new.clone()),
             ..entry(
                 Object::Group(name.clone()),
@@ -361,25 +363,19 @@ fn entries_for(request: &AdmissionRequest, edit: &Edit, books: &Books) -> Result
             )
         }]),
         Edit::Group { .. } => Ok(Vec::new()),
-        // A project's first quota loosens nothing (it was unlimited), but it is recorded in an
-        // `allocation` group: a second create racing it is then no longer a first.
+        // A project's first quota loosens nothing (it was unlimited), but it is recorded: a
+        // second create racing it (a cache without the first) is then no longer a first, even
+        // if a group comes to select the project meanwhile.
         Edit::Kkp {
             name,
             old: None,
             new: Some(new),
-        } if !super::decide::raises(books, edit)
-            && books
-                .groups_of(&new.project)
-                .iter()
-                .any(|(_, g)| g.mode == GroupMode::Allocation) =>
-        {
-            Ok(vec![entry(
-                Object::Kkp(name.clone()),
-                uid()?,
-                new.project.clone(),
-                new.limits.clone(),
-            )])
-        }
+        } if !super::decide::raises(books, edit) => Ok(vec![entry(
+            Object::Kkp(name.clone()),
+            uid()?,
+            new.project.clone(),
+            new.limits.clone(),
+        )]),
         _ if !super::decide::raises(books, edit) => Ok(Vec::new()),
         Edit::Kkp { name, old, new } => {
             let uid = uid()?;

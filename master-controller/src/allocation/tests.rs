@@ -43,6 +43,7 @@ fn entry(project: &str, limit: i64) -> KkpEntry {
     KkpEntry {
         project: project.to_owned(),
         limits: cpu(limit),
+        leaving: false,
     }
 }
 
@@ -235,6 +236,7 @@ fn owners_edit_only_their_groups_projects_and_no_group() {
         assert!(why.contains("project c is in none of them"), "{why}");
         let edit = Edit::Group {
             name: "red".to_owned(),
+            old: Some(red.clone()),
             new: Some(group("red", 100, GroupMode::Allocation)),
         };
         // Groups are RBAC's to guard (the owner role cannot write them): an admin who is also
@@ -253,6 +255,7 @@ fn a_group_may_not_allocate_less_than_its_projects_have_unless_the_edit_makes_it
     let mut books = books(6, 6, 6);
     let create = |cap| Edit::Group {
         name: "new".to_owned(),
+        old: None,
         new: Some(group("red", cap, GroupMode::Allocation)),
     };
     assert_eq!(decide(&books, &create(12), &admin()), Verdict::Allowed);
@@ -262,16 +265,26 @@ fn a_group_may_not_allocate_less_than_its_projects_have_unless_the_edit_makes_it
         "quota group new would allocate at most 11 cpu, but its projects are allocated 12 cpu already (a 6, b 6): lower their quotas first"
     );
     // red (cap 10) is over already: raising its cap passes, lowering it or widening it does not.
-    let edit = |spec| Edit::Group {
+    // What is stored is what the request's oldObject says.
+    let edit = |old: &Books, spec| Edit::Group {
         name: "red".to_owned(),
+        old: old.groups.get("red").cloned(),
         new: Some(spec),
     };
     assert_eq!(
-        decide(&books, &edit(group("red", 11, GroupMode::Allocation)), &admin()),
+        decide(
+            &books,
+            &edit(&books, group("red", 11, GroupMode::Allocation)),
+            &admin()
+        ),
         Verdict::Allowed
     );
     assert!(matches!(
-        decide(&books, &edit(group("red", 9, GroupMode::Allocation)), &admin()),
+        decide(
+            &books,
+            &edit(&books, group("red", 9, GroupMode::Allocation)),
+            &admin()
+        ),
         Verdict::Denied(_)
     ));
     let mut wider = group("red", 10, GroupMode::Allocation);
@@ -284,7 +297,7 @@ fn a_group_may_not_allocate_less_than_its_projects_have_unless_the_edit_makes_it
         },
     ]);
     assert!(matches!(
-        decide(&books, &edit(wider), &admin()),
+        decide(&books, &edit(&books, wider), &admin()),
         Verdict::Denied(_)
     ));
     // Switching a shared group over its projects' allocation to allocation mode is refused.
@@ -292,16 +305,25 @@ fn a_group_may_not_allocate_less_than_its_projects_have_unless_the_edit_makes_it
         .groups
         .insert("red".to_owned(), group("red", 10, GroupMode::Shared));
     assert!(matches!(
-        decide(&books, &edit(group("red", 10, GroupMode::Allocation)), &admin()),
+        decide(
+            &books,
+            &edit(&books, group("red", 10, GroupMode::Allocation)),
+            &admin()
+        ),
         Verdict::Denied(_)
     ));
     assert_eq!(
-        decide(&books, &edit(group("red", 10, GroupMode::Shared)), &admin()),
+        decide(
+            &books,
+            &edit(&books, group("red", 10, GroupMode::Shared)),
+            &admin()
+        ),
         Verdict::Allowed
     );
     // Deleting a group always passes.
     let delete = Edit::Group {
         name: "red".to_owned(),
+        old: books.groups.get("red").cloned(),
         new: None,
     };
     assert_eq!(decide(&books, &delete, &admin()), Verdict::Allowed);
@@ -362,4 +384,34 @@ fn sums_and_bounds() {
         super::books::sum(std::iter::empty::<&ResourceDetails>()).get(Resource::Cpu),
         Some(kkp_quota_crds::Quantity::ZERO)
     );
+}
+
+/// A quota being deleted (kept by master-controller's finalizer meanwhile) limits nothing: the
+/// project's other quota cannot then be deleted as if it still held the line, and the cleanup's
+/// delete of its `ProjectQuota` loosens nothing.
+#[test]
+fn a_quota_being_deleted_limits_nothing() {
+    let mut books = books(5, 5, 0);
+    books.kkp.insert("a-extra".to_owned(), entry("a", 5));
+    books.kkp.get_mut("a").unwrap().leaving = true;
+    // a is held by a-extra alone: deleting it leaves a unlimited.
+    let why = denied(decide(&books, &kkp(&books, "a-extra", None), &admin()));
+    assert!(why.contains("unlimited cpu"), "{why}");
+    books.ours.insert("a".to_owned(), cpu(1));
+    let cleanup = Edit::Ours {
+        name: "a".to_owned(),
+        project: "a".to_owned(),
+        old: Some(cpu(1)),
+        new: None,
+    };
+    assert_eq!(decide(&books, &cleanup, &admin()), Verdict::Allowed);
+    // A group whose cached spec is in allocation mode, but stored shared: switching it back is
+    // judged from the stored spec (a create or a mode change is never "no worse").
+    books.kkp.insert("b".to_owned(), entry("b", 9));
+    let back = Edit::Group {
+        name: "red".to_owned(),
+        old: Some(group("red", 10, GroupMode::Shared)),
+        new: Some(group("red", 10, GroupMode::Allocation)),
+    };
+    assert!(matches!(decide(&books, &back, &admin()), Verdict::Denied(_)));
 }
