@@ -367,6 +367,15 @@ mod tests {
         quota
     }
 
+    /// A shared group's status: nothing allocated, no webhook.
+    fn shown<'a>(
+        spec: &QuotaGroupSpec,
+        projects: impl IntoIterator<Item = &'a Project>,
+        quotas: impl IntoIterator<Item = &'a ProjectQuota>,
+    ) -> (QuotaGroupStatus, Vec<Desired>) {
+        desired(spec, projects, quotas, &ResourceDetails::default(), false).unwrap()
+    }
+
     fn group(team: &str, limit: i64) -> QuotaGroupSpec {
         QuotaGroupSpec {
             selector: LabelSelector {
@@ -391,14 +400,7 @@ mod tests {
             quota("b", &[("seed-1", 4, false)]),
             quota("c", &[("seed-1", 8, false)]),
         ];
-        let (status, conditions) = desired(
-            &group("red", 10),
-            &projects,
-            &quotas,
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (status, conditions) = shown(&group("red", 10), &projects, &quotas);
         assert_eq!(status.projects, ["a", "b"]);
         assert_eq!(status.project_count, 2);
         assert_eq!(
@@ -437,14 +439,7 @@ mod tests {
             status.reserved, None,
             "no member reports capacity reserved for autoscalers"
         );
-        let (_, over) = desired(
-            &group("red", 6),
-            &projects,
-            &quotas,
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (_, over) = shown(&group("red", 6), &projects, &quotas);
         let exceeded = find(&over, QUOTA_EXCEEDED);
         assert!(exceeded.status);
         assert!(
@@ -468,14 +463,7 @@ mod tests {
                 status.reserved = reserved.map(cpu);
             }
         }
-        let (status, conditions) = desired(
-            &group("red", 10),
-            &projects,
-            &quotas,
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (status, conditions) = shown(&group("red", 10), &projects, &quotas);
         let amount = |d: Option<ResourceDetails>| d.map(|d| d.amount(kkp_quota_crds::Resource::Cpu));
         assert_eq!(
             amount(status.reserved),
@@ -492,14 +480,7 @@ mod tests {
     fn stale_seeds_uncounted_projects_and_a_bad_selector_are_said() {
         let projects = [project("a", "red"), project("b", "red")];
         let quotas = [quota("a", &[("seed-1", 2, true)])];
-        let (status, conditions) = desired(
-            &group("red", 10),
-            &projects,
-            &quotas,
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (status, conditions) = shown(&group("red", 10), &projects, &quotas);
         assert_eq!(status.projects, ["a", "b"]);
         assert_eq!(
             status.usage.unwrap().amount(kkp_quota_crds::Resource::Cpu),
@@ -519,19 +500,11 @@ mod tests {
             operator: "Near".into(),
             values: None,
         }]);
-        let (status, conditions) =
-            desired(&bad, &projects, &quotas, &ResourceDetails::default(), false).unwrap();
+        let (status, conditions) = shown(&bad, &projects, &quotas);
         assert!(status.projects.is_empty());
         assert!(find(&conditions, SELECTOR_INVALID).status);
         // Every type is there either way, so nothing of one state is left over in the other.
-        let (_, valid) = desired(
-            &group("red", 10),
-            &projects,
-            &quotas,
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (_, valid) = shown(&group("red", 10), &projects, &quotas);
         for type_ in [
             ENFORCED,
             QUOTA_EXCEEDED,
@@ -560,26 +533,12 @@ mod tests {
             );
         }
         let in_force = quota("a", &[("seed-1", 2, false)]);
-        let (status, _) = desired(
-            &group("red", 10),
-            &projects,
-            &[not_in_force, in_force.clone()],
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (status, _) = shown(&group("red", 10), &projects, &[not_in_force, in_force.clone()]);
         assert_eq!(status.by_project[0].usage, cpu(2));
         // Its quota in force without usage yet: uncounted, and said so.
         let mut fresh = in_force;
         fresh.status = None;
-        let (status, conditions) = desired(
-            &group("red", 10),
-            &projects,
-            &[fresh],
-            &ResourceDetails::default(),
-            false,
-        )
-        .unwrap();
+        let (status, conditions) = shown(&group("red", 10), &projects, &[fresh]);
         assert!(status.by_project.is_empty());
         let uncounted = find(&conditions, PROJECTS_UNCOUNTED);
         assert_eq!(uncounted.reason, "UsageUnknown");
