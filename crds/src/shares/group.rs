@@ -1,0 +1,216 @@
+//! Shares of a quota group (issue #36, `docs/groups.md`): the same escrow one level up.
+//!
+//! A group's record grants each member project a budget exactly as a project's record grants
+//! each seed a share: the group's record is the master ([`super::MasterView`], one
+//! [`super::SeedRecord`] per project), and each project's record is the member's copy
+//! ([`super::SeedShare`] of that group, written in the project record's own compare-and-swap,
+//! together with the grants it makes to its seeds). Nothing new is decided on a seed: a project
+//! simply plans its seeds' shares within a smaller limit, [`member_limit`], so every seed keeps
+//! admitting on one ledger with one compare-and-swap, and a group costs the admission path
+//! nothing.
+//!
+//! Why the group's limit holds: the group's record keeps `Σ_P budget_P ≤ group limit` (the
+//! project rule, with projects for seeds), and each project keeps `Σ_i share_i ≤ member limit ≤
+//! budget_P` (the project rule, its limit bounded by the budget). A budget shrinks only by the
+//! project's own release ([`SeedShare::release_due`] over what its seeds hold,
+//! [`member_committed`]), written in the same compare-and-swap as the grants that hold it, so a
+//! budget is never released while a seed could still spend it.
+
+use super::{MasterView, SeedShare};
+use crate::quantity::{Quantity, QuantityError};
+use crate::resources::{Resource, ResourceDetails};
+
+/// The limit a project plans its seeds' shares within: per resource the smallest of its own
+/// limit and the capacity each group selecting it grants it ([`SeedShare::capacity`] of its
+/// share of that group, within the group's limit). A resource any of them limits is limited; a
+/// resource none limits stays unlimited.
+pub fn member_limit<'a>(
+    own: &ResourceDetails,
+    groups: impl IntoIterator<Item = (&'a SeedShare, &'a ResourceDetails)>,
+) -> ResourceDetails {
+    let mut limit = own.clone();
+    for (share, group_limit) in groups {
+        for (resource, capacity) in share.capacity(group_limit).iter() {
+            let tighter = limit.get(resource).map_or(capacity, |l| l.min(capacity));
+            limit.set(resource, Some(tighter));
+        }
+    }
+    limit
+}
+
+/// What a project's seeds hold of its budget: per resource the sum over its seeds of the larger
+/// of the share the project sees a seed hold and what the seed reported committed
+/// ([`super::SeedRecord::held_seen`]), for every resource `group_limit` limits. Stale reports
+/// only over-count (a release not read yet is counted as held). The floor of every release to
+/// the group ([`member_release_due`]).
+pub fn member_held(
+    project: &MasterView,
+    group_limit: &ResourceDetails,
+) -> Result<ResourceDetails, QuantityError> {
+    let held: Vec<ResourceDetails> = project.seeds.values().map(super::SeedRecord::held_seen).collect();
+    Ok(super::bounded_by(
+        group_limit,
+        &ResourceDetails::checked_sum(&held)?,
+    ))
+}
+
+/// What a project reports committed to its group: what its seeds reported committed, added up
+/// (usage, reservations, allotments), not the shares they hold. The group asks idle budget back
+/// only above this, so a project whose seeds hold idle share can be asked for it: its lower
+/// target reaches its seeds as a lower limit, they release, and then so does the project.
+pub fn member_committed(
+    project: &MasterView,
+    group_limit: &ResourceDetails,
+) -> Result<ResourceDetails, QuantityError> {
+    let committed: Vec<ResourceDetails> = project
+        .seeds
+        .values()
+        .filter_map(|r| r.report.as_ref().map(|rep| rep.committed.clone()))
+        .collect();
+    Ok(super::bounded_by(
+        group_limit,
+        &ResourceDetails::checked_sum(&committed)?,
+    ))
+}
+
+/// The absolute budget a project asks its group for, while one of its seeds wants more than the
+/// project may grant: per resource `Σ_i max(committed_i, demand_i)` over its seeds (what they
+/// use and what they ask for; idle share elsewhere in the project is the project's to move).
+/// `None` when no seed asks, or when that sum fits `capacity`, the budget the project holds of
+/// this group. Absolute, like a seed's demand, so a demand read twice or out of order asks for
+/// the same thing.
+pub fn member_demand(
+    project: &MasterView,
+    group_limit: &ResourceDetails,
+    capacity: &ResourceDetails,
+) -> Result<Option<ResourceDetails>, QuantityError> {
+    let mut want = ResourceDetails::default();
+    let mut unmet = false;
+    for (resource, _) in group_limit.iter() {
+        let mut sum = Quantity::ZERO;
+        for record in project.seeds.values() {
+            let committed = record
+                .report
+                .as_ref()
+                .map_or(Quantity::ZERO, |rep| rep.committed.amount(resource));
+            let asked = demand_of(record, resource).unwrap_or(committed).max(committed);
+            sum = sum.checked_add(asked)?;
+        }
+        unmet |= sum > capacity.amount(resource);
+        want.set(resource, Some(sum));
+    }
+    let any_demand = project
+        .seeds
+        .values()
+        .any(|r| r.report.as_ref().is_some_and(|rep| rep.demand.is_some()));
+    Ok((unmet && any_demand).then_some(want))
+}
+
+fn demand_of(record: &super::SeedRecord, resource: Resource) -> Option<Quantity> {
+    record.report.as_ref()?.demand.as_ref()?.get(resource)
+}
+
+/// The budget a project gives back to a group now: [`SeedShare::release_due`] of its share of
+/// the group, over what its seeds hold ([`member_held`]). Must be written in the same
+/// compare-and-swap of the project's record as the seeds' grants `project` was planned with.
+pub fn member_release_due(
+    share: &SeedShare,
+    group_limit: &ResourceDetails,
+    project: &MasterView,
+    slack: &ResourceDetails,
+    quiet: bool,
+) -> Result<ResourceDetails, QuantityError> {
+    let held = member_held(project, group_limit)?;
+    Ok(share.release_due(group_limit, &held, slack, quiet))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shares::tests::cpu;
+    use crate::shares::{SeedRecord, SeedReport};
+
+    fn budget(granted: i64, released: i64, target: Option<i64>) -> SeedShare {
+        SeedShare {
+            granted: cpu(granted),
+            released: cpu(released),
+            target: target.map(cpu).unwrap_or_default(),
+            version: 1,
+        }
+    }
+
+    fn seed(granted: i64, committed: i64, demand: Option<i64>) -> SeedRecord {
+        SeedRecord {
+            granted: cpu(granted),
+            report: Some(SeedReport {
+                version: 1,
+                committed: cpu(committed),
+                demand: demand.map(cpu),
+                ..SeedReport::default()
+            }),
+            ..SeedRecord::new()
+        }
+    }
+
+    fn project(limit: i64, seeds: Vec<SeedRecord>) -> MasterView {
+        let names = ["seed-a", "seed-b", "seed-c"];
+        MasterView {
+            limit: cpu(limit),
+            seeds: names.iter().map(|n| (*n).to_owned()).zip(seeds).collect(),
+        }
+    }
+
+    #[test]
+    fn the_member_limit_is_the_smallest_of_the_own_limit_and_every_budget() {
+        let group = cpu(32);
+        let (a, b) = (budget(10, 2, None), budget(6, 0, Some(5)));
+        assert_eq!(member_limit(&cpu(16), [(&a, &group)]), cpu(8));
+        assert_eq!(member_limit(&cpu(16), [(&a, &group), (&b, &group)]), cpu(5));
+        // The own limit tighter than every budget.
+        assert_eq!(member_limit(&cpu(4), [(&a, &group)]), cpu(4));
+        // A project without a cpu limit is limited by its group's budget.
+        assert_eq!(member_limit(&ResourceDetails::default(), [(&a, &group)]), cpu(8));
+        // No group: the own limit, unlimited resources stay unlimited.
+        assert_eq!(member_limit(&cpu(4), []), cpu(4));
+        assert!(member_limit(&ResourceDetails::default(), []).is_empty());
+    }
+
+    #[test]
+    fn a_project_holds_what_its_seeds_hold_or_use_and_commits_what_they_commit() {
+        // Seed a holds 6 and uses 2, seed b holds 1 and uses 3 (usage above its share).
+        let p = project(16, vec![seed(6, 2, None), seed(1, 3, None)]);
+        assert_eq!(member_held(&p, &cpu(32)).unwrap(), cpu(9));
+        assert_eq!(member_committed(&p, &cpu(32)).unwrap(), cpu(5));
+    }
+
+    #[test]
+    fn a_project_asks_its_group_only_for_what_its_seeds_want_beyond_its_budget() {
+        // Seed a uses 4 (holding 6), seed b wants 5: the project wants 9 of its group.
+        let p = project(16, vec![seed(6, 4, None), seed(2, 2, Some(5))]);
+        assert_eq!(member_demand(&p, &cpu(32), &cpu(6)).unwrap(), Some(cpu(9)));
+        // Its budget covers it: nothing to ask (the project moves its own idle share).
+        assert_eq!(member_demand(&p, &cpu(32), &cpu(9)).unwrap(), None);
+        // No seed asks: nothing, even over budget (usage above a share asks for nothing).
+        let p = project(16, vec![seed(4, 7, None)]);
+        assert_eq!(member_demand(&p, &cpu(32), &cpu(4)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_project_releases_budget_its_seeds_do_not_hold() {
+        let p = project(16, vec![seed(4, 3, None), seed(2, 2, None)]);
+        // Budget 10, asked down to 5, seeds hold 6: 4 goes back, never what they hold.
+        assert_eq!(
+            member_release_due(&budget(10, 0, Some(5)), &cpu(32), &p, &cpu(1), false).unwrap(),
+            cpu(4)
+        );
+        // Quiet: down to what they hold plus the slack.
+        assert_eq!(
+            member_release_due(&budget(10, 0, None), &cpu(32), &p, &cpu(1), true).unwrap(),
+            cpu(3)
+        );
+        assert_eq!(
+            member_release_due(&budget(10, 0, None), &cpu(32), &p, &cpu(1), false).unwrap(),
+            cpu(0)
+        );
+    }
+}

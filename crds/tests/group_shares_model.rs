@@ -1,0 +1,621 @@
+//! State-machine property test of a quota group's shares (`kkp_quota_crds::shares::group`), with
+//! no servers: one group over two projects, each project with two seeds, every level running
+//! the real protocol types: the group's record is a `MasterView` over its projects, each
+//! project's record a `MasterView` over its seeds planned within `member_limit`, holding its
+//! budget of the group as a `SeedShare`, and each seed admitting within its own `SeedShare`.
+//!
+//! Random interleavings of admissions, deletions, seed releases, project rounds (plan, grant,
+//! release to the group, report), group rounds, and words and reports delayed, reordered,
+//! duplicated and lost; a project master or the group's master restarting (what it read is
+//! gone, its record stays). After every step: what the seeds hold and use together stays within
+//! the group's limit, and each project's within its own. After each run, a liveness phase heals
+//! everything and checks that a lone seed with demand gets all the headroom its project and
+//! group leave within a bounded number of fair rounds.
+//!
+//! `PROPTEST_CASES` sets the number of runs (default 2000, about a second).
+#![allow(
+    clippy::unwrap_used,
+    clippy::too_many_lines,
+    // The failure summary is built once, on failure.
+    clippy::format_push_string
+)]
+
+use std::collections::BTreeMap;
+
+use kkp_quota_crds::shares::group::{member_committed, member_demand, member_limit, member_release_due};
+use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, fits_within};
+use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+
+type Rd = ResourceDetails;
+
+const PROJECTS: [&str; 2] = ["p0", "p1"];
+const SEEDS: [&str; 2] = ["s0", "s1"];
+/// Messages in flight beyond this are dropped, oldest first (senders resend).
+const BAG_LIMIT: usize = 24;
+/// Fair rounds the liveness phase allows: a move from another project's seed to the lone
+/// seed takes the seed's release, its project's release, the group's grant, the project's
+/// grant, each a round.
+const LIVENESS_ROUNDS: usize = 8;
+
+fn cpu(n: i64) -> Rd {
+    let mut d = Rd::default();
+    d.set(Resource::Cpu, Some(Quantity::from_units(n)));
+    d
+}
+
+/// Nanocores: shares move in fractions (half of what is free), so figures are compared exact.
+fn nanos(d: &Rd) -> i128 {
+    d.amount(Resource::Cpu).as_nanos()
+}
+
+const UNIT: i128 = 1_000_000_000;
+
+/// For the failure summary only.
+#[allow(clippy::cast_precision_loss)]
+fn units(d: &Rd) -> f64 {
+    whole(d.amount(Resource::Cpu))
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn whole(q: Quantity) -> f64 {
+    q.as_nanos() as f64 / 1e9
+}
+
+/// One seed's copy of one project's quota: its share, the limit its project sent with it, what
+/// it uses (admitted, not deleted), and a demand while a request waits.
+#[derive(Debug, Clone, Default)]
+struct SeedCopy {
+    share: SeedShare,
+    limit: Rd,
+    used: i64,
+    demand: Option<i64>,
+    version: u64,
+}
+
+impl SeedCopy {
+    fn report(&self) -> SeedReport {
+        self.share
+            .report(self.version, &cpu(self.used), self.demand.map(cpu).as_ref())
+    }
+}
+
+/// A project's record (persisted) and what its master read (lost on a restart).
+#[derive(Debug, Clone)]
+struct Project {
+    own: Rd,
+    view: MasterView,
+    version: u64,
+    /// Its budget of the group: the word the group sent, and what it released (in its record).
+    budget: SeedShare,
+    seeds: BTreeMap<&'static str, SeedCopy>,
+}
+
+#[derive(Debug, Clone)]
+enum Message {
+    ToSeed {
+        project: usize,
+        seed: &'static str,
+        word: MasterWord,
+        limit: Rd,
+    },
+    SeedReport {
+        project: usize,
+        seed: &'static str,
+        report: SeedReport,
+    },
+    ToProject {
+        project: usize,
+        word: MasterWord,
+    },
+    ProjectReport {
+        project: usize,
+        report: SeedReport,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct World {
+    group_limit: Rd,
+    group: MasterView,
+    group_version: u64,
+    projects: Vec<Project>,
+    bag: Vec<Message>,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit {
+        project: usize,
+        seed: usize,
+        amount: i64,
+    },
+    Delete {
+        project: usize,
+        seed: usize,
+        amount: i64,
+    },
+    SeedRelease {
+        project: usize,
+        seed: usize,
+        quiet: bool,
+    },
+    SeedReport {
+        project: usize,
+        seed: usize,
+    },
+    ProjectRound {
+        project: usize,
+        quiet: bool,
+    },
+    GroupRound,
+    Deliver {
+        index: usize,
+        keep: bool,
+    },
+    Drop {
+        index: usize,
+    },
+    RestartProject {
+        project: usize,
+    },
+    RestartGroup,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let p = 0..PROJECTS.len();
+    let s = 0..SEEDS.len();
+    prop_oneof![
+        4 => (p.clone(), s.clone(), 1..4i64).prop_map(|(project, seed, amount)| Op::Admit { project, seed, amount }),
+        2 => (p.clone(), s.clone(), 1..4i64).prop_map(|(project, seed, amount)| Op::Delete { project, seed, amount }),
+        2 => (p.clone(), s.clone(), any::<bool>()).prop_map(|(project, seed, quiet)| Op::SeedRelease { project, seed, quiet }),
+        3 => (p.clone(), s.clone()).prop_map(|(project, seed)| Op::SeedReport { project, seed }),
+        3 => (p.clone(), any::<bool>()).prop_map(|(project, quiet)| Op::ProjectRound { project, quiet }),
+        2 => Just(Op::GroupRound),
+        8 => (any::<usize>(), prop::bool::weighted(0.1)).prop_map(|(index, keep)| Op::Deliver { index, keep }),
+        1 => any::<usize>().prop_map(|index| Op::Drop { index }),
+        1 => p.prop_map(|project| Op::RestartProject { project }),
+        1 => Just(Op::RestartGroup),
+    ]
+}
+
+fn slack() -> Rd {
+    cpu(1)
+}
+
+impl World {
+    fn new(group_limit: i64, own: [Option<i64>; 2]) -> World {
+        let projects = own
+            .iter()
+            .map(|limit| Project {
+                own: limit.map(cpu).unwrap_or_default(),
+                view: MasterView {
+                    limit: Rd::default(),
+                    seeds: SEEDS
+                        .iter()
+                        .map(|s| ((*s).to_owned(), SeedRecord::new()))
+                        .collect(),
+                },
+                version: 0,
+                budget: SeedShare::default(),
+                seeds: SEEDS.iter().map(|s| (*s, SeedCopy::default())).collect(),
+            })
+            .collect();
+        World {
+            group_limit: cpu(group_limit),
+            group: MasterView {
+                limit: cpu(group_limit),
+                seeds: PROJECTS
+                    .iter()
+                    .map(|p| ((*p).to_owned(), SeedRecord::new()))
+                    .collect(),
+            },
+            group_version: 0,
+            projects,
+            bag: Vec::new(),
+        }
+    }
+
+    fn send(&mut self, message: Message) {
+        if self.bag.len() >= BAG_LIMIT {
+            self.bag.remove(0);
+        }
+        self.bag.push(message);
+    }
+
+    /// A seed admits `amount` within its capacity, or records the absolute share it wants.
+    fn admit(&mut self, project: usize, seed: &'static str, amount: i64) -> bool {
+        let copy = self.projects[project].seeds.get_mut(seed).unwrap();
+        let capacity = copy.share.capacity(&copy.limit);
+        // A seed that never heard from its project has no limit yet: it admits nothing.
+        if copy.share.version == 0 {
+            return false;
+        }
+        if fits_within(&capacity, &cpu(copy.used), &cpu(amount)).is_ok() {
+            copy.used += amount;
+            copy.demand = None;
+            copy.version += 1;
+            true
+        } else {
+            copy.demand = Some(copy.used + amount);
+            copy.version += 1;
+            false
+        }
+    }
+
+    fn seed_release(&mut self, project: usize, seed: &'static str, quiet: bool) {
+        let copy = self.projects[project].seeds.get_mut(seed).unwrap();
+        if copy.share.version == 0 {
+            return;
+        }
+        let due = copy.share.release_due(
+            &copy.limit,
+            &cpu(copy.used),
+            &slack(),
+            quiet && copy.demand.is_none(),
+        );
+        if !due.is_empty() {
+            copy.share.release(&due).unwrap();
+            copy.version += 1;
+        }
+    }
+
+    /// One round of a project's master, persisted at once (its compare-and-swap): plan its
+    /// seeds' shares within its member limit, release budget its seeds do not hold, send the
+    /// words, report to the group.
+    fn project_round(&mut self, project: usize, quiet: bool) {
+        let group_limit = self.group_limit.clone();
+        let p = &mut self.projects[project];
+        p.view.limit = member_limit(&p.own, [(&p.budget, &group_limit)]);
+        let plan = p.view.plan(&slack()).unwrap();
+        p.view.apply(&plan).unwrap();
+        let unmet = p.view.seeds.values().any(|r| r.unmet(&p.view.limit));
+        let due = member_release_due(&p.budget, &group_limit, &p.view, &slack(), quiet && !unmet).unwrap();
+        if !due.is_empty() {
+            p.budget.release(&due).unwrap();
+        }
+        p.version += 1;
+        let version = p.version;
+        let capacity = p.budget.capacity(&group_limit);
+        let report = SeedReport {
+            version,
+            released: p.budget.released.clone(),
+            committed: member_committed(&p.view, &group_limit).unwrap(),
+            demand: member_demand(&p.view, &group_limit, &capacity).unwrap(),
+            holds: None,
+        };
+        let limit = p.view.limit.clone();
+        let words: Vec<(&'static str, MasterWord)> = SEEDS
+            .iter()
+            .map(|s| {
+                let r = &p.view.seeds[*s];
+                let word = MasterWord {
+                    version,
+                    granted: r.granted.clone(),
+                    target: r.target.clone(),
+                    released: r.released_floor.clone(),
+                };
+                (*s, word)
+            })
+            .collect();
+        for (seed, word) in words {
+            self.send(Message::ToSeed {
+                project,
+                seed,
+                word,
+                limit: limit.clone(),
+            });
+        }
+        self.send(Message::ProjectReport { project, report });
+    }
+
+    fn group_round(&mut self) {
+        let plan = self.group.plan(&slack()).unwrap();
+        self.group.apply(&plan).unwrap();
+        self.group_version += 1;
+        let version = self.group_version;
+        for (project, name) in PROJECTS.iter().enumerate() {
+            let r = &self.group.seeds[*name];
+            let word = MasterWord {
+                version,
+                granted: r.granted.clone(),
+                target: r.target.clone(),
+                released: r.released_floor.clone(),
+            };
+            self.send(Message::ToProject { project, word });
+        }
+    }
+
+    fn deliver(&mut self, index: usize, keep: bool) {
+        if self.bag.is_empty() {
+            return;
+        }
+        let index = index % self.bag.len();
+        let message = if keep {
+            self.bag[index].clone()
+        } else {
+            self.bag.remove(index)
+        };
+        match message {
+            Message::ToSeed {
+                project,
+                seed,
+                word,
+                limit,
+            } => {
+                let copy = self.projects[project].seeds.get_mut(seed).unwrap();
+                if copy.share.receive(&word) {
+                    copy.limit = limit;
+                    copy.version += 1;
+                }
+            }
+            Message::SeedReport {
+                project,
+                seed,
+                report,
+            } => {
+                let record = self.projects[project].view.seeds.get_mut(seed).unwrap();
+                record.observe(report);
+            }
+            Message::ToProject { project, word } => {
+                self.projects[project].budget.receive(&word);
+            }
+            Message::ProjectReport { project, report } => {
+                self.group
+                    .seeds
+                    .get_mut(PROJECTS[project])
+                    .unwrap()
+                    .observe(report);
+            }
+        }
+    }
+
+    fn run(&mut self, op: &Op) {
+        match *op {
+            Op::Admit {
+                project,
+                seed,
+                amount,
+            } => {
+                self.admit(project, SEEDS[seed], amount);
+            }
+            Op::Delete {
+                project,
+                seed,
+                amount,
+            } => {
+                let copy = self.projects[project].seeds.get_mut(SEEDS[seed]).unwrap();
+                copy.used -= amount.min(copy.used);
+                copy.version += 1;
+            }
+            Op::SeedRelease { project, seed, quiet } => self.seed_release(project, SEEDS[seed], quiet),
+            Op::SeedReport { project, seed } => {
+                let report = self.projects[project].seeds[SEEDS[seed]].report();
+                self.send(Message::SeedReport {
+                    project,
+                    seed: SEEDS[seed],
+                    report,
+                });
+            }
+            Op::ProjectRound { project, quiet } => self.project_round(project, quiet),
+            Op::GroupRound => self.group_round(),
+            Op::Deliver { index, keep } => self.deliver(index, keep),
+            Op::Drop { index } => {
+                if !self.bag.is_empty() {
+                    let index = index % self.bag.len();
+                    self.bag.remove(index);
+                }
+            }
+            Op::RestartProject { project } => {
+                for record in self.projects[project].view.seeds.values_mut() {
+                    record.report = None;
+                }
+            }
+            Op::RestartGroup => {
+                for record in self.group.seeds.values_mut() {
+                    record.report = None;
+                }
+            }
+        }
+    }
+
+    /// What the seeds hold or use, per project: `max(share, used)` per seed.
+    fn held(&self, project: usize) -> i128 {
+        self.projects[project]
+            .seeds
+            .values()
+            .map(|c| nanos(&c.share.share()).max(i128::from(c.used) * UNIT))
+            .sum()
+    }
+
+    fn check(&self) -> Result<(), TestCaseError> {
+        let group_limit = nanos(&self.group_limit);
+        let held: i128 = (0..PROJECTS.len()).map(|p| self.held(p)).sum();
+        prop_assert!(
+            held <= group_limit,
+            "the seeds hold or use {held} of the group's {group_limit} (nanocores): {}",
+            self.summary()
+        );
+        for (i, p) in self.projects.iter().enumerate() {
+            if let Some(own) = p.own.get(Resource::Cpu) {
+                let own = own.as_nanos();
+                prop_assert!(
+                    self.held(i) <= own,
+                    "project {i}'s seeds hold or use {} of its {own}: {}",
+                    self.held(i),
+                    self.summary()
+                );
+            }
+            // Each project's budget (its copy) is at least what its seeds hold.
+            let budget = nanos(&p.budget.share());
+            prop_assert!(
+                self.held(i) <= budget,
+                "project {i}'s seeds hold {} beyond its budget {budget}: {}",
+                self.held(i),
+                self.summary()
+            );
+        }
+        Ok(())
+    }
+
+    /// The figures that matter, one line per party.
+    fn summary(&self) -> String {
+        let share = |s: &SeedShare| {
+            format!(
+                "granted {} released {} target {:?} v{}",
+                units(&s.granted),
+                units(&s.released),
+                s.target.get(Resource::Cpu).map(whole),
+                s.version
+            )
+        };
+        let record = |r: &SeedRecord| {
+            let report = r.report.as_ref().map(|rep| {
+                format!(
+                    "v{} released {} committed {} demand {:?}",
+                    rep.version,
+                    units(&rep.released),
+                    units(&rep.committed),
+                    rep.demand.as_ref().map(units)
+                )
+            });
+            format!(
+                "granted {} target {:?} floor {} report {report:?}",
+                units(&r.granted),
+                r.target.get(Resource::Cpu).map(whole),
+                units(&r.released_floor)
+            )
+        };
+        let mut out = format!(
+            "\ngroup limit {} v{}\n",
+            units(&self.group_limit),
+            self.group_version
+        );
+        for (name, r) in &self.group.seeds {
+            out += &format!("  group's {name}: {}\n", record(r));
+        }
+        for (i, p) in self.projects.iter().enumerate() {
+            out += &format!(
+                "project {i}: own {:?} limit {:?} v{} budget {}\n",
+                p.own.get(Resource::Cpu).map(whole),
+                p.view.limit.get(Resource::Cpu).map(whole),
+                p.version,
+                share(&p.budget)
+            );
+            for (name, r) in &p.view.seeds {
+                out += &format!("  p{i}'s {name}: {}\n", record(r));
+            }
+            for (name, c) in &p.seeds {
+                out += &format!(
+                    "  seed {name}: {} limit {:?} used {} demand {:?}\n",
+                    share(&c.share),
+                    c.limit.get(Resource::Cpu).map(whole),
+                    c.used,
+                    c.demand
+                );
+            }
+        }
+        out
+    }
+
+    /// Every message delivered, nothing kept.
+    fn drain(&mut self) {
+        while !self.bag.is_empty() {
+            self.deliver(0, false);
+        }
+    }
+
+    /// One fair round: every seed releases and reports, every project plans, the group plans,
+    /// every project plans again with the group's word, and every word arrives.
+    fn fair_round(&mut self, wanting: (usize, &'static str)) {
+        for project in 0..PROJECTS.len() {
+            for seed in SEEDS {
+                let quiet = (project, seed) != wanting;
+                self.seed_release(project, seed, quiet);
+                let report = self.projects[project].seeds[seed].report();
+                self.send(Message::SeedReport {
+                    project,
+                    seed,
+                    report,
+                });
+            }
+        }
+        self.drain();
+        for project in 0..PROJECTS.len() {
+            self.project_round(project, project != wanting.0);
+        }
+        self.drain();
+        self.group_round();
+        self.drain();
+        for project in 0..PROJECTS.len() {
+            self.project_round(project, project != wanting.0);
+        }
+        self.drain();
+    }
+}
+
+fn own_limit() -> impl Strategy<Value = Option<i64>> {
+    prop_oneof![1 => Just(None), 3 => (2..14i64).prop_map(Some)]
+}
+
+fn check_run(group_limit: i64, own: [Option<i64>; 2], ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut world = World::new(group_limit, own);
+    for op in ops {
+        world.run(op);
+        world.check()?;
+    }
+    // Liveness: deliveries healed, everything deleted, demands lapsed; seed s0 of project p0 asks for all the
+    // headroom its project and group leave.
+    world.drain();
+    for project in 0..PROJECTS.len() {
+        for seed in SEEDS {
+            // Demands lapse (their TTL) once nobody asks any more.
+            let copy = world.projects[project].seeds.get_mut(seed).unwrap();
+            copy.used = 0;
+            copy.demand = None;
+            copy.version += 1;
+        }
+    }
+    let own0 = own[0].unwrap_or(i64::MAX);
+    let want = group_limit.min(own0);
+    let wanting = (0, SEEDS[0]);
+    let mut admitted = false;
+    for _ in 0..LIVENESS_ROUNDS {
+        world.admit(0, SEEDS[0], want);
+        if world.projects[0].seeds[SEEDS[0]].used == want {
+            admitted = true;
+            break;
+        }
+        world.fair_round(wanting);
+        world.check()?;
+    }
+    prop_assert!(
+        admitted,
+        "a lone seed asking for {want} did not get it in {LIVENESS_ROUNDS} fair rounds: {}",
+        world.summary()
+    );
+    Ok(())
+}
+
+#[test]
+fn group_budgets_never_let_seeds_hold_more_than_the_group_or_a_project_allows() {
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(2000);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
+    let strategy = (
+        2..14i64,
+        [own_limit(), own_limit()],
+        prop::collection::vec(op(), 1..160),
+    );
+    runner
+        .run(&strategy, |(group_limit, own, ops)| {
+            check_run(group_limit, own, &ops)
+        })
+        .unwrap();
+}
