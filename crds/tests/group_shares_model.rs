@@ -22,7 +22,9 @@
 
 use std::collections::BTreeMap;
 
-use kkp_quota_crds::shares::group::{member_committed, member_demand, member_limit, member_release_due};
+use kkp_quota_crds::shares::group::{
+    first_budget, member_committed, member_demand, member_held, member_limit, member_release_due,
+};
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, fits_within};
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
 use proptest::prelude::*;
@@ -36,8 +38,8 @@ const SEEDS: [&str; 2] = ["s0", "s1"];
 const BAG_LIMIT: usize = 24;
 /// Fair rounds the liveness phase allows: a move from another project's seed to the lone
 /// seed takes the seed's release, its project's release, the group's grant, the project's
-/// grant, each a round.
-const LIVENESS_ROUNDS: usize = 8;
+/// grant, each a round; a rebuilt record waits a round or two for its epoch (docs/shares.md).
+const LIVENESS_ROUNDS: usize = 12;
 
 fn cpu(n: i64) -> Rd {
     let mut d = Rd::default();
@@ -51,6 +53,10 @@ fn nanos(d: &Rd) -> i128 {
 }
 
 const UNIT: i128 = 1_000_000_000;
+
+fn units_of(d: &Rd) -> i64 {
+    i64::try_from(nanos(d) / UNIT).unwrap()
+}
 
 /// For the failure summary only.
 #[allow(clippy::cast_precision_loss)]
@@ -89,7 +95,26 @@ struct Project {
     version: u64,
     /// Its budget of the group: the word the group sent, and what it released (in its record).
     budget: SeedShare,
+    /// The group's limit as this project last read it (with the group's word).
+    group_limit: Rd,
+    /// Its copy of the budget was lost with its record: the next word it reads is taken through
+    /// `first_budget`, once its rebuilt record has its seeds' holdings.
+    budget_lost: bool,
+    /// The group's word (and limit) it read last while `budget_lost`.
+    pending: Option<(MasterWord, Rd)>,
     seeds: BTreeMap<&'static str, SeedCopy>,
+}
+
+impl Project {
+    /// The group's word read (from its record, through a cache): taken as the copy's if newer;
+    /// while the copy is lost, kept for the next round to take through `first_budget`.
+    fn read_word(&mut self, word: MasterWord, limit: Rd) {
+        if self.budget_lost {
+            self.pending = Some((word, limit));
+        } else if self.budget.receive(&word) {
+            self.group_limit = limit;
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -108,6 +133,7 @@ enum Message {
     ToProject {
         project: usize,
         word: MasterWord,
+        limit: Rd,
     },
     ProjectReport {
         project: usize,
@@ -118,8 +144,19 @@ enum Message {
 #[derive(Debug, Clone)]
 struct World {
     group_limit: Rd,
+    /// The largest limit the group had in this run: while an edit's lowering travels, seeds
+    /// may still spend what was granted under the old one.
+    ceiling: Rd,
     group: MasterView,
     group_version: u64,
+    /// The master's etcd revision: a project's report carries its record's resourceVersion,
+    /// which only grows, also across a re-created object (its record version does not).
+    revision: u64,
+    /// Every word the group sent each project: a project reads the group's record from a cache
+    /// that may lag, so after its copy is lost it may take any of them first.
+    history: Vec<Vec<(MasterWord, Rd)>>,
+    /// Off only to show what `first_budget` prevents.
+    first_budget_rule: bool,
     projects: Vec<Project>,
     bag: Vec<Message>,
 }
@@ -161,6 +198,23 @@ enum Op {
         project: usize,
     },
     RestartGroup,
+    /// The admin edits the group's limit.
+    SetGroupLimit {
+        limit: i64,
+    },
+    /// The group's record is lost (the `QuotaGroup` deleted and re-created, restored without
+    /// status): everything it granted, its version.
+    LoseGroupRecord,
+    /// A project's record is lost (its `ProjectQuota` re-created): its seeds' grants and its
+    /// copy of its budget.
+    LoseProjectRecord {
+        project: usize,
+    },
+    /// A project reads an older record of the group (its cache lags the group's writes).
+    StaleWord {
+        project: usize,
+        index: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -175,8 +229,12 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::GroupRound),
         8 => (any::<usize>(), prop::bool::weighted(0.1)).prop_map(|(index, keep)| Op::Deliver { index, keep }),
         1 => any::<usize>().prop_map(|index| Op::Drop { index }),
-        1 => p.prop_map(|project| Op::RestartProject { project }),
+        1 => p.clone().prop_map(|project| Op::RestartProject { project }),
         1 => Just(Op::RestartGroup),
+        1 => (2..14i64).prop_map(|limit| Op::SetGroupLimit { limit }),
+        1 => Just(Op::LoseGroupRecord),
+        1 => p.clone().prop_map(|project| Op::LoseProjectRecord { project }),
+        2 => (p, any::<usize>()).prop_map(|(project, index)| Op::StaleWord { project, index }),
     ]
 }
 
@@ -199,11 +257,15 @@ impl World {
                 },
                 version: 0,
                 budget: SeedShare::default(),
+                group_limit: cpu(group_limit),
+                budget_lost: false,
+                pending: None,
                 seeds: SEEDS.iter().map(|s| (*s, SeedCopy::default())).collect(),
             })
             .collect();
         World {
             group_limit: cpu(group_limit),
+            ceiling: cpu(group_limit),
             group: MasterView {
                 limit: cpu(group_limit),
                 seeds: PROJECTS
@@ -212,6 +274,9 @@ impl World {
                     .collect(),
             },
             group_version: 0,
+            revision: 0,
+            history: vec![Vec::new(); PROJECTS.len()],
+            first_budget_rule: true,
             projects,
             bag: Vec::new(),
         }
@@ -265,27 +330,58 @@ impl World {
     /// seeds' shares within its member limit, release budget its seeds do not hold, send the
     /// words, report to the group.
     fn project_round(&mut self, project: usize, quiet: bool) {
-        let group_limit = self.group_limit.clone();
+        let first_budget_rule = self.first_budget_rule;
+        self.revision += 1;
+        let revision = self.revision;
         let p = &mut self.projects[project];
+        // A record behind its seeds' copies (lost) is rebuilt from them, as on the real master.
+        let (old_version, _) = p.view.adopt(p.version);
+        let awaiting = p.view.awaiting_epoch(old_version + 1);
+        if p.budget_lost
+            && !awaiting
+            && let Some((word, limit)) = p.pending.take()
+        {
+            let held = member_held(&p.view, &limit).unwrap();
+            p.budget = if first_budget_rule {
+                first_budget(&word, &held)
+            } else {
+                let mut b = SeedShare::default();
+                b.receive(&word);
+                b
+            };
+            p.group_limit = limit;
+            p.budget_lost = false;
+        }
+        let group_limit = p.group_limit.clone();
         p.view.limit = member_limit(&p.own, [(&p.budget, &group_limit)]);
-        let plan = p.view.plan(&slack()).unwrap();
+        let plan = p.view.plan_at(old_version + 1, &slack()).unwrap();
         p.view.apply(&plan).unwrap();
         let unmet = p.view.seeds.values().any(|r| r.unmet(&p.view.limit));
         let due = member_release_due(&p.budget, &group_limit, &p.view, &slack(), quiet && !unmet).unwrap();
-        if !due.is_empty() {
+        if !due.is_empty() && !p.budget_lost {
             p.budget.release(&due).unwrap();
         }
-        p.version += 1;
+        p.version = old_version + 1;
         let version = p.version;
         let capacity = p.budget.capacity(&group_limit);
         let report = SeedReport {
-            version,
+            version: revision,
             released: p.budget.released.clone(),
             committed: member_committed(&p.view, &group_limit).unwrap(),
             demand: member_demand(&p.view, &group_limit, &capacity).unwrap(),
-            holds: None,
+            holds: Some(MasterWord {
+                version: p.budget.version,
+                granted: p.budget.granted.clone(),
+                target: p.budget.target.clone(),
+                released: Rd::default(),
+            }),
         };
-        let limit = p.view.limit.clone();
+        // The seeds' limit: the project's own, or the group's where the project sets none.
+        let limit = if p.own.get(Resource::Cpu).is_some() {
+            p.own.clone()
+        } else {
+            group_limit
+        };
         let words: Vec<(&'static str, MasterWord)> = SEEDS
             .iter()
             .map(|s| {
@@ -311,9 +407,10 @@ impl World {
     }
 
     fn group_round(&mut self) {
-        let plan = self.group.plan(&slack()).unwrap();
+        let (old_version, _) = self.group.adopt(self.group_version);
+        let plan = self.group.plan_at(old_version + 1, &slack()).unwrap();
         self.group.apply(&plan).unwrap();
-        self.group_version += 1;
+        self.group_version = old_version + 1;
         let version = self.group_version;
         for (project, name) in PROJECTS.iter().enumerate() {
             let r = &self.group.seeds[*name];
@@ -323,7 +420,9 @@ impl World {
                 target: r.target.clone(),
                 released: r.released_floor.clone(),
             };
-            self.send(Message::ToProject { project, word });
+            let limit = self.group_limit.clone();
+            self.history[project].push((word.clone(), limit.clone()));
+            self.send(Message::ToProject { project, word, limit });
         }
     }
 
@@ -358,9 +457,7 @@ impl World {
                 let record = self.projects[project].view.seeds.get_mut(seed).unwrap();
                 record.observe(report);
             }
-            Message::ToProject { project, word } => {
-                self.projects[project].budget.receive(&word);
-            }
+            Message::ToProject { project, word, limit } => self.projects[project].read_word(word, limit),
             Message::ProjectReport { project, report } => {
                 self.group
                     .seeds
@@ -417,6 +514,36 @@ impl World {
                     record.report = None;
                 }
             }
+            Op::SetGroupLimit { limit } => {
+                self.group_limit = cpu(limit);
+                self.group.limit = cpu(limit);
+                if limit > units_of(&self.ceiling) {
+                    self.ceiling = cpu(limit);
+                }
+            }
+            Op::LoseGroupRecord => {
+                for record in self.group.seeds.values_mut() {
+                    *record = SeedRecord::new();
+                }
+                self.group_version = 0;
+            }
+            Op::StaleWord { project, index } => {
+                let history = &self.history[project];
+                if !history.is_empty() {
+                    let (word, limit) = history[index % history.len()].clone();
+                    self.projects[project].read_word(word, limit);
+                }
+            }
+            Op::LoseProjectRecord { project } => {
+                let p = &mut self.projects[project];
+                for record in p.view.seeds.values_mut() {
+                    *record = SeedRecord::new();
+                }
+                p.version = 0;
+                p.budget = SeedShare::default();
+                p.budget_lost = true;
+                p.pending = None;
+            }
         }
     }
 
@@ -430,7 +557,7 @@ impl World {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
-        let group_limit = nanos(&self.group_limit);
+        let group_limit = nanos(&self.ceiling);
         let held: i128 = (0..PROJECTS.len()).map(|p| self.held(p)).sum();
         prop_assert!(
             held <= group_limit,
@@ -447,14 +574,6 @@ impl World {
                     self.summary()
                 );
             }
-            // Each project's budget (its copy) is at least what its seeds hold.
-            let budget = nanos(&p.budget.share());
-            prop_assert!(
-                self.held(i) <= budget,
-                "project {i}'s seeds hold {} beyond its budget {budget}: {}",
-                self.held(i),
-                self.summary()
-            );
         }
         Ok(())
     }
@@ -519,6 +638,16 @@ impl World {
         out
     }
 
+    /// Every message delivered but the group's (its master is away).
+    fn drain_except_group(&mut self) {
+        let (to_group, rest): (Vec<Message>, Vec<Message>) = std::mem::take(&mut self.bag)
+            .into_iter()
+            .partition(|m| matches!(m, Message::ToProject { .. } | Message::ProjectReport { .. }));
+        self.bag = rest;
+        self.drain();
+        self.bag = to_group;
+    }
+
     /// Every message delivered, nothing kept.
     fn drain(&mut self) {
         while !self.bag.is_empty() {
@@ -578,7 +707,7 @@ fn check_run(group_limit: i64, own: [Option<i64>; 2], ops: &[Op]) -> Result<(), 
         }
     }
     let own0 = own[0].unwrap_or(i64::MAX);
-    let want = group_limit.min(own0);
+    let want = units_of(&world.group_limit).min(own0);
     let wanting = (0, SEEDS[0]);
     let mut admitted = false;
     for _ in 0..LIVENESS_ROUNDS {
@@ -593,6 +722,18 @@ fn check_run(group_limit: i64, own: [Option<i64>; 2], ops: &[Op]) -> Result<(), 
     prop_assert!(
         admitted,
         "a lone seed asking for {want} did not get it in {LIVENESS_ROUNDS} fair rounds: {}",
+        world.summary()
+    );
+    // Settled (a lowered limit reaches every seed as a target, and they release): within the
+    // group's limit as it is now, whatever it was before.
+    for _ in 0..3 {
+        world.fair_round(wanting);
+    }
+    let held: i128 = (0..PROJECTS.len()).map(|p| world.held(p)).sum();
+    prop_assert!(
+        held <= nanos(&world.group_limit),
+        "settled, the seeds hold {held} of the group's {}: {}",
+        nanos(&world.group_limit),
         world.summary()
     );
     Ok(())
@@ -618,4 +759,64 @@ fn group_budgets_never_let_seeds_hold_more_than_the_group_or_a_project_allows() 
             check_run(group_limit, own, &ops)
         })
         .unwrap();
+}
+
+/// A project whose record is lost reads the group's record from a cache that lags one write:
+/// the write that gave another project what this one had released. Without `first_budget` it
+/// takes that release back as its own while the group's master is away, and the group is
+/// overrun: the scenario shows both.
+#[test]
+fn a_rebuilt_budget_does_not_take_back_what_the_group_gave_away() {
+    assert!(rebuilt_budget_scenario(true).is_ok());
+    let overrun = rebuilt_budget_scenario(false).unwrap_err();
+    assert!(
+        overrun
+            .to_string()
+            .contains("hold or use 6000000000 of the group's 4000000000"),
+        "{overrun}"
+    );
+}
+
+fn rebuilt_budget_scenario(first_budget_rule: bool) -> Result<(), TestCaseError> {
+    let mut world = World::new(4, [None, None]);
+    world.first_budget_rule = first_budget_rule;
+    let settle = |world: &mut World, project: usize, amount: i64| {
+        for _ in 0..LIVENESS_ROUNDS {
+            if world.admit(project, SEEDS[0], amount) {
+                return;
+            }
+            world.fair_round((project, SEEDS[0]));
+        }
+        panic!("not admitted: {}", world.summary());
+    };
+    settle(&mut world, 0, 4);
+    let early = world.history[0].len() - 1;
+    // p0's Machines go; p1 wants 3: p0's budget moves to p1.
+    world.projects[0].seeds.get_mut(SEEDS[0]).unwrap().used = 0;
+    settle(&mut world, 1, 3);
+    assert_eq!(world.held(1), 3 * UNIT);
+    // p0's record is lost; its master reads the group's word from before the move, and the
+    // group's master is away. Its seeds take the rebuilt record's epoch, then it grants.
+    world.run(&Op::LoseProjectRecord { project: 0 });
+    world.run(&Op::StaleWord {
+        project: 0,
+        index: early,
+    });
+    world.admit(0, SEEDS[0], 4);
+    for _ in 0..4 {
+        for seed in SEEDS {
+            let report = world.projects[0].seeds[seed].report();
+            world.send(Message::SeedReport {
+                project: 0,
+                seed,
+                report,
+            });
+        }
+        world.drain_except_group();
+        world.project_round(0, false);
+        world.drain_except_group();
+        world.admit(0, SEEDS[0], 1);
+        world.check()?;
+    }
+    Ok(())
 }

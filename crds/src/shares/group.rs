@@ -16,7 +16,7 @@
 //! [`member_committed`]), written in the same compare-and-swap as the grants that hold it, so a
 //! budget is never released while a seed could still spend it.
 
-use super::{MasterView, SeedShare};
+use super::{MasterView, MasterWord, SeedShare};
 use crate::quantity::{Quantity, QuantityError};
 use crate::resources::{Resource, ResourceDetails};
 
@@ -110,6 +110,21 @@ fn demand_of(record: &super::SeedRecord, resource: Resource) -> Option<Quantity>
     record.report.as_ref()?.demand.as_ref()?.get(resource)
 }
 
+/// A project's copy of its budget in a group, from the first word it takes: a new member's, or
+/// one whose record was lost (its `ProjectQuota` re-created). It claims no more than its seeds
+/// hold, `held` ([`member_held`] of a record that is not awaiting its epoch, so that every
+/// seed's holding is read): `released` becomes at least `granted - held`. The group may have
+/// given away budget this project released before the loss, in a write the word read may
+/// predate (a cache lags), and the lost record's `released` was the only note of it; what the
+/// seeds hold was within the budget that remained, so claiming only that is never too much.
+pub fn first_budget(word: &MasterWord, held: &ResourceDetails) -> SeedShare {
+    let mut share = SeedShare::default();
+    share.receive(word);
+    let unheld = word.granted.saturating_sub(held);
+    share.released = super::largest([&share.released, &unheld]).unwrap_or_default();
+    share
+}
+
 /// The budget a project gives back to a group now: [`SeedShare::release_due`] of its share of
 /// the group, over what its seeds hold ([`member_held`]). Must be written in the same
 /// compare-and-swap of the project's record as the seeds' grants `project` was planned with.
@@ -193,6 +208,27 @@ mod tests {
         // No seed asks: nothing, even over budget (usage above a share asks for nothing).
         let p = project(16, vec![seed(4, 7, None)]);
         assert_eq!(member_demand(&p, &cpu(32), &cpu(4)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_first_budget_claims_no_more_than_the_seeds_hold() {
+        let word = MasterWord {
+            version: 7,
+            granted: cpu(10),
+            target: cpu(10),
+            released: cpu(2),
+        };
+        // The word says 8 is this project's; its seeds hold 5: it claims 5.
+        let share = first_budget(&word, &cpu(5));
+        assert_eq!((share.share(), share.version), (cpu(5), 7));
+        // Seeds holding more than the word leaves (never, but): the word's floor stands.
+        assert_eq!(first_budget(&word, &cpu(9)).share(), cpu(8));
+        // A new member: nothing granted, nothing claimed.
+        let none = MasterWord {
+            version: 1,
+            ..MasterWord::default()
+        };
+        assert!(first_budget(&none, &cpu(3)).share().is_empty());
     }
 
     #[test]
