@@ -110,6 +110,37 @@ pub struct ShareRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub seeds: Vec<SeedShareRecord>,
+    /// This project's budget in each `shared` group that selects it (docs/groups.md): the
+    /// group's word, what the project released, and what it reports. Written in the same
+    /// compare-and-swap as the seeds' grants.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["group"]))]
+    pub groups: Vec<GroupBudget>,
+}
+
+/// A project's copy of its budget in one group, and its report to the group.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GroupBudget {
+    /// The `QuotaGroup`'s name.
+    pub group: String,
+    /// The version of the group's record `granted` and `target` come from.
+    pub version: u64,
+    /// Everything the group ever granted this project (cumulative).
+    #[serde(default)]
+    pub granted: ResourceDetails,
+    /// The budget the group wants this project to hold.
+    #[serde(default)]
+    pub target: ResourceDetails,
+    /// Everything this project gave back to the group (cumulative, only grows).
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub released: ResourceDetails,
+    /// What the project's seeds commit, added up (what the group asks idle budget back above).
+    #[serde(default)]
+    pub committed: ResourceDetails,
+    /// The absolute budget wanted while a seed waits for more than the project may grant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<ResourceDetails>,
 }
 
 /// One seed in the [`ShareRecord`].

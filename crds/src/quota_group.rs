@@ -135,6 +135,38 @@ pub struct QuotaGroupStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// A `shared` group's record of its projects' budgets (docs/groups.md, "Shared mode"):
+    /// written only with compare-and-swap, and read by each project's share round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budgets: Option<BudgetRecord>,
+}
+
+/// The persisted budgets of a group's projects: the share protocol one level up.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BudgetRecord {
+    /// Bumped by every write of the record; projects take only newer versions.
+    pub version: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub projects: Vec<ProjectBudget>,
+}
+
+/// One project in the [`BudgetRecord`].
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProjectBudget {
+    /// The project's name.
+    pub name: String,
+    /// Everything ever granted to the project (cumulative, only grows).
+    #[serde(default)]
+    pub granted: ResourceDetails,
+    /// The budget the group wants the project to hold.
+    #[serde(default)]
+    pub target: ResourceDetails,
+    /// The newest `released` the group had read from the project when it wrote this record.
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub released: ResourceDetails,
 }
 
 /// A project's or a seed's usage.

@@ -297,7 +297,8 @@ async fn scenarios(running: &FleetWithSystem) {
 }
 
 /// A `QuotaGroup` over project `demo` (by a label the admin gives it) shows the project's usage,
-/// overall and by seed, and says it is over its limit and not enforced; once the label is gone,
+/// overall and by seed, and says it is over its limit and enforced (its budgets: the chart's
+/// identity writes them); once the label is gone,
 /// so is every figure of the project.
 async fn a_quota_group_shows_its_projects_usage(fleet: &Fleet) {
     let projects = Api::<kkp_quota_crds::kkp::Project>::all(fleet.master().client());
@@ -339,7 +340,7 @@ async fn a_quota_group_shows_its_projects_usage(fleet: &Fleet) {
                 .iter()
                 .any(|s| s.name == "seed-a" && s.usage.cpu == Some(one))
             && condition("QuotaExceeded").as_deref() == Some("True")
-            && condition("Enforced").as_deref() == Some("False"))
+            && condition("Enforced").as_deref() == Some("True"))
         .then_some(())
     })
     .await

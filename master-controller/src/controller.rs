@@ -240,6 +240,7 @@ async fn run_as_leader(
     };
 
     let unreadable = Arc::new(crate::unreadable::Unreadable::new(master.clone()));
+    let group_book = crate::budgets::GroupBook::default();
     let ctx = Arc::new(Ctx {
         master: master.clone(),
         seeds: seeds.clone(),
@@ -255,6 +256,7 @@ async fn run_as_leader(
         unreadable: Arc::clone(&unreadable),
         quotas: quotas.clone(),
         not_in_force: crate::not_in_force::NotInForce::default(),
+        groups: group_book.clone(),
     });
     let controller = Controller::for_stream(quota_events, quotas.clone())
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
@@ -320,6 +322,9 @@ async fn run_as_leader(
             allocation_webhook: options.allocation_webhook,
             changed: groups_changed,
             resync: options.resync_period,
+            book: group_book,
+            reconcile: one_tx.clone(),
+            share_slack_percent: options.share_slack_percent,
         },
         metrics.clone(),
     );

@@ -23,6 +23,7 @@
 pub mod allocation;
 mod api;
 pub mod args;
+pub mod budgets;
 pub mod controller;
 mod ctx;
 pub mod default_quota;

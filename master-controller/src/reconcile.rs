@@ -109,6 +109,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     let policy_spec = project_quota.spec.clone();
     let round = shares::round(master_rq, project_quota, &views, settling, ctx).await?;
     let limits = round.limits.clone();
+    let seed_limits = round.seed_limits.clone();
 
     // Fan out to every fresh seed, all at once; one seed's failure does not stop the others.
     let applied = future::join_all(views.iter().map(|view| {
@@ -119,7 +120,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
         let shares = round.ledger_shares(&view.name).or(held);
         fan_out(
             master_rq,
-            &limits,
+            &seed_limits,
             shares,
             crate::fanout::Policies::of(Some(&policy_spec)),
             view,

@@ -9,13 +9,15 @@
 //!
 //! - [`seed`]: what a seed holds ([`SeedShare`]) and reports ([`SeedReport`]).
 //! - [`allotment`]: one webhook process's allotment in a seed's ledger ([`AllotmentHolder`]).
-//! - [`group`]: a quota group's budgets for its projects, the same escrow one level up.
+//! - [`group`]: a quota group's budgets for its projects, the same escrow one level up;
+//!   [`budgets`] reads and writes them on the `QuotaGroup` and the `ProjectQuota`s.
 //! - [`master`]: the master's view ([`MasterView`]) and its [`Plan`] of grants and targets.
 //! - [`objects`]: reading and writing that state on the `QuotaLedger`s and the `ProjectQuota`.
 //!
 //! `docs/shares.md` gives the protocol and why `sum(shares) <= limit` holds.
 
 pub mod allotment;
+pub mod budgets;
 pub mod group;
 pub mod master;
 pub mod objects;

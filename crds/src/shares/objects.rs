@@ -153,6 +153,7 @@ pub fn record(version: u64, seeds: &BTreeMap<String, SeedRecord>) -> ShareRecord
                 released: s.released_floor.clone(),
             })
             .collect(),
+        groups: Vec::new(),
     }
 }
 

@@ -11,15 +11,18 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
 use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::quota_group::GroupMode;
+use kkp_quota_crds::shares::budgets::Member;
 use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceQuota};
 
 use crate::allocation::books::Books;
+use crate::budgets::GroupBook;
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, ResourceExt as _};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
@@ -36,6 +39,13 @@ pub struct Sources {
     /// Notified on every change of a `Project` or `ProjectQuota`.
     pub changed: Arc<Notify>,
     pub resync: Duration,
+    /// Where the share rounds read the groups from (filled on every pass).
+    pub book: GroupBook,
+    /// Asks for a share round of the quota of this name (a member's, after its group's budgets
+    /// changed).
+    pub reconcile: mpsc::UnboundedSender<String>,
+    /// The slack of a group's budgets, as of a project's shares (`--share-slack-percent`).
+    pub share_slack_percent: u32,
 }
 
 /// Keeps every group's status until the future is dropped.
@@ -57,11 +67,16 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
     // What this process last wrote of each group (by UID): the store lags its own writes, and
     // comparing with it would write them again (and stamp new transition times).
     let mut written: HashMap<String, QuotaGroupStatus> = HashMap::new();
+    // Whether the store holds every group (the share rounds wait for it).
+    let mut listed = false;
     loop {
         let pass = tokio::select! {
             event = events.next() => match event {
                 None => return,
-                Some(event) => counts(event.as_ref(), &metrics),
+                Some(event) => {
+                    listed |= matches!(event, Ok(watcher::Event::InitDone));
+                    counts(event.as_ref(), &metrics)
+                }
             },
             () = sources.changed.notified() => true,
             _ = resync.tick() => {
@@ -73,9 +88,10 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         // Take in whatever else is ready before one pass over every group.
         let mut pass = pass;
         while let Some(Some(event)) = events.next().now_or_never() {
+            listed |= matches!(event, Ok(watcher::Event::InitDone));
             pass |= counts(event.as_ref(), &metrics);
         }
-        if !pass {
+        if !pass || !listed {
             continue;
         }
         let projects = sources.projects.state();
@@ -89,6 +105,7 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
             [],
         );
         written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
+        sources.book.update(&groups);
         for group in groups {
             match write_status(
                 &api,
@@ -111,6 +128,58 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
                     metrics.reconcile_errors.with_label_values(&["group"]).inc();
                 }
             }
+            if group.spec.mode == GroupMode::Shared {
+                budget_round(&api, &group, &projects, &quotas, &sources).await;
+            }
+        }
+    }
+}
+
+/// A `shared` group's budget round ([`crate::budgets::group_round`]); on a write, the members'
+/// share rounds run, to take the new word.
+async fn budget_round(
+    api: &Api<QuotaGroup>,
+    group: &QuotaGroup,
+    projects: &[Arc<Project>],
+    quotas: &[Arc<ProjectQuota>],
+    sources: &Sources,
+) {
+    let members = status::members(
+        &group.spec,
+        projects.iter().map(Arc::as_ref),
+        quotas.iter().map(Arc::as_ref),
+    )
+    .into_iter()
+    .map(|(project, quota)| Member {
+        name: project,
+        copy: Some(quota).and_then(|q| {
+            let version = q.metadata.resource_version.as_deref()?.parse().ok()?;
+            let copy = q
+                .status
+                .as_ref()?
+                .shares
+                .as_ref()?
+                .groups
+                .iter()
+                .find(|c| c.group == group.name_any())?
+                .clone();
+            Some((version, copy))
+        }),
+    })
+    .collect::<Vec<_>>();
+    match crate::budgets::group_round(api, group, &members, sources.share_slack_percent).await {
+        Ok(Some(written)) => {
+            sources.book.wrote(written);
+            for quota in quotas
+                .iter()
+                .filter(|q| members.iter().any(|m| m.name == q.project()))
+            {
+                let _ = sources.reconcile.send(quota.name_any());
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            warn!(group = %group.name_any(), error = %e, "could not write the group's budgets; retrying on the next change");
         }
     }
 }
@@ -152,6 +221,8 @@ async fn write_status(
         .and_then(|uid| written.get(&uid).cloned())
         .or_else(|| group.status.clone())
         .unwrap_or_default();
+    // The budgets are the budget round's own (compare-and-swap): never compared nor written here.
+    wanted.budgets.clone_from(&current.budgets);
     wanted.conditions = merge_conditions(
         &current.conditions,
         &desired,
@@ -170,6 +241,9 @@ async fn write_status(
     // A merge patch leaves absent fields as they are: an emptied list is written as null.
     let mut body =
         serde_json::to_value(&wanted).map_err(|e| crate::Error::Kube(kube::Error::SerdeError(e)))?;
+    if let Some(object) = body.as_object_mut() {
+        object.remove("budgets");
+    }
     for field in [
         "projects",
         "usage",

@@ -2,7 +2,8 @@
 //! `Project`s, and their usage from their `ProjectQuota`s (each already folded over every seed).
 //!
 //! Conditions:
-//! - `Enforced`: always `False` in this release: a group is shown, not enforced (docs/groups.md).
+//! - `Enforced`: a `shared` group is (its budgets, docs/groups.md); an `allocation` group while
+//!   this process serves the allocation webhook.
 //! - `QuotaExceeded`: `True` while the members together use more than the group's limit.
 //! - `SeedsStale`: `True` while a member's usage on some seed is its last known one.
 //! - `ProjectsUncounted`: `True` while a selected project has no quota in force (seeds count only
@@ -120,8 +121,40 @@ pub fn desired<'a>(
             .map(|(name, usage)| NamedUsage { name, usage })
             .collect(),
         conditions: Vec::new(),
+        budgets: None,
     };
     Ok((status, conditions))
+}
+
+/// The projects `spec` selects that have a quota in force, each with that quota (of several,
+/// the first by name, as the status counts it): the members a `shared` group keeps budgets for.
+/// A project without one is not bounded (its seeds count nothing for it); a selector that
+/// cannot be read selects nothing.
+pub fn members<'a>(
+    spec: &QuotaGroupSpec,
+    projects: impl IntoIterator<Item = &'a Project>,
+    quotas: impl IntoIterator<Item = &'a ProjectQuota>,
+) -> Vec<(String, &'a ProjectQuota)> {
+    let Ok(selector) = Selector::try_from(spec.selector.clone()) else {
+        return Vec::new();
+    };
+    let mut in_force: BTreeMap<&str, &ProjectQuota> = BTreeMap::new();
+    let mut quotas: Vec<&ProjectQuota> = quotas.into_iter().filter(|q| is_in_force(q)).collect();
+    quotas.sort_by_key(|q| q.name_any());
+    for quota in quotas {
+        in_force.entry(quota.project()).or_insert(quota);
+    }
+    let mut members: Vec<(String, &ProjectQuota)> = projects
+        .into_iter()
+        .filter(|p| selector.matches(p.labels()))
+        .filter_map(|p| {
+            let name = p.name_any();
+            let quota = *in_force.get(name.as_str())?;
+            Some((name, quota))
+        })
+        .collect();
+    members.sort_by(|a, b| a.0.cmp(&b.0));
+    members
 }
 
 /// Whether the seeds take this quota for its project: not being deleted, not `NotInForce`.
@@ -173,9 +206,9 @@ fn enforced(mode: GroupMode, checked: bool) -> Desired {
     match mode {
         GroupMode::Shared => condition(
             ENFORCED,
-            false,
-            "ShownOnly",
-            "this release shows a shared group's usage against its limit but does not enforce it: Machines are checked against their own project's quota only".to_owned(),
+            true,
+            "BudgetsKept",
+            "each selected project with a quota plans its seeds' shares within its budget of the group's limit: a Machine is admitted only within both".to_owned(),
         ),
         GroupMode::Allocation if !checked => condition(
             ENFORCED,
@@ -434,7 +467,8 @@ mod tests {
             ]
         );
         assert!(!find(&conditions, QUOTA_EXCEEDED).status);
-        assert!(!find(&conditions, ENFORCED).status, "shown, never enforced yet");
+        assert!(find(&conditions, ENFORCED).status, "a shared group keeps budgets");
+        assert_eq!(find(&conditions, ENFORCED).reason, "BudgetsKept");
         assert_eq!(
             status.reserved, None,
             "no member reports capacity reserved for autoscalers"

@@ -25,8 +25,9 @@ use std::time::Instant;
 use jiff::Timestamp;
 use kkp_quota_crds::project_quota::{ShareRecord, effective_limits};
 use kkp_quota_crds::shares::{self, MasterView, Plan, objects};
-use kkp_quota_crds::{ProjectQuota, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{ProjectQuota, QuotaGroup, ResourceDetails, ResourceQuota};
 use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::{debug, info, warn};
 
@@ -37,12 +38,16 @@ pub use bookkeeping::{asked_to_release, grant_latencies, releases, stuck_transit
 pub use view::{Figures, Persisted, Round, gone_to_forget, new_seeds, newest, record_patch};
 
 use crate::Error;
+use crate::budgets::Holdings;
 use crate::ctx::Ctx;
 use crate::seeds::SeedView;
 
 /// Attempts of one round against compare-and-swap conflicts before it gives up (and the
 /// reconcile is retried).
 pub const MAX_ATTEMPTS: u32 = 5;
+
+/// How long a round waits for the group loop's first listing before it fails (and is retried).
+const GROUPS_LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What this process remembers of one quota between rounds.
 #[derive(Default)]
@@ -104,9 +109,11 @@ pub(crate) async fn round(
     let name = master_rq.name_any();
     let project = master_rq.project().to_owned();
     let api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    let groups = bounding_groups(ctx, &project).await?;
     for _ in 0..MAX_ATTEMPTS {
         let seen = Instant::now();
         let limits = effective_limits(&master_rq.spec.quota.limits, Some(&pq.spec.quota));
+        let seed_limits = crate::budgets::seed_limits(&limits, &groups);
         let record = pq.status.as_ref().and_then(|s| s.shares.clone());
         let mut view = view::view(
             &limits,
@@ -119,35 +126,45 @@ pub(crate) async fn round(
             return Ok(Round {
                 project_quota: pq,
                 limits,
+                seed_limits,
                 persisted: as_recorded(record, view),
                 stuck: BTreeMap::new(),
             });
         }
-        // A record behind what the seeds hold (lost or restored) is rebuilt from their copies
-        // before anything is planned, and written at a version past theirs.
-        let (old_version, adopted) = view.adopt(record.as_ref().map_or(0, |r| r.version));
-        if adopted {
-            warn!(
-                quota = %name,
-                version = old_version,
-                "the share record is behind what the seeds hold (ProjectQuota re-created or restored): rebuilding it from their ledgers"
-            );
-            ctx.metrics.share_records_rebuilt.inc();
-        }
+        let (old_version, adopted) = adopt(&mut view, record.as_ref(), &name, ctx);
+        // Planned within the budget of every group selecting the project.
+        let old_groups = record.as_ref().map(|r| r.groups.clone()).unwrap_or_default();
+        let awaiting = view.awaiting_epoch(old_version + 1);
+        let mut holdings = Holdings::take(
+            &groups,
+            &project,
+            &old_groups,
+            &view,
+            awaiting,
+            ctx.share_slack_percent,
+        )?;
+        view.limit = holdings.member_limit(&limits);
         let before = view.clone();
-        let mut plan = view.plan_at(old_version + 1, &shares::slack(&limits, ctx.share_slack_percent))?;
+        let mut plan = view.plan_at(
+            old_version + 1,
+            &shares::slack(&view.limit, ctx.share_slack_percent),
+        )?;
         for seed in view::gone_to_forget(&view, seeds, &ctx.gone_seeds) {
             info!(quota = %name, %seed, "seed declared gone (--gone-seeds): forgetting its share, which returns to the quota");
             ctx.metrics.gone_seeds_forgotten.inc();
             plan.forget.push(seed);
         }
         let planned_change = view.apply(&plan)?;
-        let changed = adopted || planned_change || new_seeds(record.as_ref(), &before);
+        // Budget released in the same write as the grants it was computed beside.
+        let copies = holdings.settle(&view, crate::budgets::quiet(&view))?;
+        let changed =
+            adopted || planned_change || new_seeds(record.as_ref(), &before) || copies != old_groups;
         if !changed {
             after_round(ctx, &name, &project, &before, None, &plan, seen);
             return Ok(Round {
                 project_quota: pq,
                 limits,
+                seed_limits,
                 persisted: as_recorded(record, view),
                 stuck: plan.stuck,
             });
@@ -158,23 +175,16 @@ pub(crate) async fn round(
                 "ProjectQuota {name} has no resourceVersion"
             )));
         };
-        let patch = record_patch(&resource_version, &objects::record(version, &view.seeds));
-        let params = PatchParams::default();
-        match ctx
-            .metrics
-            .timed_write(
-                "master",
-                "shares",
-                api.patch_status(&name, &params, &Patch::Merge(&patch)),
-            )
-            .await
-        {
+        let mut written_record = objects::record(version, &view.seeds);
+        written_record.groups = copies;
+        match write_record(ctx, &api, &name, &resource_version, &written_record).await {
             Ok(written) => {
                 ctx.memory.wrote(&name, written.clone());
                 after_round(ctx, &name, &project, &before, Some((&view, version)), &plan, seen);
                 return Ok(Round {
                     project_quota: Arc::new(written),
                     limits,
+                    seed_limits,
                     persisted: Some(Persisted {
                         version,
                         seeds: view.seeds,
@@ -195,6 +205,61 @@ pub(crate) async fn round(
     Err(Error::ShareRecord(format!(
         "the share record of {name} kept changing ({MAX_ATTEMPTS} compare-and-swap conflicts)"
     )))
+}
+
+/// The record written with compare-and-swap (a merge patch of `/status` carrying the
+/// `resourceVersion` it was planned from).
+async fn write_record(
+    ctx: &Ctx,
+    api: &Api<ProjectQuota>,
+    name: &str,
+    resource_version: &str,
+    record: &ShareRecord,
+) -> Result<ProjectQuota, kube::Error> {
+    let patch = record_patch(resource_version, record);
+    let params = PatchParams::default();
+    ctx.metrics
+        .timed_write(
+            "master",
+            "shares",
+            api.patch_status(name, &params, &Patch::Merge(&patch)),
+        )
+        .await
+}
+
+/// The groups that bound `project` (docs/groups.md, "Shared mode"), once the group loop has
+/// listed them: none may be missed for a cache not listed yet, or the project would plan within
+/// its own limit alone.
+async fn bounding_groups(ctx: &Ctx, project: &str) -> Result<Vec<Arc<QuotaGroup>>, Error> {
+    if tokio::time::timeout(GROUPS_LISTED_WITHIN, ctx.groups.wait_ready())
+        .await
+        .is_err()
+    {
+        return Err(Error::ShareRecord(
+            "the QuotaGroups are not listed yet (is their CRD installed, may master-controller list them?): nothing is planned without them".to_owned(),
+        ));
+    }
+    Ok(ctx
+        .projects
+        .get(&ObjectRef::new(project))
+        .map(|p| ctx.groups.selecting(&p))
+        .unwrap_or_default())
+}
+
+/// A record behind what the seeds hold (lost or restored) is rebuilt from their copies before
+/// anything is planned, and written at a version past theirs. Returns the version the next
+/// record must exceed, and whether it was rebuilt.
+fn adopt(view: &mut MasterView, record: Option<&ShareRecord>, name: &str, ctx: &Ctx) -> (u64, bool) {
+    let (old_version, adopted) = view.adopt(record.map_or(0, |r| r.version));
+    if adopted {
+        warn!(
+            quota = %name,
+            version = old_version,
+            "the share record is behind what the seeds hold (ProjectQuota re-created or restored): rebuilding it from their ledgers"
+        );
+        ctx.metrics.share_records_rebuilt.inc();
+    }
+    (old_version, adopted)
 }
 
 /// The record as it is persisted, with this round's reports: what is sent when this round wrote

@@ -166,6 +166,9 @@ pub struct Round {
     pub project_quota: Arc<ProjectQuota>,
     /// The limits in force, from that object.
     pub limits: ResourceDetails,
+    /// The limits the seeds' ledgers carry: `limits`, and the limit of any group selecting the
+    /// project on a resource the project does not limit itself (docs/groups.md).
+    pub seed_limits: ResourceDetails,
     /// The persisted record; `None` while there is none.
     pub persisted: Option<Persisted>,
     /// Shares held by unreachable seeds (empty when no plan was made).
@@ -244,6 +247,7 @@ pub(super) mod tests {
                     ..SeedShareRecord::default()
                 })
                 .collect(),
+            groups: Vec::new(),
         }
     }
 
@@ -435,6 +439,7 @@ pub(super) mod tests {
         let round = Round {
             project_quota: Arc::new(pq),
             limits: cpu(10),
+            seed_limits: cpu(10),
             persisted: Some(persisted),
             stuck: BTreeMap::from([("a".to_owned(), cpu(5))]),
         };

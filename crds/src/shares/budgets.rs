@@ -1,0 +1,182 @@
+//! A quota group's budgets on the objects (docs/groups.md, "Shared mode"): the group's record
+//! (`QuotaGroup.status.budgets`) and each member project's copy and report
+//! (`ProjectQuota.status.shares.groups`), read into and written from the protocol's types
+//! ([`super::group`]). Pure: the callers read and write the objects.
+
+use std::collections::BTreeMap;
+
+use super::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare};
+use crate::project_quota::GroupBudget;
+use crate::quota_group::{BudgetRecord, ProjectBudget};
+use crate::resources::ResourceDetails;
+
+/// One selected project, as the group reads it: its record's copy of its budget in this group
+/// (absent until it takes its first word) and the `resourceVersion` of the object holding it,
+/// which only grows, so the newest report wins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub copy: Option<(u64, GroupBudget)>,
+}
+
+/// The group's view: its record, for the projects it selects now, plus each one's report. A
+/// project that left the group is not in it: its budget goes back at once (a project no longer
+/// selected is no longer bounded by the group, so what it holds is no longer the group's).
+pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, members: &[Member]) -> MasterView {
+    let recorded: BTreeMap<&str, &ProjectBudget> = record
+        .map(|r| r.projects.iter().map(|p| (p.name.as_str(), p)).collect())
+        .unwrap_or_default();
+    let seeds = members
+        .iter()
+        .map(|member| {
+            let mut entry = SeedRecord::new();
+            if let Some(p) = recorded.get(member.name.as_str()) {
+                entry.granted = p.granted.clone();
+                entry.target = p.target.clone();
+                entry.released_floor = p.released.clone();
+            }
+            entry.report = member.copy.as_ref().map(|(version, copy)| report(*version, copy));
+            (member.name.clone(), entry)
+        })
+        .collect();
+    MasterView {
+        limit: limit.clone(),
+        seeds,
+    }
+}
+
+/// A project's copy read as the report a seed's copy would give.
+fn report(version: u64, copy: &GroupBudget) -> SeedReport {
+    SeedReport {
+        version,
+        released: copy.released.clone(),
+        committed: copy.committed.clone(),
+        demand: copy.demand.clone(),
+        holds: Some(MasterWord {
+            version: copy.version,
+            granted: copy.granted.clone(),
+            target: copy.target.clone(),
+            released: ResourceDetails::default(),
+        }),
+    }
+}
+
+/// The record to persist at `version`.
+pub fn record(version: u64, view: &MasterView) -> BudgetRecord {
+    BudgetRecord {
+        version,
+        projects: view
+            .seeds
+            .iter()
+            .map(|(name, p)| ProjectBudget {
+                name: name.clone(),
+                granted: p.granted.clone(),
+                target: p.target.clone(),
+                released: p.released_floor.clone(),
+            })
+            .collect(),
+    }
+}
+
+/// What the group's record says to `project`: `None` while it has no entry for it.
+pub fn word_for(record: &BudgetRecord, project: &str) -> Option<MasterWord> {
+    let p = record.projects.iter().find(|p| p.name == project)?;
+    Some(MasterWord {
+        version: record.version,
+        granted: p.granted.clone(),
+        target: p.target.clone(),
+        released: p.released.clone(),
+    })
+}
+
+/// A project's copy as the share it holds of the group.
+pub fn share_of(copy: &GroupBudget) -> SeedShare {
+    SeedShare {
+        granted: copy.granted.clone(),
+        released: copy.released.clone(),
+        target: copy.target.clone(),
+        version: copy.version,
+    }
+}
+
+/// The copy to persist: the share held, and the report that goes with it.
+pub fn copy(
+    group: &str,
+    share: &SeedShare,
+    committed: ResourceDetails,
+    demand: Option<ResourceDetails>,
+) -> GroupBudget {
+    GroupBudget {
+        group: group.to_owned(),
+        version: share.version,
+        granted: share.granted.clone(),
+        target: share.target.clone(),
+        released: share.released.clone(),
+        committed,
+        demand,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fixtures::cpu;
+
+    fn budget(name: &str, granted: i64, released: i64) -> ProjectBudget {
+        ProjectBudget {
+            name: name.into(),
+            granted: cpu(granted),
+            target: cpu(granted),
+            released: cpu(released),
+        }
+    }
+
+    #[test]
+    fn the_view_holds_members_only_with_their_reports() {
+        let record = BudgetRecord {
+            version: 5,
+            projects: vec![budget("demo", 6, 1), budget("left", 4, 0)],
+        };
+        let copy = GroupBudget {
+            group: "acme".into(),
+            version: 5,
+            granted: cpu(6),
+            target: cpu(6),
+            released: cpu(2),
+            committed: cpu(3),
+            demand: None,
+        };
+        let members = [
+            Member {
+                name: "demo".into(),
+                copy: Some((900, copy.clone())),
+            },
+            Member {
+                name: "new".into(),
+                copy: None,
+            },
+        ];
+        let view = group_view(&cpu(16), Some(&record), &members);
+        assert_eq!(view.seeds.keys().collect::<Vec<_>>(), ["demo", "new"]);
+        let demo = &view.seeds["demo"];
+        // Held: granted 6 less the newer release (2) the project reports.
+        assert_eq!(demo.share_seen(), cpu(4));
+        assert_eq!(demo.report.as_ref().unwrap().version, 900);
+        assert_eq!(view.seeds["new"].granted, ResourceDetails::default());
+        // The project that left is gone, its budget free again.
+        assert_eq!(view.free().unwrap(), cpu(12));
+        // Round trip of the record, and the word a project reads.
+        let written = record_of(&view);
+        assert_eq!(written.projects[0], budget("demo", 6, 1));
+        let word = word_for(&written, "demo").unwrap();
+        assert_eq!((word.version, word.granted), (9, cpu(6)));
+        assert!(word_for(&written, "left").is_none());
+        let share = share_of(&copy);
+        assert_eq!(share.share(), cpu(4));
+        assert_eq!(super::copy("acme", &share, cpu(3), None), copy);
+    }
+
+    fn record_of(view: &MasterView) -> BudgetRecord {
+        record(9, view)
+    }
+}

@@ -1,0 +1,371 @@
+//! Shared groups' budgets on the master (docs/groups.md, "Shared mode"): the share protocol one
+//! level up, `kkp_quota_crds::shares::group`.
+//!
+//! - The group's side: [`group_round`], one round over a group's record
+//!   (`QuotaGroup.status.budgets`), run by the group loop ([`crate::groups`]) after each status
+//!   pass: adopt (a lost record), plan, and a compare-and-swap write when anything changed.
+//! - The project's side: [`Holdings`], what a project's share round ([`crate::shares::round`])
+//!   takes from the groups that select it before it plans (its member limit), and what it writes
+//!   back to them in the same compare-and-swap as its seeds' grants (releases and reports).
+//!
+//! [`GroupBook`] carries the newest groups from the group loop to the share rounds.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::project_quota::GroupBudget;
+use kkp_quota_crds::quota_group::GroupMode;
+use kkp_quota_crds::shares::budgets::{self, Member};
+use kkp_quota_crds::shares::group::{
+    first_budget, member_committed, member_demand, member_held, member_limit, member_release_due,
+};
+use kkp_quota_crds::shares::{self, MasterView, SeedShare};
+use kkp_quota_crds::{QuantityError, QuotaGroup, ResourceDetails};
+use kube::api::{Patch, PatchParams};
+use kube::core::{Selector, SelectorExt as _};
+use kube::{Api, ResourceExt as _};
+use tracing::{info, warn};
+
+/// The newest of every group this process knows: the group loop's store, or its own write when
+/// that is newer (the store lags them). Read by every share round, once the group loop has
+/// listed every group ([`GroupBook::wait_ready`]).
+#[derive(Clone, Default)]
+pub struct GroupBook {
+    groups: Arc<RwLock<BTreeMap<String, Arc<QuotaGroup>>>>,
+    ready: Arc<(std::sync::atomic::AtomicBool, tokio::sync::Notify)>,
+}
+
+fn resource_version(group: &QuotaGroup) -> Option<u64> {
+    group.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+impl GroupBook {
+    /// Takes the store's groups, keeping this process's own writes that are newer.
+    pub fn update(&self, groups: &[Arc<QuotaGroup>]) {
+        let mut book = self.groups.write().unwrap_or_else(PoisonError::into_inner);
+        let mut fresh = BTreeMap::new();
+        for group in groups {
+            let name = group.name_any();
+            let newer = book
+                .get(&name)
+                .filter(|own| own.uid() == group.uid() && resource_version(own) > resource_version(group));
+            fresh.insert(name, newer.cloned().unwrap_or_else(|| Arc::clone(group)));
+        }
+        *book = fresh;
+        drop(book);
+        self.ready.0.store(true, std::sync::atomic::Ordering::Release);
+        self.ready.1.notify_waiters();
+    }
+
+    /// Returns once [`GroupBook::update`] has run with a complete listing.
+    pub async fn wait_ready(&self) {
+        loop {
+            let notified = self.ready.1.notified();
+            if self.ready.0.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Remembers a group this process just wrote.
+    pub fn wrote(&self, group: QuotaGroup) {
+        let mut book = self.groups.write().unwrap_or_else(PoisonError::into_inner);
+        book.insert(group.name_any(), Arc::new(group));
+    }
+
+    /// The `shared` groups whose selector picks `project` (a selector that cannot be read picks
+    /// nothing, as in the group's status).
+    pub fn selecting(&self, project: &Project) -> Vec<Arc<QuotaGroup>> {
+        let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        book.values()
+            .filter(|g| g.spec.mode == GroupMode::Shared && !g.spec.quota.is_empty())
+            .filter(|g| {
+                Selector::try_from(g.spec.selector.clone()).is_ok_and(|s| s.matches(project.labels()))
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// One group, as a project's share round holds its budget there.
+#[derive(Debug, Clone)]
+pub struct Holding {
+    pub group: String,
+    pub limit: ResourceDetails,
+    pub slack: ResourceDetails,
+    /// The project's copy, after taking the group's newest word; `None` until it has taken a
+    /// first one (a new member, or a record lost): it then holds nothing of the group.
+    pub share: Option<SeedShare>,
+}
+
+/// What a project's share round takes from the groups that select it.
+#[derive(Debug, Clone, Default)]
+pub struct Holdings(pub Vec<Holding>);
+
+impl Holdings {
+    /// Each group's copy in the project's record (`old`), with the group's newest word taken.
+    /// A group the record holds no copy of takes its first word through [`first_budget`], and
+    /// only once `view` (the project's record, adopted) is not `awaiting` its epoch, so that
+    /// what its seeds hold is read.
+    pub fn take(
+        groups: &[Arc<QuotaGroup>],
+        project: &str,
+        old: &[GroupBudget],
+        view: &MasterView,
+        awaiting: bool,
+        slack_percent: u32,
+    ) -> Result<Holdings, QuantityError> {
+        let mut holdings = Vec::with_capacity(groups.len());
+        for group in groups {
+            let name = group.name_any();
+            let limit = group.spec.quota.clone();
+            let word = group
+                .status
+                .as_ref()
+                .and_then(|s| s.budgets.as_ref())
+                .and_then(|r| budgets::word_for(r, project));
+            // A copy of version 0 never took a word: it reported only.
+            let copy = old.iter().find(|c| c.group == name && c.version > 0);
+            let share = match (copy, word) {
+                (Some(copy), word) => {
+                    let mut share = budgets::share_of(copy);
+                    if let Some(word) = word {
+                        share.receive(&word);
+                    }
+                    Some(share)
+                }
+                (None, Some(word)) if !awaiting => Some(first_budget(&word, &member_held(view, &limit)?)),
+                (None, _) => None,
+            };
+            holdings.push(Holding {
+                group: name,
+                slack: shares::slack(&limit, slack_percent),
+                limit,
+                share,
+            });
+        }
+        Ok(Holdings(holdings))
+    }
+
+    /// The limit the project plans its seeds' shares within.
+    pub fn member_limit(&self, own: &ResourceDetails) -> ResourceDetails {
+        let none = SeedShare::default();
+        member_limit(
+            own,
+            self.0
+                .iter()
+                .map(|h| (h.share.as_ref().unwrap_or(&none), &h.limit)),
+        )
+    }
+
+    /// After the plan (`view` applied): each group's copy to persist, with what the project
+    /// releases now and reports. `quiet`: no seed of the project asks for more.
+    pub fn settle(&mut self, view: &MasterView, quiet: bool) -> Result<Vec<GroupBudget>, QuantityError> {
+        let mut copies = Vec::with_capacity(self.0.len());
+        for holding in &mut self.0 {
+            let committed = member_committed(view, &holding.limit)?;
+            let Some(share) = holding.share.as_mut() else {
+                // Nothing held yet: report, so that the group counts what the seeds commit and
+                // hears a demand.
+                let demand = member_demand(view, &holding.limit, &ResourceDetails::default())?;
+                copies.push(budgets::copy(
+                    &holding.group,
+                    &SeedShare::default(),
+                    committed,
+                    demand,
+                ));
+                continue;
+            };
+            let due = member_release_due(share, &holding.limit, view, &holding.slack, quiet)?;
+            if !due.is_empty() {
+                share.release(&due)?;
+            }
+            let demand = member_demand(view, &holding.limit, &share.capacity(&holding.limit))?;
+            copies.push(budgets::copy(&holding.group, share, committed, demand));
+        }
+        copies.sort_by(|a, b| a.group.cmp(&b.group));
+        Ok(copies)
+    }
+}
+
+/// The limits the seeds' ledgers carry: the project's own, and for a resource only a group
+/// limits, the smallest such group's limit (never the budget: a request above the budget must
+/// still reach the master as a demand, not be refused on the seed as over the quota). A seed
+/// admits only within its share either way; the limit makes a resource limited there at all.
+pub fn seed_limits(own: &ResourceDetails, groups: &[Arc<QuotaGroup>]) -> ResourceDetails {
+    let mut limits = own.clone();
+    for group in groups {
+        for (resource, limit) in group.spec.quota.iter() {
+            if own.get(resource).is_none() {
+                let tighter = limits.get(resource).map_or(limit, |l| l.min(limit));
+                limits.set(resource, Some(tighter));
+            }
+        }
+    }
+    limits
+}
+
+/// Whether no seed in `view` asks for more: a project then gives back idle budget.
+pub fn quiet(view: &MasterView) -> bool {
+    view.seeds
+        .values()
+        .all(|r| r.report.as_ref().is_none_or(|rep| rep.demand.is_none()))
+}
+
+/// One round over `group`'s record: its members (the projects it selects, each with its quota
+/// in force, newest first) read, a lost record adopted, grants and targets planned, and the
+/// record written with compare-and-swap when anything changed. Returns the group written, if
+/// any. A conflict is left to the next pass (the group loop runs again on every change).
+pub async fn group_round(
+    api: &Api<QuotaGroup>,
+    group: &QuotaGroup,
+    members: &[Member],
+    slack_percent: u32,
+) -> Result<Option<QuotaGroup>, crate::Error> {
+    let name = group.name_any();
+    let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
+    let mut view = budgets::group_view(&group.spec.quota, record, members);
+    let before = view.clone();
+    let (old_version, adopted) = view.adopt(record.map_or(0, |r| r.version));
+    if adopted && record.is_some() {
+        warn!(group = %name, "the group's budget record is behind what its projects hold (QuotaGroup re-created or restored): rebuilding it from their copies");
+    }
+    let plan = view
+        .plan_at(old_version + 1, &shares::slack(&group.spec.quota, slack_percent))
+        .map_err(crate::Error::Quantity)?;
+    let planned = view.apply(&plan).map_err(crate::Error::Quantity)?;
+    let members_changed = record.is_none_or(|r| {
+        r.projects.len() != view.seeds.len() || r.projects.iter().any(|p| !view.seeds.contains_key(&p.name))
+    });
+    if !(adopted || planned || members_changed) {
+        return Ok(None);
+    }
+    let version = old_version + 1;
+    let Some(resource_version) = group.metadata.resource_version.clone() else {
+        return Ok(None);
+    };
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": resource_version},
+        "status": {"budgets": budgets::record(version, &view)},
+    });
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(written) => {
+            for (project, amount) in &plan.grants {
+                let demand = before
+                    .seeds
+                    .get(project)
+                    .and_then(|r| r.report.as_ref()?.demand.clone())
+                    .unwrap_or_default();
+                info!(group = %name, %project, amount = %amount, demand = %demand, version, "budget granted");
+            }
+            Ok(Some(written))
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kkp_quota_crds::fixtures::cpu;
+    use kkp_quota_crds::quota_group::{BudgetRecord, ProjectBudget, QuotaGroupSpec, QuotaGroupStatus};
+    use kkp_quota_crds::shares::{SeedRecord, SeedReport};
+
+    fn group(name: &str, limit: i64, granted_to_demo: Option<(u64, i64)>) -> Arc<QuotaGroup> {
+        let mut g = QuotaGroup::new(
+            name,
+            QuotaGroupSpec {
+                selector: serde_json::from_value(serde_json::json!({"matchLabels": {"team": "red"}}))
+                    .unwrap(),
+                quota: cpu(limit),
+                mode: GroupMode::Shared,
+                owners: Vec::new(),
+            },
+        );
+        g.status = granted_to_demo.map(|(version, granted)| QuotaGroupStatus {
+            budgets: Some(BudgetRecord {
+                version,
+                projects: vec![ProjectBudget {
+                    name: "demo".into(),
+                    granted: cpu(granted),
+                    target: cpu(granted),
+                    released: ResourceDetails::default(),
+                }],
+            }),
+            ..QuotaGroupStatus::default()
+        });
+        Arc::new(g)
+    }
+
+    fn project_view(seed_held: i64, demand: Option<i64>) -> MasterView {
+        let mut seed = SeedRecord::new();
+        seed.granted = cpu(seed_held);
+        seed.report = Some(SeedReport {
+            version: 1,
+            committed: cpu(seed_held),
+            demand: demand.map(cpu),
+            ..SeedReport::default()
+        });
+        MasterView {
+            limit: cpu(100),
+            seeds: [("seed-a".to_owned(), seed)].into(),
+        }
+    }
+
+    #[test]
+    fn a_first_word_claims_what_the_seeds_hold_and_later_words_are_taken_as_they_come() {
+        let groups = [group("acme", 10, Some((3, 8)))];
+        let view = project_view(5, None);
+        // No copy yet: the first word, but only what the seeds hold (5 of the 8 granted).
+        let first = Holdings::take(&groups, "demo", &[], &view, false, 10).unwrap();
+        assert_eq!(first.0[0].share.as_ref().unwrap().share(), cpu(5));
+        assert_eq!(first.member_limit(&cpu(20)), cpu(5));
+        // While the record awaits its epoch: nothing taken, the group's resources bounded to 0.
+        let waiting = Holdings::take(&groups, "demo", &[], &view, true, 10).unwrap();
+        assert!(waiting.0[0].share.is_none());
+        assert_eq!(waiting.member_limit(&cpu(20)), cpu(0));
+        // A copy held: the newer word is taken as it is (the copy's own release stays).
+        let copy = GroupBudget {
+            group: "acme".into(),
+            version: 2,
+            granted: cpu(6),
+            target: cpu(6),
+            released: cpu(1),
+            ..GroupBudget::default()
+        };
+        let held = Holdings::take(&groups, "demo", &[copy], &view, false, 10).unwrap();
+        assert_eq!(held.0[0].share.as_ref().unwrap().share(), cpu(7));
+    }
+
+    #[test]
+    fn seeds_carry_the_group_limit_only_where_the_project_sets_none() {
+        let groups = [group("acme", 10, None)];
+        assert_eq!(seed_limits(&ResourceDetails::default(), &groups), cpu(10));
+        assert_eq!(seed_limits(&cpu(4), &groups), cpu(4));
+        assert_eq!(seed_limits(&cpu(40), &groups), cpu(40));
+    }
+
+    #[test]
+    fn settling_releases_idle_budget_when_quiet_and_reports_demand() {
+        let groups = [group("acme", 10, Some((3, 8)))];
+        let view = project_view(5, None);
+        let mut holdings = Holdings::take(&groups, "demo", &[], &project_view(8, None), false, 10).unwrap();
+        // The seeds now hold 5 of the 8: quiet, the project keeps 5 + the slack (1).
+        let copies = holdings.settle(&view, true).unwrap();
+        assert_eq!(copies[0].released, cpu(2));
+        assert_eq!(
+            (copies[0].committed.clone(), copies[0].demand.clone()),
+            (cpu(5), None)
+        );
+        // A seed asking for 9 reports a demand of 9 to the group.
+        let mut holdings = Holdings::take(&groups, "demo", &copies, &view, false, 10).unwrap();
+        let copies = holdings.settle(&project_view(5, Some(9)), false).unwrap();
+        assert_eq!(copies[0].demand, Some(cpu(9)));
+    }
+}
