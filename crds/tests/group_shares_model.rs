@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use kkp_quota_crds::shares::group::{
-    first_budget, member_committed, member_demand, member_held, member_limit, member_release_due,
+    first_budget, member_demand, member_held, member_limit, member_release_due, member_report,
 };
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, fits_within};
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
@@ -367,7 +367,7 @@ impl World {
         let report = SeedReport {
             version: revision,
             released: p.budget.released.clone(),
-            committed: member_committed(&p.view, &group_limit).unwrap(),
+            committed: member_report(&p.view, &group_limit, &p.budget).unwrap(),
             demand: member_demand(&p.view, &group_limit, &capacity).unwrap(),
             holds: Some(MasterWord {
                 version: p.budget.version,

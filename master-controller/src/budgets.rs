@@ -18,7 +18,7 @@ use kkp_quota_crds::project_quota::GroupBudget;
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::{self, Member};
 use kkp_quota_crds::shares::group::{
-    first_budget, member_committed, member_demand, member_held, member_limit, member_release_due,
+    first_budget, member_demand, member_held, member_limit, member_release_due, member_report,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
 use kkp_quota_crds::{QuantityError, QuotaGroup, ResourceDetails};
@@ -67,6 +67,15 @@ impl GroupBook {
             }
             notified.await;
         }
+    }
+
+    /// `group`, or this process's own newer write of it.
+    pub fn newest(&self, group: &Arc<QuotaGroup>) -> Arc<QuotaGroup> {
+        let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        book.get(&group.name_any())
+            .filter(|own| own.uid() == group.uid() && resource_version(own) > resource_version(group))
+            .cloned()
+            .unwrap_or_else(|| Arc::clone(group))
     }
 
     /// Remembers a group this process just wrote.
@@ -136,7 +145,12 @@ impl Holdings {
                     }
                     Some(share)
                 }
-                (None, Some(word)) if !awaiting => Some(first_budget(&word, &member_held(view, &limit)?)),
+                // Claiming nothing is exact even before the seeds' holdings are read: taken at
+                // once, so that a member waiting for its own seeds does not hold back the
+                // group's epoch, and with it every member's grants.
+                (None, Some(word)) if !awaiting || word.granted.is_empty() => {
+                    Some(first_budget(&word, &member_held(view, &limit)?))
+                }
                 (None, _) => None,
             };
             holdings.push(Holding {
@@ -165,23 +179,20 @@ impl Holdings {
     pub fn settle(&mut self, view: &MasterView, quiet: bool) -> Result<Vec<GroupBudget>, QuantityError> {
         let mut copies = Vec::with_capacity(self.0.len());
         for holding in &mut self.0 {
-            let committed = member_committed(view, &holding.limit)?;
             let Some(share) = holding.share.as_mut() else {
-                // Nothing held yet: report, so that the group counts what the seeds commit and
+                // Nothing held yet: report, so that the group counts what the seeds hold and
                 // hears a demand.
+                let none = SeedShare::default();
+                let committed = member_report(view, &holding.limit, &none)?;
                 let demand = member_demand(view, &holding.limit, &ResourceDetails::default())?;
-                copies.push(budgets::copy(
-                    &holding.group,
-                    &SeedShare::default(),
-                    committed,
-                    demand,
-                ));
+                copies.push(budgets::copy(&holding.group, &none, committed, demand));
                 continue;
             };
             let due = member_release_due(share, &holding.limit, view, &holding.slack, quiet)?;
             if !due.is_empty() {
                 share.release(&due)?;
             }
+            let committed = member_report(view, &holding.limit, share)?;
             let demand = member_demand(view, &holding.limit, &share.capacity(&holding.limit))?;
             copies.push(budgets::copy(&holding.group, share, committed, demand));
         }
@@ -214,10 +225,13 @@ pub fn quiet(view: &MasterView) -> bool {
         .all(|r| r.report.as_ref().is_none_or(|rep| rep.demand.is_none()))
 }
 
+/// Attempts of one group round against compare-and-swap conflicts (each re-reads the group).
+const GROUP_ATTEMPTS: u32 = 3;
+
 /// One round over `group`'s record: its members (the projects it selects, each with its quota
-/// in force, newest first) read, a lost record adopted, grants and targets planned, and the
-/// record written with compare-and-swap when anything changed. Returns the group written, if
-/// any. A conflict is left to the next pass (the group loop runs again on every change).
+/// in force) read, a lost record adopted, grants and targets planned, and the record written
+/// with compare-and-swap when anything changed. Returns the group written, if any. A conflict
+/// re-reads the group and plans again; after [`GROUP_ATTEMPTS`] the next pass tries again.
 pub async fn group_round(
     api: &Api<QuotaGroup>,
     group: &QuotaGroup,
@@ -225,12 +239,46 @@ pub async fn group_round(
     slack_percent: u32,
 ) -> Result<Option<QuotaGroup>, crate::Error> {
     let name = group.name_any();
+    let mut group = group.clone();
+    for _ in 0..GROUP_ATTEMPTS {
+        let Some((patch, plan, before, version)) = plan_group(&group, members, slack_percent)? else {
+            return Ok(None);
+        };
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(written) => {
+                for (project, amount) in &plan.grants {
+                    let demand = before
+                        .seeds
+                        .get(project)
+                        .and_then(|r| r.report.as_ref()?.demand.clone())
+                        .unwrap_or_default();
+                    info!(group = %name, %project, amount = %amount, demand = %demand, version, "budget granted");
+                }
+                return Ok(Some(written));
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => group = api.get(&name).await?,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
+}
+
+/// The plan of one group round, pure: the compare-and-swap patch, the plan, the view before it
+/// and the version written; `None` when nothing changes.
+fn plan_group(
+    group: &QuotaGroup,
+    members: &[Member],
+    slack_percent: u32,
+) -> Result<Option<(serde_json::Value, shares::Plan, MasterView, u64)>, crate::Error> {
     let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
     let mut view = budgets::group_view(&group.spec.quota, record, members);
     let before = view.clone();
     let (old_version, adopted) = view.adopt(record.map_or(0, |r| r.version));
     if adopted && record.is_some() {
-        warn!(group = %name, "the group's budget record is behind what its projects hold (QuotaGroup re-created or restored): rebuilding it from their copies");
+        warn!(group = %group.name_any(), "the group's budget record is behind what its projects hold (QuotaGroup re-created or restored): rebuilding it from their copies");
     }
     let plan = view
         .plan_at(old_version + 1, &shares::slack(&group.spec.quota, slack_percent))
@@ -242,32 +290,19 @@ pub async fn group_round(
     if !(adopted || planned || members_changed) {
         return Ok(None);
     }
-    let version = old_version + 1;
     let Some(resource_version) = group.metadata.resource_version.clone() else {
         return Ok(None);
     };
+    let version = old_version + 1;
+    let record = budgets::record(version, &view);
+    // A merge patch keeps a list it does not carry: an emptied one is sent as such.
+    let mut body = serde_json::json!(record);
+    body["projects"] = serde_json::json!(record.projects);
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version},
-        "status": {"budgets": budgets::record(version, &view)},
+        "status": {"budgets": body},
     });
-    match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(written) => {
-            for (project, amount) in &plan.grants {
-                let demand = before
-                    .seeds
-                    .get(project)
-                    .and_then(|r| r.report.as_ref()?.demand.clone())
-                    .unwrap_or_default();
-                info!(group = %name, %project, amount = %amount, demand = %demand, version, "budget granted");
-            }
-            Ok(Some(written))
-        }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
-        Err(e) => Err(e.into()),
-    }
+    Ok(Some((patch, plan, before, version)))
 }
 
 #[cfg(test)]

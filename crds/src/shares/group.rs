@@ -73,6 +73,28 @@ pub fn member_committed(
     ))
 }
 
+/// What a project reports committed to its group, given the budget `share` its copy holds:
+/// [`member_committed`], except where its seeds hold more than that budget ([`member_held`]):
+/// a project that just joined a group (or one whose group was just made over it) has seeds
+/// holding shares from before, which they may still spend until their lower targets reach
+/// them, so the group counts them held until they are within the budget.
+pub fn member_report(
+    project: &MasterView,
+    group_limit: &ResourceDetails,
+    share: &SeedShare,
+) -> Result<ResourceDetails, QuantityError> {
+    let mut committed = member_committed(project, group_limit)?;
+    let held = member_held(project, group_limit)?;
+    let budget = share.share();
+    for (resource, held) in held.iter() {
+        if held > budget.amount(resource) {
+            let reported = committed.amount(resource).max(held);
+            committed.set(resource, Some(reported));
+        }
+    }
+    Ok(committed)
+}
+
 /// The absolute budget a project asks its group for, while one of its seeds wants more than the
 /// project may grant: per resource `Σ_i max(committed_i, demand_i)` over its seeds (what they
 /// use and what they ask for; idle share elsewhere in the project is the project's to move).
@@ -208,6 +230,19 @@ mod tests {
         // No seed asks: nothing, even over budget (usage above a share asks for nothing).
         let p = project(16, vec![seed(4, 7, None)]);
         assert_eq!(member_demand(&p, &cpu(32), &cpu(4)).unwrap(), None);
+    }
+
+    #[test]
+    fn a_project_reports_what_its_seeds_hold_beyond_its_budget() {
+        // Seeds hold 6 and 1, use 2 and 1.
+        let p = project(16, vec![seed(6, 2, None), seed(1, 1, None)]);
+        // Within a budget of 8: what they use, so the group may ask the idle share back.
+        assert_eq!(member_report(&p, &cpu(32), &budget(8, 0, None)).unwrap(), cpu(3));
+        // Joined with no budget yet: what they hold, which they may still spend.
+        assert_eq!(
+            member_report(&p, &cpu(32), &SeedShare::default()).unwrap(),
+            cpu(7)
+        );
     }
 
     #[test]

@@ -75,6 +75,10 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
                 None => return,
                 Some(event) => {
                     listed |= matches!(event, Ok(watcher::Event::InitDone));
+                    if crd_missing(event.as_ref()) {
+                        // No QuotaGroup can exist: nothing bounds a project.
+                        sources.book.update(&[]);
+                    }
                     counts(event.as_ref(), &metrics)
                 }
             },
@@ -106,7 +110,14 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         );
         written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
         sources.book.update(&groups);
+        let kkp_quotas = &kkp_quotas;
         for group in groups {
+            // The budgets first: the status write below moves the group's resourceVersion, and
+            // the budget write is a compare-and-swap.
+            if group.spec.mode == GroupMode::Shared {
+                let newest = sources.book.newest(&group);
+                budget_round(&api, &newest, &projects, &quotas, kkp_quotas, &sources).await;
+            }
             match write_status(
                 &api,
                 &group,
@@ -128,9 +139,6 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
                     metrics.reconcile_errors.with_label_values(&["group"]).inc();
                 }
             }
-            if group.spec.mode == GroupMode::Shared {
-                budget_round(&api, &group, &projects, &quotas, &sources).await;
-            }
         }
     }
 }
@@ -142,31 +150,28 @@ async fn budget_round(
     group: &QuotaGroup,
     projects: &[Arc<Project>],
     quotas: &[Arc<ProjectQuota>],
+    kkp_quotas: &[Arc<ResourceQuota>],
     sources: &Sources,
 ) {
-    let members = status::members(
-        &group.spec,
-        projects.iter().map(Arc::as_ref),
-        quotas.iter().map(Arc::as_ref),
-    )
-    .into_iter()
-    .map(|(project, quota)| Member {
-        name: project,
-        copy: Some(quota).and_then(|q| {
-            let version = q.metadata.resource_version.as_deref()?.parse().ok()?;
-            let copy = q
-                .status
-                .as_ref()?
-                .shares
-                .as_ref()?
-                .groups
-                .iter()
-                .find(|c| c.group == group.name_any())?
-                .clone();
-            Some((version, copy))
-        }),
-    })
-    .collect::<Vec<_>>();
+    let members = status::members(&group.spec, projects.iter().map(Arc::as_ref), quotas, kkp_quotas)
+        .into_iter()
+        .map(|(project, quota)| Member {
+            name: project,
+            copy: Some(quota).and_then(|q| {
+                let version = q.metadata.resource_version.as_deref()?.parse().ok()?;
+                let copy = q
+                    .status
+                    .as_ref()?
+                    .shares
+                    .as_ref()?
+                    .groups
+                    .iter()
+                    .find(|c| c.group == group.name_any())?
+                    .clone();
+                Some((version, copy))
+            }),
+        })
+        .collect::<Vec<_>>();
     match crate::budgets::group_round(api, group, &members, sources.share_slack_percent).await {
         Ok(Some(written)) => {
             sources.book.wrote(written);
@@ -182,6 +187,11 @@ async fn budget_round(
             warn!(group = %group.name_any(), error = %e, "could not write the group's budgets; retrying on the next change");
         }
     }
+}
+
+/// Whether the API server does not know `QuotaGroup`s at all (the CRD is not installed).
+fn crd_missing(event: Result<&watcher::Event<QuotaGroup>, &watcher::Error>) -> bool {
+    matches!(event, Err(watcher::Error::InitialListFailed(kube::Error::Api(e))) if e.code == 404)
 }
 
 /// Whether a watch event calls for a pass over the groups: a change, or the end of a listing

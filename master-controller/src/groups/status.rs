@@ -126,31 +126,42 @@ pub fn desired<'a>(
     Ok((status, conditions))
 }
 
-/// The projects `spec` selects that have a quota in force, each with that quota (of several,
-/// the first by name, as the status counts it): the members a `shared` group keeps budgets for.
-/// A project without one is not bounded (its seeds count nothing for it); a selector that
+/// The projects `spec` selects whose quota in force runs share rounds, each with that quota's
+/// `ProjectQuota`: the members a `shared` group keeps budgets for. The quota in force is the
+/// master's rule ([`crate::not_in_force::in_force_instead`]: of a project's KKP quotas not being
+/// deleted, the first by name); one whose limits cannot be read runs no share round, so it is
+/// no member (it would never take a word, and the group's epoch would wait for it). A project
+/// without a quota is not bounded either: its seeds count nothing for it. A selector that
 /// cannot be read selects nothing.
 pub fn members<'a>(
     spec: &QuotaGroupSpec,
     projects: impl IntoIterator<Item = &'a Project>,
-    quotas: impl IntoIterator<Item = &'a ProjectQuota>,
+    project_quotas: &'a [std::sync::Arc<ProjectQuota>],
+    kkp_quotas: &[std::sync::Arc<kkp_quota_crds::ResourceQuota>],
 ) -> Vec<(String, &'a ProjectQuota)> {
     let Ok(selector) = Selector::try_from(spec.selector.clone()) else {
         return Vec::new();
     };
-    let mut in_force: BTreeMap<&str, &ProjectQuota> = BTreeMap::new();
-    let mut quotas: Vec<&ProjectQuota> = quotas.into_iter().filter(|q| is_in_force(q)).collect();
-    quotas.sort_by_key(|q| q.name_any());
-    for quota in quotas {
-        in_force.entry(quota.project()).or_insert(quota);
-    }
     let mut members: Vec<(String, &ProjectQuota)> = projects
         .into_iter()
         .filter(|p| selector.matches(p.labels()))
         .filter_map(|p| {
             let name = p.name_any();
-            let quota = *in_force.get(name.as_str())?;
-            Some((name, quota))
+            let in_force = kkp_quotas
+                .iter()
+                .filter(|q| {
+                    q.spec.subject.kind == kkp_quota_crds::quota::PROJECT_KIND
+                        && q.spec.subject.name == name
+                        && q.metadata.deletion_timestamp.is_none()
+                })
+                .min_by_key(|q| q.name_any())?;
+            if !in_force.spec.quota.unreadable.is_empty() {
+                return None;
+            }
+            let quota = project_quotas
+                .iter()
+                .find(|pq| pq.name_any() == in_force.name_any())?;
+            Some((name, &**quota))
         })
         .collect();
     members.sort_by(|a, b| a.0.cmp(&b.0));

@@ -157,8 +157,8 @@ pub(crate) async fn round(
         let planned_change = view.apply(&plan)?;
         // Budget released in the same write as the grants it was computed beside.
         let copies = holdings.settle(&view, crate::budgets::quiet(&view))?;
-        let changed =
-            adopted || planned_change || new_seeds(record.as_ref(), &before) || copies != old_groups;
+        let seeds_changed = adopted || planned_change || new_seeds(record.as_ref(), &before);
+        let changed = seeds_changed || copies != old_groups;
         if !changed {
             after_round(ctx, &name, &project, &before, None, &plan, seen);
             return Ok(Round {
@@ -169,7 +169,12 @@ pub(crate) async fn round(
                 stuck: plan.stuck,
             });
         }
-        let version = old_version + 1;
+        // Only group copies changed (a report): the seeds' words keep their version.
+        let version = if seeds_changed {
+            old_version + 1
+        } else {
+            old_version
+        };
         let Some(resource_version) = pq.metadata.resource_version.clone() else {
             return Err(Error::ShareRecord(format!(
                 "ProjectQuota {name} has no resourceVersion"

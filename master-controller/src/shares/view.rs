@@ -87,9 +87,13 @@ pub fn new_seeds(record: Option<&ShareRecord>, view: &MasterView) -> bool {
 /// The compare-and-swap write of the record: a merge patch of the `ProjectQuota`'s `/status`
 /// that the API server refuses (409) unless the object is still at `resource_version`.
 pub fn record_patch(resource_version: &str, record: &ShareRecord) -> Value {
+    let mut shares = json!(record);
+    // A merge patch keeps a list it does not carry: an emptied one is sent as such.
+    shares["seeds"] = json!(record.seeds);
+    shares["groups"] = json!(record.groups);
     json!({
         "metadata": {"resourceVersion": resource_version},
-        "status": {"shares": record},
+        "status": {"shares": shares},
     })
 }
 
