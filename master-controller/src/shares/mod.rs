@@ -158,8 +158,7 @@ pub(crate) async fn round(
         // Budget released in the same write as the grants it was computed beside.
         let copies = holdings.settle(&view, crate::budgets::quiet(&view))?;
         let seeds_changed = adopted || planned_change || new_seeds(record.as_ref(), &before);
-        let changed = seeds_changed || copies != old_groups;
-        if !changed {
+        if !seeds_changed && copies == old_groups {
             after_round(ctx, &name, &project, &before, None, &plan, seen);
             return Ok(Round {
                 project_quota: pq,
