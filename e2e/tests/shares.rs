@@ -8,6 +8,8 @@
 
 #[path = "shares/clusters.rs"]
 mod clusters;
+#[path = "shares/group.rs"]
+mod group;
 #[path = "shares/view.rs"]
 mod view;
 
@@ -320,6 +322,7 @@ async fn bursts_across_seeds_never_overrun() {
     assert!(checked > 20, "only {checked} versions checked");
 
     clusters::cluster_creates_admit_exactly_the_room(&setup).await;
+    group::a_shared_group_caps_the_project_across_seeds(&setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -69,6 +69,15 @@ impl GroupBook {
         }
     }
 
+    /// Whether the book holds `group` (same object) with the same spec.
+    pub fn has_spec(&self, group: &QuotaGroup) -> bool {
+        let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        book.get(&group.name_any()).is_some_and(|own| {
+            own.uid() == group.uid()
+                && serde_json::to_value(&own.spec).ok() == serde_json::to_value(&group.spec).ok()
+        })
+    }
+
     /// `group`, or this process's own newer write of it.
     pub fn newest(&self, group: &Arc<QuotaGroup>) -> Arc<QuotaGroup> {
         let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);

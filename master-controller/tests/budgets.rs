@@ -5,7 +5,8 @@
 //! Group `acme` (6 cpu) over `demo` and `other` (10 cpu each): every member takes its first
 //! word; a demand in `demo` is met from the group's budget; a demand in `other` for the whole
 //! group moves `demo`'s budget (asked back, released by its seed, given to `other`); what the
-//! seeds are granted never exceeds the group's 6 cpu, though each project alone allows 10.
+//! seeds are granted never exceeds the group's 6 cpu, though each project alone allows 10; the
+//! group deleted, each project is bounded by its own quota alone again.
 
 #![allow(clippy::too_many_lines)] // a scenario reads top to bottom
 
@@ -245,6 +246,27 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
     })
     .await
     .context("budget moved from demo to other")?;
+
+    // The group deleted: every project is its own again at once (no copy left, and demo's seed
+    // gets what its own 10 cpu allow beside other's 6: the group bounds nothing any more).
+    Api::<QuotaGroup>::all(master.clone())
+        .delete(GROUP, &kube::api::DeleteParams::default())
+        .await?;
+    w.demand("seed-a", "project-demo", Some(9)).await?;
+    wait_for(DEADLINE, "demo free of the group", || async {
+        for (_, quota) in PROJECTS {
+            let copies = w.record(quota).await?.groups;
+            ensure!(copies.is_empty(), "{quota} still holds {copies:?}");
+        }
+        let granted = w.ledger_granted("seed-a", "project-demo").await?;
+        ensure!(
+            granted >= demo_granted.checked_add(Quantity::from_units(9))?,
+            "seed-a holds {granted:?} of demo (granted before: {demo_granted:?})"
+        );
+        Ok(())
+    })
+    .await
+    .context("the group deleted")?;
     ensure!(!w.controller.is_finished(), "the controller stopped");
     Ok(())
 }

@@ -69,12 +69,16 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
     let mut written: HashMap<String, QuotaGroupStatus> = HashMap::new();
     // Whether the store holds every group (the share rounds wait for it).
     let mut listed = false;
+    // Whether a group came, went or changed its spec since the last pass: every quota's share
+    // round then runs, so a project no longer bounded (or newly bounded) replans at once.
+    let mut reshaped = false;
     loop {
         let pass = tokio::select! {
             event = events.next() => match event {
                 None => return,
                 Some(event) => {
                     listed |= matches!(event, Ok(watcher::Event::InitDone));
+                    reshaped |= reshapes(event.as_ref(), &sources.book);
                     if crd_missing(event.as_ref()) {
                         // No QuotaGroup can exist: nothing bounds a project.
                         sources.book.update(&[]);
@@ -93,6 +97,7 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         let mut pass = pass;
         while let Some(Some(event)) = events.next().now_or_never() {
             listed |= matches!(event, Ok(watcher::Event::InitDone));
+            reshaped |= reshapes(event.as_ref(), &sources.book);
             pass |= counts(event.as_ref(), &metrics);
         }
         if !pass || !listed {
@@ -110,6 +115,11 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         );
         written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
         sources.book.update(&groups);
+        if std::mem::take(&mut reshaped) {
+            for quota in &quotas {
+                let _ = sources.reconcile.send(quota.name_any());
+            }
+        }
         let kkp_quotas = &kkp_quotas;
         for group in groups {
             // The budgets first: the status write below moves the group's resourceVersion, and
@@ -186,6 +196,15 @@ async fn budget_round(
         Err(e) => {
             warn!(group = %group.name_any(), error = %e, "could not write the group's budgets; retrying on the next change");
         }
+    }
+}
+
+/// Whether a watch event adds, removes or changes the spec of a group the share rounds read.
+fn reshapes(event: Result<&watcher::Event<QuotaGroup>, &watcher::Error>, book: &GroupBook) -> bool {
+    match event {
+        Ok(watcher::Event::Delete(_)) => true,
+        Ok(watcher::Event::Apply(group)) => !book.has_spec(group),
+        _ => false,
     }
 }
 

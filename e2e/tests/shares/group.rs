@@ -1,0 +1,92 @@
+//! A shared quota group over `demo` (issue #36, docs/groups.md "Shared mode"), on the shares
+//! fleet: the group's 6 cpu below the project's own 10, so the group's budget decides. Bursts over
+//! both seeds never let the seeds commit more than 6 together, the whole 6 is usable, and the
+//! project has its own 10 again once the group is gone.
+
+use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::{ProjectQuota, Quantity, QuotaGroup, Resource};
+use kube::Api;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use tokio::sync::oneshot;
+
+use super::{NAME, WAIT, burst, describe, fill, overrun_watcher_of, restore_limit, settle};
+use e2e::system::FleetWithSystem;
+use e2e::wait_for;
+
+const GROUP: &str = "acme";
+const GROUP_CPU: usize = 6;
+
+pub async fn a_shared_group_caps_the_project_across_seeds(setup: &FleetWithSystem) {
+    let fleet = &setup.fleet;
+    restore_limit(fleet).await;
+    settle(fleet).await;
+    let master = fleet.master().client();
+    let projects = Api::<Project>::all(master.clone());
+    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
+    projects
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(&label(Some(GROUP))),
+        )
+        .await
+        .unwrap();
+    let groups = Api::<QuotaGroup>::all(master.clone());
+    let group: QuotaGroup = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaGroup",
+        "metadata": {"name": GROUP},
+        "spec": {
+            "selector": {"matchLabels": {"customer": GROUP}},
+            "quota": {"cpu": GROUP_CPU.to_string()},
+        },
+    }))
+    .unwrap();
+    groups.create(&PostParams::default(), &group).await.unwrap();
+    let quotas = Api::<ProjectQuota>::all(master.clone());
+    wait_for(WAIT, "demo holding a word of the group", || async {
+        let shares = quotas.get(NAME).await.ok()?.status?.shares?;
+        shares
+            .groups
+            .iter()
+            .any(|c| c.group == GROUP && c.version >= 1)
+            .then_some(())
+    })
+    .await
+    .unwrap();
+
+    let (stop, stopped) = oneshot::channel();
+    let limit = Quantity::from_units(i64::try_from(GROUP_CPU).unwrap());
+    let watching = overrun_watcher_of(fleet, Resource::Cpu, limit, stopped);
+    let spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
+    let admitted = burst(fleet, &spread, "grp").await;
+    eprintln!(
+        "group of {GROUP_CPU} cpu over demo (10 cpu): a burst of 30 over both seeds admitted {admitted}"
+    );
+    assert!(
+        admitted <= GROUP_CPU,
+        "{admitted} admitted\n{}",
+        describe(setup).await
+    );
+    // What the burst left (share still moving when its requests gave up) is usable.
+    fill(setup, "gamma", admitted, GROUP_CPU, "grp-fill").await;
+    let over = burst(fleet, &["alpha"; 3], "grp-over").await;
+    assert_eq!(over, 0, "admitted past the group\n{}", describe(setup).await);
+    let _ = stop.send(());
+    let checked = watching.await.unwrap();
+    assert!(checked > 3, "only {checked} versions checked");
+
+    // The group gone: demo's own 10 again.
+    settle(fleet).await;
+    groups.delete(GROUP, &DeleteParams::default()).await.unwrap();
+    projects
+        .patch("demo", &PatchParams::default(), &Patch::Merge(&label(None)))
+        .await
+        .unwrap();
+    wait_for(WAIT, "demo's copy of the group gone", || async {
+        let shares = quotas.get(NAME).await.ok()?.status?.shares?;
+        shares.groups.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}
