@@ -234,13 +234,11 @@ pub fn quiet(view: &MasterView) -> bool {
         .all(|r| r.report.as_ref().is_none_or(|rep| rep.demand.is_none()))
 }
 
-/// Attempts of one group round against compare-and-swap conflicts (each re-reads the group).
-const GROUP_ATTEMPTS: u32 = 3;
-
 /// One round over `group`'s record: its members (the projects it selects, each with its quota
 /// in force) read, a lost record adopted, grants and targets planned, and the record written
-/// with compare-and-swap when anything changed. Returns the group written, if any. A conflict
-/// re-reads the group and plans again; after [`GROUP_ATTEMPTS`] the next pass tries again.
+/// with compare-and-swap when anything changed. Returns the group written, if any. On a
+/// conflict nothing is written: the write that moved the group is a watch event, and the next
+/// pass plans again from it (the group loop writes the status only after this round).
 pub async fn group_round(
     api: &Api<QuotaGroup>,
     group: &QuotaGroup,
@@ -248,31 +246,27 @@ pub async fn group_round(
     slack_percent: u32,
 ) -> Result<Option<QuotaGroup>, crate::Error> {
     let name = group.name_any();
-    let mut group = group.clone();
-    for _ in 0..GROUP_ATTEMPTS {
-        let Some((patch, plan, before, version)) = plan_group(&group, members, slack_percent)? else {
-            return Ok(None);
-        };
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(written) => {
-                for (project, amount) in &plan.grants {
-                    let demand = before
-                        .seeds
-                        .get(project)
-                        .and_then(|r| r.report.as_ref()?.demand.clone())
-                        .unwrap_or_default();
-                    info!(group = %name, %project, amount = %amount, demand = %demand, version, "budget granted");
-                }
-                return Ok(Some(written));
+    let Some((patch, plan, before, version)) = plan_group(group, members, slack_percent)? else {
+        return Ok(None);
+    };
+    match api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(written) => {
+            for (project, amount) in &plan.grants {
+                let demand = before
+                    .seeds
+                    .get(project)
+                    .and_then(|r| r.report.as_ref()?.demand.clone())
+                    .unwrap_or_default();
+                info!(group = %name, %project, amount = %amount, demand = %demand, version, "budget granted");
             }
-            Err(kube::Error::Api(e)) if e.code == 409 => group = api.get(&name).await?,
-            Err(e) => return Err(e.into()),
+            Ok(Some(written))
         }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
+        Err(e) => Err(e.into()),
     }
-    Ok(None)
 }
 
 /// The plan of one group round, pure: the compare-and-swap patch, the plan, the view before it
