@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use crate::group_series::GroupSeries;
 use crate::project_series::ProjectSeries;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
@@ -23,6 +24,8 @@ pub struct Metrics {
     /// `kkp_quota_share_stuck{project,seed,resource}`; written into `/metrics` beside the
     /// registry's (see [`ProjectSeries`] for why).
     pub projects: Arc<ProjectSeries>,
+    /// Per quota group: `kkp_quota_group_limit`, `_usage`, `_over_limit` and `_budget`.
+    pub groups: Arc<GroupSeries>,
     /// `kkp_quota_seed_stale{seed}`: 1 while the seed's usage is not current.
     pub seed_stale: GaugeVec,
     /// `kkp_quota_seed_last_sync_timestamp_seconds{seed}`.
@@ -207,9 +210,11 @@ impl Metrics {
             "Allocation record writes that lost their compare-and-swap and were decided again.",
         ));
         must(registry.register(Box::new(allocation_record_conflicts.clone())));
+        let groups = Arc::new(GroupSeries::new(&registry));
         Metrics {
             registry,
             projects: Arc::default(),
+            groups,
             seed_stale,
             seed_last_sync,
             sync_errors,

@@ -246,6 +246,19 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
     })
     .await
     .context("budget moved from demo to other")?;
+    wait_for(DEADLINE, "the group's series", || async {
+        let text = w.controller.scrape().await?;
+        let limit = sample(&text, "kkp_quota_group_limit{group=\"acme\",resource=\"cpu\"}");
+        ensure!(limit == Some(6.0), "limit series {limit:?}");
+        let other = sample(
+            &text,
+            "kkp_quota_group_budget{group=\"acme\",project=\"other\",resource=\"cpu\"}",
+        );
+        ensure!(other == Some(6.0), "other's budget series {other:?}");
+        Ok(())
+    })
+    .await
+    .context("metrics")?;
 
     // The group deleted: every project is its own again at once (no copy left, and demo's seed
     // gets what its own 10 cpu allow beside other's 6: the group bounds nothing any more).
@@ -263,6 +276,8 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
             granted >= demo_granted.checked_add(Quantity::from_units(9))?,
             "seed-a holds {granted:?} of demo (granted before: {demo_granted:?})"
         );
+        let text = w.controller.scrape().await?;
+        ensure!(!text.contains("kkp_quota_group_"), "the group's series stay");
         Ok(())
     })
     .await

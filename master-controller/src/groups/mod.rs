@@ -17,6 +17,7 @@ use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceQuota};
 
 use crate::allocation::books::Books;
 use crate::budgets::GroupBook;
+use crate::group_series::GroupFigures;
 use kkp_quota_runtime::watch::relisting_watcher;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
@@ -121,6 +122,7 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
             }
         }
         let kkp_quotas = &kkp_quotas;
+        let mut figures = Vec::with_capacity(groups.len());
         for group in groups {
             // The budgets first: the status write below moves the group's resourceVersion, and
             // the budget write is a compare-and-swap.
@@ -149,7 +151,13 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
                     metrics.reconcile_errors.with_label_values(&["group"]).inc();
                 }
             }
+            let status = group
+                .uid()
+                .and_then(|uid| written.get(&uid).cloned())
+                .or_else(|| group.status.clone());
+            figures.push(group_figures(&sources.book.newest(&group), status.as_ref()));
         }
+        metrics.groups.set(&figures);
     }
 }
 
@@ -196,6 +204,29 @@ async fn budget_round(
         Err(e) => {
             warn!(group = %group.name_any(), error = %e, "could not write the group's budgets; retrying on the next change");
         }
+    }
+}
+
+/// What `group`'s series show: its limit, the usage of `status` (the newest this process knows),
+/// and the budgets its record holds.
+fn group_figures(group: &QuotaGroup, status: Option<&QuotaGroupStatus>) -> GroupFigures {
+    let budgets = group
+        .status
+        .as_ref()
+        .and_then(|s| s.budgets.as_ref())
+        .map(|record| {
+            record
+                .projects
+                .iter()
+                .map(|p| (p.name.clone(), p.granted.saturating_sub(&p.released)))
+                .collect()
+        })
+        .unwrap_or_default();
+    GroupFigures {
+        name: group.name_any(),
+        limit: group.spec.quota.clone(),
+        usage: status.and_then(|s| s.usage.clone()),
+        budgets,
     }
 }
 
