@@ -5,7 +5,8 @@
 //! and by seed, their quota limits added up, and conditions) from the members' quotas. In
 //! `allocation` mode the limit caps the sum of the projects' quota limits, enforced by
 //! master-controller's webhook on quota edits; in `shared` mode (the default) it caps their
-//! usage, shown but not enforced yet, which the `Enforced` condition says.
+//! usage, through budgets: each member project's seeds get shares within the project's budget
+//! of the group (`status.budgets`, docs/groups.md "Shared mode").
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
@@ -74,7 +75,7 @@ pub struct QuotaGroupSpec {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum GroupMode {
-    /// What the selected projects use together (shown in this release, not enforced yet).
+    /// What the selected projects use together, enforced through each project's budget of it.
     #[default]
     Shared,
     /// The sum of the selected projects' quota limits, enforced when quotas are edited.

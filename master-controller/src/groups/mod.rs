@@ -1,7 +1,8 @@
-//! `QuotaGroup`s (issue #36, step 1: shown, not enforced): each group's status is recomputed
+//! `QuotaGroup`s (issue #36): each group's status is recomputed
 //! from the master's caches of `Project`s and `ProjectQuota`s whenever one of them or a group
 //! changes (and every resync period), and written only when it says something new. The
-//! computation is [`status::desired`], pure.
+//! computation is [`status::desired`], pure. A `shared` group's budgets are kept in the same
+//! pass, before its status ([`crate::budgets::group_round`]).
 
 pub mod status;
 

@@ -295,7 +295,7 @@ fn exceeded(limit: &ResourceDetails, usage: &ResourceDetails, mode: GroupMode) -
         "UsageAboveLimit",
         match mode {
             GroupMode::Shared => format!(
-                "the projects together use more than the group's limit: {} (not enforced: nothing is refused for it)",
+                "the projects together use more than the group's limit: {} (its limit was lowered below their usage, or a project using more was labelled into it): no growth of theirs is admitted until they are back within it",
                 parts.join(", ")
             ),
             GroupMode::Allocation => format!(
