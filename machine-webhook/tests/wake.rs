@@ -158,11 +158,20 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     .await?;
     let sent = || metrics.wakes.with_label_values(&["sent"]).get();
     assert_eq!(sent(), 0, "woken without room");
+    // The webhook counts a wake once its patch is answered; the test sees the nudge by its
+    // watch, which may come first: wait for the count, then check it is exactly that.
+    let counted = |n: u64| async move {
+        wait_for(Duration::from_secs(30), &format!("wake {n} counted"), || async {
+            sent() >= n
+        })
+        .await
+    };
 
     // The limit is raised by 2: room for 3, "small" (2 cpu) fits, "big" (8) does not.
     let raised = Instant::now();
     write_quota(seed.clone(), PROJECT, "18", "15").await?;
     let after_raise = wait_nudge(&nudged, "small", 1, raised).await?;
+    counted(1).await?;
     assert_eq!(sent(), 1);
     assert!(nudges(&nudged, "big").is_empty(), "big woken without room for it");
     // Its controller tries again: admitted now (room 1 left); the next of its Machines is refused.
@@ -175,6 +184,7 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     let deleted = Instant::now();
     set_status(&seed, "15", "0").await?;
     let after_delete = wait_nudge(&nudged, "small", 2, deleted).await?;
+    counted(2).await?;
     assert_eq!(sent(), 2);
     assert!(nudges(&nudged, "big").is_empty(), "big woken without room for it");
 
@@ -200,6 +210,7 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     };
     grant(1, 15).await?;
     wait_nudge(&nudged, "big", 1, deleted).await?;
+    counted(3).await?;
     assert_eq!(sent(), 3);
     // "small" fits the quota but not the share: refused, share in transit.
     let refused = denial(api.create(&PostParams::default(), &machine_of(&small, 2)).await);
@@ -208,6 +219,7 @@ async fn refused_machine_sets_are_woken_when_room_appears() -> Result<()> {
     let granted = Instant::now();
     grant(2, 17).await?;
     let after_share = wait_nudge(&nudged, "small", 3, granted).await?;
+    counted(4).await?;
     assert_eq!(sent(), 4);
     // Its retry never came (nothing reconciles it here): not refused again, not woken again.
     assert_eq!(nudges(&nudged, "big").len(), 1);
