@@ -8,7 +8,7 @@
 //! is deleted, the next one by name takes over (fanned out like a new quota: the seeds refuse
 //! growth until they have counted it).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -39,14 +39,37 @@ pub fn in_force_instead<'a>(
     }
     let own = quota.name_any();
     all.into_iter()
-        .filter(|q| {
-            q.spec.subject.kind == PROJECT_KIND
-                && q.spec.subject.name == quota.spec.subject.name
-                && q.metadata.deletion_timestamp.is_none()
-        })
+        .filter(|q| candidate_of(q) == Some(quota.spec.subject.name.as_str()))
         .map(ResourceExt::name_any)
         .min()
         .filter(|first| *first < own)
+}
+
+/// Every project's quota in force (the rule of [`in_force_instead`]), by project, from one pass
+/// over `all`.
+pub fn in_force_by_project<'a>(
+    all: impl IntoIterator<Item = &'a ResourceQuota>,
+) -> BTreeMap<&'a str, &'a ResourceQuota> {
+    let mut in_force: BTreeMap<&str, &ResourceQuota> = BTreeMap::new();
+    for quota in all {
+        if let Some(project) = candidate_of(quota) {
+            in_force
+                .entry(project)
+                .and_modify(|first| {
+                    if quota.name_any() < first.name_any() {
+                        *first = quota;
+                    }
+                })
+                .or_insert(quota);
+        }
+    }
+    in_force
+}
+
+/// The project `quota` may be in force for: a project's quota not being deleted.
+fn candidate_of(quota: &ResourceQuota) -> Option<&str> {
+    (quota.spec.subject.kind == PROJECT_KIND && quota.metadata.deletion_timestamp.is_none())
+        .then_some(quota.spec.subject.name.as_str())
 }
 
 /// The quotas known not to be in force, for the gauge.
@@ -147,6 +170,9 @@ mod tests {
         assert_eq!(in_force_instead(&later, &all), Some("a-extra".into()));
         assert_eq!(in_force_instead(&extra, &all), None);
         assert_eq!(in_force_instead(&other, &all), None);
+        let by_project = in_force_by_project(&all);
+        let names: Vec<(&str, String)> = by_project.iter().map(|(p, q)| (*p, q.name_any())).collect();
+        assert_eq!(names, [("a", "a-extra".to_owned()), ("b", "0-other".to_owned())]);
         // One being deleted no longer counts: the next takes over.
         let mut leaving = extra;
         leaving.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -154,5 +180,6 @@ mod tests {
         ));
         let all = [a.clone(), leaving, later];
         assert_eq!(in_force_instead(&a, &all), None);
+        assert_eq!(in_force_by_project(&all)["a"].name_any(), "project-a");
     }
 }

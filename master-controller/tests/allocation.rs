@@ -265,6 +265,13 @@ async fn allocation_groups_cap_their_projects_quotas() {
         .unwrap();
     let alice = owner_client(fleet.master(), "alice").await;
     let alice_quotas: Api<ResourceQuota> = Api::all(alice.clone());
+    // The API server's authorizer takes the binding from its own watch: until then alice is
+    // refused by RBAC, not by the webhook.
+    wait_for(DEADLINE, "alice's role in force", || async {
+        alice_quotas.get("p1").await.is_ok()
+    })
+    .await
+    .unwrap();
     // Room moved between her projects: p1 down by 2, then p2 up by 2.
     assert_eq!(raise(&alice_quotas, "p1", 1).await, None);
     group_status(&groups, CAP - 2, "False").await;

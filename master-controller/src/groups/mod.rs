@@ -6,12 +6,13 @@
 
 pub mod status;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
 use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::project_quota::GroupBudget;
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::Member;
 use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceQuota};
@@ -105,61 +106,86 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         if !pass || !listed {
             continue;
         }
-        let projects = sources.projects.state();
-        let quotas = sources.project_quotas.state();
         let groups = groups.state();
-        let kkp_quotas = sources.kkp_quotas.state();
-        let books = Books::from_objects(
-            kkp_quotas.iter().map(Arc::as_ref),
-            quotas.iter().map(Arc::as_ref),
-            projects.iter().map(Arc::as_ref),
-            [],
-        );
         written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
         sources.book.update(&groups);
-        if std::mem::take(&mut reshaped) {
-            for quota in &quotas {
-                let _ = sources.reconcile.send(quota.name_any());
-            }
-        }
-        let kkp_quotas = &kkp_quotas;
-        let mut figures = Vec::with_capacity(groups.len());
-        for group in groups {
-            // The budgets first: the status write below moves the group's resourceVersion, and
-            // the budget write is a compare-and-swap.
-            if group.spec.mode == GroupMode::Shared {
-                let newest = sources.book.newest(&group);
-                budget_round(&api, &newest, &projects, &quotas, kkp_quotas, &sources).await;
-            }
-            match write_status(
-                &api,
-                &group,
-                &projects,
-                &quotas,
-                (&books, sources.allocation_webhook),
-                &written,
-            )
-            .await
-            {
-                Ok(Some(status)) => {
-                    if let Some(uid) = group.uid() {
-                        written.insert(uid, status);
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    warn!(group = %group.name_any(), error = %e, "could not write the group's status; retrying on the next change");
-                    metrics.reconcile_errors.with_label_values(&["group"]).inc();
-                }
-            }
-            let status = group
-                .uid()
-                .and_then(|uid| written.get(&uid).cloned())
-                .or_else(|| group.status.clone());
-            figures.push(group_figures(&sources.book.newest(&group), status.as_ref()));
-        }
-        metrics.groups.set(&figures);
+        one_pass(
+            &api,
+            &groups,
+            &sources,
+            &metrics,
+            &mut written,
+            std::mem::take(&mut reshaped),
+        )
+        .await;
     }
+}
+
+/// One pass over every group: each `shared` group's budget round, then each group's status, then
+/// every group's series. `reshaped`: a group came, went or changed its spec since the last pass,
+/// so every quota's share round runs.
+async fn one_pass(
+    api: &Api<QuotaGroup>,
+    groups: &[Arc<QuotaGroup>],
+    sources: &Sources,
+    metrics: &Metrics,
+    written: &mut HashMap<String, QuotaGroupStatus>,
+    reshaped: bool,
+) {
+    let projects = sources.projects.state();
+    let quotas = sources.project_quotas.state();
+    let kkp_quotas = sources.kkp_quotas.state();
+    let books = Books::from_objects(
+        kkp_quotas.iter().map(Arc::as_ref),
+        quotas.iter().map(Arc::as_ref),
+        projects.iter().map(Arc::as_ref),
+        [],
+    );
+    if reshaped {
+        for quota in &quotas {
+            let _ = sources.reconcile.send(quota.name_any());
+        }
+    }
+    // What every group's budget round reads, indexed once per pass.
+    let by_name: BTreeMap<String, &ProjectQuota> =
+        quotas.iter().map(|q| (q.name_any(), q.as_ref())).collect();
+    let in_force = crate::not_in_force::in_force_by_project(kkp_quotas.iter().map(Arc::as_ref));
+    let mut figures = Vec::with_capacity(groups.len());
+    for group in groups.iter().cloned() {
+        // The budgets first: the status write below moves the group's resourceVersion, and
+        // the budget write is a compare-and-swap.
+        if group.spec.mode == GroupMode::Shared {
+            let newest = sources.book.newest(&group);
+            budget_round(api, &newest, &projects, (&by_name, &in_force), sources).await;
+        }
+        match write_status(
+            api,
+            &group,
+            &projects,
+            &quotas,
+            (&books, sources.allocation_webhook),
+            written,
+        )
+        .await
+        {
+            Ok(Some(status)) => {
+                if let Some(uid) = group.uid() {
+                    written.insert(uid, status);
+                }
+            }
+            Ok(None) => {}
+            Err(e) => {
+                warn!(group = %group.name_any(), error = %e, "could not write the group's status; retrying on the next change");
+                metrics.reconcile_errors.with_label_values(&["group"]).inc();
+            }
+        }
+        let status = group
+            .uid()
+            .and_then(|uid| written.get(&uid).cloned())
+            .or_else(|| group.status.clone());
+        figures.push(group_figures(&sources.book.newest(&group), status.as_ref()));
+    }
+    metrics.groups.set(&figures);
 }
 
 /// A `shared` group's budget round ([`crate::budgets::group_round`]); on a write, the members'
@@ -168,44 +194,39 @@ async fn budget_round(
     api: &Api<QuotaGroup>,
     group: &QuotaGroup,
     projects: &[Arc<Project>],
-    quotas: &[Arc<ProjectQuota>],
-    kkp_quotas: &[Arc<ResourceQuota>],
+    (quotas, in_force): (&BTreeMap<String, &ProjectQuota>, &BTreeMap<&str, &ResourceQuota>),
     sources: &Sources,
 ) {
-    let members = status::members(&group.spec, projects.iter().map(Arc::as_ref), quotas, kkp_quotas)
-        .into_iter()
+    let name = group.name_any();
+    let members = status::members(&group.spec, projects.iter().map(Arc::as_ref), quotas, in_force);
+    let read: Vec<Member> = members
+        .iter()
         .map(|(project, quota)| Member {
-            name: project,
-            copy: Some(quota).and_then(|q| {
-                let version = q.metadata.resource_version.as_deref()?.parse().ok()?;
-                let copy = q
-                    .status
-                    .as_ref()?
-                    .shares
-                    .as_ref()?
-                    .groups
-                    .iter()
-                    .find(|c| c.group == group.name_any())?
-                    .clone();
-                Some((version, copy))
-            }),
+            name: project.clone(),
+            copy: copy_in(quota, &name),
         })
-        .collect::<Vec<_>>();
-    match crate::budgets::group_round(api, group, &members, sources.share_slack_percent).await {
+        .collect();
+    match crate::budgets::group_round(api, group, &read, sources.share_slack_percent).await {
         Ok(Some(written)) => {
             sources.book.wrote(written);
-            for quota in quotas
-                .iter()
-                .filter(|q| members.iter().any(|m| m.name == q.project()))
-            {
+            for (_, quota) in &members {
                 let _ = sources.reconcile.send(quota.name_any());
             }
         }
         Ok(None) => {}
         Err(e) => {
-            warn!(group = %group.name_any(), error = %e, "could not write the group's budgets; retrying on the next change");
+            warn!(group = %name, error = %e, "could not write the group's budgets; retrying on the next change");
         }
     }
+}
+
+/// A member's copy of its budget in `group` (with the `resourceVersion` of the object holding
+/// it), as its share round last wrote it.
+fn copy_in(quota: &ProjectQuota, group: &str) -> Option<(u64, GroupBudget)> {
+    let version = quota.metadata.resource_version.as_deref()?.parse().ok()?;
+    let shares = quota.status.as_ref()?.shares.as_ref()?;
+    let copy = shares.groups.iter().find(|c| c.group == group)?;
+    Some((version, copy.clone()))
 }
 
 /// What `group`'s series show: its limit, the usage of `status` (the newest this process knows),

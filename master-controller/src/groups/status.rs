@@ -127,17 +127,16 @@ pub fn desired<'a>(
 }
 
 /// The projects `spec` selects whose quota in force runs share rounds, each with that quota's
-/// `ProjectQuota`: the members a `shared` group keeps budgets for. The quota in force is the
-/// master's rule ([`crate::not_in_force::in_force_instead`]: of a project's KKP quotas not being
-/// deleted, the first by name); one whose limits cannot be read runs no share round, so it is
-/// no member (it would never take a word, and the group's epoch would wait for it). A project
-/// without a quota is not bounded either: its seeds count nothing for it. A selector that
-/// cannot be read selects nothing.
+/// `ProjectQuota`: the members a `shared` group keeps budgets for. `in_force` is the master's
+/// rule, by project ([`crate::not_in_force::in_force_by_project`], built once per pass); a quota
+/// whose limits cannot be read runs no share round, so it is no member (it would never take a
+/// word, and the group's epoch would wait for it). A project without a quota is not bounded
+/// either: its seeds count nothing for it. A selector that cannot be read selects nothing.
 pub fn members<'a>(
     spec: &QuotaGroupSpec,
     projects: impl IntoIterator<Item = &'a Project>,
-    project_quotas: &'a [std::sync::Arc<ProjectQuota>],
-    kkp_quotas: &[std::sync::Arc<kkp_quota_crds::ResourceQuota>],
+    project_quotas: &BTreeMap<String, &'a ProjectQuota>,
+    in_force: &BTreeMap<&str, &kkp_quota_crds::ResourceQuota>,
 ) -> Vec<(String, &'a ProjectQuota)> {
     let Ok(selector) = Selector::try_from(spec.selector.clone()) else {
         return Vec::new();
@@ -147,21 +146,12 @@ pub fn members<'a>(
         .filter(|p| selector.matches(p.labels()))
         .filter_map(|p| {
             let name = p.name_any();
-            let in_force = kkp_quotas
-                .iter()
-                .filter(|q| {
-                    q.spec.subject.kind == kkp_quota_crds::quota::PROJECT_KIND
-                        && q.spec.subject.name == name
-                        && q.metadata.deletion_timestamp.is_none()
-                })
-                .min_by_key(|q| q.name_any())?;
-            if !in_force.spec.quota.unreadable.is_empty() {
+            let quota = in_force.get(name.as_str())?;
+            if !quota.spec.quota.unreadable.is_empty() {
                 return None;
             }
-            let quota = project_quotas
-                .iter()
-                .find(|pq| pq.name_any() == in_force.name_any())?;
-            Some((name, &**quota))
+            let project_quota = *project_quotas.get(&quota.name_any())?;
+            Some((name, project_quota))
         })
         .collect();
     members.sort_by(|a, b| a.0.cmp(&b.0));
