@@ -109,7 +109,7 @@ pub struct ShareRecord {
     pub version: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
-    pub seeds: Vec<SeedShareRecord>,
+    pub seeds: Vec<GrantRecord>,
     /// This project's budget in each `shared` group that selects it (docs/groups.md): the
     /// group's word, what the project released, and what it reports. Written in the same
     /// compare-and-swap as the seeds' grants.
@@ -143,20 +143,22 @@ pub struct GroupBudget {
     pub demand: Option<ResourceDetails>,
 }
 
-/// One seed in the [`ShareRecord`].
+/// One holder in a record of grants: a seed in a project's [`ShareRecord`], or a member project
+/// in a group's `BudgetRecord` (the same protocol one level up, docs/groups.md).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct SeedShareRecord {
+pub struct GrantRecord {
+    /// The seed's or the project's name.
     pub name: String,
-    /// Everything ever granted to the seed (cumulative, only grows).
+    /// Everything ever granted to the holder (cumulative, only grows).
     #[serde(default)]
     pub granted: ResourceDetails,
-    /// The share the master wants the seed to hold.
+    /// What the record wants the holder to hold.
     #[serde(default)]
     pub target: ResourceDetails,
-    /// The newest `released` the master had read from the seed when it wrote this record: a
-    /// floor under the seed's own `released`, so that a ledger re-created (or restored from an
-    /// older backup) cannot hold share again that the master already counted as returned.
+    /// The newest `released` the record's writer had read from the holder when it wrote this
+    /// record: a floor under the holder's own `released`, so that a copy re-created (or restored
+    /// from an older backup) cannot hold again what was already counted as returned.
     #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
     pub released: ResourceDetails,
 }

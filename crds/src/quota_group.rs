@@ -13,6 +13,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::project_quota::GrantRecord;
 use crate::resources::ResourceDetails;
 
 /// A limit over several projects.
@@ -150,24 +151,7 @@ pub struct BudgetRecord {
     pub version: u64,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
-    pub projects: Vec<ProjectBudget>,
-}
-
-/// One project in the [`BudgetRecord`].
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct ProjectBudget {
-    /// The project's name.
-    pub name: String,
-    /// Everything ever granted to the project (cumulative, only grows).
-    #[serde(default)]
-    pub granted: ResourceDetails,
-    /// The budget the group wants the project to hold.
-    #[serde(default)]
-    pub target: ResourceDetails,
-    /// The newest `released` the group had read from the project when it wrote this record.
-    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
-    pub released: ResourceDetails,
+    pub projects: Vec<GrantRecord>,
 }
 
 /// A project's or a seed's usage.

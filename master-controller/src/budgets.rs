@@ -36,8 +36,10 @@ pub struct GroupBook {
     ready: Arc<(std::sync::atomic::AtomicBool, tokio::sync::Notify)>,
 }
 
-fn resource_version(group: &QuotaGroup) -> Option<u64> {
-    group.metadata.resource_version.as_deref()?.parse().ok()
+/// `group` from the store, or `own`, this process's write of the same object, when newer.
+fn newer_of(own: Option<&Arc<QuotaGroup>>, group: &Arc<QuotaGroup>) -> Arc<QuotaGroup> {
+    let own = own.filter(|own| own.uid() == group.uid()).cloned();
+    crate::shares::view::newest(Some(Arc::clone(group)), own).unwrap_or_else(|| Arc::clone(group))
 }
 
 impl GroupBook {
@@ -47,10 +49,8 @@ impl GroupBook {
         let mut fresh = BTreeMap::new();
         for group in groups {
             let name = group.name_any();
-            let newer = book
-                .get(&name)
-                .filter(|own| own.uid() == group.uid() && resource_version(own) > resource_version(group));
-            fresh.insert(name, newer.cloned().unwrap_or_else(|| Arc::clone(group)));
+            let newest = newer_of(book.get(&name), group);
+            fresh.insert(name, newest);
         }
         *book = fresh;
         drop(book);
@@ -72,19 +72,14 @@ impl GroupBook {
     /// Whether the book holds `group` (same object) with the same spec.
     pub fn has_spec(&self, group: &QuotaGroup) -> bool {
         let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);
-        book.get(&group.name_any()).is_some_and(|own| {
-            own.uid() == group.uid()
-                && serde_json::to_value(&own.spec).ok() == serde_json::to_value(&group.spec).ok()
-        })
+        book.get(&group.name_any())
+            .is_some_and(|own| own.uid() == group.uid() && own.spec == group.spec)
     }
 
     /// `group`, or this process's own newer write of it.
     pub fn newest(&self, group: &Arc<QuotaGroup>) -> Arc<QuotaGroup> {
         let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);
-        book.get(&group.name_any())
-            .filter(|own| own.uid() == group.uid() && resource_version(own) > resource_version(group))
-            .cloned()
-            .unwrap_or_else(|| Arc::clone(group))
+        newer_of(book.get(&group.name_any()), group)
     }
 
     /// Remembers a group this process just wrote.
@@ -312,7 +307,8 @@ fn plan_group(
 mod tests {
     use super::*;
     use kkp_quota_crds::fixtures::cpu;
-    use kkp_quota_crds::quota_group::{BudgetRecord, ProjectBudget, QuotaGroupSpec, QuotaGroupStatus};
+    use kkp_quota_crds::project_quota::GrantRecord;
+    use kkp_quota_crds::quota_group::{BudgetRecord, QuotaGroupSpec, QuotaGroupStatus};
     use kkp_quota_crds::shares::{SeedRecord, SeedReport};
 
     fn group(name: &str, limit: i64, granted_to_demo: Option<(u64, i64)>) -> Arc<QuotaGroup> {
@@ -329,7 +325,7 @@ mod tests {
         g.status = granted_to_demo.map(|(version, granted)| QuotaGroupStatus {
             budgets: Some(BudgetRecord {
                 version,
-                projects: vec![ProjectBudget {
+                projects: vec![GrantRecord {
                     name: "demo".into(),
                     granted: cpu(granted),
                     target: cpu(granted),

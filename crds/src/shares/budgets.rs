@@ -3,11 +3,9 @@
 //! (`ProjectQuota.status.shares.groups`), read into and written from the protocol's types
 //! ([`super::group`]). Pure: the callers read and write the objects.
 
-use std::collections::BTreeMap;
-
-use super::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare};
+use super::{MasterView, MasterWord, SeedRecord, SeedShare, objects};
 use crate::project_quota::GroupBudget;
-use crate::quota_group::{BudgetRecord, ProjectBudget};
+use crate::quota_group::BudgetRecord;
 use crate::resources::ResourceDetails;
 
 /// One selected project, as the group reads it: its record's copy of its budget in this group
@@ -23,19 +21,19 @@ pub struct Member {
 /// project that left the group is not in it: its budget goes back at once (a project no longer
 /// selected is no longer bounded by the group, so what it holds is no longer the group's).
 pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, members: &[Member]) -> MasterView {
-    let recorded: BTreeMap<&str, &ProjectBudget> = record
-        .map(|r| r.projects.iter().map(|p| (p.name.as_str(), p)).collect())
+    let mut recorded = record
+        .map(|r| objects::from_entries(&r.projects))
         .unwrap_or_default();
     let seeds = members
         .iter()
         .map(|member| {
-            let mut entry = SeedRecord::new();
-            if let Some(p) = recorded.get(member.name.as_str()) {
-                entry.granted = p.granted.clone();
-                entry.target = p.target.clone();
-                entry.released_floor = p.released.clone();
-            }
-            entry.report = member.copy.as_ref().map(|(version, copy)| report(*version, copy));
+            // A new member: `SeedRecord::new` (reachable), not the default (unreachable).
+            #[allow(clippy::unwrap_or_default)]
+            let mut entry = recorded.remove(&member.name).unwrap_or_else(SeedRecord::new);
+            // A project's copy reads as the report a seed's copy gives.
+            entry.report = member.copy.as_ref().map(|(version, copy)| {
+                share_of(copy).report(*version, &copy.committed, copy.demand.as_ref())
+            });
             (member.name.clone(), entry)
         })
         .collect();
@@ -45,48 +43,18 @@ pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, member
     }
 }
 
-/// A project's copy read as the report a seed's copy would give.
-fn report(version: u64, copy: &GroupBudget) -> SeedReport {
-    SeedReport {
-        version,
-        released: copy.released.clone(),
-        committed: copy.committed.clone(),
-        demand: copy.demand.clone(),
-        holds: Some(MasterWord {
-            version: copy.version,
-            granted: copy.granted.clone(),
-            target: copy.target.clone(),
-            released: ResourceDetails::default(),
-        }),
-    }
-}
-
 /// The record to persist at `version`.
 pub fn record(version: u64, view: &MasterView) -> BudgetRecord {
     BudgetRecord {
         version,
-        projects: view
-            .seeds
-            .iter()
-            .map(|(name, p)| ProjectBudget {
-                name: name.clone(),
-                granted: p.granted.clone(),
-                target: p.target.clone(),
-                released: p.released_floor.clone(),
-            })
-            .collect(),
+        projects: objects::entries(&view.seeds),
     }
 }
 
 /// What the group's record says to `project`: `None` while it has no entry for it.
 pub fn word_for(record: &BudgetRecord, project: &str) -> Option<MasterWord> {
-    let p = record.projects.iter().find(|p| p.name == project)?;
-    Some(MasterWord {
-        version: record.version,
-        granted: p.granted.clone(),
-        target: p.target.clone(),
-        released: p.released.clone(),
-    })
+    let entries = objects::from_entries(&record.projects);
+    Some(entries.get(project)?.word(record.version))
 }
 
 /// A project's copy as the share it holds of the group.
@@ -121,9 +89,10 @@ pub fn copy(
 mod tests {
     use super::*;
     use crate::fixtures::cpu;
+    use crate::project_quota::GrantRecord;
 
-    fn budget(name: &str, granted: i64, released: i64) -> ProjectBudget {
-        ProjectBudget {
+    fn budget(name: &str, granted: i64, released: i64) -> GrantRecord {
+        GrantRecord {
             name: name.into(),
             granted: cpu(granted),
             target: cpu(granted),

@@ -164,17 +164,8 @@ pub fn member_release_due(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shares::tests::cpu;
+    use crate::shares::tests::{cpu, seed_share as budget};
     use crate::shares::{SeedRecord, SeedReport};
-
-    fn budget(granted: i64, released: i64, target: Option<i64>) -> SeedShare {
-        SeedShare {
-            granted: cpu(granted),
-            released: cpu(released),
-            target: target.map(cpu).unwrap_or_default(),
-            version: 1,
-        }
-    }
 
     fn seed(granted: i64, committed: i64, demand: Option<i64>) -> SeedRecord {
         SeedRecord {

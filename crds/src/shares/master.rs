@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::seed::SeedReport;
+use super::seed::{MasterWord, SeedReport};
 use crate::quantity::{Quantity, QuantityError};
 use crate::resources::{Resource, ResourceDetails};
 
@@ -59,6 +59,16 @@ impl SeedRecord {
             .is_none_or(|old| report.version > old.version)
         {
             self.report = Some(report);
+        }
+    }
+
+    /// What the record at `version` says to this seed: its grants, target and released floor.
+    pub fn word(&self, version: u64) -> MasterWord {
+        MasterWord {
+            version,
+            granted: self.granted.clone(),
+            target: self.target.clone(),
+            released: self.released_floor.clone(),
         }
     }
 

@@ -156,6 +156,16 @@ mod tests {
 
     pub(crate) use crate::fixtures::cpu;
 
+    /// A copy holding `granted - released` cpu, at version 1, with an optional target.
+    pub(crate) fn seed_share(granted: i64, released: i64, target: Option<i64>) -> SeedShare {
+        SeedShare {
+            granted: cpu(granted),
+            released: cpu(released),
+            target: target.map(cpu).unwrap_or_default(),
+            version: 1,
+        }
+    }
+
     #[test]
     fn fits_only_within_the_limited_capacity() {
         assert!(fits_within(&cpu(4), &cpu(2), &cpu(2)).is_ok());

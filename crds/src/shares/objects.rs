@@ -10,7 +10,7 @@ use jiff::Timestamp;
 use super::master::SeedRecord;
 use super::seed::{MasterWord, SeedReport, SeedShare};
 use crate::ledger::{allotted_total, reserved_total};
-use crate::project_quota::{SeedShareRecord, ShareRecord};
+use crate::project_quota::{GrantRecord, ShareRecord};
 use crate::quantity::QuantityError;
 use crate::quota_ledger::{LedgerShares, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
 use crate::resources::ResourceDetails;
@@ -122,37 +122,44 @@ impl LedgerReading {
 
 /// The master's record as per-seed records (no reports yet; every seed reachable).
 pub fn records(record: Option<&ShareRecord>) -> BTreeMap<String, SeedRecord> {
-    record
-        .map(|r| {
-            r.seeds
-                .iter()
-                .map(|s| {
-                    let seed = SeedRecord {
-                        granted: s.granted.clone(),
-                        target: s.target.clone(),
-                        released_floor: s.released.clone(),
-                        ..SeedRecord::new()
-                    };
-                    (s.name.clone(), seed)
-                })
-                .collect()
+    record.map(|r| from_entries(&r.seeds)).unwrap_or_default()
+}
+
+/// A record's entries (a project's seeds, or a group's projects) as the master's view holds
+/// them: no reports yet, every holder reachable.
+pub fn from_entries(entries: &[GrantRecord]) -> BTreeMap<String, SeedRecord> {
+    entries
+        .iter()
+        .map(|e| {
+            let holder = SeedRecord {
+                granted: e.granted.clone(),
+                target: e.target.clone(),
+                released_floor: e.released.clone(),
+                ..SeedRecord::new()
+            };
+            (e.name.clone(), holder)
         })
-        .unwrap_or_default()
+        .collect()
+}
+
+/// The entries to persist for these holders.
+pub fn entries(holders: &BTreeMap<String, SeedRecord>) -> Vec<GrantRecord> {
+    holders
+        .iter()
+        .map(|(name, h)| GrantRecord {
+            name: name.clone(),
+            granted: h.granted.clone(),
+            target: h.target.clone(),
+            released: h.released_floor.clone(),
+        })
+        .collect()
 }
 
 /// The record to persist at `version` for these per-seed records.
 pub fn record(version: u64, seeds: &BTreeMap<String, SeedRecord>) -> ShareRecord {
     ShareRecord {
         version,
-        seeds: seeds
-            .iter()
-            .map(|(name, s)| SeedShareRecord {
-                name: name.clone(),
-                granted: s.granted.clone(),
-                target: s.target.clone(),
-                released: s.released_floor.clone(),
-            })
-            .collect(),
+        seeds: entries(seeds),
         groups: Vec::new(),
     }
 }
@@ -160,13 +167,7 @@ pub fn record(version: u64, seeds: &BTreeMap<String, SeedRecord>) -> ShareRecord
 /// What the master writes into seed `name`'s ledger spec from a persisted record: its grants and
 /// target, and what the other seeds hold as the master sees it.
 pub fn ledger_shares(version: u64, name: &str, seeds: &BTreeMap<String, SeedRecord>) -> Option<LedgerShares> {
-    let own = seeds.get(name)?;
-    let word = MasterWord {
-        version,
-        granted: own.granted.clone(),
-        target: own.target.clone(),
-        released: own.released_floor.clone(),
-    };
+    let word = seeds.get(name)?.word(version);
     Some(LedgerShares {
         version: word.version,
         granted: word.granted,

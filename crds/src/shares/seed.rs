@@ -212,16 +212,7 @@ impl SeedReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shares::tests::cpu;
-
-    fn share(granted: i64, released: i64, target: Option<i64>) -> SeedShare {
-        SeedShare {
-            granted: cpu(granted),
-            released: cpu(released),
-            target: target.map(cpu).unwrap_or_default(),
-            version: 1,
-        }
-    }
+    use crate::shares::tests::{cpu, seed_share as share};
 
     #[test]
     fn capacity_is_the_smallest_of_share_target_and_limit() {

@@ -97,13 +97,10 @@ pub fn record_patch(resource_version: &str, record: &ShareRecord) -> Value {
     })
 }
 
-/// The newer of the cached `ProjectQuota` and the one this process last wrote, by
-/// `resourceVersion` (the cache lags this process's own writes).
-pub fn newest(
-    cached: Option<Arc<ProjectQuota>>,
-    written: Option<Arc<ProjectQuota>>,
-) -> Option<Arc<ProjectQuota>> {
-    let version = |pq: &ProjectQuota| pq.metadata.resource_version.as_deref()?.parse::<u64>().ok();
+/// The newer of the cached object (a `ProjectQuota`, a `QuotaGroup`) and the one this process
+/// last wrote, by `resourceVersion` (the cache lags this process's own writes).
+pub fn newest<K: kube::Resource>(cached: Option<Arc<K>>, written: Option<Arc<K>>) -> Option<Arc<K>> {
+    let version = |o: &K| o.meta().resource_version.as_deref()?.parse::<u64>().ok();
     match (cached, written) {
         (Some(c), Some(w)) if version(&w) > version(&c) => Some(w),
         (None, w) => w,
@@ -201,7 +198,7 @@ pub(super) mod tests {
     use super::*;
     use crate::fold::Health;
     use crate::seed_ledger::SeedLedger;
-    use kkp_quota_crds::project_quota::SeedShareRecord;
+    use kkp_quota_crds::project_quota::GrantRecord;
     use kkp_quota_crds::quota_ledger::{QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand};
     use kkp_quota_crds::shares::SeedReport;
     use kkp_quota_crds::{LedgerSubject, Quantity, QuotaLedger, Resource};
@@ -244,11 +241,11 @@ pub(super) mod tests {
             version: 3,
             seeds: seeds
                 .iter()
-                .map(|(n, g, t)| SeedShareRecord {
+                .map(|(n, g, t)| GrantRecord {
                     name: (*n).into(),
                     granted: cpu(*g),
                     target: cpu(*t),
-                    ..SeedShareRecord::default()
+                    ..GrantRecord::default()
                 })
                 .collect(),
             groups: Vec::new(),
