@@ -15,7 +15,6 @@ mod common;
 use anyhow::{Context as _, Result, ensure};
 use common::*;
 use e2e::{Fleet, FleetSpec, wait_for};
-use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::fixtures::cpu;
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::project_quota::ShareRecord;
@@ -79,42 +78,25 @@ impl World {
         Ok(sum)
     }
 
-    /// What machine-webhook writes when a request does not fit the seed's share.
     async fn demand(&self, seed: &str, quota: &str, amount: Option<i64>) -> Result<()> {
-        let demands = match amount {
-            Some(n) => {
-                let expires = Timestamp::now()
-                    .checked_add(SignedDuration::from_secs(300))?
-                    .to_string();
-                json!([{"holder": "test", "amount": cpu(n), "expiresAt": expires}])
-            }
-            None => json!(null),
-        };
-        Api::<QuotaLedger>::all(self.seed(seed))
-            .patch_status(
-                quota,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"demands": demands}})),
-            )
-            .await
-            .with_context(|| format!("writing {seed}'s demand for {quota}"))?;
-        Ok(())
+        write_demand(&self.seed(seed), quota, amount).await
     }
 
-    /// What seed-controller writes when it gives share back.
     async fn release(&self, seed: &str, quota: &str, released: Quantity) -> Result<()> {
         let released = ResourceDetails {
             cpu: Some(released),
             ..ResourceDetails::default()
         };
-        Api::<QuotaLedger>::all(self.seed(seed))
-            .patch_status(
-                quota,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"released": released}})),
-            )
-            .await
-            .with_context(|| format!("writing {seed}'s release of {quota}"))?;
+        write_release(&self.seed(seed), quota, &released).await
+    }
+
+    /// What the seeds hold together stays within the group's 6 cpu.
+    async fn within_group(&self) -> Result<()> {
+        let held = self.held_by_seeds().await?;
+        ensure!(
+            held <= Quantity::from_units(6),
+            "the seeds hold {held:?} of the group's 6"
+        );
         Ok(())
     }
 
@@ -195,12 +177,7 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
             granted >= Quantity::from_units(4),
             "seed-a holds {granted:?} of demo"
         );
-        let held = w.held_by_seeds().await?;
-        ensure!(
-            held <= Quantity::from_units(6),
-            "the seeds hold {held:?} of the group's 6"
-        );
-        Ok(())
+        w.within_group().await
     })
     .await
     .context("a demand within the group")?;
@@ -221,12 +198,7 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
             .and_then(|s| s.target.get(Resource::Cpu))
             .context("no target")?;
         ensure!(target < demo_granted, "target {target:?} of {demo_granted:?}");
-        let held = w.held_by_seeds().await?;
-        ensure!(
-            held <= Quantity::from_units(6),
-            "the seeds hold {held:?} of the group's 6"
-        );
-        Ok(())
+        w.within_group().await
     })
     .await
     .context("demo asked back")?;
@@ -237,12 +209,7 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
             granted == Quantity::from_units(6),
             "seed-b holds {granted:?} of other"
         );
-        let held = w.held_by_seeds().await?;
-        ensure!(
-            held <= Quantity::from_units(6),
-            "the seeds hold {held:?} of the group's 6"
-        );
-        Ok(())
+        w.within_group().await
     })
     .await
     .context("budget moved from demo to other")?;

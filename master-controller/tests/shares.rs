@@ -14,7 +14,6 @@ mod common;
 use anyhow::{Context as _, Result, ensure};
 use common::*;
 use e2e::{Fleet, FleetSpec, wait_for};
-use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::project_quota::{SeedFigures, ShareRecord};
 use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota};
@@ -77,37 +76,12 @@ impl World {
 
     /// What machine-webhook does when a request does not fit the seed's share.
     async fn demand(&self, seed: &str, amount: Option<i64>) -> Result<()> {
-        let demands = match amount {
-            Some(n) => {
-                let expires = Timestamp::now()
-                    .checked_add(SignedDuration::from_secs(300))?
-                    .to_string();
-                json!([{"holder": "test", "amount": cpu(n), "expiresAt": expires}])
-            }
-            None => json!(null),
-        };
-        self.ledgers(seed)
-            .patch_status(
-                QUOTA,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"demands": demands}})),
-            )
-            .await
-            .with_context(|| format!("writing {seed}'s demand"))?;
-        Ok(())
+        write_demand(&self.seed(seed), QUOTA, amount).await
     }
 
     /// What seed-controller does when its target is below its share.
     async fn release(&self, seed: &str, released: &ResourceDetails) -> Result<()> {
-        self.ledgers(seed)
-            .patch_status(
-                QUOTA,
-                &PatchParams::default(),
-                &Patch::Merge(&json!({"status": {"released": released}})),
-            )
-            .await
-            .with_context(|| format!("writing {seed}'s release"))?;
-        Ok(())
+        write_release(&self.seed(seed), QUOTA, released).await
     }
 }
 

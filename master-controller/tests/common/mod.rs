@@ -205,3 +205,39 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
 }
+
+/// What machine-webhook writes into seed `seed`'s ledger `quota` when a request does not fit its
+/// share: a demand for `amount` cpu (absolute), or none.
+pub async fn write_demand(seed: &Client, quota: &str, amount: Option<i64>) -> Result<()> {
+    let demands = match amount {
+        Some(n) => {
+            let expires = jiff::Timestamp::now()
+                .checked_add(jiff::SignedDuration::from_secs(300))?
+                .to_string();
+            json!([{"holder": "test", "amount": kkp_quota_crds::fixtures::cpu(n), "expiresAt": expires}])
+        }
+        None => json!(null),
+    };
+    Api::<QuotaLedger>::all(seed.clone())
+        .patch_status(
+            quota,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"demands": demands}})),
+        )
+        .await
+        .with_context(|| format!("writing a demand into {quota}"))?;
+    Ok(())
+}
+
+/// What seed-controller writes into seed `seed`'s ledger `quota` when it gives share back.
+pub async fn write_release(seed: &Client, quota: &str, released: &ResourceDetails) -> Result<()> {
+    Api::<QuotaLedger>::all(seed.clone())
+        .patch_status(
+            quota,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"released": released}})),
+        )
+        .await
+        .with_context(|| format!("writing a release into {quota}"))?;
+    Ok(())
+}
