@@ -40,7 +40,8 @@ pub use quantity::{Notation, Quantity, QuantityError};
 pub use quota::{KkpQuota, ResourceQuota, ResourceQuotaSpec, ResourceQuotaStatus, Subject};
 pub use quota_group::{GroupMode, GroupOwner, NamedUsage, QuotaGroup, QuotaGroupSpec, QuotaGroupStatus};
 pub use quota_ledger::{
-    LastKnownSize, LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ShareDemand,
+    LastKnownSize, LedgerGroup, LedgerShares, LedgerSubject, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus,
+    ShareDemand,
 };
 pub use quota_view::{ClusterUse, QuotaView, QuotaViewSpec, QuotaViewStatus, ViewState};
 pub use resources::{Exceeded, Resource, ResourceDetails};

@@ -107,6 +107,26 @@ pub struct LedgerShares {
     /// change here alone does not make the master rewrite the ledger.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub others: BTreeMap<String, ResourceDetails>,
+    /// The shared `QuotaGroup`s that bound the project (docs/groups.md), as the master last saw
+    /// them: a request that fits the project's own quota but not a group's is refused at once,
+    /// naming the group. Like `others`, a change here alone does not make the master rewrite the
+    /// ledger; it refreshes them when this seed has a demand waiting.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<LedgerGroup>,
+}
+
+/// A group bounding the project, as a seed's ledger carries it ([`LedgerShares::groups`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerGroup {
+    /// The `QuotaGroup`'s name.
+    pub name: String,
+    /// Its limits; an absent resource is unlimited.
+    #[serde(default)]
+    pub quota: ResourceDetails,
+    /// What the group's other projects use, as its status last summed them.
+    #[serde(default)]
+    pub others_usage: ResourceDetails,
 }
 
 impl LedgerShares {

@@ -49,5 +49,6 @@ pub fn api(fleet: &Fleet, cluster: &str) -> Api<Machine> {
 /// Whether `error` is the webhook denying a Machine of `project` for its quota or for share in
 /// transit (the message names what the project uses).
 pub fn is_quota_denial(error: &kube::Error, project: &str) -> bool {
-    matches!(error, kube::Error::Api(s) if s.message.contains(&format!("project {project:?} uses")))
+    matches!(error, kube::Error::Api(s) if s.message.contains(&format!("project {project:?} uses"))
+        || s.message.contains(&format!("project {project:?} is within its own quota, but group")))
 }

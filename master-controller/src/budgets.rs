@@ -21,7 +21,7 @@ use kkp_quota_crds::shares::group::{
     first_budget, member_demand, member_held, member_limit, member_release_due, member_report,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
-use kkp_quota_crds::{QuantityError, QuotaGroup, ResourceDetails};
+use kkp_quota_crds::{LedgerGroup, QuantityError, QuotaGroup, ResourceDetails};
 use kube::api::{Patch, PatchParams};
 use kube::core::{Selector, SelectorExt as _};
 use kube::{Api, ResourceExt as _};
@@ -222,6 +222,32 @@ pub fn seed_limits(own: &ResourceDetails, groups: &[Arc<QuotaGroup>]) -> Resourc
     limits
 }
 
+/// The groups as `project`'s ledgers carry them (`spec.shares.groups`, for denials that name the
+/// group): each group's limits and what its other projects use, as its status last summed them.
+/// A group whose figures cannot be summed is left out: the shares bound the project anyway.
+pub fn ledger_groups(groups: &[Arc<QuotaGroup>], project: &str) -> Vec<LedgerGroup> {
+    groups
+        .iter()
+        .filter_map(|group| {
+            let by_project = group
+                .status
+                .as_ref()
+                .map(|s| s.by_project.as_slice())
+                .unwrap_or_default();
+            let others = by_project.iter().filter(|u| u.name != project).map(|u| &u.usage);
+            Some(LedgerGroup {
+                name: group.name_any(),
+                quota: group.spec.quota.clone(),
+                // Only what the group limits.
+                others_usage: shares::bounded_by(
+                    &group.spec.quota,
+                    &ResourceDetails::checked_sum(others).ok()?,
+                ),
+            })
+        })
+        .collect()
+}
+
 /// Whether no seed in `view` asks for more: a project then gives back idle budget.
 pub fn quiet(view: &MasterView) -> bool {
     view.seeds
@@ -383,6 +409,34 @@ mod tests {
         assert_eq!(seed_limits(&ResourceDetails::default(), &groups), cpu(10));
         assert_eq!(seed_limits(&cpu(4), &groups), cpu(4));
         assert_eq!(seed_limits(&cpu(40), &groups), cpu(40));
+    }
+
+    #[test]
+    fn ledgers_carry_what_the_other_projects_use() {
+        let mut acme = (*group("acme", 10, None)).clone();
+        let usage = |name: &str, n: i64| kkp_quota_crds::quota_group::NamedUsage {
+            name: name.into(),
+            usage: cpu(n),
+        };
+        acme.status = Some(QuotaGroupStatus {
+            by_project: vec![usage("demo", 3), usage("other", 4), usage("third", 2)],
+            ..QuotaGroupStatus::default()
+        });
+        let carried = ledger_groups(&[Arc::new(acme)], "demo");
+        assert_eq!(carried.len(), 1);
+        assert_eq!(
+            (
+                carried[0].name.as_str(),
+                &carried[0].quota,
+                &carried[0].others_usage
+            ),
+            ("acme", &cpu(10), &cpu(6))
+        );
+        // No status yet: nobody else uses anything.
+        assert_eq!(
+            ledger_groups(&[group("acme", 10, None)], "demo")[0].others_usage,
+            cpu(0)
+        );
     }
 
     #[test]

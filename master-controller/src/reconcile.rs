@@ -118,12 +118,14 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
             .as_ref()
             .and_then(|c| shares::view::held_shares(&c.reading));
         let shares = round.ledger_shares(&view.name).or(held);
+        let waiting = round.figures(&view.name).demand.is_some();
         fan_out(
             master_rq,
             &seed_limits,
             shares,
             crate::fanout::Policies::of(Some(&policy_spec)),
             view,
+            waiting,
             ctx,
         )
     }))

@@ -6,7 +6,7 @@
 use jiff::Timestamp;
 use kkp_quota_crds::ledger::lifetimes::{Lifetimes, Skew};
 use kkp_quota_crds::shares::objects::LedgerReading;
-use kkp_quota_crds::{QuotaLedger, ResourceDetails};
+use kkp_quota_crds::{LedgerGroup, QuotaLedger, ResourceDetails};
 use kube::ResourceExt;
 
 use crate::fanout;
@@ -35,6 +35,8 @@ pub struct SeedLedger {
     pub reserved_usage: Option<ResourceDetails>,
     /// What the share round reads.
     pub reading: LedgerReading,
+    /// `spec.shares.groups`, refreshed while a demand waits ([`crate::seed_writes::fan_out`]).
+    pub groups: Vec<LedgerGroup>,
 }
 
 impl From<&QuotaLedger> for SeedLedger {
@@ -61,6 +63,7 @@ impl From<&QuotaLedger> for SeedLedger {
             local_usage: status.and_then(|s| s.local_usage.clone()),
             reserved_usage: status.and_then(|s| s.reserved_usage.clone()),
             reading: LedgerReading::of(ledger),
+            groups: spec.shares.as_ref().map(|s| s.groups.clone()).unwrap_or_default(),
         }
     }
 }

@@ -88,13 +88,16 @@ where
 /// Applies KKP's copy and the ledger on one seed if it is fresh and they are out of date (KKP's
 /// first, so the seed-controller finds it when the ledger appears). `shares` is the seed's part
 /// of the persisted share record, never of an unpersisted plan. Returns the view with the
-/// ledger as it is now, and the write's failure (logged and counted here already).
+/// ledger as it is now, and the write's failure (logged and counted here already). While the
+/// seed has a demand waiting (`waiting`), the groups its ledger carries for denials are
+/// refreshed too ([`LedgerShares::groups`]: they alone never make a write otherwise).
 pub(crate) async fn fan_out(
     master_rq: &ResourceQuota,
     limits: &ResourceDetails,
     shares: Option<LedgerShares>,
     policies: fanout::Policies<'_>,
     view: &SeedView,
+    waiting: bool,
     ctx: &Ctx,
 ) -> (SeedView, Result<(), kube::Error>) {
     let mut view = view.clone();
@@ -115,7 +118,8 @@ pub(crate) async fn fan_out(
     // finalizers then): it is left to go, and re-created once gone.
     let ledger_due = !view.copy.as_ref().is_some_and(|c| {
         (c.deleting && !c.protected)
-            || fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), policies, c)
+            || (fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), policies, c)
+                && !(waiting && shares.as_ref().is_some_and(|s| s.groups != c.groups)))
     });
     if !kkp_due && !ledger_due {
         return (view, Ok(()));

@@ -179,6 +179,7 @@ pub fn ledger_shares(version: u64, name: &str, seeds: &BTreeMap<String, SeedReco
             .map(|(other, s)| (other.clone(), s.share_seen()))
             .filter(|(_, share)| !share.is_empty())
             .collect(),
+        groups: Vec::new(),
     })
 }
 

@@ -72,6 +72,26 @@ pub async fn a_shared_group_caps_the_project_across_seeds(setup: &FleetWithSyste
     fill(setup, "gamma", admitted, GROUP_CPU, "grp-fill").await;
     let over = burst(fleet, &["alpha"; 3], "grp-over").await;
     assert_eq!(over, 0, "admitted past the group\n{}", describe(setup).await);
+    // The refusal names the group, not the project's own quota (a refusal while the ledger does
+    // not carry the group yet waits for share and says so; its demand brings the group).
+    let alpha = e2e::machines::api(fleet, "alpha");
+    let named = wait_for(WAIT, "a refusal naming the group", || async {
+        let machine = e2e::machines::vsphere("grp-named", 1);
+        match alpha.create(&PostParams::default(), &machine).await {
+            Err(kube::Error::Api(e)) if e.message.contains(&format!("group {GROUP:?} uses 6 of 6 cpu")) => {
+                Some(e.message)
+            }
+            Err(_) => None,
+            Ok(_) => panic!("admitted past the group"),
+        }
+    })
+    .await
+    .unwrap();
+    eprintln!("past the group: {named}");
+    assert!(
+        named.contains(r#"needs 1 cpu, project "demo" is within its own quota"#),
+        "{named}"
+    );
     let _ = stop.send(());
     let checked = watching.await.unwrap();
     assert!(checked > 3, "only {checked} versions checked");

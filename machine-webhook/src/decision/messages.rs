@@ -24,6 +24,75 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool, subje
             .collect();
         return format!("project {project:?} has {}", join_human(&has));
     }
+    let uses: Vec<String> = exceeded
+        .iter()
+        .map(|e| uses(e.resource, e.used, e.limit))
+        .collect();
+    format!(
+        "needs {}, project {project:?} uses {}",
+        needs(exceeded, update),
+        join_human(&uses)
+    )
+}
+
+/// When `growth` fits the project's own quota but not a group bounding it (with the group's
+/// figures as the ledger last carried them): `needs 4 cpu, project "demo" is within its own
+/// quota, but group "acme" uses 30 of 32 cpu`, naming every such group and resource.
+pub(super) fn group_detail(
+    project: &str,
+    state: &QuotaState,
+    growth: &ResourceDetails,
+    update: bool,
+    subject: Subject,
+) -> Option<String> {
+    let own = state.used().ok()?;
+    let full: Vec<(&str, Vec<Exceeded>)> = state
+        .groups
+        .iter()
+        .filter_map(|group| {
+            let used = group.others_usage.checked_add(&own).ok()?;
+            let exceeded = group.quota.exceeded_by(&used, growth).ok()?;
+            (!exceeded.is_empty()).then_some((group.name.as_str(), exceeded))
+        })
+        .collect();
+    // What the request needs of every resource some group has no room for, each named once.
+    let mut short: Vec<Exceeded> = Vec::new();
+    for e in full.iter().flat_map(|(_, exceeded)| exceeded) {
+        if !short.iter().any(|s| s.resource == e.resource) {
+            short.push(e.clone());
+        }
+    }
+    if short.is_empty() {
+        return None;
+    }
+    let verb = if subject == Subject::Cluster {
+        "has"
+    } else {
+        "uses"
+    };
+    let groups: Vec<String> = full
+        .iter()
+        .map(|(group, exceeded)| {
+            let uses: Vec<String> = exceeded
+                .iter()
+                .map(|e| uses(e.resource, e.used, e.limit))
+                .collect();
+            format!("group {group:?} {verb} {}", join_human(&uses))
+        })
+        .collect();
+    let within = format!(
+        "project {project:?} is within its own quota, but {}",
+        join_human(&groups)
+    );
+    Some(if subject == Subject::Cluster {
+        within
+    } else {
+        format!("needs {}, {within}", needs(&short, update))
+    })
+}
+
+/// What a request asks for: `4 cpu and 2Gi memory`, or `2 more cpu` for a growth.
+fn needs(exceeded: &[Exceeded], update: bool) -> String {
     let needs: Vec<String> = exceeded
         .iter()
         .map(|e| {
@@ -34,15 +103,7 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool, subje
             }
         })
         .collect();
-    let uses: Vec<String> = exceeded
-        .iter()
-        .map(|e| uses(e.resource, e.used, e.limit))
-        .collect();
-    format!(
-        "needs {}, project {project:?} uses {}",
-        join_human(&needs),
-        join_human(&uses)
-    )
+    join_human(&needs)
 }
 
 /// Both ways out for a `MachineDeployment` whose rollout needs room for a surge Machine (with the

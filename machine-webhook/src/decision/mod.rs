@@ -40,7 +40,7 @@ pub use state::{QuotaState, SeedCapacity, StateError};
 pub use surge::{Replaced, decide_surge};
 
 use autoscaled::{Autoscaled, decide_change, from_room};
-use messages::{held_note, share_detail};
+use messages::{group_detail, held_note, share_detail};
 
 /// What one Machine admission asks of the quota.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -382,11 +382,16 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
             &format!("cannot be checked against the resource quota of project {project:?}: {why}"),
         ),
         Ok(exceeded) if exceeded.is_empty() => match shortfall {
+            None => fits(ask, growth),
+            // A group bounding the project is full (as last carried): refused at once, and the
+            // demand still goes out, so that figures gone stale are refreshed or room moves here.
             Some(wants) => Verdict {
                 wants_share: Some(wants),
-                ..request.deny(Reason::ShareInTransit, &share_detail(project, state))
+                ..match group_detail(project, state, &growth, grows_by(request), request.subject) {
+                    Some(detail) => deny_for_room(request, detail),
+                    None => request.deny(Reason::ShareInTransit, &share_detail(project, state)),
+                }
             },
-            None => fits(ask, growth),
         },
         Ok(exceeded) if held_only_by_allotments(state, &growth) => Verdict {
             wants_share: demand_for(state, &growth).ok(),
@@ -402,28 +407,34 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
         Ok(exceeded) => {
             let detail = format!(
                 "{}{}",
-                exceeded_detail(
-                    project,
-                    &exceeded,
-                    ask.is_update() || request.subject == Subject::Deployment,
-                    request.subject
-                ),
+                exceeded_detail(project, &exceeded, grows_by(request), request.subject),
                 held_note(&exceeded, &state.allotted)
             );
-            let detail = match request.subject {
-                Subject::Machine => detail,
-                Subject::Cluster => format!(
-                    "cannot be created: {detail}; delete a cluster or ask an admin to raise the limit"
-                ),
-                Subject::Deployment => format!(
-                    "cannot grow to its max size: {detail}; under the project's policy reservedCounts the room its \
-                     cluster autoscaler may grow it into counts as usage: lower its max size \
-                     (cluster.k8s.io/cluster-api-autoscaler-node-group-max-size) or ask an admin to raise the limit"
-                ),
-            };
-            request.deny(Reason::QuotaExceeded, &detail)
+            deny_for_room(request, detail)
         }
     }
+}
+
+/// Whether the request's amounts are what it adds ("2 more cpu") rather than a whole size.
+fn grows_by(request: &Request) -> bool {
+    request.ask.is_update() || request.subject == Subject::Deployment
+}
+
+/// The denial of a request that does not fit a limit: `detail` names it, with the way out for
+/// the kind of object.
+fn deny_for_room(request: &Request, detail: String) -> Verdict {
+    let detail = match request.subject {
+        Subject::Machine => detail,
+        Subject::Cluster => {
+            format!("cannot be created: {detail}; delete a cluster or ask an admin to raise the limit")
+        }
+        Subject::Deployment => format!(
+            "cannot grow to its max size: {detail}; under the project's policy reservedCounts the room its \
+             cluster autoscaler may grow it into counts as usage: lower its max size \
+             (cluster.k8s.io/cluster-api-autoscaler-node-group-max-size) or ask an admin to raise the limit"
+        ),
+    };
+    request.deny(Reason::QuotaExceeded, &detail)
 }
 
 /// An admission that reserves `growth` (the Machine's full size once admitted is kept too).

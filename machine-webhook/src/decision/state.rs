@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use kkp_quota_crds::autoscaled::AutoscaledDeployment;
 use kkp_quota_crds::ledger::{Reservation, allotted_total, reserved_total};
 use kkp_quota_crds::shares::{self, SeedShare};
-use kkp_quota_crds::{QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
+use kkp_quota_crds::{LedgerGroup, QuotaLedger, QuotaLedgerSpec, QuotaLedgerStatus, ResourceDetails};
 
 /// What the webhook knows of a project's quota: the limit and everything already in use.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -31,6 +31,9 @@ pub struct QuotaState {
     /// Under it: the reservations marked with a deployment (its Machines on their way, its
     /// changes not counted yet).
     pub room_reservations: Vec<Reservation>,
+    /// The shared groups bounding the project, as the master last carried them into the ledger
+    /// (for denials that name the group; the share alone keeps the group's limit).
+    pub groups: Vec<LedgerGroup>,
 }
 
 /// What this seed may commit under its share, and who holds the rest.
@@ -93,6 +96,7 @@ impl QuotaState {
             reserved_counts: spec.reserved_counts,
             autoscaled,
             room_reservations,
+            groups: spec.shares.as_ref().map(|s| s.groups.clone()).unwrap_or_default(),
         })
     }
 

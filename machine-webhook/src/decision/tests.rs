@@ -516,82 +516,6 @@ fn lowered_quota_denies_creates_with_a_warning() {
     );
 }
 
-fn with_share(mut s: QuotaState, capacity: &str, others: &[(&str, &str)]) -> QuotaState {
-    s.seed = Some(SeedCapacity {
-        capacity: cpu(capacity),
-        others: others.iter().map(|(n, c)| ((*n).to_owned(), cpu(c))).collect(),
-    });
-    s
-}
-
-#[test]
-fn under_shares_a_request_must_fit_the_seeds_capacity_too() {
-    // 16 cpu quota, 2 used here, the seed may commit 4, seed-b holds 10.
-    let s = with_share(state(cpu("16"), cpu("2")), "4", &[("seed-b", "10")]);
-    assert!(decide("p", Some(&s), &create("m", cpu("2"))).allowed);
-    let v = decide("p", Some(&s), &create("m", cpu("3")));
-    assert_eq!(v.reason, Reason::ShareInTransit);
-    assert!(!v.allowed);
-    assert_eq!(v.wants_share, Some(cpu("5")));
-    assert_eq!(
-        v.message.as_deref(),
-        Some(
-            r#"machine "m" cannot be admitted yet: project "p" uses 2 of 16 cpu, and the rest of the quota is held by seed "seed-b" (10 cpu); it is being moved to this seed, so trying again in a few seconds will succeed"#
-        )
-    );
-    // Over the quota itself: a real denial, whatever the share.
-    let v = decide("p", Some(&s), &create("m", cpu("15")));
-    assert_eq!(v.reason, Reason::QuotaExceeded);
-    assert_eq!(v.wants_share, None);
-}
-
-#[test]
-fn a_dry_run_waiting_for_share_is_answered_as_the_create_would_end() {
-    // The seed may commit 4 of 16 (2 used here): a 3-cpu dry run fits the quota, not the share.
-    let s = with_share(state(cpu("16"), cpu("2")), "4", &[("seed-b", "10")]);
-    let dry = Request {
-        dry_run: true,
-        subject: Subject::Machine,
-        ..create("m", cpu("3"))
-    };
-    let v = decide("p", Some(&s), &dry);
-    assert!(v.allowed, "{v:?}");
-    assert_eq!(
-        (v.reason, &v.wants_share, &v.reserve),
-        (Reason::Fits, &None, &None)
-    );
-    assert_eq!(v.warnings[0], messages::DRY_RUN_ROOM_ELSEWHERE);
-    assert!(
-        v.warnings[1].contains("4 Machines of this size (3 cpu) fit"),
-        "{v:?}"
-    );
-    // Over the quota itself it is refused like the create.
-    let too_big = Request {
-        dry_run: true,
-        subject: Subject::Machine,
-        ..create("m", cpu("15"))
-    };
-    assert_eq!(decide("p", Some(&s), &too_big).reason, Reason::QuotaExceeded);
-}
-
-#[test]
-fn a_batch_asks_for_every_waiting_request_together() {
-    let s = with_share(state(cpu("16"), cpu("0")), "2", &[]);
-    let requests: Vec<Request> = (0..4).map(|i| create(&format!("m{i}"), cpu("1"))).collect();
-    let verdicts = decide_batch("p", Some(&s), &requests);
-    let allowed = verdicts.iter().filter(|v| v.allowed).count();
-    assert_eq!(allowed, 2);
-    assert_eq!(verdicts[2].wants_share, Some(cpu("3")));
-    assert_eq!(verdicts[3].wants_share, Some(cpu("4")));
-    assert!(
-        verdicts[3]
-            .message
-            .as_deref()
-            .unwrap()
-            .contains("not been granted to this seed yet")
-    );
-}
-
 #[test]
 fn batch_admits_in_order_until_full() {
     let s = state(cpu("16"), cpu("12"));
@@ -635,40 +559,6 @@ proptest! {
 }
 
 #[test]
-fn a_share_never_admits_into_room_other_seeds_already_use() {
-    // Limit 10; this seed holds a share of 8 and uses nothing, but another seed uses 6, beyond
-    // its own share (a catalog edit made its Machines bigger). Only 4 fit here.
-    let mut ledger = QuotaLedger::new(
-        "project-p",
-        QuotaLedgerSpec {
-            rollout_allowance: None,
-            subject: LedgerSubject::project("p"),
-            quota: cpu("10"),
-            shares: Some(kkp_quota_crds::quota_ledger::LedgerShares {
-                version: 2,
-                granted: cpu("8"),
-                target: cpu("8"),
-                ..kkp_quota_crds::quota_ledger::LedgerShares::default()
-            }),
-            reserved_counts: false,
-        },
-    );
-    ledger.status = Some(QuotaLedgerStatus {
-        local_usage: Some(cpu("0")),
-        other_seeds_usage: Some(cpu("6")),
-        ..QuotaLedgerStatus::default()
-    });
-    let s = QuotaState::from_copy(&ledger).unwrap();
-    assert_eq!(s.seed.as_ref().unwrap().capacity, cpu("4"));
-    assert!(decide("p", Some(&s), &create("m", cpu("4"))).allowed);
-    let v = decide("p", Some(&s), &create("m", cpu("5")));
-    assert!(!v.allowed);
-    assert_eq!(v.reason, Reason::QuotaExceeded);
-    // The allotments take their room from the same capacity.
-    assert_eq!(s.allotment_room(&ResourceDetails::default()).unwrap(), cpu("2"));
-}
-
-#[test]
 fn a_cluster_over_the_count_is_refused_in_words_about_clusters() {
     let limit = details(&[(Resource::Clusters, "5"), (Resource::Cpu, "16")]);
     let used = details(&[(Resource::Clusters, "5"), (Resource::Cpu, "2")]);
@@ -700,3 +590,4 @@ fn a_cluster_over_the_count_is_refused_in_words_about_clusters() {
 }
 
 mod reserved_counts;
+mod shares;

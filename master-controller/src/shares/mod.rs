@@ -110,6 +110,7 @@ pub(crate) async fn round(
     let project = master_rq.project().to_owned();
     let api: Api<ProjectQuota> = Api::all(ctx.master.clone());
     let groups = bounding_groups(ctx, &project).await?;
+    let carried = crate::budgets::ledger_groups(&groups, &project);
     for _ in 0..MAX_ATTEMPTS {
         let seen = Instant::now();
         let limits = effective_limits(&master_rq.spec.quota.limits, Some(&pq.spec.quota));
@@ -127,6 +128,7 @@ pub(crate) async fn round(
                 project_quota: pq,
                 limits,
                 seed_limits,
+                groups: carried.clone(),
                 persisted: as_recorded(record, view),
                 stuck: BTreeMap::new(),
             });
@@ -164,16 +166,13 @@ pub(crate) async fn round(
                 project_quota: pq,
                 limits,
                 seed_limits,
+                groups: carried.clone(),
                 persisted: as_recorded(record, view),
                 stuck: plan.stuck,
             });
         }
         // Only group copies changed (a report): the seeds' words keep their version.
-        let version = if seeds_changed {
-            old_version + 1
-        } else {
-            old_version
-        };
+        let version = old_version + u64::from(seeds_changed);
         let Some(resource_version) = pq.metadata.resource_version.clone() else {
             return Err(Error::ShareRecord(format!(
                 "ProjectQuota {name} has no resourceVersion"
@@ -189,6 +188,7 @@ pub(crate) async fn round(
                     project_quota: Arc::new(written),
                     limits,
                     seed_limits,
+                    groups: carried.clone(),
                     persisted: Some(Persisted {
                         version,
                         seeds: view.seeds,

@@ -10,7 +10,7 @@ use kkp_quota_crds::project_quota::ShareRecord;
 use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::shares::objects::LedgerReading;
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, objects};
-use kkp_quota_crds::{ProjectQuota, QuantityError, ResourceDetails};
+use kkp_quota_crds::{LedgerGroup, ProjectQuota, QuantityError, ResourceDetails};
 use serde_json::{Value, json};
 
 use crate::seeds::SeedView;
@@ -170,6 +170,8 @@ pub struct Round {
     /// The limits the seeds' ledgers carry: `limits`, and the limit of any group selecting the
     /// project on a resource the project does not limit itself (docs/groups.md).
     pub seed_limits: ResourceDetails,
+    /// The groups bounding the project, as its ledgers carry them (for denials).
+    pub groups: Vec<LedgerGroup>,
     /// The persisted record; `None` while there is none.
     pub persisted: Option<Persisted>,
     /// Shares held by unreachable seeds (empty when no plan was made).
@@ -179,7 +181,9 @@ pub struct Round {
 impl Round {
     /// What seed `name`'s ledger spec carries.
     pub fn ledger_shares(&self, name: &str) -> Option<LedgerShares> {
-        self.persisted.as_ref()?.ledger_shares(name)
+        let mut shares = self.persisted.as_ref()?.ledger_shares(name)?;
+        shares.groups.clone_from(&self.groups);
+        Some(shares)
     }
 
     /// Seed `name`'s figures for the status.
@@ -441,6 +445,7 @@ pub(super) mod tests {
             project_quota: Arc::new(pq),
             limits: cpu(10),
             seed_limits: cpu(10),
+            groups: Vec::new(),
             persisted: Some(persisted),
             stuck: BTreeMap::from([("a".to_owned(), cpu(5))]),
         };
