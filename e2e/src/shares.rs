@@ -165,3 +165,64 @@ pub fn overrun_watcher(
         }
     })
 }
+
+/// [`overrun_watcher`] for a shared group over several quotas (`names`, one per member project):
+/// follows every version of their ledgers on both seeds until `stop` fires, and panics when what
+/// the seeds committed for all of them together (each ledger's newest version, as far as known)
+/// is above the group's `limit` of `resource`. Returns how many versions it checked.
+pub fn group_overrun_watcher(
+    fleet: &Fleet,
+    names: &[&str],
+    resource: Resource,
+    limit: Quantity,
+    stop: oneshot::Receiver<()>,
+) -> tokio::task::JoinHandle<usize> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let streams = SEEDS.into_iter().map(|seed| {
+        let api = Api::<QuotaLedger>::all(fleet.seed(seed).client());
+        watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .filter_map(move |event| async move {
+                match event.ok()? {
+                    watcher::Event::Apply(l) | watcher::Event::InitApply(l) => {
+                        let counted = l.status.as_ref().is_some_and(|s| s.local_usage.is_some());
+                        let committed = exact_figures(&l, resource).filter(|_| counted).map(|(c, _)| c);
+                        Some(((seed, l.metadata.name.unwrap_or_default()), committed))
+                    }
+                    watcher::Event::Delete(l) => Some(((seed, l.metadata.name.unwrap_or_default()), None)),
+                    watcher::Event::Init | watcher::Event::InitDone => None,
+                }
+            })
+            .boxed()
+    });
+    let mut seen = stream::select_all(streams);
+    tokio::spawn(async move {
+        let mut committed = std::collections::BTreeMap::new();
+        let mut checked = 0;
+        tokio::pin!(stop);
+        loop {
+            let next = tokio::select! {
+                next = seen.next() => next,
+                _ = &mut stop => return checked,
+            };
+            let Some((key, figure)) = next else {
+                return checked;
+            };
+            if !names.contains(&key.1) {
+                continue;
+            }
+            committed.insert(key, figure);
+            let known = committed.values().flatten();
+            let sum = known.fold(Quantity::ZERO, |sum, c| {
+                sum.checked_add(*c).expect("a sum of cpu")
+            });
+            assert!(
+                sum <= limit,
+                "the group's projects committed {} {resource} together, over its limit {}: {committed:?}",
+                resource.amount(sum),
+                resource.amount(limit)
+            );
+            checked += 1;
+        }
+    })
+}

@@ -41,13 +41,22 @@ const SEED_PROBE_FLAG: &str = "--seed-probe=2s";
 
 /// The fleet (two seeds) and the system, with the quota written and every ledger under shares.
 async fn setup() -> FleetWithSystem {
-    let spec = FleetSpec::empty()
+    setup_of(shares_fleet()).await
+}
+
+/// Two seeds, project `demo` with `alpha` and `beta` on seed-a and `gamma` on seed-b.
+fn shares_fleet() -> FleetSpec {
+    FleetSpec::empty()
         .with_seed("seed-a")
         .with_seed("seed-b")
         .with_project("demo")
         .with_user_cluster("alpha", "seed-a", "demo")
         .with_user_cluster("beta", "seed-a", "demo")
-        .with_user_cluster("gamma", "seed-b", "demo");
+        .with_user_cluster("gamma", "seed-b", "demo")
+}
+
+/// [`setup`] of the fleet `spec`.
+async fn setup_of(spec: FleetSpec) -> FleetWithSystem {
     let extra = [
         ("machine-webhook", DEMAND_TTL_FLAG),
         ("master-controller", SEED_PROBE_FLAG),
@@ -263,7 +272,8 @@ fn overrun_watcher_of(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_across_seeds_never_overrun() {
-    let setup = setup().await;
+    // Project `other` with a cluster on each seed, for the group over two projects.
+    let setup = setup_of(group::with_other(shares_fleet())).await;
     let fleet = &setup.fleet;
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher(fleet, stopped);
@@ -323,6 +333,7 @@ async fn bursts_across_seeds_never_overrun() {
 
     clusters::cluster_creates_admit_exactly_the_room(&setup).await;
     group::a_shared_group_caps_the_project_across_seeds(&setup).await;
+    group::a_group_over_two_projects_admits_its_room_across_seeds(&setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
