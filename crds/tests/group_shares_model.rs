@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use kkp_quota_crds::shares::group::{
-    first_budget, member_demand, member_held, member_limit, member_release_due, member_report,
+    first_budget, group_plan, member_demand, member_held, member_limit, member_release_due, member_report,
 };
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, fits_within};
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
@@ -408,7 +408,7 @@ impl World {
 
     fn group_round(&mut self) {
         let (old_version, _) = self.group.adopt(self.group_version);
-        let plan = self.group.plan_at(old_version + 1, &slack()).unwrap();
+        let plan = group_plan(&self.group, old_version + 1, &slack()).unwrap();
         self.group.apply(&plan).unwrap();
         self.group_version = old_version + 1;
         let version = self.group_version;

@@ -10,6 +10,8 @@
 mod clusters;
 #[path = "shares/group.rs"]
 mod group;
+#[path = "shares/group_pair.rs"]
+mod group_pair;
 #[path = "shares/view.rs"]
 mod view;
 
@@ -273,7 +275,7 @@ fn overrun_watcher_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_across_seeds_never_overrun() {
     // Project `other` with a cluster on each seed, for the group over two projects.
-    let setup = setup_of(group::with_other(shares_fleet())).await;
+    let setup = setup_of(group_pair::with_other(shares_fleet())).await;
     let fleet = &setup.fleet;
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher(fleet, stopped);
@@ -333,7 +335,7 @@ async fn bursts_across_seeds_never_overrun() {
 
     clusters::cluster_creates_admit_exactly_the_room(&setup).await;
     group::a_shared_group_caps_the_project_across_seeds(&setup).await;
-    group::a_group_over_two_projects_admits_its_room_across_seeds(&setup).await;
+    group_pair::a_group_over_two_projects_admits_its_room_across_seeds(&setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@ use kkp_quota_crds::project_quota::GroupBudget;
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::{self, Member};
 use kkp_quota_crds::shares::group::{
-    first_budget, member_demand, member_held, member_limit, member_release_due, member_report,
+    first_budget, group_plan, member_demand, member_held, member_limit, member_release_due, member_report,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
 use kkp_quota_crds::{LedgerGroup, QuantityError, QuotaGroup, ResourceDetails};
@@ -304,9 +304,8 @@ fn plan_group(
     if adopted && record.is_some() {
         warn!(group = %group.name_any(), "the group's budget record is behind what its projects hold (QuotaGroup re-created or restored): rebuilding it from their copies");
     }
-    let plan = view
-        .plan_at(old_version + 1, &shares::slack(&group.spec.quota, slack_percent))
-        .map_err(crate::Error::Quantity)?;
+    let slack = shares::slack(&group.spec.quota, slack_percent);
+    let plan = group_plan(&view, old_version + 1, &slack).map_err(crate::Error::Quantity)?;
     let planned = view.apply(&plan).map_err(crate::Error::Quantity)?;
     let members_changed = record.is_none_or(|r| {
         r.projects.len() != view.seeds.len() || r.projects.iter().any(|p| !view.seeds.contains_key(&p.name))

@@ -16,7 +16,7 @@
 //! [`member_committed`]), written in the same compare-and-swap as the grants that hold it, so a
 //! budget is never released while a seed could still spend it.
 
-use super::{MasterView, MasterWord, SeedShare};
+use super::{MasterView, MasterWord, Plan, SeedShare};
 use crate::quantity::{Quantity, QuantityError};
 use crate::resources::{Resource, ResourceDetails};
 
@@ -147,6 +147,19 @@ pub fn first_budget(word: &MasterWord, held: &ResourceDetails) -> SeedShare {
     share
 }
 
+/// The group's plan at `version` ([`MasterView::plan_at`]), granting nothing while some member
+/// has not reported yet. A project that just joined (or whose copy was lost) may already use,
+/// and its seeds hold, more than the group knows: headroom granted before its report could be
+/// headroom it is using, and the group would end over its limit through a grant of its own.
+/// Targets are still planned, so idle budget is still asked back meanwhile.
+pub fn group_plan(view: &MasterView, version: u64, slack: &ResourceDetails) -> Result<Plan, QuantityError> {
+    let mut plan = view.plan_at(version, slack)?;
+    if view.seeds.values().any(|member| member.report.is_none()) {
+        plan.grants.clear();
+    }
+    Ok(plan)
+}
+
 /// The budget a project gives back to a group now: [`SeedShare::release_due`] of its share of
 /// the group, over what its seeds hold ([`member_held`]). Must be written in the same
 /// compare-and-swap of the project's record as the seeds' grants `project` was planned with.
@@ -201,6 +214,37 @@ mod tests {
         // No group: the own limit, unlimited resources stay unlimited.
         assert_eq!(member_limit(&cpu(4), []), cpu(4));
         assert!(member_limit(&ResourceDetails::default(), []).is_empty());
+    }
+
+    #[test]
+    fn a_group_grants_nothing_until_every_member_has_reported() {
+        // Group of 6: demo uses 4 and wants 6; other just joined, using 4 the group has not
+        // heard of.
+        let demo = SeedRecord {
+            granted: cpu(4),
+            ..seed(4, 4, Some(6))
+        };
+        let joined = SeedRecord::new();
+        let mut group = MasterView {
+            limit: cpu(6),
+            seeds: [("demo".to_owned(), demo), ("other".to_owned(), joined)].into(),
+        };
+        let plan = group_plan(&group, 1, &cpu(0)).unwrap();
+        assert!(plan.grants.is_empty(), "{plan:?}");
+        // Without the rule, the 2 the group thinks free would go to demo: 10 used of 6.
+        assert_eq!(
+            group.plan_at(1, &cpu(0)).unwrap().grants.get("demo"),
+            Some(&cpu(2))
+        );
+        // Once other reports its 4, nothing is free, and nothing is granted for that reason.
+        group.seeds.get_mut("other").unwrap().report = seed(0, 4, None).report;
+        assert!(group_plan(&group, 1, &cpu(0)).unwrap().grants.is_empty());
+        // Once other uses 1 only, demo gets the 1 left.
+        group.seeds.get_mut("other").unwrap().report = seed(0, 1, None).report;
+        assert_eq!(
+            group_plan(&group, 1, &cpu(0)).unwrap().grants.get("demo"),
+            Some(&cpu(1))
+        );
     }
 
     #[test]
