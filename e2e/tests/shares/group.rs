@@ -32,29 +32,10 @@ pub async fn a_shared_group_caps_the_project_across_seeds(setup: &FleetWithSyste
         )
         .await
         .unwrap();
+    create_group(fleet, GROUP, "customer", GROUP, GROUP_CPU).await;
     let groups = Api::<QuotaGroup>::all(master.clone());
-    let group: QuotaGroup = serde_json::from_value(serde_json::json!({
-        "apiVersion": "kkp-quota.dev/v1alpha1",
-        "kind": "QuotaGroup",
-        "metadata": {"name": GROUP},
-        "spec": {
-            "selector": {"matchLabels": {"customer": GROUP}},
-            "quota": {"cpu": GROUP_CPU.to_string()},
-        },
-    }))
-    .unwrap();
-    groups.create(&PostParams::default(), &group).await.unwrap();
     let quotas = Api::<ProjectQuota>::all(master.clone());
-    wait_for(WAIT, "demo holding a word of the group", || async {
-        let shares = quotas.get(NAME).await.ok()?.status?.shares?;
-        shares
-            .groups
-            .iter()
-            .any(|c| c.group == GROUP && c.version >= 1)
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_holding(fleet, NAME, GROUP).await;
 
     let (stop, stopped) = oneshot::channel();
     let limit = Quantity::from_units(i64::try_from(GROUP_CPU).unwrap());
@@ -107,6 +88,39 @@ pub async fn a_shared_group_caps_the_project_across_seeds(setup: &FleetWithSyste
     wait_for(WAIT, "demo's copy of the group gone", || async {
         let shares = quotas.get(NAME).await.ok()?.status?.shares?;
         shares.groups.is_empty().then_some(())
+    })
+    .await
+    .unwrap();
+}
+
+/// Creates shared group `name` of `cpu` over the projects labelled `key=value`.
+pub async fn create_group(fleet: &e2e::Fleet, name: &str, key: &str, value: &str, cpu: usize) {
+    let group: QuotaGroup = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaGroup",
+        "metadata": {"name": name},
+        "spec": {
+            "selector": {"matchLabels": {key: value}},
+            "quota": {"cpu": cpu.to_string()},
+        },
+    }))
+    .unwrap();
+    Api::<QuotaGroup>::all(fleet.master().client())
+        .create(&PostParams::default(), &group)
+        .await
+        .unwrap();
+}
+
+/// Waits until quota `quota` holds a word of group `group`.
+pub async fn wait_holding(fleet: &e2e::Fleet, quota: &str, group: &str) {
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_for(WAIT, &format!("{quota} holding a word of {group}"), || async {
+        let shares = quotas.get(quota).await.ok()?.status?.shares?;
+        shares
+            .groups
+            .iter()
+            .any(|c| c.group == group && c.version >= 1)
+            .then_some(())
     })
     .await
     .unwrap();

@@ -4,11 +4,12 @@
 //! tighter than the group, and a project labelled into a group it is over.
 
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::{ProjectQuota, Quantity, QuotaGroup, QuotaLedger, Resource};
+use kkp_quota_crds::{Quantity, QuotaGroup, QuotaLedger, Resource};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use tokio::sync::oneshot;
 
+use super::group::{create_group, wait_holding};
 use super::{LIMIT, NAME, WAIT, overrun_watcher_of, settle};
 use e2e::fleet::FleetSpec;
 use e2e::shares::{delete_all, exact_figures, group_overrun_watcher};
@@ -154,8 +155,6 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &Flee
     let _ = stop.send(());
     let checked = watching.await.unwrap();
     assert!(checked > 10, "only {checked} versions checked");
-    // Past here the two projects together may be over the group: one joins it over its room.
-    a_project_labelled_into_a_full_group_admits_nothing_more(fleet).await;
 
     Api::<QuotaGroup>::all(master.clone())
         .delete(PAIR, &DeleteParams::default())
@@ -308,17 +307,7 @@ async fn a_group_lowered_below_usage_admits_nothing_more(fleet: &e2e::Fleet) {
     fill_exactly(fleet, "demo", "gamma", PAIR_CPU / 2).await;
     fill_exactly(fleet, "other", OTHER_CLUSTERS[0], PAIR_CPU / 2).await;
     set_pair_limit(fleet, LOWERED_CPU).await;
-    let groups = Api::<QuotaGroup>::all(fleet.master().client());
-    wait_for(WAIT, "the group QuotaExceeded", || async {
-        let status = groups.get(PAIR).await.ok()?.status?;
-        status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "QuotaExceeded" && c.status == "True")
-            .then_some(())
-    })
-    .await
-    .unwrap();
+    wait_pair_over(fleet).await;
     let named = group_refusal(
         fleet,
         "alpha",
@@ -343,81 +332,6 @@ async fn a_group_lowered_below_usage_admits_nothing_more(fleet: &e2e::Fleet) {
     set_pair_limit(fleet, PAIR_CPU).await;
 }
 
-/// A project labelled into a group whose room it exceeds: `other` (outside the group, 4 cpu of
-/// its own in use) joins while demo uses 4 of the 6. Both keep their Machines and the group says
-/// `QuotaExceeded`. The share `other`'s seeds held from before stays theirs to spend until its
-/// lowered targets reach them (docs/groups.md, `member_report`): a burst at once measures that
-/// window (reported, not asserted); once the seeds hold no room, nothing more is admitted.
-/// `other` labelled out again frees its usage there at once: demo has its 2 back.
-async fn a_project_labelled_into_a_full_group_admits_nothing_more(fleet: &e2e::Fleet) {
-    let projects = Api::<Project>::all(fleet.master().client());
-    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
-    projects
-        .patch("other", &PatchParams::default(), &Patch::Merge(&label(None)))
-        .await
-        .unwrap();
-    fill_exactly(fleet, "other", OTHER_CLUSTERS[0], 4).await;
-    fill_exactly(fleet, "demo", "gamma", 4).await;
-    projects
-        .patch(
-            "other",
-            &PatchParams::default(),
-            &Patch::Merge(&label(Some(PAIR))),
-        )
-        .await
-        .unwrap();
-    let window = tokio::join!(
-        e2e::shares::burst(fleet, "demo", &["alpha"; 4], "joining"),
-        e2e::shares::burst(fleet, "other", &[OTHER_CLUSTERS[1]; 4], "joining"),
-    );
-    let groups = Api::<QuotaGroup>::all(fleet.master().client());
-    wait_for(WAIT, "the group QuotaExceeded with other in it", || async {
-        let status = groups.get(PAIR).await.ok()?.status?;
-        status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == "QuotaExceeded" && c.status == "True")
-            .then_some(())
-    })
-    .await
-    .unwrap();
-    wait_no_room(fleet, &[NAME, OTHER]).await;
-    let past = tokio::join!(
-        e2e::shares::burst(fleet, "demo", &["alpha"; 2], "joined-past"),
-        e2e::shares::burst(fleet, "other", &[OTHER_CLUSTERS[1]; 2], "joined-past"),
-    );
-    eprintln!(
-        "other (4 cpu) labelled into the group of {PAIR_CPU} where demo uses 4: a burst at once admitted {} demo + {} \
-         other from shares held before; once the seeds held no room, {} + {}",
-        window.0, window.1, past.0, past.1
-    );
-    assert_eq!(past, (0, 0), "admitted past the group other joined over its room");
-    projects
-        .patch("other", &PatchParams::default(), &Patch::Merge(&label(None)))
-        .await
-        .unwrap();
-    fill_to(fleet, "demo", "gamma", 4 + window.0, PAIR_CPU).await;
-    let past = e2e::shares::burst(fleet, "demo", &["alpha"; 2], "left-past").await;
-    assert_eq!(past, 0, "admitted past the group once other left");
-    empty_pair(fleet).await;
-}
-
-/// Waits until no seed holds room for another one-cpu Machine of the quotas `names`: its share
-/// less than a cpu above what it commits.
-async fn wait_no_room(fleet: &e2e::Fleet, names: &[&str]) {
-    for seed in e2e::shares::SEEDS {
-        let ledgers = Api::<QuotaLedger>::all(fleet.seed(seed).client());
-        for name in names {
-            wait_for(WAIT, &format!("{name} holding no room on {seed}"), || async {
-                let (committed, share) = exact_figures(&ledgers.get(name).await.ok()?, Resource::Cpu)?;
-                (share.saturating_sub_to_zero(committed) < Quantity::from_units(1)).then_some(())
-            })
-            .await
-            .unwrap();
-        }
-    }
-}
-
 /// Every Machine of both projects deleted, and no seed committing anything for either.
 async fn empty_pair(fleet: &e2e::Fleet) {
     delete_all(fleet, &["alpha", "gamma"]).await;
@@ -436,39 +350,6 @@ async fn machines_in_pair(fleet: &e2e::Fleet) -> usize {
         machines += list.items.len();
     }
     machines
-}
-
-/// Creates shared group `name` of `cpu` over the projects labelled `key=value`.
-async fn create_group(fleet: &e2e::Fleet, name: &str, key: &str, value: &str, cpu: usize) {
-    let group: QuotaGroup = serde_json::from_value(serde_json::json!({
-        "apiVersion": "kkp-quota.dev/v1alpha1",
-        "kind": "QuotaGroup",
-        "metadata": {"name": name},
-        "spec": {
-            "selector": {"matchLabels": {key: value}},
-            "quota": {"cpu": cpu.to_string()},
-        },
-    }))
-    .unwrap();
-    Api::<QuotaGroup>::all(fleet.master().client())
-        .create(&PostParams::default(), &group)
-        .await
-        .unwrap();
-}
-
-/// Waits until quota `quota` holds a word of group `group`.
-async fn wait_holding(fleet: &e2e::Fleet, quota: &str, group: &str) {
-    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
-    wait_for(WAIT, &format!("{quota} holding a word of {group}"), || async {
-        let shares = quotas.get(quota).await.ok()?.status?.shares?;
-        shares
-            .groups
-            .iter()
-            .any(|c| c.group == group && c.version >= 1)
-            .then_some(())
-    })
-    .await
-    .unwrap();
 }
 
 /// Sets the group [`PAIR`]'s limit to `cpu`.
@@ -501,4 +382,19 @@ async fn fill_exactly(fleet: &e2e::Fleet, project: &str, cluster: &str, total: u
         )
         .await;
     }
+}
+
+/// Waits until group [`PAIR`] says `QuotaExceeded`.
+async fn wait_pair_over(fleet: &e2e::Fleet) {
+    let groups = Api::<QuotaGroup>::all(fleet.master().client());
+    wait_for(WAIT, "the group QuotaExceeded", || async {
+        let status = groups.get(PAIR).await.ok()?.status?;
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "QuotaExceeded" && c.status == "True")
+            .then_some(())
+    })
+    .await
+    .unwrap();
 }
