@@ -202,6 +202,14 @@ pub fn ledger_in_sync(
             )
 }
 
+/// Whether the ledger's groups (`spec.shares.groups`, for denials that name a group) are to be
+/// refreshed although its word is in sync: only while the seed has a demand `waiting`, and they
+/// differ from `shares`'. Like `others`, they alone never make a write otherwise: a usage change
+/// in one project would rewrite every other member's ledger on every seed.
+pub fn groups_stale(shares: Option<&LedgerShares>, ledger: &SeedLedger, waiting: bool) -> bool {
+    waiting && shares.is_some_and(|s| s.groups != ledger.groups)
+}
+
 /// A fingerprint of what the master writes into a ledger: the subject, the limits, the
 /// master's word in the share ([`LedgerShares::word`]: `others` only rides along) and the
 /// labels. Two ledgers with the same fingerprint need no write.
@@ -526,6 +534,37 @@ mod tests {
             Policies::rollout_only(Some(&longer)),
             &ledger
         ));
+    }
+
+    #[test]
+    fn groups_are_refreshed_only_while_a_demand_waits() {
+        let group = |others: i64| kkp_quota_crds::LedgerGroup {
+            name: "acme".into(),
+            quota: limits(6),
+            others_usage: limits(others),
+        };
+        let carried = LedgerShares {
+            groups: vec![group(2)],
+            ..LedgerShares::default()
+        };
+        let body = ledger_apply_body(
+            &master(),
+            &limits(4),
+            Some(&carried),
+            Policies::rollout_only(None),
+        );
+        let ledger = SeedLedger::from(&serde_json::from_value::<QuotaLedger>(body).unwrap());
+        let moved = LedgerShares {
+            groups: vec![group(3)],
+            ..LedgerShares::default()
+        };
+        assert!(groups_stale(Some(&moved), &ledger, true));
+        assert!(
+            !groups_stale(Some(&moved), &ledger, false),
+            "no demand: rides along"
+        );
+        assert!(!groups_stale(Some(&carried), &ledger, true), "the same groups");
+        assert!(!groups_stale(None, &ledger, true));
     }
 
     #[test]

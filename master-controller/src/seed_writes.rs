@@ -90,7 +90,7 @@ where
 /// of the persisted share record, never of an unpersisted plan. Returns the view with the
 /// ledger as it is now, and the write's failure (logged and counted here already). While the
 /// seed has a demand waiting (`waiting`), the groups its ledger carries for denials are
-/// refreshed too ([`LedgerShares::groups`]: they alone never make a write otherwise).
+/// refreshed too ([`fanout::groups_stale`]).
 pub(crate) async fn fan_out(
     master_rq: &ResourceQuota,
     limits: &ResourceDetails,
@@ -119,7 +119,7 @@ pub(crate) async fn fan_out(
     let ledger_due = !view.copy.as_ref().is_some_and(|c| {
         (c.deleting && !c.protected)
             || (fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), policies, c)
-                && !(waiting && shares.as_ref().is_some_and(|s| s.groups != c.groups)))
+                && !fanout::groups_stale(shares.as_ref(), c, waiting))
     });
     if !kkp_due && !ledger_due {
         return (view, Ok(()));
