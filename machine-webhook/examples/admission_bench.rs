@@ -183,7 +183,7 @@ impl Mode {
     }
 }
 
-/// CPU ms per create of one mode, by process group, and how busy both cores were meanwhile.
+/// CPU ms per create of one mode, by process group, and how busy all cores were meanwhile.
 struct Cpu {
     apiservers: f64,
     etcds: f64,
@@ -831,12 +831,13 @@ async fn main() -> Result<()> {
     let room_machines = (clients * per_client).div_ceil(20);
     let warm = warm_up(per_client);
 
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let mut md = String::new();
     writeln!(md, "# machine-webhook: admission throughput and latency\n")?;
     writeln!(
         md,
         "Measured by `cargo run --release -p machine-webhook --example admission_bench -- {per_client} {rounds} {clients} {}` \
-         on the shared 2-core build machine, with everything on it: one seed and {} user clusters (each a real etcd + \
+         on a {cores}-core machine (this run's), with everything on it: one seed and {} user clusters (each a real etcd + \
          kube-apiserver, plus the fleet's master), the webhook in-process, and an emulated seed-controller draining \
          the ledger every 100 ms with compare-and-swap writes. {clients} concurrent clients, spread over the user \
          clusters, each creating {per_client} Machines one after another. Five modes, phases interleaved ({rounds} \
@@ -854,7 +855,7 @@ async fn main() -> Result<()> {
     )?;
     writeln!(
         md,
-        "| mode | creates decided/s | ratio to no webhook | ratio to a webhook deciding nothing | create p50 | create p99 | decision p50 | decision p99 | ledger writes per 100 creates | CPU ms per create: user clusters' API servers / their etcds / seed / bench process | both cores busy |"
+        "| mode | creates decided/s | ratio to no webhook | ratio to a webhook deciding nothing | create p50 | create p99 | decision p50 | decision p99 | ledger writes per 100 creates | CPU ms per create: user clusters' API servers / their etcds / seed / bench process | all cores busy |"
     )?;
     writeln!(
         md,
@@ -963,7 +964,7 @@ async fn main() -> Result<()> {
     };
     writeln!(
         md,
-        "Where the throughput goes: every process shares the same 2 cores, so creates/s follows the CPU \
+        "Where the throughput goes: every process shares the same {cores} cores, so creates/s follows the CPU \
          each create costs in all processes together ({:.2} ms without a webhook). Calling a webhook that \
          decides nothing adds {:.2} ms (user clusters' API servers {:+.2}, their etcds {:+.2}, this process \
          {:+.2}, seed {:+.2}); that is the cost of any validating webhook here. Enforcing with allotments adds \

@@ -3,7 +3,7 @@
 //! objects and the admin size catalog. Nothing here calls a cloud API or another
 //! cluster; the admission path only reads these maps.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -29,17 +29,37 @@ pub const SIZE_CATALOG_CONFIGMAP: &str = "kkp-quota-size-catalog";
 /// Its key.
 pub const SIZE_CATALOG_KEY: &str = "catalog.yaml";
 
-/// A watched set of objects, keyed by `namespace/name` (or `name`).
+/// A watched set of objects, keyed by `namespace/name` (or `name`), optionally indexed by one
+/// string an object yields (the project whose quota it is), so that the admission path finds a
+/// project's objects without a pass over every object of the seed.
 #[derive(Debug)]
 pub struct Mirror<K> {
-    objects: RwLock<HashMap<String, Arc<K>>>,
+    store: RwLock<Store<K>>,
+    index: Option<fn(&K) -> Option<String>>,
     synced: AtomicBool,
+}
+
+#[derive(Debug)]
+struct Store<K> {
+    objects: HashMap<String, Arc<K>>,
+    /// Index value → the keys of the objects that yield it (empty without an index).
+    indexed: HashMap<String, BTreeSet<String>>,
+}
+
+impl<K> Default for Store<K> {
+    fn default() -> Self {
+        Store {
+            objects: HashMap::new(),
+            indexed: HashMap::new(),
+        }
+    }
 }
 
 impl<K> Default for Mirror<K> {
     fn default() -> Self {
         Mirror {
-            objects: RwLock::new(HashMap::new()),
+            store: RwLock::new(Store::default()),
+            index: None,
             synced: AtomicBool::new(false),
         }
     }
@@ -53,43 +73,74 @@ fn key_of<K: Resource>(object: &K) -> String {
 }
 
 impl<K: Resource> Mirror<K> {
-    pub fn get(&self, key: &str) -> Option<Arc<K>> {
-        self.objects
+    /// A mirror indexed by what `index` yields for each object ([`Mirror::first_indexed`]).
+    pub fn indexed(index: fn(&K) -> Option<String>) -> Self {
+        Mirror {
+            index: Some(index),
+            ..Mirror::default()
+        }
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Store<K>> {
+        self.store
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(key)
-            .cloned()
+    }
+
+    pub fn get(&self, key: &str) -> Option<Arc<K>> {
+        self.read().objects.get(key).cloned()
     }
 
     /// Every object.
     pub fn all(&self) -> Vec<Arc<K>> {
-        self.objects
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .values()
-            .cloned()
-            .collect()
+        self.read().objects.values().cloned().collect()
     }
 
     /// The first object (by key) that matches.
     pub fn find(&self, mut matches: impl FnMut(&K) -> bool) -> Option<Arc<K>> {
-        let objects = self
-            .objects
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut found: Vec<(&String, &Arc<K>)> = objects.iter().filter(|(_, o)| matches(o)).collect();
+        let store = self.read();
+        let mut found: Vec<(&String, &Arc<K>)> = store.objects.iter().filter(|(_, o)| matches(o)).collect();
         found.sort_by(|a, b| a.0.cmp(b.0));
         found.first().map(|(_, o)| Arc::clone(o))
+    }
+
+    /// The first object (by key) whose index value is `value` (as [`Mirror::find`] would find
+    /// it with the index function as the test, without looking at any other object).
+    pub fn first_indexed(&self, value: &str) -> Option<Arc<K>> {
+        let store = self.read();
+        let key = store.indexed.get(value)?.first()?;
+        store.objects.get(key).cloned()
     }
 
     pub fn is_synced(&self) -> bool {
         self.synced.load(Ordering::SeqCst)
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<K>>> {
-        self.objects
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Store<K>> {
+        self.store
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn insert(&self, store: &mut Store<K>, key: String, object: Arc<K>) {
+        self.unindex(store, &key);
+        if let Some(value) = self.index.and_then(|index| index(&object)) {
+            store.indexed.entry(value).or_default().insert(key.clone());
+        }
+        store.objects.insert(key, object);
+    }
+
+    fn unindex(&self, store: &mut Store<K>, key: &str) {
+        let Some(index) = self.index else { return };
+        let Some(value) = store.objects.get(key).and_then(|old| index(old)) else {
+            return;
+        };
+        if let Some(keys) = store.indexed.get_mut(&value) {
+            keys.remove(key);
+            if keys.is_empty() {
+                store.indexed.remove(&value);
+            }
+        }
     }
 
     /// Applies one watch event. `buffer` collects a relist until it is complete, so readers never
@@ -97,10 +148,14 @@ impl<K: Resource> Mirror<K> {
     fn apply(&self, event: Event<K>, buffer: &mut Option<HashMap<String, Arc<K>>>) {
         match event {
             Event::Apply(object) => {
-                self.write().insert(key_of(&object), Arc::new(object));
+                let mut store = self.write();
+                self.insert(&mut store, key_of(&object), Arc::new(object));
             }
             Event::Delete(object) => {
-                self.write().remove(&key_of(&object));
+                let key = key_of(&object);
+                let mut store = self.write();
+                self.unindex(&mut store, &key);
+                store.objects.remove(&key);
             }
             Event::Init => *buffer = Some(HashMap::new()),
             Event::InitApply(object) => {
@@ -109,7 +164,11 @@ impl<K: Resource> Mirror<K> {
                     .insert(key_of(&object), Arc::new(object));
             }
             Event::InitDone => {
-                *self.write() = buffer.take().unwrap_or_default();
+                let mut listed = Store::default();
+                for (key, object) in buffer.take().unwrap_or_default() {
+                    self.insert(&mut listed, key, object);
+                }
+                *self.write() = listed;
                 self.synced.store(true, Ordering::SeqCst);
             }
         }
@@ -260,12 +319,21 @@ pub fn is_quota_of(object: &impl Resource, project: &str) -> bool {
         && labels.get(SUBJECT_KIND_LABEL).map(String::as_str) == Some(PROJECT_KIND)
 }
 
+/// The project whose quota `object` is (the index of the quota mirrors), as [`is_quota_of`]
+/// reads the labels.
+fn project_of(object: &impl Resource) -> Option<String> {
+    let labels = object.labels();
+    (labels.get(SUBJECT_KIND_LABEL).map(String::as_str) == Some(PROJECT_KIND))
+        .then(|| labels.get(SUBJECT_NAME_LABEL).cloned())
+        .flatten()
+}
+
 impl SeedCache {
     pub fn new() -> SeedCache {
         SeedCache {
-            quotas: Mirror::default(),
+            quotas: Mirror::indexed(project_of),
             quota_changes: tokio::sync::watch::Sender::new(0),
-            kkp_quotas: Mirror::default(),
+            kkp_quotas: Mirror::indexed(project_of),
             clusters: Mirror::default(),
             catalog: RwLock::new(SizeCatalog::shipped()),
             catalog_synced: AtomicBool::new(false),
@@ -348,14 +416,12 @@ impl SeedCache {
 
     /// The project's quota copy, if it has one.
     pub fn quota_for(&self, project: &str) -> Option<Arc<DynamicObject>> {
-        self.quotas.find(|q| is_quota_of(q, project))
+        self.quotas.first_indexed(project)
     }
 
     /// The name of KKP's copy of the project's quota on this seed, if there is one.
     pub fn kkp_quota_for(&self, project: &str) -> Option<String> {
-        self.kkp_quotas
-            .find(|q| is_quota_of(q, project))
-            .map(|q| q.name_any())
+        self.kkp_quotas.first_indexed(project).map(|q| q.name_any())
     }
 
     pub fn cluster(&self, name: &str) -> Option<Arc<Cluster>> {
@@ -443,5 +509,68 @@ impl SeedCache {
 impl Default for SeedCache {
     fn default() -> Self {
         SeedCache::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ledger(name: &str, project: Option<&str>) -> DynamicObject {
+        let mut object = DynamicObject::new(name, &ApiResource::erase::<QuotaLedger>(&()));
+        if let Some(project) = project {
+            object.metadata.labels = Some(
+                [
+                    (SUBJECT_KIND_LABEL.to_owned(), PROJECT_KIND.to_owned()),
+                    (SUBJECT_NAME_LABEL.to_owned(), project.to_owned()),
+                ]
+                .into(),
+            );
+        }
+        object
+    }
+
+    fn name(found: Option<Arc<DynamicObject>>) -> Option<String> {
+        found.map(|o| o.name_any())
+    }
+
+    #[test]
+    fn the_index_finds_what_a_pass_over_every_object_finds() {
+        let mirror: Mirror<DynamicObject> = Mirror::indexed(project_of);
+        let mut buffer = None;
+        for event in [
+            Event::Init,
+            Event::InitApply(ledger("b", Some("demo"))),
+            Event::InitApply(ledger("a", Some("demo"))),
+            Event::InitApply(ledger("c", Some("other"))),
+            Event::InitApply(ledger("d", None)),
+            Event::InitDone,
+        ] {
+            mirror.apply(event, &mut buffer);
+        }
+        let scan = |project: &str| name(mirror.find(|q| is_quota_of(q, project)));
+        for project in ["demo", "other", "none"] {
+            assert_eq!(name(mirror.first_indexed(project)), scan(project), "{project}");
+        }
+        assert_eq!(name(mirror.first_indexed("demo")).as_deref(), Some("a"));
+        // Relabelled: it leaves its old project's entry.
+        mirror.apply(Event::Apply(ledger("a", Some("other"))), &mut buffer);
+        assert_eq!(name(mirror.first_indexed("demo")).as_deref(), Some("b"));
+        assert_eq!(name(mirror.first_indexed("other")).as_deref(), Some("a"));
+        // Deleted, and labels dropped.
+        mirror.apply(Event::Delete(ledger("b", Some("demo"))), &mut buffer);
+        mirror.apply(Event::Apply(ledger("a", None)), &mut buffer);
+        assert_eq!(name(mirror.first_indexed("demo")), None);
+        assert_eq!(name(mirror.first_indexed("other")).as_deref(), Some("c"));
+        // A relist replaces the index with the listed objects'.
+        for event in [
+            Event::Init,
+            Event::InitApply(ledger("e", Some("demo"))),
+            Event::InitDone,
+        ] {
+            mirror.apply(event, &mut buffer);
+        }
+        assert_eq!(name(mirror.first_indexed("demo")).as_deref(), Some("e"));
+        assert_eq!(name(mirror.first_indexed("other")), None);
     }
 }

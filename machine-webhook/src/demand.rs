@@ -72,9 +72,15 @@ pub fn allotment_wanted_back(
     status: Option<&QuotaLedgerStatus>,
     others_waiting: bool,
 ) -> bool {
-    others_waiting
-        || seed_share(spec, status)
-            .is_some_and(|share| share.asked_back(&spec.quota) || overcommitted(spec, status, &share))
+    others_waiting || share_wanted_back(spec, status)
+}
+
+/// The part of [`allotment_wanted_back`] that depends on the ledger alone (the master asks share
+/// back, or the seed commits more than it may): the admission fast path works it out once per
+/// copy, since it sums every reservation.
+pub fn share_wanted_back(spec: &QuotaLedgerSpec, status: Option<&QuotaLedgerStatus>) -> bool {
+    seed_share(spec, status)
+        .is_some_and(|share| share.asked_back(&spec.quota) || overcommitted(spec, status, &share))
 }
 
 /// Whether the seed's committed usage (`localUsage`, reservations and allotments) is above its

@@ -107,8 +107,9 @@ pub struct LedgerSight<'a> {
 /// The answer of [`AllotmentHolder::admit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FastAdmission {
-    /// Admitted from the allotment; `record`: the first admission since the last write, so the
-    /// worker should be woken to record it.
+    /// Admitted from the allotment; `record`: the first admission since the last write, or the
+    /// one that took the allotment past its low-water mark ([`past_low_water`]), so the worker
+    /// should be woken to record it (and, past the mark, to refill at once).
     Admitted { record: bool },
     /// Our allotment is wanted elsewhere: it goes back at the next write (wake the worker), and
     /// the request waits for a write.
@@ -175,6 +176,7 @@ pub enum Holding {
 /// One process's standing in one project's ledger: its allotment, what it admitted from it and
 /// has not recorded yet, its writes' bounds and its backoff.
 #[derive(Debug, Clone, Default)]
+#[allow(clippy::struct_excessive_bools)] // independent facts about the holder, not states of one
 pub struct AllotmentHolder {
     /// The ledger (by UID) our allotment is in.
     quota_uid: Option<String>,
@@ -200,6 +202,21 @@ pub struct AllotmentHolder {
     not_before: Option<Instant>,
     /// Another process waits for headroom: give our allotment back at the next write.
     give_back: bool,
+    /// Half the allotment is spent: the next write (due at once) records it and takes a new one
+    /// while the rest still serves, so that requests do not wait for a refill.
+    top_up: bool,
+}
+
+/// Whether what was admitted from `granted` has reached half of it, for any resource it grants
+/// (the low-water mark at which the holder refills ahead of need).
+pub fn past_low_water(granted: &ResourceDetails, admitted: &ResourceDetails) -> bool {
+    granted.iter().any(|(resource, granted)| {
+        granted > Quantity::ZERO
+            && admitted
+                .amount(resource)
+                .checked_add(admitted.amount(resource))
+                .map_or(true, |twice| twice >= granted)
+    })
 }
 
 impl AllotmentHolder {
@@ -297,6 +314,14 @@ impl AllotmentHolder {
             self.admitted_total = total;
             record = self.admitted.is_empty();
             self.admitted.push((now, reservation));
+            // No write in flight (it would take the refill already): refill now.
+            if !self.top_up
+                && self.cap_in_flight.is_none()
+                && past_low_water(&self.granted, &self.admitted_total)
+            {
+                self.top_up = true;
+                record = true;
+            }
         }
         FastAdmission::Admitted { record }
     }
@@ -364,6 +389,7 @@ impl AllotmentHolder {
             writes,
             requests,
         } = planned;
+        self.top_up = false;
         let start = WriteStart {
             recorded: self.admitted.len(),
             recorded_total: self.admitted_total.clone(),
@@ -489,7 +515,7 @@ impl AllotmentHolder {
             return Some(now);
         }
         // Headroom wanted elsewhere goes back at once (recording what we admitted with it).
-        if self.give_back && self.holding {
+        if (self.give_back || self.top_up) && self.holding {
             return Some(now);
         }
         if let Some((first, _)) = self.admitted.first() {

@@ -63,7 +63,9 @@ impl QuotaState {
         spec: &QuotaLedgerSpec,
         status: Option<&QuotaLedgerStatus>,
     ) -> Result<QuotaState, StateError> {
-        let status = status.cloned().unwrap_or_default();
+        // Borrowed, not cloned: the status holds every reservation.
+        let default_status = QuotaLedgerStatus::default();
+        let status = status.unwrap_or(&default_status);
         status.format_supported().map_err(|e| StateError(e.to_string()))?;
         let local_usage = status.local_usage.clone().unwrap_or_default();
         let other_seeds_usage = match &status.other_seeds_usage {
@@ -74,7 +76,7 @@ impl QuotaState {
                 .unwrap_or_default()
                 .saturating_sub(&local_usage),
         };
-        let seed = shares::objects::seed_share(spec, Some(&status)).map(|share: SeedShare| SeedCapacity {
+        let seed = shares::objects::seed_share(spec, Some(status)).map(|share: SeedShare| SeedCapacity {
             capacity: share.capacity_beside(&spec.quota, &other_seeds_usage),
             others: spec.shares.as_ref().map(|s| s.others.clone()).unwrap_or_default(),
         });
@@ -116,11 +118,21 @@ impl QuotaState {
             .flatten();
         state.allotted = ResourceDetails::checked_sum(others.map(|a| &a.granted))
             .map_err(|e| StateError(e.to_string()))?;
-        state.reserved = state
+        state.with_own_admitted(admitted_from_own)
+    }
+
+    /// A state of [`QuotaState::for_holder`] made with nothing admitted, given what the holder
+    /// has admitted from its allotment since (the fast path keeps one such state per copy of the
+    /// ledger, so that an admission costs no pass over the ledger's reservations).
+    pub fn with_own_admitted(
+        mut self,
+        admitted_from_own: &ResourceDetails,
+    ) -> Result<QuotaState, StateError> {
+        self.reserved = self
             .reserved
             .checked_add(admitted_from_own)
             .map_err(|e| StateError(e.to_string()))?;
-        Ok(state)
+        Ok(self)
     }
 
     /// Takes in an admission decided in a batch, so that the requests after it see it: a

@@ -61,7 +61,7 @@ mod surge;
 mod worker;
 
 pub use config::{AllotmentConfig, ReserverConfig};
-use standing::{Escrow, Plan};
+use standing::{Escrow, HolderView, Plan};
 
 /// Where an admitted Machine lives (for its reservation). A `Cluster` is referred to the same
 /// way: the seed's name in place of the user cluster's, no namespace ([`crate::clusters`]).
@@ -274,40 +274,46 @@ impl Reserver {
             return None;
         }
         let growth = request.ask.growth()?;
+        // Read outside the lock (at most once per resourceVersion), then checked still newest.
+        let view = self.newest_view(project, true);
         let now = Instant::now();
         let holder = self.inner.holder.as_str();
         let mut escrows = lock(&self.inner.escrows);
         let escrow = escrows.get_mut(project)?;
-        let copy = if escrow.holder.holding() {
-            self.newest_parsed(project, escrow)
-        } else {
-            None
-        };
+        let view = view.filter(|view| {
+            escrow.holder.holding()
+                && self
+                    .newest_copy(project, escrow)
+                    .is_some_and(|newest| view.is_of(&newest))
+        });
         let wall = self.inner.config.now();
-        let sight = copy.as_ref().map(|copy| LedgerSight {
-            quota_uid: copy.uid.as_deref(),
-            counted: is_counted(copy.status.as_ref()),
-            wanted_back: allotment_wanted_back(
-                &copy.spec,
-                copy.status.as_ref(),
-                self.inner
-                    .demand_clock
-                    .others_waiting(&copy.name, copy.status.as_ref(), holder, wall),
-            ),
-            own_granted: copy
-                .status
-                .as_ref()
-                .and_then(|s| s.allotments.iter().find(|a| a.holder == holder))
-                .map(|a| &a.granted),
+        let sight = view.as_ref().map(|view| {
+            let copy = &view.copy;
+            LedgerSight {
+                quota_uid: copy.uid.as_deref(),
+                counted: is_counted(copy.status.as_ref()),
+                wanted_back: view.share_wanted_back
+                    || self
+                        .inner
+                        .demand_clock
+                        .others_waiting(&copy.name, copy.status.as_ref(), holder, wall),
+                own_granted: copy
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.allotments.iter().find(|a| a.holder == holder))
+                    .map(|a| &a.granted),
+            }
         });
         let mut verdict = None;
-        let limit = copy.as_ref().map(|c| c.spec.quota.clone()).unwrap_or_default();
+        let limit = view
+            .as_ref()
+            .map(|v| v.copy.spec.quota.clone())
+            .unwrap_or_default();
         let answer = escrow
             .holder
             .admit(now, sight.as_ref(), &limit, &growth, |admitted| {
-                let copy = copy.as_ref()?;
-                let state =
-                    QuotaState::for_holder(&copy.spec, copy.status.as_ref(), holder, admitted).ok()?;
+                let base = view.as_ref()?.state.clone()?;
+                let state = base.with_own_admitted(admitted).ok()?;
                 let decided = decide(project, Some(&state), request);
                 if !decided.allowed || decided.reason != Reason::Fits {
                     return None;
@@ -355,19 +361,31 @@ impl Reserver {
         }
     }
 
-    /// [`Self::newest_copy`], parsed (once per resourceVersion).
-    fn newest_parsed(&self, project: &str, escrow: &mut Escrow) -> Option<Arc<QuotaCopy>> {
-        self.notice_restore(escrow);
-        let object = self.newest_copy(project, escrow)?;
-        if let Some(parsed) = &escrow.parsed
-            && parsed.uid == object.metadata.uid
-            && parsed.resource_version == object.metadata.resource_version
-        {
-            return Some(Arc::clone(parsed));
+    /// [`Self::newest_copy`] as the fast path reads it ([`HolderView`]), worked out once per
+    /// resourceVersion and outside the lock; `None` when there is no copy, it cannot be read,
+    /// or (`holding_only`) we hold no allotment in it.
+    fn newest_view(&self, project: &str, holding_only: bool) -> Option<Arc<HolderView>> {
+        let object = {
+            let mut escrows = lock(&self.inner.escrows);
+            let escrow = escrows.get_mut(project)?;
+            if holding_only && !escrow.holder.holding() {
+                return None;
+            }
+            self.notice_restore(escrow);
+            let object = self.newest_copy(project, escrow)?;
+            if let Some(view) = &escrow.parsed
+                && view.is_of(&object)
+            {
+                return Some(Arc::clone(view));
+            }
+            object
+        };
+        let view = Arc::new(HolderView::of(&object, &self.inner.holder).ok()?);
+        // Kept even if another request read a newer copy meanwhile: the next one reads again.
+        if let Some(escrow) = lock(&self.inner.escrows).get_mut(project) {
+            escrow.parsed = Some(Arc::clone(&view));
         }
-        let parsed = Arc::new(QuotaCopy::from_dynamic(&object).ok()?);
-        escrow.parsed = Some(Arc::clone(&parsed));
-        Some(parsed)
+        Some(view)
     }
 
     fn known_copy(&self, project: &str) -> Option<Arc<DynamicObject>> {

@@ -114,20 +114,21 @@ impl Reserver {
 
     /// Whether our allotment is wanted back ([`allotment_wanted_back`]; marks it to go back).
     pub(super) fn allotment_wanted_back(&self, project: &str) -> bool {
+        let Some(view) = self.newest_view(project, false) else {
+            return false;
+        };
+        let copy = &view.copy;
+        let waiting = view.share_wanted_back
+            || self.inner.demand_clock.others_waiting(
+                &copy.name,
+                copy.status.as_ref(),
+                &self.inner.holder,
+                self.inner.config.now(),
+            );
         let mut escrows = lock(&self.inner.escrows);
         let Some(escrow) = escrows.get_mut(project) else {
             return false;
         };
-        let Some(copy) = self.newest_parsed(project, escrow) else {
-            return false;
-        };
-        let others = self.inner.demand_clock.others_waiting(
-            &copy.name,
-            copy.status.as_ref(),
-            &self.inner.holder,
-            self.inner.config.now(),
-        );
-        let waiting = allotment_wanted_back(&copy.spec, copy.status.as_ref(), others);
         escrow.holder.wanted_back(waiting)
     }
 

@@ -154,9 +154,10 @@ fn a_conflict_restores_the_bound_and_a_lost_answer_keeps_it() {
     let w = h.begin_write(t0, planned(&cpu(4), None, false));
     assert_eq!(admit(&mut h, t0, &cpu(4), 2, 1), FastAdmission::Wait);
     h.write_failed(&w, true);
+    // Admitted; the allotment is past its low-water mark with no write in flight: a refill.
     assert_eq!(
         admit(&mut h, t0, &cpu(4), 2, 1),
-        FastAdmission::Admitted { record: false }
+        FastAdmission::Admitted { record: true }
     );
     // Again, and this time the outcome is unknown: the bound stays for the next write.
     let w = h.begin_write(t0, planned(&cpu(4), None, false));
@@ -369,4 +370,42 @@ fn what_we_record_on_a_new_ledger_moves_out_of_our_carried_entry() {
         h.carried_after(Some("m"), Some(&cpu(4)), &cpu(1)),
         Some(CarriedChange::Shrinks(cpu(3)))
     );
+}
+
+#[test]
+fn half_the_allotment_spent_refills_at_once_while_the_rest_serves() {
+    let config = AllotmentConfig::default();
+    let t0 = Instant::now();
+    let mut h = holding(8, t0, &config);
+    assert_eq!(
+        admit(&mut h, t0, &cpu(8), 1, 1),
+        FastAdmission::Admitted { record: true }
+    );
+    assert_eq!(h.upkeep_due(t0, &config, false), Some(t0 + config.record_after));
+    assert_eq!(
+        admit(&mut h, t0, &cpu(8), 2, 2),
+        FastAdmission::Admitted { record: false }
+    );
+    // 4 of 8: the low-water mark. The worker is woken and writes now, not after `record_after`.
+    assert_eq!(
+        admit(&mut h, t0, &cpu(8), 3, 1),
+        FastAdmission::Admitted { record: true }
+    );
+    assert_eq!(h.upkeep_due(t0, &config, false), Some(t0));
+    // The refill's write is in flight: the old allotment still serves, up to its end, and no
+    // second refill is asked for meanwhile.
+    let w = h.begin_write(t0, planned(&cpu(8), Some(cpu(10)), false));
+    assert_eq!(
+        admit(&mut h, t0, &cpu(8), 4, 3),
+        FastAdmission::Admitted { record: false }
+    );
+    assert_eq!(admit(&mut h, t0, &cpu(8), 5, 2), FastAdmission::Wait);
+    h.landed(t0, Some("l"), &w, config.ttl);
+    // The write recorded the first 4; the 3 admitted during it are recorded by the next.
+    assert_eq!(h.admitted_total(), &cpu(3));
+    assert_eq!(h.granted(), &cpu(10));
+    assert!(!past_low_water(&cpu(10), &cpu(4)));
+    assert!(past_low_water(&cpu(10), &cpu(5)));
+    // A resource the allotment does not grant never counts.
+    assert!(!past_low_water(&cpu(10), &cpu_mem(1, 64)));
 }
