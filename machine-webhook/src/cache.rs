@@ -314,9 +314,7 @@ pub fn word_version(ledger: &DynamicObject) -> Option<u64> {
 
 /// Whether a quota object is the project's quota (by labels, never by name).
 pub fn is_quota_of(object: &impl Resource, project: &str) -> bool {
-    let labels = object.labels();
-    labels.get(SUBJECT_NAME_LABEL).map(String::as_str) == Some(project)
-        && labels.get(SUBJECT_KIND_LABEL).map(String::as_str) == Some(PROJECT_KIND)
+    project_of(object).as_deref() == Some(project)
 }
 
 /// The project whose quota `object` is (the index of the quota mirrors), as [`is_quota_of`]
