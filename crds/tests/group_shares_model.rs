@@ -7,10 +7,14 @@
 //! Random interleavings of admissions, deletions, seed releases, project rounds (plan, grant,
 //! release to the group, report), group rounds, and words and reports delayed, reordered,
 //! duplicated and lost; a project master or the group's master restarting (what it read is
-//! gone, its record stays). After every step: what the seeds hold and use together stays within
-//! the group's limit, and each project's within its own. After each run, a liveness phase heals
-//! everything and checks that a lone seed with demand gets all the headroom its project and
-//! group leave within a bounded number of fair rounds.
+//! gone, its record stays); a project labelled out of the group and back in, each master reading
+//! the label at its own time. After every step: what the seeds of the projects the group bounds
+//! hold and use together stays within the group's limit (or, after a project joined over the
+//! group's room, within what they held when it came in, coming down as that does: it keeps its
+//! Machines and the group admits nothing more), and each project's within its own. After each
+//! run, a liveness phase labels every project in, heals everything and checks that a lone seed
+//! with demand gets all the headroom its project and group leave within a bounded number of fair
+//! rounds.
 //!
 //! `PROPTEST_CASES` sets the number of runs (default 2000, about a second).
 #![allow(
@@ -71,13 +75,30 @@ fn whole(q: Quantity) -> f64 {
 
 /// One seed's copy of one project's quota: its share, the limit its project sent with it, what
 /// it uses (admitted, not deleted), and a demand while a request waits.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct SeedCopy {
     share: SeedShare,
     limit: Rd,
     used: i64,
     demand: Option<i64>,
     version: u64,
+    /// The word it holds was sent while its project's master saw the project in the group
+    /// (until one is, it admits within what its project gave it before: a limit and shares
+    /// from outside the group, which travel like any lowered limit).
+    bounded: bool,
+}
+
+impl Default for SeedCopy {
+    fn default() -> SeedCopy {
+        SeedCopy {
+            share: SeedShare::default(),
+            limit: Rd::default(),
+            used: 0,
+            demand: None,
+            version: 0,
+            bounded: true,
+        }
+    }
 }
 
 impl SeedCopy {
@@ -102,6 +123,10 @@ struct Project {
     budget_lost: bool,
     /// The group's word (and limit) it read last while `budget_lost`.
     pending: Option<(MasterWord, Rd)>,
+    /// Whether its master sees it selected by the group (its labels, through a cache that may
+    /// lag the label's write): a member plans within its budget and reports; a project that is
+    /// not plans within its own limit alone and holds no copy of a budget.
+    member: bool,
     seeds: BTreeMap<&'static str, SeedCopy>,
 }
 
@@ -109,6 +134,9 @@ impl Project {
     /// The group's word read (from its record, through a cache): taken as the copy's if newer;
     /// while the copy is lost, kept for the next round to take through `first_budget`.
     fn read_word(&mut self, word: MasterWord, limit: Rd) {
+        if !self.member {
+            return;
+        }
         if self.budget_lost {
             self.pending = Some((word, limit));
         } else if self.budget.receive(&word) {
@@ -124,6 +152,8 @@ enum Message {
         seed: &'static str,
         word: MasterWord,
         limit: Rd,
+        /// Sent by a round of a project that was in the group.
+        bounded: bool,
     },
     SeedReport {
         project: usize,
@@ -157,6 +187,15 @@ struct World {
     history: Vec<Vec<(MasterWord, Rd)>>,
     /// Off only to show what `first_budget` prevents.
     first_budget_rule: bool,
+    /// Each project's label as written: whether the group selects it.
+    label: Vec<bool>,
+    /// Whether the group's master sees each project selected (its cache may lag the label).
+    group_sees: Vec<bool>,
+    /// What the seeds of the selected projects may hold together (nanocores): the group's
+    /// ceiling, or more while a project that joined over the group's room holds what it brought
+    /// (docs/groups.md: it keeps its Machines, and the group admits nothing more). It only
+    /// comes down again as what they hold does.
+    allowance: i128,
     projects: Vec<Project>,
     bag: Vec<Message>,
 }
@@ -215,6 +254,18 @@ enum Op {
         project: usize,
         index: usize,
     },
+    /// The admin labels a project into the group, or out of it.
+    Relabel {
+        project: usize,
+    },
+    /// The group's master reads the project's label as it is now.
+    GroupSeesLabel {
+        project: usize,
+    },
+    /// The project's master reads its label as it is now.
+    ProjectSeesLabel {
+        project: usize,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -234,7 +285,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (2..14i64).prop_map(|limit| Op::SetGroupLimit { limit }),
         1 => Just(Op::LoseGroupRecord),
         1 => p.clone().prop_map(|project| Op::LoseProjectRecord { project }),
-        2 => (p, any::<usize>()).prop_map(|(project, index)| Op::StaleWord { project, index }),
+        2 => (p.clone(), any::<usize>()).prop_map(|(project, index)| Op::StaleWord { project, index }),
+        1 => p.clone().prop_map(|project| Op::Relabel { project }),
+        2 => p.clone().prop_map(|project| Op::GroupSeesLabel { project }),
+        2 => p.prop_map(|project| Op::ProjectSeesLabel { project }),
     ]
 }
 
@@ -260,6 +314,7 @@ impl World {
                 group_limit: cpu(group_limit),
                 budget_lost: false,
                 pending: None,
+                member: true,
                 seeds: SEEDS.iter().map(|s| (*s, SeedCopy::default())).collect(),
             })
             .collect();
@@ -277,6 +332,9 @@ impl World {
             revision: 0,
             history: vec![Vec::new(); PROJECTS.len()],
             first_budget_rule: true,
+            label: vec![true; PROJECTS.len()],
+            group_sees: vec![true; PROJECTS.len()],
+            allowance: nanos(&cpu(group_limit)),
             projects,
             bag: Vec::new(),
         }
@@ -353,12 +411,17 @@ impl World {
             p.budget_lost = false;
         }
         let group_limit = p.group_limit.clone();
-        p.view.limit = member_limit(&p.own, [(&p.budget, &group_limit)]);
+        let member = p.member;
+        p.view.limit = if member {
+            member_limit(&p.own, [(&p.budget, &group_limit)])
+        } else {
+            p.own.clone()
+        };
         let plan = p.view.plan_at(old_version + 1, &slack()).unwrap();
         p.view.apply(&plan).unwrap();
         let unmet = p.view.seeds.values().any(|r| r.unmet(&p.view.limit));
         let due = member_release_due(&p.budget, &group_limit, &p.view, &slack(), quiet && !unmet).unwrap();
-        if !due.is_empty() && !p.budget_lost {
+        if member && !due.is_empty() && !p.budget_lost {
             p.budget.release(&due).unwrap();
         }
         p.version = old_version + 1;
@@ -377,7 +440,7 @@ impl World {
             }),
         };
         // The seeds' limit: the project's own, or the group's where the project sets none.
-        let limit = if p.own.get(Resource::Cpu).is_some() {
+        let limit = if p.own.get(Resource::Cpu).is_some() || !member {
             p.own.clone()
         } else {
             group_limit
@@ -401,9 +464,12 @@ impl World {
                 seed,
                 word,
                 limit: limit.clone(),
+                bounded: member,
             });
         }
-        self.send(Message::ProjectReport { project, report });
+        if member {
+            self.send(Message::ProjectReport { project, report });
+        }
     }
 
     fn group_round(&mut self) {
@@ -413,7 +479,9 @@ impl World {
         self.group_version = old_version + 1;
         let version = self.group_version;
         for (project, name) in PROJECTS.iter().enumerate() {
-            let r = &self.group.seeds[*name];
+            let Some(r) = self.group.seeds.get(*name) else {
+                continue;
+            };
             let word = MasterWord {
                 version,
                 granted: r.granted.clone(),
@@ -442,11 +510,13 @@ impl World {
                 seed,
                 word,
                 limit,
+                bounded,
             } => {
                 let copy = self.projects[project].seeds.get_mut(seed).unwrap();
                 if copy.share.receive(&word) {
                     copy.limit = limit;
                     copy.version += 1;
+                    copy.bounded = bounded;
                 }
             }
             Message::SeedReport {
@@ -459,11 +529,10 @@ impl World {
             }
             Message::ToProject { project, word, limit } => self.projects[project].read_word(word, limit),
             Message::ProjectReport { project, report } => {
-                self.group
-                    .seeds
-                    .get_mut(PROJECTS[project])
-                    .unwrap()
-                    .observe(report);
+                // A report of a project the group does not select is not read.
+                if let Some(record) = self.group.seeds.get_mut(PROJECTS[project]) {
+                    record.observe(report);
+                }
             }
         }
     }
@@ -519,6 +588,7 @@ impl World {
                 self.group.limit = cpu(limit);
                 if limit > units_of(&self.ceiling) {
                     self.ceiling = cpu(limit);
+                    self.allowance = self.allowance.max(nanos(&self.ceiling));
                 }
             }
             Op::LoseGroupRecord => {
@@ -534,6 +604,11 @@ impl World {
                     self.projects[project].read_word(word, limit);
                 }
             }
+            Op::Relabel { project } => {
+                self.label[project] = !self.label[project];
+            }
+            Op::GroupSeesLabel { project } => self.group_sees_label(project),
+            Op::ProjectSeesLabel { project } => self.project_sees_label(project),
             Op::LoseProjectRecord { project } => {
                 let p = &mut self.projects[project];
                 for record in p.view.seeds.values_mut() {
@@ -547,6 +622,105 @@ impl World {
         }
     }
 
+    /// The group's master reads `project`'s label: a project selected anew gets an empty entry
+    /// (no budget, no report yet), one no longer selected leaves the record, its budget free.
+    fn group_sees_label(&mut self, project: usize) {
+        let selected = self.label[project];
+        if selected == self.group_sees[project] {
+            return;
+        }
+        self.group_sees[project] = selected;
+        let name = PROJECTS[project].to_owned();
+        if selected {
+            self.group.seeds.insert(name, SeedRecord::new());
+        } else {
+            self.group.seeds.remove(&name);
+        }
+    }
+
+    /// The project's master reads its label: selected anew, it holds no copy of a budget and
+    /// takes its first word through `first_budget`; no longer selected, it drops its copy and
+    /// plans within its own limit.
+    fn project_sees_label(&mut self, project: usize) {
+        let selected = self.label[project];
+        let p = &mut self.projects[project];
+        if selected == p.member {
+            return;
+        }
+        p.member = selected;
+        p.budget = SeedShare::default();
+        p.budget_lost = selected;
+        p.pending = None;
+    }
+
+    /// Whether the group bounds `project` now: labelled into it, its master planning within
+    /// it, and every seed holding a word of such a round. Until then its seeds admit within what
+    /// they were given from outside the group, and what they hold when it is bounded is brought
+    /// in ([`World::run_checked`]).
+    fn bounded(&self, project: usize) -> bool {
+        let p = &self.projects[project];
+        self.label[project] && p.member && p.seeds.values().all(|c| c.bounded)
+    }
+
+    /// `op`, then the check. A project the group comes to bound in this step brings in what
+    /// its seeds held before it (with what was on its way): the allowance rises to what the
+    /// projects bound now held then, and nothing more may be taken in the step itself.
+    fn run_checked(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        let before: Vec<(bool, i128)> = (0..PROJECTS.len())
+            .map(|p| (self.bounded(p), self.held_granted(p)))
+            .collect();
+        self.run(op);
+        if (0..PROJECTS.len()).any(|p| self.bounded(p) && !before[p].0) {
+            let held: i128 = (0..PROJECTS.len())
+                .filter(|p| self.bounded(*p))
+                .map(|p| before[p].1)
+                .sum();
+            self.allowance = self.allowance.max(held);
+        }
+        self.check()?;
+        self.lower_allowance();
+        Ok(())
+    }
+
+    /// Once a step is done: the allowance comes down with what the selected projects hold
+    /// (their shares on the way counted), never below the group's ceiling.
+    fn lower_allowance(&mut self) {
+        let held = self.held_members(Self::held_granted);
+        self.allowance = nanos(&self.ceiling).max(self.allowance.min(held));
+    }
+
+    /// `held` summed over the projects the group bounds ([`World::bounded`]).
+    fn held_members(&self, held: fn(&World, usize) -> i128) -> i128 {
+        (0..PROJECTS.len())
+            .filter(|p| self.bounded(*p))
+            .map(|p| held(self, p))
+            .sum()
+    }
+
+    /// [`World::held`], with what is on its way counted: each seed's share as its project's
+    /// record grants it where that is more, and the project's budget as its copy or the group's
+    /// record has it where that is more than its seeds hold (granted, not yet planned).
+    fn held_granted(&self, project: usize) -> i128 {
+        let p = &self.projects[project];
+        let seeds: i128 = p
+            .seeds
+            .iter()
+            .map(|(name, c)| {
+                let granted = p.view.seeds.get(*name).map_or(0, |r| nanos(&r.share_seen()));
+                nanos(&c.share.share())
+                    .max(i128::from(c.used) * UNIT)
+                    .max(granted)
+            })
+            .sum();
+        let budget = self
+            .group
+            .seeds
+            .get(PROJECTS[project])
+            .map_or(0, |r| nanos(&r.share_seen()))
+            .max(nanos(&p.budget.share()));
+        seeds.max(budget)
+    }
+
     /// What the seeds hold or use, per project: `max(share, used)` per seed.
     fn held(&self, project: usize) -> i128 {
         self.projects[project]
@@ -557,11 +731,12 @@ impl World {
     }
 
     fn check(&self) -> Result<(), TestCaseError> {
-        let group_limit = nanos(&self.ceiling);
-        let held: i128 = (0..PROJECTS.len()).map(|p| self.held(p)).sum();
+        let allowance = self.allowance;
+        let held = self.held_members(Self::held);
         prop_assert!(
-            held <= group_limit,
-            "the seeds hold or use {held} of the group's {group_limit} (nanocores): {}",
+            held <= allowance,
+            "the seeds of the selected projects hold or use {held} where {allowance} is allowed (the group's {} nanocores): {}",
+            nanos(&self.ceiling),
             self.summary()
         );
         for (i, p) in self.projects.iter().enumerate() {
@@ -607,16 +782,20 @@ impl World {
             )
         };
         let mut out = format!(
-            "\ngroup limit {} v{}\n",
+            "\ngroup limit {} v{}, allowance {}, labelled {:?}, the group sees {:?}\n",
             units(&self.group_limit),
-            self.group_version
+            self.group_version,
+            self.allowance,
+            self.label,
+            self.group_sees
         );
         for (name, r) in &self.group.seeds {
             out += &format!("  group's {name}: {}\n", record(r));
         }
         for (i, p) in self.projects.iter().enumerate() {
             out += &format!(
-                "project {i}: own {:?} limit {:?} v{} budget {}\n",
+                "project {i}: member {} own {:?} limit {:?} v{} budget {}\n",
+                p.member,
                 p.own.get(Resource::Cpu).map(whole),
                 p.view.limit.get(Resource::Cpu).map(whole),
                 p.version,
@@ -636,6 +815,17 @@ impl World {
             }
         }
         out
+    }
+
+    /// `amount` admitted on `project`'s first seed, with fair rounds until it is.
+    fn settle(&mut self, project: usize, amount: i64) {
+        for _ in 0..LIVENESS_ROUNDS {
+            if self.admit(project, SEEDS[0], amount) {
+                return;
+            }
+            self.fair_round((project, SEEDS[0]));
+        }
+        panic!("not admitted: {}", self.summary());
     }
 
     /// Every message delivered but the group's (its master is away).
@@ -691,8 +881,32 @@ fn own_limit() -> impl Strategy<Value = Option<i64>> {
 fn check_run(group_limit: i64, own: [Option<i64>; 2], ops: &[Op]) -> Result<(), TestCaseError> {
     let mut world = World::new(group_limit, own);
     for op in ops {
-        world.run(op);
-        world.check()?;
+        world.run_checked(op)?;
+    }
+    // Every project labelled into the group, every master aware of it, and every seed holding
+    // a word of it; checked step by step, as what a project brings in is.
+    for project in 0..PROJECTS.len() {
+        if !world.label[project] {
+            world.run_checked(&Op::Relabel { project })?;
+        }
+        world.run_checked(&Op::GroupSeesLabel { project })?;
+        world.run_checked(&Op::ProjectSeesLabel { project })?;
+    }
+    for round in [false, true] {
+        while !world.bag.is_empty() {
+            world.run_checked(&Op::Deliver {
+                index: 0,
+                keep: false,
+            })?;
+        }
+        if !round {
+            for project in 0..PROJECTS.len() {
+                world.run_checked(&Op::ProjectRound {
+                    project,
+                    quiet: false,
+                })?;
+            }
+        }
     }
     // Liveness: deliveries healed, everything deleted, demands lapsed; seed s0 of project p0 asks for all the
     // headroom its project and group leave.
@@ -772,7 +986,7 @@ fn a_rebuilt_budget_does_not_take_back_what_the_group_gave_away() {
     assert!(
         overrun
             .to_string()
-            .contains("hold or use 6000000000 of the group's 4000000000"),
+            .contains("hold or use 6000000000 where 4000000000 is allowed"),
         "{overrun}"
     );
 }
@@ -780,20 +994,11 @@ fn a_rebuilt_budget_does_not_take_back_what_the_group_gave_away() {
 fn rebuilt_budget_scenario(first_budget_rule: bool) -> Result<(), TestCaseError> {
     let mut world = World::new(4, [None, None]);
     world.first_budget_rule = first_budget_rule;
-    let settle = |world: &mut World, project: usize, amount: i64| {
-        for _ in 0..LIVENESS_ROUNDS {
-            if world.admit(project, SEEDS[0], amount) {
-                return;
-            }
-            world.fair_round((project, SEEDS[0]));
-        }
-        panic!("not admitted: {}", world.summary());
-    };
-    settle(&mut world, 0, 4);
+    world.settle(0, 4);
     let early = world.history[0].len() - 1;
     // p0's Machines go; p1 wants 3: p0's budget moves to p1.
     world.projects[0].seeds.get_mut(SEEDS[0]).unwrap().used = 0;
-    settle(&mut world, 1, 3);
+    world.settle(1, 3);
     assert_eq!(world.held(1), 3 * UNIT);
     // p0's record is lost; its master reads the group's word from before the move, and the
     // group's master is away. Its seeds take the rebuilt record's epoch, then it grants.
@@ -819,4 +1024,113 @@ fn rebuilt_budget_scenario(first_budget_rule: bool) -> Result<(), TestCaseError>
         world.check()?;
     }
     Ok(())
+}
+
+/// A project labelled into the group while it uses 5 of its own, where the other uses 4 of the
+/// group's 6 and asks for 2 more, and the group's master reads the label before the newcomer's
+/// report: the group grants nothing on what it believes free (the newcomer's use), neither
+/// before the report nor after it (the two are over the group together), and the member gets
+/// its 2 once the newcomer's Machines are gone.
+#[test]
+fn a_project_joining_over_the_room_gets_the_group_nothing_more() {
+    joining_scenario().unwrap();
+}
+
+fn joining_scenario() -> Result<(), TestCaseError> {
+    let mut world = World::new(6, [Some(10), Some(10)]);
+    // p1 leaves the group and uses 5 of its own; p0 uses 4 of the group's 6.
+    for op in [
+        Op::Relabel { project: 1 },
+        Op::GroupSeesLabel { project: 1 },
+        Op::ProjectSeesLabel { project: 1 },
+    ] {
+        world.run_checked(&op)?;
+    }
+    world.settle(1, 5);
+    world.settle(0, 4);
+    for _ in 0..3 {
+        world.fair_round((1, SEEDS[1]));
+    }
+    let budget_before = world.group.seeds["p0"].share_seen();
+    // p1 is labelled in; both masters read the label, p1 plans within the group (nothing yet)
+    // and its seeds take that; its report to the group has not arrived.
+    for op in [
+        Op::Relabel { project: 1 },
+        Op::GroupSeesLabel { project: 1 },
+        Op::ProjectSeesLabel { project: 1 },
+        Op::ProjectRound {
+            project: 1,
+            quiet: false,
+        },
+    ] {
+        world.run_checked(&op)?;
+    }
+    let (held_back, rest): (Vec<Message>, Vec<Message>) = std::mem::take(&mut world.bag)
+        .into_iter()
+        .partition(|m| matches!(m, Message::ProjectReport { project: 1, .. }));
+    world.bag = rest;
+    while !world.bag.is_empty() {
+        world.run_checked(&Op::Deliver {
+            index: 0,
+            keep: false,
+        })?;
+    }
+    // p0 asks for 2 more; its report reaches the group, which plans before p1's arrives.
+    world.run_checked(&Op::Admit {
+        project: 0,
+        seed: 0,
+        amount: 2,
+    })?;
+    for op in [
+        Op::SeedReport { project: 0, seed: 0 },
+        Op::Deliver {
+            index: 0,
+            keep: false,
+        },
+        Op::ProjectRound {
+            project: 0,
+            quiet: false,
+        },
+    ] {
+        world.run_checked(&op)?;
+    }
+    world
+        .bag
+        .retain(|m| matches!(m, Message::ProjectReport { project: 0, .. }));
+    for op in [
+        Op::Deliver {
+            index: 0,
+            keep: false,
+        },
+        Op::GroupRound,
+    ] {
+        world.run_checked(&op)?;
+    }
+    prop_assert!(
+        budget_before.covers(&world.group.seeds["p0"].share_seen()),
+        "{}",
+        world.summary()
+    );
+    // p1's report arrives; rounds go on while both keep their Machines: nothing for p0, whose
+    // target leaves room for none of it (6 less p1's 5: 1, below the 4 it uses).
+    world.bag.extend(held_back);
+    for _ in 0..4 {
+        world.fair_round((0, SEEDS[0]));
+        world.check()?;
+        prop_assert!(
+            !world.admit(0, SEEDS[0], 2),
+            "admitted over the group: {}",
+            world.summary()
+        );
+    }
+    prop_assert!(
+        budget_before.covers(&world.group.seeds["p0"].share_seen()),
+        "{}",
+        world.summary()
+    );
+    prop_assert_eq!(&world.group.seeds["p0"].target, &cpu(1), "{}", world.summary());
+    // p1's Machines go: p0 gets its 2.
+    world.projects[1].seeds.get_mut(SEEDS[0]).unwrap().used = 0;
+    world.settle(0, 2);
+    world.check()
 }

@@ -275,7 +275,7 @@ fn overrun_watcher_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bursts_across_seeds_never_overrun() {
     // Project `other` with a cluster on each seed, for the group over two projects.
-    let setup = setup_of(group_pair::with_other(shares_fleet())).await;
+    let mut setup = setup_of(group_pair::with_other(shares_fleet())).await;
     let fleet = &setup.fleet;
     let (stop, stopped) = oneshot::channel();
     let watching = overrun_watcher(fleet, stopped);
@@ -335,7 +335,7 @@ async fn bursts_across_seeds_never_overrun() {
 
     clusters::cluster_creates_admit_exactly_the_room(&setup).await;
     group::a_shared_group_caps_the_project_across_seeds(&setup).await;
-    group_pair::a_group_over_two_projects_admits_its_room_across_seeds(&setup).await;
+    group_pair::a_group_over_two_projects_admits_its_room_across_seeds(&mut setup).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -402,18 +402,7 @@ async fn seeds_keep_within_their_shares_while_the_master_is_down() {
     // After the restart, rebalancing resumes: seed-a alone gets the whole quota. The new
     // process leads once the killed one's lease has expired (15 s), and is ready once its
     // caches are synced.
-    let master = setup.system.component_mut(&master_name).unwrap();
-    master.restart().unwrap();
-    let master = &*master;
-    wait_for(WAIT, "the restarted master leading and ready", || async {
-        let leads = master
-            .scrape()
-            .await
-            .is_ok_and(|m| sample(&m, "kkp_quota_master_leader") == Some(1.0));
-        leads && master.is_ready().await
-    })
-    .await
-    .unwrap();
+    restart_master(&mut setup, &master_name).await;
     // Seed-b's burst left a demand (so that a retry there would find share): while it lives,
     // seed-b's idle share is its own. Once it lapses, seed-a can have everything.
     wait_no_demands(&setup.fleet, &["seed-a", "seed-b"]).await;
@@ -1127,6 +1116,23 @@ async fn a_drained_seed_hands_its_share_back(setup: &mut FleetWithSystem) {
 }
 
 /// The fleet's master-controller component.
+/// Starts the killed master-controller `name` again and waits until it leads (once the killed
+/// process's lease has expired) and is ready (its caches synced).
+async fn restart_master(setup: &mut FleetWithSystem, name: &str) {
+    let master = setup.system.component_mut(name).unwrap();
+    master.restart().unwrap();
+    let master = &*master;
+    wait_for(WAIT, "the restarted master leading and ready", || async {
+        let leads = master
+            .scrape()
+            .await
+            .is_ok_and(|m| sample(&m, "kkp_quota_master_leader") == Some(1.0));
+        leads && master.is_ready().await
+    })
+    .await
+    .unwrap();
+}
+
 fn master_controller(setup: &mut FleetWithSystem) -> &mut e2e::system::Component {
     let name = setup
         .system

@@ -467,8 +467,34 @@ fn plan_resource(
         }
     }
 
-    // A limit lowered below use: squeeze targets below committed until they sum to the limit.
-    // Seeds then admit nothing more, and release whatever their use frees.
+    // Usage no target covers (a catalog edit, a project that joined a group over its room)
+    // fills the limit as targets do: the other seeds' targets are squeezed, below what they
+    // commit if need be, until targets and that usage sum to the limit. They then admit nothing
+    // more, give back what their webhooks hold, and release whatever their use frees.
+    let uncovered: Vec<Quantity> = records
+        .iter()
+        .zip(&targets)
+        .map(|(record, target)| {
+            record
+                .committed_seen(resource)
+                .map_or(Quantity::ZERO, |committed| {
+                    committed.saturating_sub_to_zero(*target)
+                })
+        })
+        .collect();
+    let total = targets
+        .iter()
+        .chain(&uncovered)
+        .try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
+    let mut squeeze = total.saturating_sub_to_zero(limit);
+    for (target, uncovered) in targets.iter_mut().zip(&uncovered) {
+        if *uncovered == Quantity::ZERO {
+            let take = (*target).min(squeeze);
+            *target = target.saturating_sub_to_zero(take);
+            squeeze = squeeze.saturating_sub_to_zero(take);
+        }
+    }
+    // A limit lowered below use: every target squeezed until they sum to the limit.
     let total = targets
         .iter()
         .try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
@@ -623,6 +649,27 @@ mod tests {
         let plan = v.plan(&cpu(0)).unwrap();
         assert_eq!(plan.grants["a"], cpu(7));
         assert_eq!(plan.targets["a"], cpu(9));
+    }
+
+    #[test]
+    fn usage_above_a_share_squeezes_the_room_of_others() {
+        // Limit 6 (a group): demo holds 6 and reports 6 committed (one of them a webhook's
+        // allotment, returned later); other joined using 4 on no share. Demo's target goes
+        // below what it commits, so that it gives back what is not in use and admits nothing.
+        let v = view(
+            6,
+            vec![("demo", seed(6, 0, 6, None)), ("other", seed(0, 0, 4, None))],
+        );
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.targets["demo"], cpu(2), "{plan:?}");
+        assert_eq!(plan.targets["other"], cpu(0));
+        assert!(plan.grants.is_empty());
+        // Other's use gone to 1: demo's target is back to what it holds.
+        let v = view(
+            6,
+            vec![("demo", seed(6, 0, 5, None)), ("other", seed(0, 0, 1, None))],
+        );
+        assert_eq!(v.plan(&cpu(0)).unwrap().targets["demo"], cpu(5));
     }
 
     #[test]
