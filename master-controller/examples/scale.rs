@@ -63,6 +63,10 @@ struct Args {
     pprof: Option<PathBuf>,
     #[arg(long, default_value_t = 30)]
     pprof_seconds: u64,
+    /// A flag passed on to the controller (repeatable), e.g. `--controller-flag=--resync-period=5s`
+    /// to have its periodic resync fall inside the timed edits.
+    #[arg(long = "controller-flag", allow_hyphen_values = true)]
+    controller_flags: Vec<String>,
 }
 
 const CONVERGE_WITHIN: Duration = Duration::from_mins(20);
@@ -463,14 +467,13 @@ async fn main() -> Result<()> {
 
     // The controller, as its own process, built in the same profile as this program.
     let metrics_address = std::net::SocketAddr::from(([127, 0, 0, 1], e2e::system::free_port()?));
-    let component = ComponentSpec::workspace_bin(
-        "master-controller",
-        vec![
-            format!("--kubeconfig={}", dir.path().join("master.kubeconfig").display()),
-            format!("--metrics-address={metrics_address}"),
-            "--no-leader-election".to_owned(),
-        ],
-    )?;
+    let mut flags = vec![
+        format!("--kubeconfig={}", dir.path().join("master.kubeconfig").display()),
+        format!("--metrics-address={metrics_address}"),
+        "--no-leader-election".to_owned(),
+    ];
+    flags.extend(args.controller_flags.iter().cloned());
+    let component = ComponentSpec::workspace_bin("master-controller", flags)?;
     let component = match &args.heaptrack {
         Some(file) => heaptracked(component, file),
         None => component,
@@ -574,10 +577,15 @@ async fn main() -> Result<()> {
     writeln!(out, "# master-controller at scale\n")?;
     writeln!(
         out,
-        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}` on {} (shared), {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
+        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}{}` on {} (shared), {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
         args.projects,
         args.seeds,
         args.samples,
+        args.controller_flags
+            .iter()
+            .map(|f| format!(" --controller-flag={f}"))
+            .collect::<Vec<_>>()
+            .concat(),
         e2e::bench::host(),
         jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
         args.seeds,

@@ -1,7 +1,7 @@
 //! The wiring: one watch of the master's `ResourceQuota`s (a kube-runtime `Controller`), one
 //! watch of quota copies per seed (see [`crate::seeds`]) whose events are merged into that
 //! controller, the default-quota loop, the orphan sweep, the quota groups' statuses
-//! ([`crate::groups`]) and a periodic resync.
+//! ([`crate::groups`]) and a periodic resync spread over its period ([`crate::resync`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -272,18 +272,7 @@ async fn run_as_leader(
             future::ready(())
         });
 
-    let resync = {
-        let all_tx = all_tx.clone();
-        let period = options.resync_period;
-        async move {
-            let mut ticker = tokio::time::interval(period);
-            ticker.tick().await;
-            loop {
-                ticker.tick().await;
-                let _ = all_tx.send(());
-            }
-        }
-    };
+    let resync = crate::resync::run(quotas.clone(), one_tx.clone(), options.resync_period);
 
     let ready = {
         let (quotas, projects, project_quotas, settings, readiness) = (

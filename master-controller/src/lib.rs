@@ -39,6 +39,7 @@ pub mod metrics;
 pub mod not_in_force;
 pub mod project_series;
 mod reconcile;
+pub mod resync;
 pub mod seed_ledger;
 mod seed_writes;
 pub mod seeds;
