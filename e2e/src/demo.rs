@@ -127,6 +127,34 @@ pub async fn write_demo_group(fleet: &Fleet, webhook: std::net::SocketAddr, ca_p
     Ok(())
 }
 
+/// The demo's shared quota group (docs/groups.md, "Shared mode"): what `demo` and `other` run
+/// together, over every seed, at most [`DEMO_SHARED_CPU`] cpu.
+pub const DEMO_SHARED_GROUP: &str = "demo-co-usage";
+pub const DEMO_SHARED_CPU: &str = "18";
+
+/// Creates [`DEMO_SHARED_GROUP`] over the projects labelled into [`DEMO_GROUP`] (after
+/// [`write_demo_group`]) and waits until `other`'s quota is in force where it has clusters.
+pub async fn write_demo_shared_group(fleet: &Fleet) -> Result<()> {
+    let group: kkp_quota_crds::QuotaGroup = serde_json::from_value(serde_json::json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaGroup",
+        "metadata": {"name": DEMO_SHARED_GROUP},
+        "spec": {
+            "selector": {"matchLabels": {"customer": DEMO_GROUP}},
+            "quota": {"cpu": DEMO_SHARED_CPU},
+        },
+    }))?;
+    Api::<kkp_quota_crds::QuotaGroup>::all(fleet.master().client())
+        .patch(
+            DEMO_SHARED_GROUP,
+            &PatchParams::apply("kkp-quota-demo").force(),
+            &Patch::Apply(&group),
+        )
+        .await
+        .context("creating the demo's shared group")?;
+    wait_in_force(fleet, "other", Duration::from_mins(2)).await
+}
+
 /// Waits until `project`'s quota is in force wherever the project has a user cluster, as a user
 /// sees it: every seed's `QuotaLedger` is counted (seed-controller wrote `status.localUsage`),
 /// and a dry-run create of a 1-cpu Machine through each user cluster is admitted. Between a

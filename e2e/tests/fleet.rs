@@ -240,6 +240,22 @@ async fn check_demo_project(fleet_dir: &std::path::Path) {
         .await
         .unwrap();
 
+    // The shared group over demo and other selects both (its status lists them).
+    let groups = Api::<kkp_quota_crds::QuotaGroup>::all(client_for("master").await);
+    wait_for(
+        Duration::from_mins(1),
+        "the shared group over both projects",
+        || {
+            let groups = groups.clone();
+            async move {
+                let status = groups.get(e2e::demo::DEMO_SHARED_GROUP).await.ok()?.status?;
+                (status.projects == ["demo", "other"]).then_some(())
+            }
+        },
+    )
+    .await
+    .unwrap();
+
     // deploy/examples: the small Machine is admitted and counted up to the master ...
     let machines = Api::<Machine>::namespaced(alpha, "kube-system");
     machines
@@ -466,14 +482,15 @@ async fn the_demo_binary_runs_the_system_and_tears_down_on_sigterm() {
 
     let members: Vec<serde_json::Value> =
         serde_json::from_str(&std::fs::read_to_string(fleet_dir.join("fleet.json")).unwrap()).unwrap();
-    assert_eq!(members.len(), 6);
+    // The default fleet and `other`'s user cluster `delta` (the demo's shared group).
+    assert_eq!(members.len(), 7);
     check_demo_project(&fleet_dir).await;
 
     let pid = guard.0.as_ref().unwrap().id();
     let processes = procfs::children(pid);
     assert_eq!(
         processes.len(),
-        23,
+        26,
         "etcd, kube-apiserver and kube-controller-manager per cluster, master-controller, a seed-controller and a webhook per seed"
     );
     let status = Command::new("kill")

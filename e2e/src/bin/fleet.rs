@@ -61,10 +61,10 @@ async fn main() -> Result<()> {
 
     let started = Instant::now();
     let (host, spec) = if args.node {
-        let spec = FleetSpec::default().with_pod_address(node::NODE_ADDRESS);
+        let spec = demo_spec().with_pod_address(node::NODE_ADDRESS);
         (Some(node::NodeHost::prepare()?), spec)
     } else {
-        (None, FleetSpec::default())
+        (None, demo_spec())
     };
     let fleet = tokio::select! {
         fleet = Fleet::start(spec) => fleet?,
@@ -184,7 +184,13 @@ async fn report_exits_until(
     }
 }
 
-/// The demo project's quota (in force before this returns) and the demo's quota group, each
+/// The fleet the demo runs: [`FleetSpec::default`], with a user cluster for project `other`
+/// (`delta` on seed-b), so that the shared group over `demo` and `other` has both at work.
+fn demo_spec() -> FleetSpec {
+    FleetSpec::default().with_user_cluster("delta", "seed-b", "other")
+}
+
+/// The demo project's quota (in force before this returns) and the demo's quota groups, each
 /// with a log line saying what to try.
 async fn write_demo(fleet: &Fleet, running: &System, dir: &std::path::Path) -> Result<()> {
     demo::write_demo_project(fleet).await?;
@@ -197,6 +203,14 @@ async fn write_demo(fleet: &Fleet, running: &System, dir: &std::path::Path) -> R
         "quota group `{}` allocates 32 cpu and 128Gi to projects demo and other (kubectl --kubeconfig {dir}/master.kubeconfig get qgroup -o wide); \
          raising their quotas past it is refused",
         demo::DEMO_GROUP,
+        dir = dir.display()
+    );
+    demo::write_demo_shared_group(fleet).await?;
+    tracing::info!(
+        "quota group `{}` lets demo and other run {} cpu together over every seed; other's user cluster is `delta` \
+         (kubectl --kubeconfig {dir}/delta.kubeconfig apply -f deploy/examples/machine-small.yaml)",
+        demo::DEMO_SHARED_GROUP,
+        demo::DEMO_SHARED_CPU,
         dir = dir.display()
     );
     tracing::info!(

@@ -51,9 +51,10 @@ pub async fn clusters_are_counted(master: kube::Client, seed_b: kube::Client) {
     wait_counted(3, [2, 1]).await;
 }
 
-/// Project `other` has no cluster anywhere. Given a quota of one cluster, its ledger on seed-a is
-/// counted all the same (at zero), so its first `Cluster` there is admitted, and a second one is
-/// refused, saying how many it has of how many.
+/// Project `other` has no cluster on seed-a (its one cluster, `delta`, is on seed-b). Given a
+/// quota of two clusters, its ledger on seed-a is counted all the same (at zero), so its first
+/// `Cluster` there is admitted, and a second one is refused, saying how many it has of how many
+/// (counted over every seed).
 pub async fn a_projects_first_cluster_on_a_seed_is_admitted(master: kube::Client, seed_a: kube::Client) {
     use kkp_quota_crds::{ProjectQuota, Quantity, QuotaLedger, Resource, ResourceQuota};
     use kube::api::{Patch, PatchParams};
@@ -77,10 +78,10 @@ pub async fn a_projects_first_cluster_on_a_seed_is_admitted(master: kube::Client
         .patch(
             "project-other",
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"quota": {"clusters": "1"}}})),
+            &Patch::Merge(serde_json::json!({"spec": {"quota": {"clusters": "2"}}})),
         )
         .await
-        .expect("a limit of one cluster");
+        .expect("a limit of two clusters");
     let ledgers = Api::<QuotaLedger>::all(seed_a.clone());
     wait_for(
         WAIT,
@@ -88,7 +89,7 @@ pub async fn a_projects_first_cluster_on_a_seed_is_admitted(master: kube::Client
         || async {
             let ledger = ledgers.get("project-other").await.ok()?;
             (ledger.status?.local_usage.is_some()
-                && ledger.spec.quota.get(Resource::Clusters) == Some(Quantity::from_units(1)))
+                && ledger.spec.quota.get(Resource::Clusters) == Some(Quantity::from_units(2)))
             .then_some(())
         },
     )
@@ -104,10 +105,10 @@ pub async fn a_projects_first_cluster_on_a_seed_is_admitted(master: kube::Client
     let refused = clusters
         .create(&PostParams::default(), &of_other("other-second"))
         .await
-        .expect_err("a second cluster over a limit of one");
+        .expect_err("a third cluster over a limit of two");
     assert!(
         refused.to_string().contains(
-            r#"cluster "other-second" cannot be created: project "other" has 1 of 1 clusters; delete a cluster or ask an admin to raise the limit"#
+            r#"cluster "other-second" cannot be created: project "other" has 2 of 2 clusters; delete a cluster or ask an admin to raise the limit"#
         ),
         "{refused}"
     );
