@@ -132,7 +132,8 @@ pub struct QuotaGroupStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub by_seed: Vec<NamedUsage>,
-    /// `Enforced`, `QuotaExceeded`, `SeedsStale`, `ProjectsUncounted`, `SelectorInvalid`
+    /// `Enforced`, `QuotaExceeded`, `AllocationExceeded`, `SeedsStale`, `ProjectsUncounted`,
+    /// `SelectorInvalid`, `GrantsHeld`
     /// (docs/groups.md), every one always present.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

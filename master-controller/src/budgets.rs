@@ -18,7 +18,8 @@ use kkp_quota_crds::project_quota::GroupBudget;
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::{self, Member};
 use kkp_quota_crds::shares::group::{
-    first_budget, group_plan, member_demand, member_held, member_limit, member_release_due, member_report,
+    first_budget, group_plan, holding_back, member_demand, member_held, member_limit, member_release_due,
+    member_report,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
 use kkp_quota_crds::{LedgerGroup, QuantityError, QuotaGroup, ResourceDetails};
@@ -288,6 +289,16 @@ pub async fn group_round(
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The members `group`'s record grants nothing for while they stay as they are
+/// ([`holding_back`]: not reported, or holding no word of its epoch), as its next round reads
+/// them: what the group's `GrantsHeld` condition names.
+pub fn grants_held(group: &QuotaGroup, members: &[Member]) -> Vec<String> {
+    let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
+    let mut view = budgets::group_view(&group.spec.quota, record, members);
+    let (old_version, _) = view.adopt(record.map_or(0, |r| r.version));
+    holding_back(&view, old_version + 1)
 }
 
 /// The plan of one group round, pure: the compare-and-swap patch, the plan, the view before it

@@ -160,6 +160,23 @@ pub fn group_plan(view: &MasterView, version: u64, slack: &ResourceDetails) -> R
     Ok(plan)
 }
 
+/// The members a group's plan at `version` ([`group_plan`]) grants nothing for: those that have
+/// not reported, and those whose report holds no word of the record's epoch yet. A member that
+/// stays here (its share rounds keep failing, or it cannot take the group's word) holds back
+/// every grant of its group: the group's status names it (`GrantsHeld`).
+pub fn holding_back(view: &MasterView, version: u64) -> Vec<String> {
+    let mut names: Vec<String> = view
+        .seeds
+        .iter()
+        .filter(|(_, member)| member.report.is_none())
+        .map(|(name, _)| name.clone())
+        .chain(view.awaited(version).into_iter().map(str::to_owned))
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// The budget a project gives back to a group now: [`SeedShare::release_due`] of its share of
 /// the group, over what its seeds hold ([`member_held`]). Must be written in the same
 /// compare-and-swap of the project's record as the seeds' grants `project` was planned with.
@@ -245,6 +262,33 @@ mod tests {
             group_plan(&group, 1, &cpu(0)).unwrap().grants.get("demo"),
             Some(&cpu(1))
         );
+    }
+
+    #[test]
+    fn the_members_that_hold_grants_back_are_named() {
+        let epoch = crate::shares::master::epoch_start(1 << 32);
+        let holding = |word: u64| {
+            let mut member = seed(2, 2, None);
+            member.report.as_mut().unwrap().holds = Some(MasterWord {
+                version: word,
+                ..MasterWord::default()
+            });
+            member
+        };
+        let mut group = MasterView {
+            limit: cpu(6),
+            seeds: [
+                ("demo".to_owned(), holding(epoch)),
+                ("other".to_owned(), SeedRecord::new()),
+                ("third".to_owned(), holding(5)),
+            ]
+            .into(),
+        };
+        // other has not reported; third holds a word of the epoch before.
+        assert_eq!(holding_back(&group, epoch + 1), ["other", "third"]);
+        group.seeds.get_mut("other").unwrap().report = holding(epoch).report;
+        group.seeds.get_mut("third").unwrap().report = holding(epoch).report;
+        assert!(holding_back(&group, epoch + 1).is_empty());
     }
 
     #[test]

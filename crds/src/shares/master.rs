@@ -231,9 +231,19 @@ impl MasterView {
     /// does a retiring one that still reports; one that left the fleet (retiring, unreachable,
     /// never read by this master) does not: nobody writes to it any more.
     pub fn awaiting_epoch(&self, version: u64) -> bool {
+        !self.awaited(version).is_empty()
+    }
+
+    /// The seeds [`MasterView::awaiting_epoch`] waits for (none in epoch 0): for status and
+    /// logs, which say who holds grants back.
+    pub fn awaited(&self, version: u64) -> Vec<&str> {
         let start = epoch_start(version);
-        start > 0
-            && self.seeds.values().any(|r| {
+        if start == 0 {
+            return Vec::new();
+        }
+        self.seeds
+            .iter()
+            .filter(|(_, r)| {
                 // A seed that left the fleet is neither read nor written: it takes no word, so
                 // it holds nothing back (its share stays counted as the record has it).
                 let left = r.retiring && !r.reachable && r.report.is_none();
@@ -242,6 +252,8 @@ impl MasterView {
                         .as_ref()
                         .is_none_or(|rep| rep.holds.as_ref().map_or(0, |w| w.version) < start)
             })
+            .map(|(name, _)| name.as_str())
+            .collect()
     }
 
     /// [`MasterView::plan`] for a record at `version`: while it awaits its epoch

@@ -516,11 +516,23 @@ async fn wait_no_room(fleet: &e2e::Fleet, names: &[&str]) {
     }
 }
 
-/// Every Machine of both projects deleted, and no seed committing anything for either.
+/// Every Machine of both projects deleted, no seed committing anything for either, and the
+/// master counting none.
 async fn empty_pair(fleet: &e2e::Fleet) {
     delete_all(fleet, &["alpha", "gamma"]).await;
     delete_all(fleet, &OTHER_CLUSTERS).await;
     wait_idle_of(fleet, &[NAME, OTHER]).await;
+    // And the master's global usage folded back to nothing: a scenario's overrun watcher that
+    // starts next reads it first, and must not find the last scenario's Machines there.
+    let quotas = Api::<kkp_quota_crds::ProjectQuota>::all(fleet.master().client());
+    for name in [NAME, OTHER] {
+        wait_for(WAIT, &format!("{name}'s global usage folded to none"), || async {
+            let global = quotas.get(name).await.ok()?.status?.global_usage?;
+            (global.amount(Resource::Cpu) == Quantity::ZERO).then_some(())
+        })
+        .await
+        .unwrap();
+    }
 }
 
 /// How many Machines the four clusters of the two projects hold.

@@ -154,16 +154,19 @@ async fn one_pass(
     for group in groups.iter().cloned() {
         // The budgets first: the status write below moves the group's resourceVersion, and
         // the budget write is a compare-and-swap.
-        if group.spec.mode == GroupMode::Shared {
+        let held = if group.spec.mode == GroupMode::Shared {
             let newest = sources.book.newest(&group);
-            budget_round(api, &newest, &projects, (&by_name, &in_force), sources).await;
-        }
+            Some(budget_round(api, &newest, &projects, (&by_name, &in_force), sources).await)
+        } else {
+            None
+        };
         match write_status(
             api,
             &group,
             &projects,
             &quotas,
             (&books, sources.allocation_webhook),
+            held.as_deref(),
             written,
         )
         .await
@@ -189,14 +192,15 @@ async fn one_pass(
 }
 
 /// A `shared` group's budget round ([`crate::budgets::group_round`]); on a write, the members'
-/// share rounds run, to take the new word.
+/// share rounds run, to take the new word. Returns the members that hold its grants back
+/// ([`crate::budgets::grants_held`]).
 async fn budget_round(
     api: &Api<QuotaGroup>,
     group: &QuotaGroup,
     projects: &[Arc<Project>],
     (quotas, in_force): (&BTreeMap<String, &ProjectQuota>, &BTreeMap<&str, &ResourceQuota>),
     sources: &Sources,
-) {
+) -> Vec<String> {
     let name = group.name_any();
     let members = status::members(&group.spec, projects.iter().map(Arc::as_ref), quotas, in_force);
     let read: Vec<Member> = members
@@ -208,14 +212,17 @@ async fn budget_round(
         .collect();
     match crate::budgets::group_round(api, group, &read, sources.share_slack_percent).await {
         Ok(Some(written)) => {
+            let held = crate::budgets::grants_held(&written, &read);
             sources.book.wrote(written);
             for (_, quota) in &members {
                 let _ = sources.reconcile.send(quota.name_any());
             }
+            held
         }
-        Ok(None) => {}
+        Ok(None) => crate::budgets::grants_held(group, &read),
         Err(e) => {
             warn!(group = %name, error = %e, "could not write the group's budgets; retrying on the next change");
+            crate::budgets::grants_held(group, &read)
         }
     }
 }
@@ -288,9 +295,10 @@ async fn write_status(
     projects: &[Arc<Project>],
     quotas: &[Arc<ProjectQuota>],
     (books, checked): (&Books, bool),
+    held: Option<&[String]>,
     written: &HashMap<String, QuotaGroupStatus>,
 ) -> Result<Option<QuotaGroupStatus>, crate::Error> {
-    let (mut wanted, desired) = status::desired(
+    let (mut wanted, mut desired) = status::desired(
         &group.spec,
         projects.iter().map(Arc::as_ref),
         quotas.iter().map(Arc::as_ref),
@@ -298,6 +306,7 @@ async fn write_status(
         checked,
     )
     .map_err(crate::Error::Quantity)?;
+    desired.push(status::grants_held(held));
     let current = group
         .uid()
         .and_then(|uid| written.get(&uid).cloned())

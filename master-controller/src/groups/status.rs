@@ -34,6 +34,7 @@ pub const SEEDS_STALE: &str = "SeedsStale";
 pub const PROJECTS_UNCOUNTED: &str = "ProjectsUncounted";
 pub const SELECTOR_INVALID: &str = "SelectorInvalid";
 pub const ALLOCATION_EXCEEDED: &str = "AllocationExceeded";
+pub const GRANTS_HELD: &str = "GrantsHeld";
 
 /// The status a group should have (conditions without their times), from what the caches hold.
 pub fn desired<'a>(
@@ -191,6 +192,37 @@ fn invalid_selector(why: &str, mode: GroupMode, checked: bool) -> Vec<Desired> {
             format!("the selector cannot be read: {why}; no project is selected"),
         ),
     ]
+}
+
+/// `GrantsHeld`: a `shared` group grants no budget to any member while some member has not
+/// reported to it, or holds no word of its record's epoch (`held`, from the budget round; `None`
+/// for an `allocation` group, which has no budgets). Brief when a project joins; lasting, it
+/// names the member whose share rounds do not run or fail.
+pub fn grants_held(held: Option<&[String]>) -> Desired {
+    match held {
+        None => condition(
+            GRANTS_HELD,
+            false,
+            "NoBudgets",
+            "an allocation group moves no budget".to_owned(),
+        ),
+        Some([]) => condition(
+            GRANTS_HELD,
+            false,
+            "AllMembersReporting",
+            "every member has reported to the group's current record".to_owned(),
+        ),
+        Some(names) => condition(
+            GRANTS_HELD,
+            true,
+            "MembersNotReporting",
+            format!(
+                "no budget is granted to any member until projects {} report to this group (a project that just joined does within a round; \
+                 if this lasts, see their ProjectQuota's conditions and master-controller's log for why their share rounds do not run)",
+                names.join(", ")
+            ),
+        ),
+    }
 }
 
 fn condition(type_: &'static str, status: bool, reason: &str, message: String) -> Desired {
@@ -551,6 +583,20 @@ mod tests {
             find(&valid, type_);
         }
         assert!(!find(&conditions, SEEDS_STALE).status);
+    }
+
+    #[test]
+    fn members_holding_grants_back_are_named() {
+        let held = ["other".to_owned()];
+        let said = grants_held(Some(&held));
+        assert!(said.status, "{said:?}");
+        assert!(
+            said.message.contains("until projects other report"),
+            "{}",
+            said.message
+        );
+        assert!(!grants_held(Some(&[])).status);
+        assert_eq!(grants_held(None).reason, "NoBudgets");
     }
 
     #[test]
