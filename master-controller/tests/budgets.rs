@@ -7,21 +7,30 @@
 //! group moves `demo`'s budget (asked back, released by its seed, given to `other`); what the
 //! seeds are granted never exceeds the group's 6 cpu, though each project alone allows 10; the
 //! group deleted, each project is bounded by its own quota alone again.
+//!
+//! `GrantsHeld` on the same fleet (seed-a only): the API server refuses every status write of
+//! `other`'s `ProjectQuota` (a `ValidatingAdmissionPolicy`), so its share rounds fail and it
+//! never reports to the group; the group names it and grants `demo` nothing though `demo` asks;
+//! the policy's binding deleted, `other` reports, the hold lifts and both are granted.
 
 #![allow(clippy::too_many_lines)] // a scenario reads top to bottom
 
 mod common;
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use common::*;
 use e2e::{Fleet, FleetSpec, wait_for};
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kkp_quota_crds::fixtures::cpu;
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::project_quota::ShareRecord;
+use kkp_quota_crds::project_quota::{GrantRecord, GroupBudget, ShareRecord};
 use kkp_quota_crds::{
     ProjectQuota, Quantity, QuotaGroup, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
 };
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -98,6 +107,43 @@ impl World {
             "the seeds hold {held:?} of the group's 6"
         );
         Ok(())
+    }
+
+    /// The group's condition `type_`.
+    async fn group_condition(&self, type_: &str) -> Result<Condition> {
+        self.group()
+            .await?
+            .status
+            .unwrap_or_default()
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == type_)
+            .context(format!("no {type_} condition"))
+    }
+
+    /// `project`'s entry in the group's budget record.
+    async fn budget_of(&self, project: &str) -> Result<GrantRecord> {
+        let record = self
+            .group()
+            .await?
+            .status
+            .and_then(|s| s.budgets)
+            .context("no budgets")?;
+        record
+            .projects
+            .into_iter()
+            .find(|p| p.name == project)
+            .context(format!("{project} is not in the group's record"))
+    }
+
+    /// `quota`'s copy of its budget in the group (its report to the group).
+    async fn copy_of(&self, quota: &str) -> Result<GroupBudget> {
+        self.record(quota)
+            .await?
+            .groups
+            .into_iter()
+            .find(|c| c.group == GROUP)
+            .context(format!("{quota} holds no copy of the group"))
     }
 
     async fn ledger_granted(&self, seed: &str, quota: &str) -> Result<Quantity> {
@@ -249,6 +295,240 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
     })
     .await
     .context("the group deleted")?;
+    ensure!(!w.controller.is_finished(), "the controller stopped");
+    Ok(())
+}
+
+/// The policy (and its binding) that makes `other`'s share rounds fail for real.
+const REFUSING: &str = "refuse-status-of-project-other";
+/// What the API server answers a refused write with (the policy's message).
+const REFUSED: &str = "test fault: status writes of this ProjectQuota are refused";
+
+/// A `ValidatingAdmissionPolicy` and its binding that refuse every write (update, patch) of
+/// `quota`'s `ProjectQuota` status, and nobody else's: that project's share round writes its
+/// record there, so every round of it fails, and it never reports to its groups.
+fn refusing_status_writes(
+    quota: &str,
+) -> Result<(ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding)> {
+    let policy = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": REFUSING},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{
+                "apiGroups": ["kkp-quota.dev"],
+                "apiVersions": ["*"],
+                "operations": ["UPDATE"],
+                "resources": ["projectquotas/status"],
+            }]},
+            "validations": [{
+                "expression": format!("object.metadata.name != '{quota}'"),
+                "message": REFUSED,
+            }],
+        },
+    }))?;
+    let binding = serde_json::from_value(json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": REFUSING},
+        "spec": {"policyName": REFUSING, "validationActions": ["Deny"]},
+    }))?;
+    Ok((policy, binding))
+}
+
+/// The projects a `GrantsHeld` message names ("... until projects a, b report to this group ...").
+fn named_as_held(message: &str) -> Option<Vec<&str>> {
+    let (_, rest) = message.split_once("until projects ")?;
+    let (names, _) = rest.split_once(" report to this group")?;
+    Some(names.split(", ").collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_cannot_report_holds_the_groups_grants() -> Result<()> {
+    let fleet = Fleet::start(
+        FleetSpec::empty()
+            .with_seed("seed-a")
+            .with_project("demo")
+            .with_project("other"),
+    )
+    .await?;
+    let controller = Running::start(fleet.master().client(), options()).await?;
+    let w = World { controller, fleet };
+    let master = w.fleet.master().client();
+    let [(healthy, healthy_quota), (held, held_quota)] = PROJECTS;
+    let quotas: Api<ResourceQuota> = Api::all(master.clone());
+    let projects: Api<Project> = Api::all(master.clone());
+    for (project, quota) in PROJECTS {
+        create_quota(&quotas, quota, project, cpu(10)).await?;
+        let label = json!({"metadata": {"labels": {"customer": "acme"}}});
+        projects
+            .patch(project, &PatchParams::default(), &Patch::Merge(&label))
+            .await?;
+    }
+    // Both projects' share rounds run, before any fault: each one's record is written and its
+    // seed's ledger is there.
+    wait_for(DEADLINE, "each project's record and ledger", || async {
+        for (_, quota) in PROJECTS {
+            w.record(quota).await?;
+            Api::<QuotaLedger>::all(w.seed("seed-a"))
+                .get_opt(quota)
+                .await?
+                .context(format!("no ledger {quota} on seed-a"))?;
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .context("before the fault")?;
+    let healthy_granted_before = w.ledger_granted("seed-a", healthy_quota).await?;
+
+    // The fault: other's ProjectQuota status cannot be written any more. In force once a dry run
+    // of such a write is refused (the API server reads policies through an informer), while
+    // demo's is still admitted.
+    let (policy, binding) = refusing_status_writes(held_quota)?;
+    Api::<ValidatingAdmissionPolicy>::all(master.clone())
+        .create(&PostParams::default(), &policy)
+        .await?;
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(master.clone());
+    bindings.create(&PostParams::default(), &binding).await?;
+    let pqs: Api<ProjectQuota> = Api::all(master.clone());
+    let dry_run = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let probe = json!({"status": {}});
+    wait_for(DEADLINE, "the policy in force", || async {
+        match pqs
+            .patch_status(held_quota, &dry_run, &Patch::Merge(&probe))
+            .await
+        {
+            Err(kube::Error::Api(e)) if e.message.contains(REFUSED) => {}
+            other => bail!("a status write of {held_quota}: {other:?}"),
+        }
+        pqs.patch_status(healthy_quota, &dry_run, &Patch::Merge(&probe))
+            .await
+            .context(format!("a status write of {healthy_quota}"))?;
+        Ok(())
+    })
+    .await
+    .context("the fault")?;
+    let errors_before = w
+        .controller
+        .metrics
+        .reconcile_errors
+        .with_label_values(&["quota"])
+        .get();
+
+    // The group over both; demo asks for 4 (within its 10 and the group's 6), other for 1.
+    let group: QuotaGroup = serde_json::from_value(json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaGroup",
+        "metadata": {"name": GROUP},
+        "spec": {"selector": {"matchLabels": {"customer": "acme"}}, "quota": {"cpu": "6"}},
+    }))?;
+    Api::<QuotaGroup>::all(master.clone())
+        .create(&PostParams::default(), &group)
+        .await?;
+    w.demand("seed-a", healthy_quota, Some(4)).await?;
+    w.demand("seed-a", held_quota, Some(1)).await?;
+
+    // demo takes its word and reports its demand; other cannot: the group names other alone.
+    wait_for(DEADLINE, "GrantsHeld naming other alone", || async {
+        let copy = w.copy_of(healthy_quota).await?;
+        ensure!(
+            copy.version >= 1
+                && copy
+                    .demand
+                    .as_ref()
+                    .is_some_and(|d| cpu_of(d) >= Quantity::from_units(4)),
+            "{healthy} reported {copy:?}"
+        );
+        let condition = w.group_condition("GrantsHeld").await?;
+        ensure!(
+            condition.status == "True" && condition.reason == "MembersNotReporting",
+            "{condition:?}"
+        );
+        let named = named_as_held(&condition.message);
+        ensure!(named == Some(vec![held]), "held: {named:?} in {condition:?}");
+        Ok(())
+    })
+    .await
+    .context("the group held")?;
+    ensure!(
+        w.record(held_quota).await?.groups.is_empty(),
+        "{held} reported to the group through the policy"
+    );
+
+    // demo's demand is planned (its target in the record covers it: the round that read the
+    // demand wrote it), and nothing is granted: not in the record, not to its seed.
+    let budget = wait_for(DEADLINE, "demo's demand planned", || async {
+        let budget = w.budget_of(healthy).await?;
+        ensure!(
+            cpu_of(&budget.target) >= Quantity::from_units(4),
+            "{healthy}'s budget {budget:?}"
+        );
+        Ok(budget)
+    })
+    .await
+    .context("planned while held")?;
+    ensure!(
+        cpu_of(&budget.granted) == Quantity::ZERO,
+        "{healthy} was granted {budget:?} while {held} is held"
+    );
+    let copy = w.copy_of(healthy_quota).await?;
+    ensure!(
+        cpu_of(&copy.granted) == Quantity::ZERO,
+        "{healthy} holds {copy:?} while {held} is held"
+    );
+    let granted = w.ledger_granted("seed-a", healthy_quota).await?;
+    ensure!(
+        granted == healthy_granted_before,
+        "seed-a was granted {granted:?} of {healthy} (before the group: {healthy_granted_before:?})"
+    );
+    let condition = w.group_condition("GrantsHeld").await?;
+    ensure!(condition.status == "True", "{condition:?}");
+    let errors = w
+        .controller
+        .metrics
+        .reconcile_errors
+        .with_label_values(&["quota"])
+        .get();
+    ensure!(
+        errors > errors_before,
+        "no failed round of {held} counted ({errors} errors)"
+    );
+
+    // The fault lifted: other reports, the hold lifts, and both are granted what they asked for,
+    // within the group's 6.
+    bindings.delete(REFUSING, &DeleteParams::default()).await?;
+    wait_for(DEADLINE, "every member reporting, and granted", || async {
+        let condition = w.group_condition("GrantsHeld").await?;
+        ensure!(
+            condition.status == "False" && condition.reason == "AllMembersReporting",
+            "{condition:?}"
+        );
+        let mut held_by_seed = Quantity::ZERO;
+        for (project, quota, asked) in [(healthy, healthy_quota, 4), (held, held_quota, 1)] {
+            let asked = Quantity::from_units(asked);
+            let budget = w.budget_of(project).await?;
+            ensure!(cpu_of(&budget.granted) >= asked, "{project}'s budget {budget:?}");
+            let copy = w.copy_of(quota).await?;
+            ensure!(
+                copy.version >= 1 && cpu_of(&copy.granted) >= asked,
+                "{project} holds {copy:?}"
+            );
+            let granted = w.ledger_granted("seed-a", quota).await?;
+            ensure!(granted >= asked, "seed-a holds {granted:?} of {project}");
+            held_by_seed = held_by_seed.checked_add(granted)?;
+        }
+        ensure!(
+            held_by_seed <= Quantity::from_units(6),
+            "seed-a was granted {held_by_seed:?} of the group's 6"
+        );
+        Ok(())
+    })
+    .await
+    .context("the hold lifted")?;
     ensure!(!w.controller.is_finished(), "the controller stopped");
     Ok(())
 }
