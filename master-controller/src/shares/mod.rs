@@ -254,8 +254,13 @@ async fn bounding_groups(ctx: &Ctx, project: &str) -> Result<Vec<Arc<QuotaGroup>
 /// anything is planned, and written at a version past theirs. Returns the version the next
 /// record must exceed, and whether it was rebuilt.
 fn adopt(view: &mut MasterView, record: Option<&ShareRecord>, name: &str, ctx: &Ctx) -> (u64, bool) {
+    // A new quota has no record either, but no seed holds a word of one: nothing was lost.
+    let seeds_hold = view
+        .seeds
+        .values()
+        .any(|r| r.report.as_ref().is_some_and(|rep| rep.holds.is_some()));
     let (old_version, adopted) = view.adopt(record.map_or(0, |r| r.version));
-    if adopted {
+    if adopted && (record.is_some() || seeds_hold) {
         warn!(
             quota = %name,
             version = old_version,
