@@ -7,6 +7,7 @@
 #   BENCH_ADMISSION="400 5 16 500"     admission_bench: creates per client, rounds, clients, record ms
 #                                      (phases of 6,400 creates, about 5 s: shorter ones measure their start)
 #   BENCH_SHARES="5 16 60 20"          shares_bench: rounds, clients, creates per client, transfers
+#   BENCH_GROUP="--projects 100 --rounds 4 --creates 20"  group_bench flags
 #   BENCH_STORM="--updates 200 --rounds 7"  update_storm flags
 #   BENCH_CHAIN="--samples 100"        chain_latency flags
 #   BENCH_PROPAGATION="120"            propagation: changes
@@ -48,6 +49,8 @@ ex() { echo "cargo run -q --release --locked -p $1 --example $2 --"; }
     $(ex machine-webhook admission_bench) ${BENCH_ADMISSION:-400 5 16 500}
   run "Admission across seeds, tight, and share transfers" e2e/results/shares.md \
     $(ex e2e shares_bench) ${BENCH_SHARES:-5 16 60 20}
+  run "Admission through a shared group of 100 projects" "$run_dir/groups.md" \
+    $(ex e2e group_bench) ${BENCH_GROUP:---projects 100 --rounds 4 --creates 20} --out "$run_dir/groups.md"
   run "Update storm (matchConditions)" "$run_dir/storm.md" \
     $(ex seed-controller update_storm) ${BENCH_STORM:---updates 200 --rounds 7} --out "$run_dir/storm.md"
   run "Counting chain latency" "$run_dir/chain.md" \

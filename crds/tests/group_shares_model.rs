@@ -473,6 +473,12 @@ impl World {
     }
 
     fn group_round(&mut self) {
+        // Each member's own limit is the most it may be granted (`budgets::group_view`).
+        for (project, name) in PROJECTS.iter().enumerate() {
+            if let Some(r) = self.group.seeds.get_mut(*name) {
+                r.ceiling = self.projects[project].own.clone();
+            }
+        }
         let (old_version, _) = self.group.adopt(self.group_version);
         let plan = group_plan(&self.group, old_version + 1, &slack()).unwrap();
         self.group.apply(&plan).unwrap();

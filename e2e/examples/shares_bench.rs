@@ -22,13 +22,10 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use e2e::bench::{
-    Buckets, add, growth, histogram_buckets, histogram_buckets_with, histogram_quantile, median, ms,
-    percentile, rate,
-};
+use e2e::bench::{Buckets, histogram_quantile, median, ms, percentile, rate};
 use e2e::machines::{self, is_quota_denial};
 use e2e::procfs::CpuTicks;
-use e2e::system::{FleetWithSystem, sample};
+use e2e::system::{FleetWithSystem, Webhooks, sample};
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use kkp_quota_crds::machine::Machine;
@@ -116,61 +113,6 @@ fn cpu_groups(setup: &FleetWithSystem) -> Vec<Vec<u32>> {
         kind("seed-controller"),
         kind("machine-webhook"),
     ]
-}
-
-/// Both seeds' webhooks' histograms, summed: the whole decision, the reserver's part of it by
-/// path, the waits for share by how they ended, and the demands written.
-#[derive(Clone, Default)]
-struct Webhooks {
-    decision: Buckets,
-    allotment: Buckets,
-    write: Buckets,
-    share_allowed: Buckets,
-    share_denied: Buckets,
-    demands: f64,
-}
-
-impl Webhooks {
-    async fn scrape(setup: &FleetWithSystem) -> Result<Webhooks> {
-        let mut text = String::new();
-        for webhook in setup.system.of_kind("machine-webhook") {
-            text.push_str(&webhook.scrape().await?);
-        }
-        let wait = |label: &str| histogram_buckets_with(&text, "kkp_quota_reservation_wait_seconds", label);
-        let share = |label: &str| histogram_buckets_with(&text, "kkp_quota_share_wait_seconds", label);
-        Ok(Webhooks {
-            decision: histogram_buckets(&text, "kkp_quota_admission_duration_seconds"),
-            allotment: wait("path=\"allotment\""),
-            write: wait("path=\"write\""),
-            share_allowed: share("result=\"allowed\""),
-            share_denied: share("result=\"denied\""),
-            demands: text
-                .lines()
-                .filter_map(|l| l.strip_prefix("kkp_quota_share_demands_total "))
-                .filter_map(|v| v.trim().parse::<f64>().ok())
-                .sum(),
-        })
-    }
-
-    fn since(&self, before: &Webhooks) -> Webhooks {
-        Webhooks {
-            decision: growth(&before.decision, &self.decision),
-            allotment: growth(&before.allotment, &self.allotment),
-            write: growth(&before.write, &self.write),
-            share_allowed: growth(&before.share_allowed, &self.share_allowed),
-            share_denied: growth(&before.share_denied, &self.share_denied),
-            demands: self.demands - before.demands,
-        }
-    }
-
-    fn add(&mut self, more: &Webhooks) {
-        add(&mut self.decision, &more.decision);
-        add(&mut self.allotment, &more.allotment);
-        add(&mut self.write, &more.write);
-        add(&mut self.share_allowed, &more.share_allowed);
-        add(&mut self.share_denied, &more.share_denied);
-        self.demands += more.demands;
-    }
 }
 
 /// "count / p50 / p99" of what a histogram counted.
@@ -390,7 +332,7 @@ async fn main() -> Result<()> {
                 warm.admitted
             );
             clean(fleet, mode.clusters()).await?;
-            let before = Webhooks::scrape(&setup).await?;
+            let before = Webhooks::scrape(&setup.system).await?;
             let cpu_before = CpuTicks::now(&groups);
             let mut p = phase(
                 fleet,
@@ -401,7 +343,7 @@ async fn main() -> Result<()> {
             )
             .await?;
             p.cpu = CpuTicks::now(&groups).since(&cpu_before);
-            p.webhooks = Webhooks::scrape(&setup).await?.since(&before);
+            p.webhooks = Webhooks::scrape(&setup.system).await?.since(&before);
             eprintln!(
                 "round {round}: {}: {} of {} admitted in {:.2} s",
                 mode.label(),

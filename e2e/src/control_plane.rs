@@ -214,6 +214,23 @@ impl ControlPlane {
         self.in_cluster_kubeconfig.clone()
     }
 
+    /// [`ControlPlane::in_cluster_kubeconfig_yaml`] with its context's default namespace set to
+    /// `namespace`: a simulated user cluster's, whose Machines live in that namespace (with
+    /// seed-controller's `--machine-namespace-from-kubeconfig`).
+    pub fn in_cluster_kubeconfig_with_namespace(&self, namespace: &str) -> anyhow::Result<String> {
+        let mut doc: serde_json::Value = serde_saphyr::from_str(&self.in_cluster_kubeconfig)?;
+        let contexts = doc
+            .get_mut("contexts")
+            .and_then(|c| c.as_array_mut())
+            .ok_or_else(|| anyhow::anyhow!("a kubeconfig without contexts"))?;
+        for context in contexts {
+            if let Some(ctx) = context.get_mut("context").and_then(|c| c.as_object_mut()) {
+                ctx.insert("namespace".into(), namespace.into());
+            }
+        }
+        Ok(serde_saphyr::to_string(&doc)?)
+    }
+
     /// [`StartOptions::pod_address`].
     pub fn pod_address(&self) -> Option<Ipv4Addr> {
         self.pod_address

@@ -521,7 +521,8 @@ pub fn project_cluster(name: &str, project: &str) -> Cluster {
     cluster
 }
 
-async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {
+/// Creates namespace `name` (one that exists already is fine).
+pub async fn create_namespace(client: &kube::Client, name: &str) -> Result<()> {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns = Namespace {
         metadata: ObjectMeta {

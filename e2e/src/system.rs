@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 
+use crate::bench::{Buckets, add, growth, histogram_buckets, histogram_buckets_with};
 use crate::certs::WebhookCerts;
 use crate::components::{ComponentSpec, RunningComponent, spawn};
 use crate::{Fleet, Role};
@@ -60,6 +61,15 @@ impl Component {
             return false;
         };
         http.get(&url).send().await.is_ok_and(|r| r.status().is_success())
+    }
+
+    /// The value of its flag `name` (`--listen-address` gives what follows `--listen-address=`).
+    pub fn flag(&self, name: &str) -> Option<&str> {
+        let prefix = format!("{name}=");
+        self.spec
+            .args
+            .iter()
+            .find_map(|arg| arg.strip_prefix(prefix.as_str()))
     }
 
     /// Starts it again without the flags that start with `prefix` (a fault injected by a flag,
@@ -500,5 +510,61 @@ impl System {
             text.push_str(&component.scrape().await?);
         }
         Ok(text)
+    }
+}
+
+/// Every machine-webhook's histograms, summed (for benchmarks): the whole decision, the reserver's part of it by
+/// path, the waits for share by how they ended, and the demands written.
+#[derive(Clone, Default)]
+pub struct Webhooks {
+    pub decision: Buckets,
+    pub allotment: Buckets,
+    pub write: Buckets,
+    pub share_allowed: Buckets,
+    pub share_denied: Buckets,
+    pub demands: f64,
+}
+
+impl Webhooks {
+    pub async fn scrape(system: &System) -> Result<Webhooks> {
+        let mut text = String::new();
+        for webhook in system.of_kind("machine-webhook") {
+            text.push_str(&webhook.scrape().await?);
+        }
+        let wait = |label: &str| histogram_buckets_with(&text, "kkp_quota_reservation_wait_seconds", label);
+        let share = |label: &str| histogram_buckets_with(&text, "kkp_quota_share_wait_seconds", label);
+        Ok(Webhooks {
+            decision: histogram_buckets(&text, "kkp_quota_admission_duration_seconds"),
+            allotment: wait("path=\"allotment\""),
+            write: wait("path=\"write\""),
+            share_allowed: share("result=\"allowed\""),
+            share_denied: share("result=\"denied\""),
+            demands: text
+                .lines()
+                .filter_map(|l| l.strip_prefix("kkp_quota_share_demands_total "))
+                .filter_map(|v| v.trim().parse::<f64>().ok())
+                .sum(),
+        })
+    }
+
+    #[must_use]
+    pub fn since(&self, before: &Webhooks) -> Webhooks {
+        Webhooks {
+            decision: growth(&before.decision, &self.decision),
+            allotment: growth(&before.allotment, &self.allotment),
+            write: growth(&before.write, &self.write),
+            share_allowed: growth(&before.share_allowed, &self.share_allowed),
+            share_denied: growth(&before.share_denied, &self.share_denied),
+            demands: self.demands - before.demands,
+        }
+    }
+
+    pub fn add(&mut self, more: &Webhooks) {
+        add(&mut self.decision, &more.decision);
+        add(&mut self.allotment, &more.allotment);
+        add(&mut self.write, &more.write);
+        add(&mut self.share_allowed, &more.share_allowed);
+        add(&mut self.share_denied, &more.share_denied);
+        self.demands += more.demands;
     }
 }

@@ -17,6 +17,10 @@ pub struct Metrics {
     /// `kkp_quota_deployment_admissions_total{result, reason}`: autoscaled `MachineDeployment`
     /// creates and changes (the policy `reservedCounts`).
     pub deployment_admissions: IntCounterVec,
+    /// `kkp_quota_group_denials_total{group, resource, kind}`: denials naming a quota group, one
+    /// per group and resource the denial names, by the kind of object refused (`machine`,
+    /// `cluster`, `machinedeployment`: the answers of the three counters above).
+    pub group_denials: IntCounterVec,
     /// `kkp_quota_admission_duration_seconds`
     pub duration: Histogram,
     /// `kkp_quota_reservation_conflicts_total`
@@ -95,6 +99,13 @@ impl Metrics {
                 "Autoscaled MachineDeployment creates and changes answered, by result and reason",
             ),
             &["result", "reason"],
+        )?;
+        let group_denials = IntCounterVec::new(
+            Opts::new(
+                "kkp_quota_group_denials_total",
+                "Denials naming a quota group that has no room (the request fits its project's own quota), one per group and resource named, by kind of object (machine, cluster, machinedeployment)",
+            ),
+            &["group", "resource", "kind"],
         )?;
         let duration = Histogram::with_opts(
             HistogramOpts::new(
@@ -185,6 +196,7 @@ impl Metrics {
         registry.register(Box::new(admissions.clone()))?;
         registry.register(Box::new(cluster_admissions.clone()))?;
         registry.register(Box::new(deployment_admissions.clone()))?;
+        registry.register(Box::new(group_denials.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(conflicts.clone()))?;
         registry.register(Box::new(writes.clone()))?;
@@ -213,6 +225,7 @@ impl Metrics {
             admissions,
             cluster_admissions,
             deployment_admissions,
+            group_denials,
             duration,
             conflicts,
             writes,
@@ -245,6 +258,12 @@ impl Metrics {
         counter
             .with_label_values(&[result, verdict.reason.as_str()])
             .inc();
+        // Groups are few (an admin makes each one); projects are never a label here.
+        for (group, resource) in verdict.group_denials() {
+            self.group_denials
+                .with_label_values(&[group, resource.name(), subject.noun()])
+                .inc();
+        }
     }
 
     /// Admission requests answered so far, over every reason; only those with `result`
@@ -331,4 +350,88 @@ fn wake_metrics(registry: &Registry) -> Result<(IntCounterVec, IntCounterVec, In
     registry.register(Box::new(wake_checks.clone()))?;
     registry.register(Box::new(waiting_owners.clone()))?;
     Ok((wakes, wake_checks, waiting_owners))
+}
+
+#[cfg(test)]
+mod tests {
+    use kkp_quota_crds::Resource;
+
+    use super::*;
+    use crate::decision::GroupRefusal;
+
+    /// Every `kkp_quota_group_denials_total` series: `(group, resource, kind, count)`.
+    fn group_denials(metrics: &Metrics) -> Vec<(String, String, String, u64)> {
+        let mut series = Vec::new();
+        for family in metrics.registry.gather() {
+            if family.name() != "kkp_quota_group_denials_total" {
+                continue;
+            }
+            for m in family.get_metric() {
+                let label = |name: &str| {
+                    m.get_label()
+                        .iter()
+                        .find(|l| l.name() == name)
+                        .map(|l| l.value().to_owned())
+                        .unwrap_or_default()
+                };
+                // Whole counts only: each is a number of denials.
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                let count = m.get_counter().get_value() as u64;
+                series.push((label("group"), label("resource"), label("kind"), count));
+            }
+        }
+        series.sort();
+        series
+    }
+
+    fn refusal(group: &str, resources: &[Resource]) -> GroupRefusal {
+        GroupRefusal {
+            group: group.into(),
+            resources: resources.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_denial_counts_every_group_and_resource_it_names_and_no_other() {
+        let metrics = Metrics::new().unwrap();
+        // A denial for the project's own quota names no group: nothing is counted.
+        metrics.record(
+            Subject::Machine,
+            &Verdict::deny(Reason::QuotaExceeded, "m", "needs 3 cpu"),
+        );
+        assert!(group_denials(&metrics).is_empty());
+        // One naming two groups counts both, each for what it has no room for.
+        let named = Verdict {
+            refused_by_groups: vec![
+                refusal("acme", &[Resource::Cpu, Resource::Memory]),
+                refusal("team", &[Resource::Cpu]),
+            ],
+            ..Verdict::deny(Reason::QuotaExceeded, "m", "needs 3 cpu")
+        };
+        metrics.record(Subject::Machine, &named);
+        metrics.record(Subject::Machine, &named);
+        let cluster = Verdict {
+            refused_by_groups: vec![refusal("acme", &[Resource::Clusters])],
+            ..Verdict::deny_subject(Subject::Cluster, Reason::QuotaExceeded, "c", "cannot be created")
+        };
+        metrics.record(Subject::Cluster, &cluster);
+        // An admission counts nothing, whatever it carries.
+        let allowed = Verdict {
+            refused_by_groups: vec![refusal("team", &[Resource::Cpu])],
+            ..Verdict::allow(Reason::Fits)
+        };
+        metrics.record(Subject::Deployment, &allowed);
+        let series = |g: &str, r: &str, k: &str, n| (g.to_owned(), r.to_owned(), k.to_owned(), n);
+        assert_eq!(
+            group_denials(&metrics),
+            vec![
+                series("acme", "clusters", "cluster", 1),
+                series("acme", "cpu", "machine", 2),
+                series("acme", "memory", "machine", 2),
+                series("team", "cpu", "machine", 2),
+            ]
+        );
+        // The admissions themselves are counted as before.
+        assert_eq!(metrics.answered(Some("denied")), 3);
+    }
 }

@@ -1,4 +1,5 @@
-//! The per-group series (`kkp_quota_group_limit`, `_usage`, `_over_limit`, `_budget`): set
+//! The per-group series (`kkp_quota_group_limit`, `_usage`, `_usage_by_seed`, `_over_limit`,
+//! `_budget`): set
 //! after every pass of the group loop, each series of a group, project or resource no longer
 //! there removed (groups are few: the registry's gauges serve).
 
@@ -18,18 +19,21 @@ pub struct GroupFigures {
     pub limit: ResourceDetails,
     /// What the selected projects use together, once known.
     pub usage: Option<ResourceDetails>,
+    /// What they use together on each seed (its `status.bySeed`).
+    pub by_seed: Vec<(String, ResourceDetails)>,
     /// A `shared` group's budget per member project, as its record holds it (granted less the
     /// release it counted).
     pub budgets: Vec<(String, ResourceDetails)>,
 }
 
-/// The four gauges, and which label sets each shows now.
+/// The five gauges, and which label sets each shows now.
 pub struct GroupSeries {
     limit: GaugeVec,
     usage: GaugeVec,
     over: GaugeVec,
     budget: GaugeVec,
-    shown: Mutex<[BTreeSet<Vec<String>>; 4]>,
+    by_seed: GaugeVec,
+    shown: Mutex<[BTreeSet<Vec<String>>; 5]>,
 }
 
 impl GroupSeries {
@@ -64,13 +68,18 @@ impl GroupSeries {
                 "The budget a shared quota group's record gives a member project.",
                 &["group", "project", "resource"],
             ),
+            by_seed: gauge(
+                "kkp_quota_group_usage_by_seed",
+                "What the projects a quota group selects use together on one seed.",
+                &["group", "seed", "resource"],
+            ),
             shown: Mutex::default(),
         }
     }
 
     /// Every group's series from one pass.
     pub fn set(&self, groups: &[GroupFigures]) {
-        let mut now: [BTreeSet<Vec<String>>; 4] = Default::default();
+        let mut now: [BTreeSet<Vec<String>>; 5] = Default::default();
         for g in groups {
             for (resource, limit) in g.limit.iter() {
                 let labels = vec![g.name.clone(), resource.to_string()];
@@ -98,9 +107,18 @@ impl GroupSeries {
                     now[3].insert(labels);
                 }
             }
+            for (seed, usage) in &g.by_seed {
+                for (resource, _) in g.limit.iter() {
+                    let labels = vec![g.name.clone(), seed.clone(), resource.to_string()];
+                    self.by_seed
+                        .with_label_values(&labels)
+                        .set(as_f64(usage.amount(resource)));
+                    now[4].insert(labels);
+                }
+            }
         }
         let mut shown = self.shown.lock().unwrap_or_else(PoisonError::into_inner);
-        for (i, vec) in [&self.limit, &self.usage, &self.over, &self.budget]
+        for (i, vec) in [&self.limit, &self.usage, &self.over, &self.budget, &self.by_seed]
             .into_iter()
             .enumerate()
         {
@@ -148,6 +166,7 @@ mod tests {
             name: "acme".into(),
             limit: cpu(6),
             usage: Some(cpu(7)),
+            by_seed: vec![("seed-a".into(), cpu(5)), ("seed-b".into(), cpu(2))],
             budgets: vec![("demo".into(), cpu(4))],
         }]);
         let shown = text();
@@ -167,15 +186,25 @@ mod tests {
             shown.contains("kkp_quota_group_budget group=acme,project=demo,resource=cpu 4"),
             "{shown}"
         );
-        // The project leaves, then the group goes: its series go too.
+        for (seed, used) in [("seed-a", 5), ("seed-b", 2)] {
+            let line = format!("kkp_quota_group_usage_by_seed group=acme,resource=cpu,seed={seed} {used}");
+            assert!(shown.contains(&line), "{shown}");
+        }
+        // The project leaves and seed-b is gone, then the group goes: their series go too.
         series.set(&[GroupFigures {
             name: "acme".into(),
             limit: cpu(6),
             usage: Some(cpu(1)),
+            by_seed: vec![("seed-a".into(), cpu(1))],
             budgets: Vec::new(),
         }]);
         let shown = text();
         assert!(!shown.contains("kkp_quota_group_budget"), "{shown}");
+        assert!(!shown.contains("seed=seed-b"), "{shown}");
+        assert!(
+            shown.contains("kkp_quota_group_usage_by_seed group=acme,resource=cpu,seed=seed-a 1"),
+            "{shown}"
+        );
         assert!(
             shown.contains("kkp_quota_group_over_limit group=acme,resource=cpu 0"),
             "{shown}"

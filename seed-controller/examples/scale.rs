@@ -31,16 +31,17 @@ use anyhow::{Context, Result};
 use clap::Parser;
 use e2e::ControlPlane;
 use e2e::bench::mib;
+use e2e::fleet::create_namespace;
 use futures::{StreamExt, stream};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{Namespace, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, ClusterSpec, KUBECONFIG_KEY, PROJECT_ID_LABEL};
 use kkp_quota_crds::machine::Machine;
 use kkp_quota_crds::quota::{PROJECT_KIND, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::{LedgerSubject, QuotaLedger, QuotaLedgerSpec, ResourceDetails};
+use kube::Api;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
 use provider_sizes::{SizeCatalog, size_machine};
 use seed_controller::usage::same_usage;
 use serde_json::{Value, json};
@@ -82,37 +83,6 @@ fn machine(namespace: &str, name: &str, spec: &Value) -> Machine {
 
 fn size(spec: &Value) -> ResourceDetails {
     size_machine(&machine("x", "x", spec), &SizeCatalog::shipped(), None).unwrap()
-}
-
-/// The kubeconfig of `cp` with its context's default namespace set to `namespace`.
-fn kubeconfig_with_namespace(cp: &ControlPlane, namespace: &str) -> Result<String> {
-    let mut doc: serde_json::Value = serde_saphyr::from_str(&cp.kubeconfig_yaml())?;
-    if let Some(contexts) = doc.get_mut("contexts").and_then(|c| c.as_array_mut()) {
-        for context in contexts {
-            if let Some(ctx) = context.get_mut("context").and_then(|c| c.as_object_mut()) {
-                ctx.insert("namespace".into(), namespace.into());
-            }
-        }
-    }
-    Ok(serde_saphyr::to_string(&doc)?)
-}
-
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    match Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-        Err(e) => Err(e.into()),
-    }
 }
 
 #[tokio::main]
@@ -176,7 +146,7 @@ async fn main() -> Result<()> {
                     },
                     data: Some(BTreeMap::from([(
                         KUBECONFIG_KEY.to_owned(),
-                        ByteString(kubeconfig_with_namespace(cp, &name)?.into_bytes()),
+                        ByteString(cp.in_cluster_kubeconfig_with_namespace(&name)?.into_bytes()),
                     )])),
                     ..Secret::default()
                 };

@@ -15,6 +15,8 @@ use crate::resources::ResourceDetails;
 pub struct Member {
     pub name: String,
     pub copy: Option<(u64, GroupBudget)>,
+    /// Its own limit (its quota in force): the most budget it could ever use.
+    pub own_limit: ResourceDetails,
 }
 
 /// The group's view: its record, for the projects it selects now, plus each one's report. A
@@ -30,6 +32,7 @@ pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, member
             // A new member: `SeedRecord::new` (reachable), not the default (unreachable).
             #[allow(clippy::unwrap_or_default)]
             let mut entry = recorded.remove(&member.name).unwrap_or_else(SeedRecord::new);
+            entry.ceiling = member.own_limit.clone();
             // A project's copy reads as the report a seed's copy gives.
             entry.report = member.copy.as_ref().map(|(version, copy)| {
                 share_of(copy).report(*version, &copy.committed, copy.demand.as_ref())
@@ -119,15 +122,20 @@ mod tests {
             Member {
                 name: "demo".into(),
                 copy: Some((900, copy.clone())),
+                own_limit: cpu(10),
             },
             Member {
                 name: "new".into(),
                 copy: None,
+                own_limit: ResourceDetails::default(),
             },
         ];
         let view = group_view(&cpu(16), Some(&record), &members);
         assert_eq!(view.seeds.keys().collect::<Vec<_>>(), ["demo", "new"]);
         let demo = &view.seeds["demo"];
+        // Its own limit is the most it may be granted; a member without one has no ceiling.
+        assert_eq!(demo.ceiling, cpu(10));
+        assert!(view.seeds["new"].ceiling.is_empty());
         // Held: granted 6 less the newer release (2) the project reports.
         assert_eq!(demo.share_seen(), cpu(4));
         assert_eq!(demo.report.as_ref().unwrap().version, 900);

@@ -40,6 +40,10 @@ pub struct SeedRecord {
     /// The seed is being removed: it gets no grants and is asked to release everything it does
     /// not use.
     pub retiring: bool,
+    /// The most the holder can ever use, per resource (a member project of a group: its own
+    /// limit); it is never granted beyond it, since what it could not spend would sit idle
+    /// while others wait. Empty: no ceiling (a seed). Not persisted: read afresh every round.
+    pub ceiling: ResourceDetails,
 }
 
 impl SeedRecord {
@@ -372,12 +376,21 @@ fn plan_resource(
         .try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
     let mut unshared = limit.saturating_sub_to_zero(shares_total);
 
-    // What each reachable seed needs beyond what it holds.
+    // The most each holder may be granted on top of its share: up to its ceiling.
+    let room: Vec<Option<Quantity>> = records
+        .iter()
+        .zip(&shares)
+        .map(|(r, share)| r.ceiling.get(resource).map(|c| c.saturating_sub_to_zero(*share)))
+        .collect();
+    let within_room = |i: usize, q: Quantity| room[i].map_or(q, |r| q.min(r));
+    // What each reachable seed needs beyond what it holds (never beyond its ceiling).
     let needs: Vec<Quantity> = records
         .iter()
         .enumerate()
         .map(|(i, record)| match record.demand(resource) {
-            Some(want) if record.reachable && !record.retiring => want.saturating_sub_to_zero(shares[i]),
+            Some(want) if record.reachable && !record.retiring => {
+                within_room(i, want.saturating_sub_to_zero(shares[i]))
+            }
             _ => Quantity::ZERO,
         })
         .collect();
@@ -397,12 +410,18 @@ fn plan_resource(
         unmet_of[i] = needs[i].saturating_sub_to_zero(grants[i]);
         unmet = unmet.checked_add(unmet_of[i])?;
     }
-    // A seed that had to ask gets half of what stays free on top, so that the requests after
-    // this one do not each wait for a round trip (the allotments' rule, one level up). In the
-    // same order as the grants. (Only reachable, non-retiring seeds have needs, hence grants.)
+    // A seed that had to ask gets half of what stays free on top, split among the holders that
+    // could ask next (all but itself), so that the requests after this one do not each wait
+    // for a round trip (the allotments' rule, one level up), and no one holder takes what many
+    // will want (a group of a hundred projects: half of the group's headroom to the first
+    // project that asks, a quarter to the next, leaves the rest asking at every create). Two
+    // seeds: half. Never beyond its ceiling. In the same order as the grants. (Only reachable,
+    // non-retiring seeds have needs, hence grants.)
+    let others = i128::try_from(records.len().saturating_sub(1).max(1)).unwrap_or(i128::MAX);
     for &i in &order {
         if grants[i] > Quantity::ZERO {
-            let extra = Quantity::from_nanos(free.as_nanos() / 2);
+            let extra = Quantity::from_nanos(free.as_nanos() / (2 * others));
+            let extra = room[i].map_or(extra, |r| extra.min(r.saturating_sub_to_zero(grants[i])));
             grants[i] = grants[i].checked_add(extra)?;
             free = free.saturating_sub_to_zero(extra);
             unshared = unshared.saturating_sub_to_zero(extra);
@@ -661,6 +680,40 @@ mod tests {
         let plan = v.plan(&cpu(0)).unwrap();
         assert_eq!(plan.grants["a"], cpu(7));
         assert_eq!(plan.targets["a"], cpu(9));
+    }
+
+    #[test]
+    fn a_holder_is_never_granted_beyond_its_ceiling() {
+        // A group of 1000 over projects whose own limits are 100: the asker wants 30 and would
+        // get half the headroom on top; it gets at most its own limit.
+        let mut asker = seed(10, 0, 10, Some(30));
+        asker.ceiling = cpu(100);
+        let v = view(1000, vec![("a", asker), ("b", seed(0, 0, 0, None))]);
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.targets["a"], cpu(100), "{plan:?}");
+        // A demand above the ceiling is met up to the ceiling, and asks nobody for more.
+        let mut greedy = seed(10, 0, 10, Some(500));
+        greedy.ceiling = cpu(20);
+        let v = view(100, vec![("a", greedy), ("b", seed(80, 0, 0, None))]);
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.grants["a"], cpu(10));
+        assert_eq!(plan.targets["b"], cpu(80), "b is not asked for what a cannot use");
+    }
+
+    #[test]
+    fn headroom_on_top_of_a_grant_is_split_among_those_who_could_ask() {
+        // Five holders, 100 free: the asker needs 4 and gets an eighth of the 96 left on top
+        // (half, split among the four others), not half of it.
+        let mut seeds = vec![("a", seed(0, 0, 0, Some(4)))];
+        seeds.extend(["b", "c", "d", "e"].map(|n| (n, seed(0, 0, 0, None))));
+        let plan = view(100, seeds).plan(&cpu(0)).unwrap();
+        assert_eq!(plan.targets["a"], cpu(16), "{plan:?}");
+        // Two holders: half, as before.
+        let v = view(
+            100,
+            vec![("a", seed(0, 0, 0, Some(4))), ("b", seed(0, 0, 0, None))],
+        );
+        assert_eq!(v.plan(&cpu(0)).unwrap().targets["a"], cpu(52));
     }
 
     #[test]

@@ -35,18 +35,17 @@ pub fn exceeded_detail(project: &str, exceeded: &[Exceeded], update: bool, subje
     )
 }
 
-/// When `growth` fits the project's own quota but not a group bounding it (with the group's
-/// figures as the ledger last carried them): `needs 4 cpu, project "demo" is within its own
-/// quota, but group "acme" uses 30 of 32 cpu`, naming every such group and resource.
-pub(super) fn group_detail(
-    project: &str,
-    state: &QuotaState,
+/// The shared groups bounding the project that have no room for `growth` beside what the project
+/// uses (with the groups' figures as the ledger last carried them), in the ledger's order, each
+/// with every resource it has no room for.
+pub(super) fn full_groups<'a>(
+    state: &'a QuotaState,
     growth: &ResourceDetails,
-    update: bool,
-    subject: Subject,
-) -> Option<String> {
-    let own = state.used().ok()?;
-    let full: Vec<(&str, Vec<Exceeded>)> = state
+) -> Vec<(&'a str, Vec<Exceeded>)> {
+    let Ok(own) = state.used() else {
+        return Vec::new();
+    };
+    state
         .groups
         .iter()
         .filter_map(|group| {
@@ -54,7 +53,18 @@ pub(super) fn group_detail(
             let exceeded = group.quota.exceeded_by(&used, growth).ok()?;
             (!exceeded.is_empty()).then_some((group.name.as_str(), exceeded))
         })
-        .collect();
+        .collect()
+}
+
+/// When `growth` fits the project's own quota but not a group bounding it (`full`: the groups
+/// without room, [`full_groups`]): `needs 4 cpu, project "demo" is within its own quota, but
+/// group "acme" uses 30 of 32 cpu`, naming every such group and resource.
+pub(super) fn group_detail(
+    project: &str,
+    full: &[(&str, Vec<Exceeded>)],
+    update: bool,
+    subject: Subject,
+) -> Option<String> {
     // What the request needs of every resource some group has no room for, each named once.
     let mut short: Vec<Exceeded> = Vec::new();
     for e in full.iter().flat_map(|(_, exceeded)| exceeded) {

@@ -20,8 +20,8 @@
 
 use std::fmt;
 
-use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::shares::{self, SeedShare};
+use kkp_quota_crds::{Exceeded, Resource, ResourceDetails};
 
 pub mod autoscaled;
 mod gap;
@@ -40,7 +40,7 @@ pub use state::{QuotaState, SeedCapacity, StateError};
 pub use surge::{Replaced, decide_surge};
 
 use autoscaled::{Autoscaled, decide_change, from_room};
-use messages::{group_detail, held_note, share_detail};
+use messages::{full_groups, group_detail, held_note, share_detail};
 
 /// What one Machine admission asks of the quota.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -209,6 +209,28 @@ pub struct Verdict {
     /// For [`Reason::ShareInTransit`]: the share this seed should hold for the request to fit
     /// (absolute: what it committed plus the request).
     pub wants_share: Option<ResourceDetails>,
+    /// For a denial that names quota groups (the request fits its project's own quota, but a
+    /// group bounding the project has no room): every group it names, in the denial's order.
+    pub refused_by_groups: Vec<GroupRefusal>,
+}
+
+/// A quota group a denial names, and the resources it has no room for (as the denial says).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRefusal {
+    pub group: String,
+    pub resources: Vec<Resource>,
+}
+
+impl GroupRefusal {
+    /// One per group of [`full_groups`], with the resources each has no room for.
+    fn from_full(full: &[(&str, Vec<Exceeded>)]) -> Vec<GroupRefusal> {
+        full.iter()
+            .map(|(group, exceeded)| GroupRefusal {
+                group: (*group).to_owned(),
+                resources: exceeded.iter().map(|e| e.resource).collect(),
+            })
+            .collect()
+    }
 }
 
 impl Verdict {
@@ -221,6 +243,7 @@ impl Verdict {
             warnings: Vec::new(),
             reserve: None,
             wants_share: None,
+            refused_by_groups: Vec::new(),
         }
     }
 
@@ -240,6 +263,7 @@ impl Verdict {
             warnings: Vec::new(),
             reserve: None,
             wants_share: None,
+            refused_by_groups: Vec::new(),
         }
     }
 
@@ -247,6 +271,15 @@ impl Verdict {
     pub fn with_warnings(mut self, warnings: Vec<String>) -> Verdict {
         self.warnings = warnings;
         self
+    }
+
+    /// Every `(group, resource)` this verdict refuses for: one pair per group its denial names
+    /// and resource that group has no room for; none when it is allowed or names no group.
+    pub fn group_denials(&self) -> impl Iterator<Item = (&str, Resource)> {
+        self.refused_by_groups
+            .iter()
+            .filter(|_| !self.allowed)
+            .flat_map(|refusal| refusal.resources.iter().map(|&r| (refusal.group.as_str(), r)))
     }
 }
 
@@ -385,13 +418,19 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
             None => fits(ask, growth),
             // A group bounding the project is full (as last carried): refused at once, and the
             // demand still goes out, so that figures gone stale are refreshed or room moves here.
-            Some(wants) => Verdict {
-                wants_share: Some(wants),
-                ..match group_detail(project, state, &growth, grows_by(request), request.subject) {
-                    Some(detail) => deny_for_room(request, detail),
-                    None => request.deny(Reason::ShareInTransit, &share_detail(project, state)),
+            Some(wants) => {
+                let full = full_groups(state, &growth);
+                Verdict {
+                    wants_share: Some(wants),
+                    ..match group_detail(project, &full, grows_by(request), request.subject) {
+                        Some(detail) => Verdict {
+                            refused_by_groups: GroupRefusal::from_full(&full),
+                            ..deny_for_room(request, detail)
+                        },
+                        None => request.deny(Reason::ShareInTransit, &share_detail(project, state)),
+                    }
                 }
-            },
+            }
         },
         Ok(exceeded) if held_only_by_allotments(state, &growth) => Verdict {
             wants_share: demand_for(state, &growth).ok(),

@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use futures::{FutureExt as _, StreamExt as _};
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::project_quota::GroupBudget;
+use kkp_quota_crds::project_quota::{GroupBudget, effective_limits};
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::Member;
-use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceQuota};
+use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceDetails, ResourceQuota};
 
 use crate::allocation::books::Books;
 use crate::budgets::GroupBook;
@@ -208,6 +208,11 @@ async fn budget_round(
         .map(|(project, quota)| Member {
             name: project.clone(),
             copy: copy_in(quota, &name),
+            own_limit: in_force
+                .get(project.as_str())
+                .map_or_else(ResourceDetails::default, |rq| {
+                    effective_limits(&rq.spec.quota.limits, Some(&quota.spec.quota))
+                }),
         })
         .collect();
     match crate::budgets::group_round(api, group, &read, sources.share_slack_percent).await {
@@ -237,7 +242,7 @@ fn copy_in(quota: &ProjectQuota, group: &str) -> Option<(u64, GroupBudget)> {
 }
 
 /// What `group`'s series show: its limit, the usage of `status` (the newest this process knows),
-/// and the budgets its record holds.
+/// overall and by seed, and the budgets its record holds.
 fn group_figures(group: &QuotaGroup, status: Option<&QuotaGroupStatus>) -> GroupFigures {
     let budgets = group
         .status
@@ -255,6 +260,14 @@ fn group_figures(group: &QuotaGroup, status: Option<&QuotaGroupStatus>) -> Group
         name: group.name_any(),
         limit: group.spec.quota.clone(),
         usage: status.and_then(|s| s.usage.clone()),
+        by_seed: status
+            .map(|s| {
+                s.by_seed
+                    .iter()
+                    .map(|n| (n.name.clone(), n.usage.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         budgets,
     }
 }

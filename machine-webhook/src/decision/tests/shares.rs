@@ -235,3 +235,78 @@ fn the_ledger_carries_the_groups_to_the_decision() {
         Reason::QuotaExceeded
     );
 }
+
+#[test]
+fn the_verdict_says_which_groups_refused_and_for_what() {
+    use crate::decision::autoscaled::{Autoscaled, Change};
+    let refused = |v: &Verdict| -> Vec<(String, Resource)> {
+        v.group_denials().map(|(g, r)| (g.to_owned(), r)).collect()
+    };
+    let s = grouped(vec![
+        group("acme", "10", "7"),
+        group("roomy", "100", "0"),
+        group("team", "6", "2"),
+    ]);
+    // A Machine's create and its growth: both groups named, the roomy one not.
+    let both = vec![
+        ("acme".to_owned(), Resource::Cpu),
+        ("team".to_owned(), Resource::Cpu),
+    ];
+    assert_eq!(refused(&decide("p", Some(&s), &create("m", cpu("3")))), both);
+    let grow = Request {
+        ask: Ask::Update {
+            old: Some(cpu("1")),
+            new: cpu("4"),
+        },
+        ..create("m", cpu("0"))
+    };
+    assert_eq!(refused(&decide("p", Some(&s), &grow)), both);
+    // None named: admitted within the share, waiting for share beside a roomy group, or over
+    // the project's own quota.
+    assert_eq!(refused(&decide("p", Some(&s), &create("m", cpu("2")))), []);
+    let roomy = grouped(vec![group("roomy", "100", "0")]);
+    let waits = decide("p", Some(&roomy), &create("m", cpu("3")));
+    assert_eq!((waits.reason, refused(&waits)), (Reason::ShareInTransit, vec![]));
+    let own = decide("p", Some(&s), &create("m", cpu("15")));
+    assert_eq!((own.reason, refused(&own)), (Reason::QuotaExceeded, vec![]));
+    // A `Cluster`'s create: the group has no room for another cluster.
+    let clusters = |n: &str| details(&[(Resource::Clusters, n)]);
+    let cluster_state = QuotaState {
+        seed: Some(SeedCapacity {
+            capacity: clusters("1"),
+            others: std::collections::BTreeMap::new(),
+        }),
+        groups: vec![LedgerGroup {
+            name: "acme".into(),
+            quota: clusters("3"),
+            others_usage: clusters("2"),
+        }],
+        ..state(clusters("5"), clusters("1"))
+    };
+    let cluster = Request {
+        subject: Subject::Cluster,
+        ..create("c1", ResourceDetails::one_cluster())
+    };
+    let v = decide("p", Some(&cluster_state), &cluster);
+    assert_eq!(v.reason, Reason::QuotaExceeded, "{v:?}");
+    assert_eq!(refused(&v), [("acme".to_owned(), Resource::Clusters)]);
+    // An autoscaled MachineDeployment's create under `reservedCounts`: its room is the growth.
+    let deployment = Request {
+        subject: Subject::Deployment,
+        autoscaled: Some(Autoscaled::Change(Box::new(Change {
+            cluster: "c".into(),
+            deployment: "d".into(),
+            old: None,
+            old_version: None,
+            new: (3, cpu("1")),
+        }))),
+        ..create("workers", cpu("1"))
+    };
+    let autoscaled = QuotaState {
+        reserved_counts: true,
+        ..grouped(vec![group("acme", "10", "7")])
+    };
+    let v = decide("p", Some(&autoscaled), &deployment);
+    assert_eq!(v.reason, Reason::QuotaExceeded, "{v:?}");
+    assert_eq!(refused(&v), [("acme".to_owned(), Resource::Cpu)]);
+}

@@ -1,0 +1,942 @@
+//! Benchmark (run by hand and by `make bench`, not a test): admission through a shared quota
+//! group of 100 projects, against the same load with the projects' own quotas only (issue #36:
+//! the group should cost less than 10 % of throughput).
+//!
+//! The whole system runs as real processes (master-controller, seed-controller and
+//! machine-webhook, in the profile this example is built in) beside real API servers: a master,
+//! one seed, and a few user-cluster API servers ("hosts"). A hundred user clusters, one per
+//! project, do not fit on a 2-core machine as a hundred API servers, so each project's cluster is
+//! *simulated*: a namespace `c<i>` on host `i mod hosts`, its KKP `Cluster` on the seed (label
+//! `project-id`), whose admin kubeconfig's context namespace is `c<i>`; seed-controller runs with
+//! `--machine-namespace-from-kubeconfig` (one Machine watch per simulated cluster, as in
+//! seed-controller's scale benchmark). Each simulated cluster has its own
+//! `ValidatingWebhookConfiguration` on its host (selecting its namespace, with the URL signed for
+//! its cluster), written here the way seed-controller writes one per real user cluster; so
+//! seed-controller runs without `--webhook-url`, and without the quota view (one per cluster,
+//! cluster-scoped, would collide on a shared host).
+//!
+//! Two modes, phases interleaved: the projects' own quotas only, and the same with a `shared`
+//! `QuotaGroup` over all of them, its limit far from what they use. In every phase each project
+//! has one client creating Machines (1 cpu) one after another (one create per project at a time,
+//! the load of the seed's measurement of 2.6 creates per namespace per second, here as fast as
+//! the machine allows). Then a check, not timed: the group's limit lowered to what runs plus
+//! half a Machine per project, and a burst of two creates per project, of which no more than the
+//! headroom may be admitted.
+//!
+//! ```text
+//! cargo run --release -p e2e --example group_bench [-- --projects 100 --hosts 2 --rounds 4 --creates 20]
+//! ```
+//!
+//! Writes `e2e/results/groups.md`.
+
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use clap::Parser;
+use e2e::bench::{Buckets, histogram_quantile, median, ms, per_round_ratios, percentile, rate};
+use e2e::machines::is_quota_denial;
+use e2e::procfs::CpuTicks;
+use e2e::system::{Credentials, System, Webhooks};
+use e2e::{Fleet, FleetSpec, wait_for};
+use futures::future::join_all;
+use futures::{StreamExt as _, TryStreamExt as _, stream};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, Project};
+use kkp_quota_crds::machine::Machine;
+use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaLedger, Resource, ResourceDetails};
+use kkp_quota_runtime::webhook_auth::{SigningKeys, webhook_url};
+use kkp_quota_runtime::webhook_config::{self, Operations};
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+
+const SEED: &str = "seed-a";
+const GROUP: &str = "bench-group";
+/// The label that puts a project in [`GROUP`] (every bench project has it; the group's
+/// existence is the switch between the modes).
+const LABEL: &str = "kkp-quota.dev/bench-group";
+/// Each project's own cpu limit: far from anything a run creates.
+const OWN_CPU: i64 = 100_000;
+const WAIT: Duration = Duration::from_mins(3);
+const MANAGER: &str = "group-bench";
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Projects in the group, each with one simulated user cluster and one client.
+    #[arg(long, default_value_t = 100)]
+    projects: usize,
+    /// User-cluster API servers the simulated clusters are spread over.
+    #[arg(long, default_value_t = 2)]
+    hosts: usize,
+    /// Rounds; each measures both modes once, in an order that changes every round.
+    #[arg(long, default_value_t = 4)]
+    rounds: usize,
+    /// Creates per project in a measured phase (after an unmeasured warm-up of a quarter of it).
+    #[arg(long, default_value_t = 20)]
+    creates: usize,
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results/groups.md"))]
+    out: std::path::PathBuf,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Projects,
+    Group,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Projects => "the projects' own quotas only",
+            Mode::Group => "the same, and a shared group over all of them",
+        }
+    }
+}
+
+fn cluster_name(i: usize) -> String {
+    format!("c{i:03}")
+}
+
+fn project_name(i: usize) -> String {
+    format!("p{i:03}")
+}
+
+/// The processes whose CPU time is measured, in the table's order (the clients, this program,
+/// come last).
+const CPU_GROUPS: [&str; 6] = [
+    "hosts' API servers + etcds",
+    "seed API server + etcd",
+    "master API server + etcd",
+    "master-controller",
+    "seed-controller",
+    "machine-webhook",
+];
+
+fn cpu_groups(fleet: &Fleet, system: &System, hosts: &[String]) -> Vec<Vec<u32>> {
+    let kind = |k: &str| -> Vec<u32> { system.of_kind(k).map(e2e::system::Component::pid).collect() };
+    vec![
+        hosts.iter().flat_map(|h| fleet.user_cluster(h).pids()).collect(),
+        fleet.seed(SEED).pids(),
+        fleet.master().pids(),
+        kind("master-controller"),
+        kind("seed-controller"),
+        kind("machine-webhook"),
+    ]
+}
+
+/// Writes an API server served, by resource and verb (from its `apiserver_request_total`):
+/// `"quotaledgers/status PUT"` and so on.
+#[derive(Clone, Default)]
+struct Writes(std::collections::BTreeMap<String, f64>);
+
+impl Writes {
+    async fn scrape(client: &Client) -> Result<Writes> {
+        let text = client
+            .request_text(http::Request::get("/metrics").body(Vec::new())?)
+            .await
+            .context("reading an API server's /metrics")?;
+        let mut writes = std::collections::BTreeMap::new();
+        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+            let Some((labels, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let label = |name: &str| {
+                labels
+                    .split(&format!("{name}=\""))
+                    .nth(1)
+                    .and_then(|rest| rest.split('"').next())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let verb = label("verb");
+            if !["POST", "PUT", "PATCH", "DELETE", "APPLY"].contains(&verb.as_str()) {
+                continue;
+            }
+            let (resource, sub) = (label("resource"), label("subresource"));
+            let key = if sub.is_empty() {
+                format!("{resource} {verb}")
+            } else {
+                format!("{resource}/{sub} {verb}")
+            };
+            *writes.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
+        }
+        Ok(Writes(writes))
+    }
+
+    fn since(&self, before: &Writes) -> Writes {
+        Writes(
+            self.0
+                .iter()
+                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
+                .filter(|(_, v)| *v > 0.0)
+                .collect(),
+        )
+    }
+
+    fn add(&mut self, more: &Writes) {
+        for (k, v) in &more.0 {
+            *self.0.entry(k.clone()).or_insert(0.0) += v;
+        }
+    }
+}
+
+/// What one phase measured.
+struct Phase {
+    mode: Mode,
+    attempted: usize,
+    admitted: usize,
+    /// Quota denials; of them, those naming the group.
+    denied: usize,
+    denied_by_group: usize,
+    /// Refused without a decision ("could not be updated in time; try again": the webhook's
+    /// ledger write did not land within the API server's timeout): fail-closed, never an
+    /// overrun, but what a user would have to retry.
+    failed: usize,
+    /// The first denial's message, as the user saw it.
+    first_denial: Option<String>,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    webhook: Webhooks,
+    cpu: CpuTicks,
+    /// Writes the master's and the seed's API servers served during the phase.
+    master_writes: Writes,
+    seed_writes: Writes,
+}
+
+/// A group created over the busy projects: from its write until every project's seed had room
+/// for a phase again, and what the warm-up right after it met.
+struct Transition {
+    settled: Duration,
+    warm_attempted: usize,
+    warm_denied: usize,
+    warm_failed: usize,
+}
+
+/// Everything [`measure`] measured.
+struct Measured {
+    phases: Vec<Phase>,
+    transitions: Vec<Transition>,
+    /// The check's phase, and the headroom it had.
+    tight: Phase,
+    headroom: usize,
+}
+
+/// The simulated user clusters: where each one's Machines are created.
+struct Simulated {
+    /// One client per host, shared by the clusters on it.
+    hosts: Vec<Client>,
+    count: usize,
+}
+
+impl Simulated {
+    fn machines(&self, i: usize) -> Api<Machine> {
+        Api::namespaced(self.hosts[i % self.hosts.len()].clone(), &cluster_name(i))
+    }
+}
+
+/// A Machine of `cpus` cpu, for any namespace (the API's namespace is the one it gets).
+fn machine(name: &str, cpus: i64) -> Machine {
+    let mut m = e2e::machines::vsphere(name, cpus);
+    m.metadata.namespace = None;
+    m
+}
+
+/// Simulated cluster `i`: its namespace on its host; on the seed its `Cluster` of project `i`
+/// (with `status.namespaceName`) and the admin kubeconfig naming that namespace.
+async fn create_simulated(fleet: &Fleet, hosts: &[String], i: usize) -> Result<()> {
+    let name = cluster_name(i);
+    let host = fleet.user_cluster(&hosts[i % hosts.len()]);
+    e2e::fleet::create_namespace(&host.client(), &name).await?;
+    let seed = fleet.seed(SEED).client();
+    let namespace = e2e::fleet::cluster_namespace(&name);
+    e2e::fleet::create_namespace(&seed, &namespace).await?;
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(ADMIN_KUBECONFIG_SECRET.to_owned()),
+            namespace: Some(namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        data: Some(
+            [(
+                KUBECONFIG_KEY.to_owned(),
+                ByteString(host.in_cluster_kubeconfig_with_namespace(&name)?.into_bytes()),
+            )]
+            .into(),
+        ),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(seed.clone(), &namespace)
+        .create(&PostParams::default(), &secret)
+        .await
+        .with_context(|| format!("the admin kubeconfig of {name}"))?;
+    let clusters = Api::<Cluster>::all(seed);
+    clusters
+        .create(
+            &PostParams::default(),
+            &e2e::fleet::project_cluster(&name, &project_name(i)),
+        )
+        .await
+        .with_context(|| format!("Cluster {name}"))?;
+    clusters
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"namespaceName": namespace}})),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Points simulated cluster `i` at the webhook (base URL `base`): the configuration
+/// seed-controller writes for a user cluster, named for the cluster and selecting its namespace.
+async fn register(
+    fleet: &Fleet,
+    sim: &Simulated,
+    base: &str,
+    keys: &SigningKeys,
+    ca: &[u8],
+    i: usize,
+) -> Result<()> {
+    let name = cluster_name(i);
+    let uid = Api::<Cluster>::all(fleet.seed(SEED).client())
+        .get(&name)
+        .await?
+        .metadata
+        .uid
+        .context("a Cluster without UID")?;
+    let url = webhook_url(base, &name, &keys.sign(&name, &uid));
+    let mut config = webhook_config::desired(&url, Some(ca), Operations::CreateAndUpdate);
+    let config_name = format!("{}-{name}", webhook_config::NAME);
+    config["metadata"]["name"] = json!(config_name);
+    for webhook in config["webhooks"]
+        .as_array_mut()
+        .context("a configuration without webhooks")?
+    {
+        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": name}});
+    }
+    Api::<ValidatingWebhookConfiguration>::all(sim.hosts[i % sim.hosts.len()].clone())
+        .patch(
+            &config_name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(&config),
+        )
+        .await
+        .with_context(|| format!("registering {name}"))?;
+    Ok(())
+}
+
+fn cpu(details: &ResourceDetails) -> Option<kkp_quota_crds::Quantity> {
+    details.get(Resource::Cpu)
+}
+
+/// Writes the group with `limit` cpu and waits until every project holds a copy of its word
+/// and no member holds its grants back (`GrantsHeld` false).
+/// Returns whether the group was created (it did not exist).
+async fn group_on(fleet: &Fleet, projects: usize, limit: i64) -> Result<bool> {
+    let group: QuotaGroup = serde_json::from_value(json!({
+        "apiVersion": "kkp-quota.dev/v1alpha1",
+        "kind": "QuotaGroup",
+        "metadata": {"name": GROUP},
+        "spec": {"selector": {"matchLabels": {LABEL: "yes"}}, "quota": {"cpu": limit.to_string()}},
+    }))?;
+    let groups = Api::<QuotaGroup>::all(fleet.master().client());
+    let created = groups.get_opt(GROUP).await?.is_none();
+    groups
+        .patch(GROUP, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&group))
+        .await
+        .context("writing the group")?;
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_for(WAIT, "every project holding the group's word", || async {
+        let list = quotas.list(&ListParams::default()).await.ok()?;
+        let holding = list
+            .items
+            .iter()
+            .filter(|q| {
+                q.status
+                    .as_ref()
+                    .and_then(|s| s.shares.as_ref())
+                    .is_some_and(|s| s.groups.iter().any(|g| g.group == GROUP))
+            })
+            .count();
+        (holding == projects).then_some(())
+    })
+    .await?;
+    wait_for(WAIT, "the group granting (GrantsHeld false)", || async {
+        let status = groups.get(GROUP).await.ok()?.status?;
+        let held = status.conditions.iter().find(|c| c.type_ == "GrantsHeld")?;
+        (held.status == "False").then_some(())
+    })
+    .await?;
+    Ok(created)
+}
+
+/// Waits until every project's seed holds share for `room` more cpu than it commits: a phase
+/// that needs no more measures admission, not budgets and shares on their way (a group just
+/// created over busy projects, or usage that grew).
+async fn wait_room(fleet: &Fleet, projects: usize, room: i64) -> Result<()> {
+    let ledgers = Api::<QuotaLedger>::all(fleet.seed(SEED).client());
+    let room = kkp_quota_crds::Quantity::from_nanos(i128::from(room) * 1_000_000_000);
+    wait_for(WAIT, "every project's seed holding room for a phase", || async {
+        let list = ledgers.list(&ListParams::default()).await.ok()?;
+        let roomy = list
+            .items
+            .iter()
+            .filter_map(|l| e2e::shares::exact_figures(l, Resource::Cpu))
+            .filter(|(committed, share)| share.saturating_sub_to_zero(*committed) >= room)
+            .count();
+        (roomy >= projects).then_some(())
+    })
+    .await
+}
+
+/// Deletes the group and waits until no project holds a copy of it.
+async fn group_off(fleet: &Fleet) -> Result<()> {
+    let groups = Api::<QuotaGroup>::all(fleet.master().client());
+    match groups.delete(GROUP, &DeleteParams::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(e).context("deleting the group"),
+    }
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
+    wait_for(WAIT, "no project holding a group's word", || async {
+        let list = quotas.list(&ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .all(|q| {
+                q.status
+                    .as_ref()
+                    .and_then(|s| s.shares.as_ref())
+                    .is_none_or(|s| s.groups.is_empty())
+            })
+            .then_some(())
+    })
+    .await
+}
+
+/// One client per project, each creating `creates` Machines of 1 cpu one after another.
+async fn phase(sim: &Simulated, mode: Mode, tag: &str, creates: usize) -> Result<Phase> {
+    let start = Instant::now();
+    let runs = (0..sim.count).map(|i| {
+        let api = sim.machines(i);
+        async move {
+            let mut out = Vec::with_capacity(creates);
+            for n in 0..creates {
+                let began = Instant::now();
+                let result = api
+                    .create(&PostParams::default(), &machine(&format!("{tag}-{n}"), 1))
+                    .await;
+                out.push((i, began.elapsed(), result.map(|_| ())));
+            }
+            out
+        }
+    });
+    let results: Vec<_> = join_all(runs).await.into_iter().flatten().collect();
+    let elapsed = start.elapsed();
+    let mut phase = Phase {
+        mode,
+        attempted: results.len(),
+        admitted: 0,
+        denied: 0,
+        denied_by_group: 0,
+        failed: 0,
+        first_denial: None,
+        elapsed,
+        latencies: Vec::with_capacity(results.len()),
+        webhook: Webhooks::default(),
+        cpu: CpuTicks::default(),
+        master_writes: Writes::default(),
+        seed_writes: Writes::default(),
+    };
+    for (i, latency, result) in results {
+        phase.latencies.push(latency);
+        match result {
+            Ok(()) => phase.admitted += 1,
+            Err(e) if is_quota_denial(&e, &project_name(i)) => {
+                phase.denied += 1;
+                if let kube::Error::Api(status) = &e {
+                    phase.first_denial.get_or_insert_with(|| status.message.clone());
+                }
+                phase.denied_by_group += usize::from(e.to_string().contains(&format!("group {GROUP:?}")));
+            }
+            Err(kube::Error::Api(s)) if s.reason == "QuotaCheckFailed" => phase.failed += 1,
+            Err(e) => bail!("{}: a create in {} failed: {e}", mode.label(), cluster_name(i)),
+        }
+    }
+    phase.latencies.sort();
+    Ok(phase)
+}
+
+/// What the group's record counts its members as holding, cpu (granted less what it read as
+/// released): the seeds of its members hold no more than this.
+async fn group_holds(fleet: &Fleet) -> Result<Option<i128>> {
+    let group = Api::<QuotaGroup>::all(fleet.master().client()).get(GROUP).await?;
+    let Some(record) = group.status.and_then(|s| s.budgets) else {
+        return Ok(None);
+    };
+    let mut held = kkp_quota_crds::Quantity::default();
+    for project in &record.projects {
+        let granted = cpu(&project.granted).unwrap_or_default();
+        let released = cpu(&project.released).unwrap_or_default();
+        held = held.checked_add(granted.saturating_sub_to_zero(released))?;
+    }
+    Ok(Some(held.ceil_units()))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::too_many_lines)]
+async fn main() -> Result<()> {
+    let args = Args::parse();
+    ensure!(
+        args.projects > 0 && args.hosts > 0 && args.rounds > 0 && args.creates > 0,
+        "every count must be at least 1"
+    );
+    kkp_quota_runtime::telemetry::init_tracing(false);
+    let hosts: Vec<String> = (0..args.hosts).map(|i| format!("host-{i}")).collect();
+    let mut spec = FleetSpec::empty().with_seed(SEED).with_project("hosts");
+    for host in &hosts {
+        spec = spec.with_user_cluster(host, SEED, "hosts");
+    }
+    for i in 0..args.projects {
+        spec = spec.with_project(&project_name(i));
+    }
+    tokio::task::spawn_blocking(e2e::system::build_components)
+        .await
+        .context("building the components")??;
+    let set_up = Instant::now();
+    let fleet = Fleet::start(spec).await?;
+    stream::iter(0..args.projects)
+        .map(|i| create_simulated(&fleet, &hosts, i))
+        .buffer_unordered(8)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
+    fleet.write_dir(dir.path())?;
+    let credentials = Credentials::for_fleet(&fleet, dir.path(), false).await?;
+    let mut system = System::start_as(
+        &fleet,
+        dir.path(),
+        &[
+            ("seed-controller", "--machine-namespace-from-kubeconfig"),
+            ("seed-controller", "--quota-view=false"),
+        ],
+        &credentials,
+    )
+    .await?;
+    let listen = system
+        .of_kind("machine-webhook")
+        .next()
+        .and_then(|w| w.flag("--listen-address"))
+        .context("the webhook's address")?
+        .to_owned();
+    // This benchmark writes the webhook configurations itself, one per simulated cluster.
+    system
+        .component_mut(&format!("seed-controller-{SEED}"))
+        .context("no seed-controller")?
+        .restart_without("--webhook-")?;
+    system.wait_ready(WAIT).await?;
+    let sim = Simulated {
+        hosts: hosts.iter().map(|h| fleet.user_cluster(h).client()).collect(),
+        count: args.projects,
+    };
+    for host in &sim.hosts {
+        match Api::<ValidatingWebhookConfiguration>::all(host.clone())
+            .delete(webhook_config::NAME, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e).context("removing seed-controller's configuration"),
+        }
+    }
+    let keys = SigningKeys::load(&system.url_signing_keys)?;
+    let ca = std::fs::read(&system.webhook_ca)?;
+    let base = format!("https://{listen}");
+    stream::iter(0..args.projects)
+        .map(|i| register(&fleet, &sim, &base, &keys, &ca, i))
+        .buffer_unordered(8)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+    // Every project: its label and its own quota, counted on the seed.
+    let projects_api = Api::<Project>::all(fleet.master().client());
+    stream::iter(0..args.projects)
+        .map(|i| {
+            let projects_api = projects_api.clone();
+            let fleet = &fleet;
+            async move {
+                projects_api
+                    .patch(
+                        &project_name(i),
+                        &PatchParams::default(),
+                        &Patch::Merge(&json!({"metadata": {"labels": {LABEL: "yes"}}})),
+                    )
+                    .await?;
+                let quota = e2e::demo::cpu_quota(&project_name(i), &OWN_CPU.to_string());
+                e2e::demo::apply_quota(fleet, &quota, MANAGER).await
+            }
+        })
+        .buffer_unordered(8)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let ledgers = Api::<QuotaLedger>::all(fleet.seed(SEED).client());
+    wait_for(WAIT, "every project's ledger counted", || async {
+        let list = ledgers.list(&ListParams::default()).await.ok()?;
+        let counted = list
+            .items
+            .iter()
+            .filter(|l| l.status.as_ref().is_some_and(|s| s.local_usage.is_some()))
+            .count();
+        (counted >= args.projects).then_some(())
+    })
+    .await?;
+    // Enforced through every simulated cluster: a dry-run create admitted, one too big denied
+    // by the project's quota (so the webhook is called with the right project).
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    for i in 0..args.projects {
+        let api = sim.machines(i);
+        wait_for(
+            WAIT,
+            &format!("a dry-run create in {} admitted", cluster_name(i)),
+            || async { api.create(&dry, &machine("probe", 1)).await.ok().map(|_| ()) },
+        )
+        .await?;
+        match api.create(&dry, &machine("too-big", OWN_CPU + 1)).await {
+            Err(e) if is_quota_denial(&e, &project_name(i)) => {}
+            other => bail!(
+                "{}: a Machine over the quota was not denied: {other:?}",
+                cluster_name(i)
+            ),
+        }
+    }
+    let set_up = set_up.elapsed();
+    eprintln!("set up in {:.0} s", set_up.as_secs_f64());
+
+    let measured = match measure(&args, &fleet, &system, &sim, &hosts).await {
+        Ok(measured) => measured,
+        Err(e) => {
+            // The components' logs say why; the fleet's directory goes with the fleet.
+            let kept = std::env::temp_dir().join(format!("group-bench-logs-{}", std::process::id()));
+            std::fs::create_dir_all(&kept)?;
+            for entry in std::fs::read_dir(dir.path().join("logs"))? {
+                let entry = entry?;
+                std::fs::copy(entry.path(), kept.join(entry.file_name()))?;
+            }
+            eprintln!("the components' logs are kept in {}", kept.display());
+            return Err(e);
+        }
+    };
+    let out = report(&args, &measured, set_up)?;
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::write(&args.out, &out)?;
+    print!("{out}");
+    eprintln!("written to {}", args.out.display());
+    drop(system);
+    drop(fleet);
+    Ok(())
+}
+
+/// Both modes, rounds interleaved, then the group enforced: the phases, the check's phase and its
+/// headroom.
+async fn measure(
+    args: &Args,
+    fleet: &Fleet,
+    system: &System,
+    sim: &Simulated,
+    hosts: &[String],
+) -> Result<Measured> {
+    let groups = cpu_groups(fleet, system, hosts);
+    let far = OWN_CPU * i64::try_from(args.projects)?;
+    let mut phases: Vec<Phase> = Vec::new();
+    let mut transitions: Vec<Transition> = Vec::new();
+    let mut running = 0usize;
+    let modes = [Mode::Projects, Mode::Group];
+    for round in 0..args.rounds {
+        for mode in e2e::bench::round_order(&modes, round) {
+            let began = Instant::now();
+            let created = match mode {
+                Mode::Projects => {
+                    group_off(fleet).await?;
+                    false
+                }
+                Mode::Group => group_on(fleet, args.projects, far).await?,
+            };
+            let warm = phase(
+                sim,
+                mode,
+                &format!("w{round}-{}", phases.len()),
+                args.creates.div_ceil(4),
+            )
+            .await?;
+            running += warm.admitted;
+            wait_room(fleet, args.projects, i64::try_from(args.creates)?).await?;
+            if created {
+                transitions.push(Transition {
+                    settled: began.elapsed(),
+                    warm_attempted: warm.attempted,
+                    warm_denied: warm.denied,
+                    warm_failed: warm.failed,
+                });
+            }
+            let before = Webhooks::scrape(system).await?;
+            let cpu_before = CpuTicks::now(&groups);
+            let master_before = Writes::scrape(&fleet.master().client()).await?;
+            let seed_before = Writes::scrape(&fleet.seed(SEED).client()).await?;
+            let mut p = phase(sim, mode, &format!("r{round}-{}", phases.len()), args.creates).await?;
+            p.cpu = CpuTicks::now(&groups).since(&cpu_before);
+            p.master_writes = Writes::scrape(&fleet.master().client())
+                .await?
+                .since(&master_before);
+            p.seed_writes = Writes::scrape(&fleet.seed(SEED).client())
+                .await?
+                .since(&seed_before);
+            p.webhook = Webhooks::scrape(system).await?.since(&before);
+            running += p.admitted;
+            eprintln!(
+                "round {round}: {}: {} of {} admitted in {:.2} s ({:.1}/s)",
+                mode.label(),
+                p.admitted,
+                p.attempted,
+                p.elapsed.as_secs_f64(),
+                rate(p.attempted, p.elapsed)
+            );
+            ensure!(
+                p.denied == 0,
+                "{}: {} creates denied far from every limit, the first: {}",
+                mode.label(),
+                p.denied,
+                p.first_denial.as_deref().unwrap_or_default()
+            );
+            phases.push(p);
+        }
+    }
+
+    // The check: the group's limit lowered to what runs plus a headroom of half a Machine per
+    // project, in force once its record counts no more held than that; then two creates per
+    // project at once.
+    let headroom = args.projects.div_ceil(2);
+    let limit = i64::try_from(running + headroom)?;
+    group_on(fleet, args.projects, limit).await?;
+    wait_for(WAIT, "the group's record within the lowered limit", || async {
+        let held = group_holds(fleet).await.ok()??;
+        (held <= i128::from(limit)).then_some(())
+    })
+    .await?;
+    let tight = phase(sim, Mode::Group, "tight", 2).await?;
+    eprintln!(
+        "tight: {} of {} admitted, {} denied ({} naming the group), {} failed, headroom {headroom}",
+        tight.admitted, tight.attempted, tight.denied, tight.denied_by_group, tight.failed
+    );
+    if let Some(message) = &tight.first_denial {
+        eprintln!("tight: the first denial: {message}");
+    }
+    ensure!(
+        tight.admitted <= headroom,
+        "the group admitted {} over a headroom of {headroom}",
+        tight.admitted
+    );
+
+    Ok(Measured {
+        phases,
+        transitions,
+        tight,
+        headroom,
+    })
+}
+
+/// The results file.
+#[allow(clippy::too_many_lines)]
+fn report(args: &Args, measured: &Measured, set_up: Duration) -> Result<String> {
+    let Measured {
+        phases,
+        transitions,
+        tight,
+        headroom,
+    } = measured;
+    let headroom = *headroom;
+    let mut out = String::new();
+    let projects = args.projects;
+    writeln!(
+        out,
+        "# A shared quota group of {projects} projects: admission throughput\n"
+    )?;
+    writeln!(
+        out,
+        "Measured by `cargo run --release -p e2e --example group_bench -- --projects {projects} --hosts {} --rounds {} --creates {}` on {} ({}). The whole system runs as real processes built in the {} beside real API servers: a master, one seed, {} user-cluster API servers. Each of the {projects} projects has one simulated user cluster (a namespace on one of those API servers, its KKP `Cluster` on the seed, its own webhook configuration with its signed URL; seed-controller watches each one's Machines as it would a cluster's), so {projects} projects fit on this machine; set-up took {:.0} s. Every project has its own quota of {OWN_CPU} cpu. In every phase each project has one client creating 1-cpu Machines one after another ({} per project, {} per phase), after an unmeasured warm-up of a quarter of that in the same mode and a wait until every project's seed holds share for the phase (so a phase measures admission, not share moving: the cost of moving it is measured apart, below); Machines are kept, so every phase starts with more of them. Modes alternate, in an order that changes every round (`e2e::bench::round_order`). The group mode's group is `shared`, over all {projects} projects, with a limit of {} cpu (far from what they use: each member's budget, not its own quota, is what its seed's shares are planned within).\n",
+        args.hosts,
+        args.rounds,
+        args.creates,
+        jiff::Zoned::now().date(),
+        e2e::bench::host(),
+        e2e::bench::profile(),
+        args.hosts,
+        set_up.as_secs_f64(),
+        args.creates,
+        args.creates * projects,
+        OWN_CPU * i64::try_from(projects)?,
+    )?;
+    let of = |mode: Mode| -> Vec<&Phase> { phases.iter().filter(|p| p.mode == mode).collect() };
+    let rates = |mode: Mode| -> Vec<f64> { of(mode).iter().map(|p| rate(p.attempted, p.elapsed)).collect() };
+    let base = rates(Mode::Projects);
+    let ratios = per_round_ratios(&rates(Mode::Group), &base);
+    let ratio = median(ratios.clone());
+    let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+    writeln!(
+        out,
+        "**With the group / without: {ratio:.2} of the throughput (median of the rounds' ratios: {}; goal: at least 0.90).**\n",
+        shown.join(", ")
+    )?;
+    writeln!(
+        out,
+        "| mode | creates/s (median of rounds) | create p50 | create p99 | decision p50 | decision p99 | waited for share: admitted / denied | demands written |"
+    )?;
+    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
+    for mode in [Mode::Projects, Mode::Group] {
+        let phases = of(mode);
+        let mut latencies: Vec<Duration> = phases.iter().flat_map(|p| p.latencies.iter().copied()).collect();
+        latencies.sort();
+        let mut webhook = Webhooks::default();
+        for p in &phases {
+            webhook.add(&p.webhook);
+        }
+        let decision = |q: f64| format!("{:.2} ms", histogram_quantile(&webhook.decision, q) * 1000.0);
+        let count = |b: &Buckets| b.last().map_or(0, |b| b.1);
+        writeln!(
+            out,
+            "| {} | {:.1} | {} | {} | {} | {} | {} / {} | {:.0} |",
+            mode.label(),
+            median(rates(mode)),
+            ms(percentile(&latencies, 0.5)),
+            ms(percentile(&latencies, 0.99)),
+            decision(0.5),
+            decision(0.99),
+            count(&webhook.share_allowed),
+            count(&webhook.share_denied),
+            webhook.demands,
+        )?;
+    }
+    let per_second = e2e::procfs::ticks_per_second();
+    writeln!(
+        out,
+        "\nCPU ms per create (user + system time from `/proc/<pid>/stat` over every phase of the mode, divided by its creates; every process shares the machine's cores, so creates/s follows what a create costs in all of them together):\n"
+    )?;
+    writeln!(
+        out,
+        "| mode | all | {} | this program (the clients) |",
+        CPU_GROUPS.join(" | ")
+    )?;
+    writeln!(out, "| --- | ---:{} |", " | ---:".repeat(CPU_GROUPS.len() + 1))?;
+    for mode in [Mode::Projects, Mode::Group] {
+        let phases = of(mode);
+        #[allow(clippy::cast_precision_loss)]
+        let creates = phases.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let per_create = |ticks: u64| ticks as f64 / per_second * 1000.0 / creates;
+        let mut used = CpuTicks::default();
+        for p in &phases {
+            used.add(&p.cpu);
+        }
+        let cells: Vec<String> = used
+            .groups
+            .iter()
+            .chain([&used.this_process])
+            .map(|t| format!("{:.2}", per_create(*t)))
+            .collect();
+        writeln!(
+            out,
+            "| {} | {:.2} | {} |",
+            mode.label(),
+            per_create(used.groups.iter().sum::<u64>() + used.this_process),
+            cells.join(" | ")
+        )?;
+    }
+    writeln!(
+        out,
+        "\nWrites per 100 creates the master's and the seed's API servers served (their `apiserver_request_total`, every write verb, over every phase of the mode; the Machines themselves are written to the hosts, not here):\n"
+    )?;
+    writeln!(out, "| mode | master | seed |")?;
+    writeln!(out, "| --- | --- | --- |")?;
+    for mode in [Mode::Projects, Mode::Group] {
+        let phases = of(mode);
+        #[allow(clippy::cast_precision_loss)]
+        let creates = phases.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
+        let (mut master, mut seed) = (Writes::default(), Writes::default());
+        for p in &phases {
+            master.add(&p.master_writes);
+            seed.add(&p.seed_writes);
+        }
+        let cell = |w: &Writes| {
+            let mut entries: Vec<(&String, &f64)> = w.0.iter().collect();
+            entries.sort_by(|a, b| b.1.total_cmp(a.1));
+            let shown: Vec<String> = entries
+                .iter()
+                .map(|(k, v)| format!("{k}: {:.1}", *v * 100.0 / creates))
+                .collect();
+            if shown.is_empty() {
+                "none".to_owned()
+            } else {
+                shown.join(", ")
+            }
+        };
+        writeln!(out, "| {} | {} | {} |", mode.label(), cell(&master), cell(&seed))?;
+    }
+    writeln!(out, "\nPer phase:\n")?;
+    writeln!(
+        out,
+        "| phase | mode | admitted | refused without a decision (\"try again\") | seconds | creates/s | create p99 |"
+    )?;
+    writeln!(out, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")?;
+    for (i, p) in phases.iter().enumerate() {
+        writeln!(
+            out,
+            "| {i} | {} | {} | {} | {:.2} | {:.1} | {} |",
+            p.mode.label(),
+            p.admitted,
+            p.failed,
+            p.elapsed.as_secs_f64(),
+            rate(p.attempted, p.elapsed),
+            ms(percentile(&p.latencies, 0.99)),
+        )?;
+    }
+    writeln!(out, "\n## A group created over busy projects\n")?;
+    writeln!(
+        out,
+        "Before each group phase that found no group, the group was created over the {projects} projects, all with Machines and shares of their own. Each project then plans its seed's share within its budget, which it has yet to be granted: its seed's share is lowered to what it commits, and comes back as the group grants budgets. The warm-up runs at once; the measured phase waits until every project's seed holds share for the phase again (above). A create in that window that finds no share waits for it (up to the webhook's share wait, 3 s) and is denied if it does not arrive.\n"
+    )?;
+    writeln!(
+        out,
+        "| group created | settled after | warm-up creates | denied | refused without a decision |"
+    )?;
+    writeln!(out, "| ---: | ---: | ---: | ---: | ---: |")?;
+    for (i, t) in transitions.iter().enumerate() {
+        writeln!(
+            out,
+            "| {} | {:.1} s | {} | {} | {} |",
+            i + 1,
+            t.settled.as_secs_f64(),
+            t.warm_attempted,
+            t.warm_denied,
+            t.warm_failed
+        )?;
+    }
+    writeln!(out, "\n## The group enforced\n")?;
+    writeln!(
+        out,
+        "Checked, not timed: the group's limit lowered to the cpu of every Machine created so far plus {headroom} (half a Machine per project), in force once the group's record counts its members holding no more than that; then every project's client creates two Machines at once ({} creates). Admitted: **{} of a headroom of {headroom}** (more fails the run; fewer is headroom left in budgets too small for a Machine, or not moved to the projects that asked before their wait for share ended); {} denied, {} of them naming the group; {} refused without a decision (the webhook's ledger write did not land in time: \"try again\"); {:.2} s, create p99 {}.",
+        tight.attempted,
+        tight.admitted,
+        tight.denied,
+        tight.denied_by_group,
+        tight.failed,
+        tight.elapsed.as_secs_f64(),
+        ms(percentile(&tight.latencies, 0.99)),
+    )?;
+    Ok(out)
+}
