@@ -1,7 +1,8 @@
 //! A shared group over two projects (issue #36's burst, docs/groups.md "Shared mode"), on the
 //! shares fleet with project `other` added (a cluster on each seed): rounds of 60 creates over
 //! the four clusters, overlapping groups, the group lowered below usage, the projects' own quotas
-//! tighter than the group, and a project labelled into a group it is over.
+//! tighter than the group, a project labelled into a group it is over, and one labelled out and
+//! back in during a burst.
 
 use std::fmt::Write as _;
 
@@ -171,6 +172,7 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
     assert!(checked > 10, "only {checked} versions checked");
     // Past here the two projects together may be over the group: one joins it over its room.
     a_project_labelled_into_a_full_group_admits_nothing_more(fleet).await;
+    a_project_relabelled_out_and_in_mid_burst(fleet, (&demo_spread, &other_spread)).await;
 
     Api::<QuotaGroup>::all(master.clone())
         .delete(PAIR, &DeleteParams::default())
@@ -190,28 +192,12 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
 /// master moves what is left, and the group fills to exactly 6, none past.
 async fn a_group_burst_with_the_master_killed(setup: &mut FleetWithSystem, spreads: (&[&str], &[&str])) {
     let master_name = super::master_controller(setup).name.clone();
-    let under_way = {
-        let seeds: Vec<kube::Client> = e2e::shares::SEEDS
+    let under_way = burst_under_way(
+        e2e::shares::SEEDS
             .iter()
             .map(|seed| setup.fleet.seed(seed).client())
-            .collect();
-        async move {
-            wait_for(WAIT, "the burst under way", || async {
-                for client in &seeds {
-                    for name in [NAME, OTHER] {
-                        let ledger = Api::<QuotaLedger>::all(client.clone()).get(name).await.ok()?;
-                        let status = ledger.status.unwrap_or_default();
-                        if !status.demands.is_empty() || !status.reservations.is_empty() {
-                            return Some(());
-                        }
-                    }
-                }
-                None
-            })
-            .await
-            .unwrap();
-        }
-    };
+            .collect(),
+    );
     let fleet = &setup.fleet;
     let system = &mut setup.system;
     let killing = async {
@@ -244,6 +230,110 @@ async fn a_group_burst_with_the_master_killed(setup: &mut FleetWithSystem, sprea
         "group of {PAIR_CPU} over demo and other, master killed mid-burst: the seeds admitted {demo} + {other} \
          on their own; after the restart, filled to {PAIR_CPU}, none past"
     );
+    empty_pair(fleet).await;
+}
+
+/// Waits until a burst of the pair is under way: some seed's ledger of either project holds a
+/// reservation or a demand (`seeds`: the seeds' clients).
+async fn burst_under_way(seeds: Vec<kube::Client>) {
+    wait_for(WAIT, "the burst under way", || async {
+        for client in &seeds {
+            for name in [NAME, OTHER] {
+                let ledger = Api::<QuotaLedger>::all(client.clone()).get(name).await.ok()?;
+                let status = ledger.status.unwrap_or_default();
+                if !status.demands.is_empty() || !status.reservations.is_empty() {
+                    return Some(());
+                }
+            }
+        }
+        None
+    })
+    .await
+    .unwrap();
+}
+
+/// `other` labelled out of the group and back in while a burst of 60 runs over the four
+/// clusters (issue #36). Out, `other` is bounded by its own quota alone and may take more than
+/// the group's room; back in, it keeps what it brought (a project joining over the room) and the
+/// group admits nothing more while over. Whichever way the flips fall in the burst: once
+/// `other` holds the group's word again and the seeds hold no room, nothing more is admitted;
+/// if the pair is within the group, it fills to exactly 6, none past.
+async fn a_project_relabelled_out_and_in_mid_burst(fleet: &e2e::Fleet, spreads: (&[&str], &[&str])) {
+    let projects = Api::<Project>::all(fleet.master().client());
+    let quotas = Api::<kkp_quota_crds::ProjectQuota>::all(fleet.master().client());
+    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
+    let seeds: Vec<kube::Client> = e2e::shares::SEEDS
+        .iter()
+        .map(|seed| fleet.seed(seed).client())
+        .collect();
+    // The joining scenario before left `other` out of the group.
+    projects
+        .patch(
+            "other",
+            &PatchParams::default(),
+            &Patch::Merge(&label(Some(PAIR))),
+        )
+        .await
+        .unwrap();
+    wait_holding(fleet, OTHER, PAIR).await;
+    let flips = async {
+        burst_under_way(seeds).await;
+        let out_at = std::time::Instant::now();
+        projects
+            .patch("other", &PatchParams::default(), &Patch::Merge(&label(None)))
+            .await
+            .unwrap();
+        // Back in once the master has let it go (its record holds no copy of the group).
+        wait_for(WAIT, "other out of the group", || async {
+            let shares = quotas.get(OTHER).await.ok()?.status?.shares?;
+            (!shares.groups.iter().any(|c| c.group == PAIR)).then_some(())
+        })
+        .await
+        .unwrap();
+        projects
+            .patch(
+                "other",
+                &PatchParams::default(),
+                &Patch::Merge(&label(Some(PAIR))),
+            )
+            .await
+            .unwrap();
+        out_at.elapsed()
+    };
+    let ((demo, other), out_for) = tokio::join!(
+        async {
+            tokio::join!(
+                e2e::shares::burst(fleet, "demo", spreads.0, "relabel"),
+                e2e::shares::burst(fleet, "other", spreads.1, "relabel"),
+            )
+        },
+        flips
+    );
+    wait_holding(fleet, OTHER, PAIR).await;
+    let held = demo + other;
+    if held < PAIR_CPU {
+        fill_to(fleet, "demo", "gamma", demo, PAIR_CPU - other).await;
+    } else if held > PAIR_CPU {
+        wait_pair_over(fleet).await;
+    }
+    wait_no_room(fleet, &[NAME, OTHER]).await;
+    let state = pair_state(fleet).await;
+    let past = tokio::join!(
+        e2e::shares::burst(fleet, "demo", &["alpha"; 2], "relabel-past"),
+        e2e::shares::burst(fleet, "other", &[OTHER_CLUSTERS[1]; 2], "relabel-past"),
+    );
+    eprintln!(
+        "other labelled out of the group of {PAIR_CPU} and back in ({out_for:?} out) during a burst of 60: \
+         {demo} demo + {other} other admitted; past it, {} + {}",
+        past.0, past.1
+    );
+    assert_eq!(
+        past,
+        (0, 0),
+        "admitted past the group after other came back; before:\n{state}\nafter:\n{}",
+        pair_state(fleet).await
+    );
+    assert_eq!(machines_in_pair(fleet).await, held.max(PAIR_CPU));
     empty_pair(fleet).await;
 }
 

@@ -195,10 +195,43 @@ pub(super) fn share_detail(project: &str, state: &QuotaState) -> String {
     } else {
         format!("the rest of the quota is held by {}", join_human(&holders))
     };
+    // A project under a shared group may wait for budget the group has given its other
+    // projects, which may all be in use: the room is asked for, but a retry is not sure to pass.
+    let groups = bounding_groups(state);
+    if !groups.is_empty() {
+        return format!(
+            "cannot be admitted yet: project {project:?} uses {}, and {rest}; it is asked for, but the project is also bounded by {}, whose room its other projects may be using, so trying again in a few seconds may succeed",
+            join_human(&uses),
+            join_human(&groups)
+        );
+    }
     format!(
         "cannot be admitted yet: project {project:?} uses {}, and {rest}; it is being moved to this seed, so trying again in a few seconds will succeed",
         join_human(&uses)
     )
+}
+
+/// Each shared group bounding the project, with what it uses (the project's use and its other
+/// projects' as the ledger last carried them): `group "acme" (47 of 50 cpu)`.
+fn bounding_groups(state: &QuotaState) -> Vec<String> {
+    let own = state.used().unwrap_or_default();
+    state
+        .groups
+        .iter()
+        .map(|group| {
+            let used = group.others_usage.checked_add(&own).unwrap_or_default();
+            let figures: Vec<String> = group
+                .quota
+                .iter()
+                .map(|(r, limit)| uses(r, used.amount(r), limit))
+                .collect();
+            format!(
+                "group {:?} ({} as last counted)",
+                group.name,
+                join_human(&figures)
+            )
+        })
+        .collect()
 }
 
 /// When part of "in use" is headroom other webhook processes hold (allotments), says so: it comes

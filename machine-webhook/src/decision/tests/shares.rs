@@ -183,6 +183,21 @@ fn the_share_decides_and_the_group_figures_only_name_the_refusal() {
     let roomy = grouped(vec![group("acme", "20", "7")]);
     let v = decide("p", Some(&roomy), &create("m", cpu("3")));
     assert_eq!(v.reason, Reason::ShareInTransit);
+    // Its words name the group, and promise nothing: the group's other projects may be using
+    // the room (as the benchmark's 100-project group showed: "will succeed", then refused).
+    let message = v.message.unwrap();
+    assert!(
+        message.contains(r#"bounded by group "acme" (9 of 20 cpu as last counted)"#)
+            && message.ends_with("trying again in a few seconds may succeed"),
+        "{message}"
+    );
+    // Without a group, the share is being moved to this seed, and a retry will pass.
+    let alone = with_share(state(cpu("16"), cpu("2")), "4", &[("seed-b", "10")]);
+    let message = decide("p", Some(&alone), &create("m", cpu("3"))).message.unwrap();
+    assert!(
+        message.ends_with("so trying again in a few seconds will succeed"),
+        "{message}"
+    );
     // Over the project's own quota, the project is named, whatever the groups.
     let v = decide("p", Some(&full), &create("m", cpu("15")));
     assert_eq!(v.reason, Reason::QuotaExceeded);
