@@ -27,7 +27,8 @@
 use std::collections::BTreeMap;
 
 use kkp_quota_crds::shares::group::{
-    first_budget, group_plan, member_demand, member_held, member_limit, member_release_due, member_report,
+    committed_report, first_budget, group_plan, member_demand, member_held, member_limit, member_release_due,
+    member_report,
 };
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, fits_within};
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
@@ -121,6 +122,8 @@ struct Project {
     /// Its copy of the budget was lost with its record: the next word it reads is taken through
     /// `first_budget`, once its rebuilt record has its seeds' holdings.
     budget_lost: bool,
+    /// What it last reported committed to the group (its record's copy keeps it).
+    reported: Option<Rd>,
     /// The group's word (and limit) it read last while `budget_lost`.
     pending: Option<(MasterWord, Rd)>,
     /// Whether its master sees it selected by the group (its labels, through a cache that may
@@ -314,6 +317,7 @@ impl World {
                 group_limit: cpu(group_limit),
                 budget_lost: false,
                 pending: None,
+                reported: None,
                 member: true,
                 seeds: SEEDS.iter().map(|s| (*s, SeedCopy::default())).collect(),
             })
@@ -427,10 +431,15 @@ impl World {
         p.version = old_version + 1;
         let version = p.version;
         let capacity = p.budget.capacity(&group_limit);
+        // Repeated while it grows within the slack and the target (what the record's copy
+        // keeps, so no write): the group reads up to the slack less than is committed.
+        let fresh = member_report(&p.view, &group_limit, &p.budget).unwrap();
+        let reported = committed_report(p.reported.as_ref(), &fresh, &p.budget.target, &slack());
+        p.reported = Some(reported.clone());
         let report = SeedReport {
             version: revision,
             released: p.budget.released.clone(),
-            committed: member_report(&p.view, &group_limit, &p.budget).unwrap(),
+            committed: reported,
             demand: member_demand(&p.view, &group_limit, &capacity).unwrap(),
             holds: Some(MasterWord {
                 version: p.budget.version,
@@ -624,6 +633,7 @@ impl World {
                 p.budget = SeedShare::default();
                 p.budget_lost = true;
                 p.pending = None;
+                p.reported = None;
             }
         }
     }
@@ -657,6 +667,7 @@ impl World {
         p.budget = SeedShare::default();
         p.budget_lost = selected;
         p.pending = None;
+        p.reported = None;
     }
 
     /// Whether the group bounds `project` now: labelled into it, its master planning within

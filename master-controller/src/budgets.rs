@@ -18,8 +18,8 @@ use kkp_quota_crds::project_quota::GroupBudget;
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::{self, Member};
 use kkp_quota_crds::shares::group::{
-    first_budget, group_plan, holding_back, member_demand, member_held, member_limit, member_release_due,
-    member_report,
+    committed_report, first_budget, group_plan, holding_back, member_demand, member_held, member_limit,
+    member_release_due, member_report,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
 use kkp_quota_crds::{LedgerGroup, QuantityError, QuotaGroup, ResourceDetails};
@@ -112,6 +112,8 @@ pub struct Holding {
     /// The project's copy, after taking the group's newest word; `None` until it has taken a
     /// first one (a new member, or a record lost): it then holds nothing of the group.
     pub share: Option<SeedShare>,
+    /// What the project last reported committed to the group (its record's copy).
+    pub reported: Option<ResourceDetails>,
 }
 
 /// What a project's share round takes from the groups that select it.
@@ -158,7 +160,9 @@ impl Holdings {
                 }
                 (None, _) => None,
             };
+            let reported = old.iter().find(|c| c.group == name).map(|c| c.committed.clone());
             holdings.push(Holding {
+                reported,
                 group: name,
                 slack: shares::slack(&limit, slack_percent),
                 limit,
@@ -197,7 +201,12 @@ impl Holdings {
             if !due.is_empty() {
                 share.release(&due)?;
             }
-            let committed = member_report(view, &holding.limit, share)?;
+            let committed = committed_report(
+                holding.reported.as_ref(),
+                &member_report(view, &holding.limit, share)?,
+                &share.target,
+                &holding.slack,
+            );
             let demand = member_demand(view, &holding.limit, &share.capacity(&holding.limit))?;
             copies.push(budgets::copy(&holding.group, share, committed, demand));
         }

@@ -95,6 +95,37 @@ pub fn member_report(
     Ok(committed)
 }
 
+/// What a project reports committed to its group this round, given `fresh` ([`member_report`])
+/// and what it reported last (`last`, in the copy its record holds): `last` again while `fresh`
+/// is at most `slack` above it in every resource and within the budget's `target`; otherwise
+/// `fresh`. A report the group would act on no differently then costs no write of the project's
+/// record: with a write for every usage change of every member, a group of 100 busy projects
+/// tripled the writes to the master (docs/groups.md, "Benchmark"). The group so reads a project
+/// committing at most `slack` less than it does, never more: it may ask back room in use, which
+/// the project never releases (its release is floored at what its seeds hold), and never
+/// overlooks room going idle (a fall is reported at once), nor use above the budget.
+pub fn committed_report(
+    last: Option<&ResourceDetails>,
+    fresh: &ResourceDetails,
+    target: &ResourceDetails,
+    slack: &ResourceDetails,
+) -> ResourceDetails {
+    let Some(last) = last else {
+        return fresh.clone();
+    };
+    let same_resources = last.iter().map(|(r, _)| r).eq(fresh.iter().map(|(r, _)| r));
+    let quiet = same_resources
+        && fresh.iter().all(|(resource, now)| {
+            let before = last.amount(resource);
+            let within_slack = before
+                .checked_add(slack.amount(resource))
+                .is_ok_and(|ceiling| now <= ceiling);
+            let within_target = target.get(resource).is_none_or(|t| now <= t);
+            before <= now && within_slack && within_target
+        });
+    if quiet { last.clone() } else { fresh.clone() }
+}
+
 /// The absolute budget a project asks its group for, while one of its seeds wants more than the
 /// project may grant: per resource `Σ_i max(committed_i, demand_i)` over its seeds (what they
 /// use and what they ask for; idle share elsewhere in the project is the project's to move).
@@ -216,6 +247,26 @@ mod tests {
             limit: cpu(limit),
             seeds: names.iter().map(|n| (*n).to_owned()).zip(seeds).collect(),
         }
+    }
+
+    #[test]
+    fn a_report_is_repeated_while_its_use_grows_within_the_slack_and_the_target() {
+        let (slack, target) = (cpu(2), cpu(10));
+        let last = cpu(5);
+        // Grown by up to the slack, within the target: the last report again (no write).
+        assert_eq!(committed_report(Some(&last), &cpu(7), &target, &slack), cpu(5));
+        assert_eq!(committed_report(Some(&last), &cpu(5), &target, &slack), cpu(5));
+        // More than the slack, a fall, or above the target: the fresh figure.
+        assert_eq!(committed_report(Some(&last), &cpu(8), &target, &slack), cpu(8));
+        assert_eq!(committed_report(Some(&last), &cpu(4), &target, &slack), cpu(4));
+        assert_eq!(committed_report(Some(&last), &cpu(7), &cpu(6), &slack), cpu(7));
+        // Nothing reported before: the fresh figure.
+        assert_eq!(committed_report(None, &cpu(7), &target, &slack), cpu(7));
+        // A resource appearing or going: the fresh figure.
+        assert_eq!(
+            committed_report(Some(&ResourceDetails::default()), &cpu(1), &target, &slack),
+            cpu(1)
+        );
     }
 
     #[test]
