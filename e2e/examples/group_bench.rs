@@ -835,26 +835,16 @@ fn report(args: &Args, measured: &Measured, set_up: Duration) -> Result<String> 
     writeln!(out, "| --- | ---:{} |", " | ---:".repeat(CPU_GROUPS.len() + 1))?;
     for mode in [Mode::Projects, Mode::Group] {
         let phases = of(mode);
-        #[allow(clippy::cast_precision_loss)]
-        let creates = phases.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let per_create = |ticks: u64| ticks as f64 / per_second * 1000.0 / creates;
         let mut used = CpuTicks::default();
         for p in &phases {
             used.add(&p.cpu);
         }
-        let cells: Vec<String> = used
-            .groups
-            .iter()
-            .chain([&used.this_process])
-            .map(|t| format!("{:.2}", per_create(*t)))
-            .collect();
+        let creates = phases.iter().map(|p| p.attempted).sum::<usize>();
         writeln!(
             out,
-            "| {} | {:.2} | {} |",
+            "| {} | {} |",
             mode.label(),
-            per_create(used.groups.iter().sum::<u64>() + used.this_process),
-            cells.join(" | ")
+            used.per_create_row(per_second, creates)
         )?;
     }
     writeln!(

@@ -477,26 +477,16 @@ async fn main() -> Result<()> {
     let per_second = e2e::procfs::ticks_per_second();
     for mode in [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight] {
         let of: Vec<&Phase> = phases.iter().filter(|p| p.mode == mode).collect();
-        #[allow(clippy::cast_precision_loss)]
-        let creates = of.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
-        #[allow(clippy::cast_precision_loss)]
-        let per_create = |ticks: u64| ticks as f64 / per_second * 1000.0 / creates;
         let mut used = CpuTicks::default();
         for p in &of {
             used.add(&p.cpu);
         }
-        let cells: Vec<String> = used
-            .groups
-            .iter()
-            .chain([&used.this_process])
-            .map(|t| format!("{:.2}", per_create(*t)))
-            .collect();
+        let creates = of.iter().map(|p| p.attempted).sum::<usize>();
         writeln!(
             out,
-            "| {} | {:.2} | {} |",
+            "| {} | {} |",
             mode.label(),
-            per_create(used.groups.iter().sum::<u64>() + used.this_process),
-            cells.join(" | ")
+            used.per_create_row(per_second, creates)
         )?;
     }
     writeln!(out, "\nPer phase:\n")?;

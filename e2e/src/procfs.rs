@@ -104,6 +104,20 @@ impl CpuTicks {
         self.groups.get(i).copied().unwrap_or(0)
     }
 
+    /// A results table's cells for CPU ms per create, `creates` of them: all groups and this
+    /// process together, then each group, then this process (`| `-separated, two decimals).
+    pub fn per_create_row(&self, ticks_per_second: f64, creates: usize) -> String {
+        #[allow(clippy::cast_precision_loss)]
+        let per_create = |ticks: u64| ticks as f64 / ticks_per_second * 1000.0 / creates.max(1) as f64;
+        let all = self.groups.iter().sum::<u64>() + self.this_process;
+        std::iter::once(all)
+            .chain(self.groups.iter().copied())
+            .chain([self.this_process])
+            .map(|t| format!("{:.2}", per_create(t)))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    }
+
     /// What was used from `before` until this one.
     #[must_use]
     pub fn since(&self, before: &CpuTicks) -> CpuTicks {

@@ -22,16 +22,7 @@ pub async fn a_shared_group_caps_the_project_across_seeds(setup: &FleetWithSyste
     restore_limit(fleet).await;
     settle(fleet).await;
     let master = fleet.master().client();
-    let projects = Api::<Project>::all(master.clone());
-    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
-    projects
-        .patch(
-            "demo",
-            &PatchParams::default(),
-            &Patch::Merge(&label(Some(GROUP))),
-        )
-        .await
-        .unwrap();
+    set_label(fleet, "demo", "customer", Some(GROUP)).await;
     create_group(fleet, GROUP, "customer", GROUP, GROUP_CPU).await;
     let groups = Api::<QuotaGroup>::all(master.clone());
     let quotas = Api::<ProjectQuota>::all(master.clone());
@@ -81,10 +72,7 @@ pub async fn a_shared_group_caps_the_project_across_seeds(setup: &FleetWithSyste
     // The group gone: demo's own 10 again.
     settle(fleet).await;
     groups.delete(GROUP, &DeleteParams::default()).await.unwrap();
-    projects
-        .patch("demo", &PatchParams::default(), &Patch::Merge(&label(None)))
-        .await
-        .unwrap();
+    set_label(fleet, "demo", "customer", None).await;
     wait_for(WAIT, "demo's copy of the group gone", || async {
         let shares = quotas.get(NAME).await.ok()?.status?.shares?;
         shares.groups.is_empty().then_some(())
@@ -107,6 +95,15 @@ pub async fn create_group(fleet: &e2e::Fleet, name: &str, key: &str, value: &str
     .unwrap();
     Api::<QuotaGroup>::all(fleet.master().client())
         .create(&PostParams::default(), &group)
+        .await
+        .unwrap();
+}
+
+/// Sets project `project`'s label `key` to `value` (`None` removes it), on the master.
+pub async fn set_label(fleet: &e2e::Fleet, project: &str, key: &str, value: Option<&str>) {
+    let patch = serde_json::json!({"metadata": {"labels": {key: value}}});
+    Api::<Project>::all(fleet.master().client())
+        .patch(project, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
 }

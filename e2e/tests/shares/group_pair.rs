@@ -6,13 +6,12 @@
 
 use std::fmt::Write as _;
 
-use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::{Quantity, QuotaGroup, QuotaLedger, Resource};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use tokio::sync::oneshot;
 
-use super::group::{create_group, wait_holding};
+use super::group::{create_group, set_label, wait_holding};
 use super::{LIMIT, NAME, WAIT, overrun_watcher_of, settle};
 use e2e::fleet::FleetSpec;
 use e2e::shares::{delete_all, exact_figures, group_overrun_watcher};
@@ -50,18 +49,8 @@ async fn pair_setup(setup: &FleetWithSystem) {
         .await
         .unwrap();
     e2e::demo::wait_in_force(fleet, "other", WAIT).await.unwrap();
-    let master = fleet.master().client();
-    let projects = Api::<Project>::all(master.clone());
-    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
     for project in ["demo", "other"] {
-        projects
-            .patch(
-                project,
-                &PatchParams::default(),
-                &Patch::Merge(&label(Some(PAIR))),
-            )
-            .await
-            .unwrap();
+        set_label(fleet, project, "customer", Some(PAIR)).await;
     }
     create_group(fleet, PAIR, "customer", PAIR, PAIR_CPU).await;
     for quota in [NAME, OTHER] {
@@ -78,8 +67,6 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
     pair_setup(setup).await;
     let fleet = &setup.fleet;
     let master = fleet.master().client();
-    let projects = Api::<Project>::all(master.clone());
-    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
 
     let (stop, stopped) = oneshot::channel();
     let limit = Quantity::from_units(i64::try_from(PAIR_CPU).unwrap());
@@ -179,10 +166,7 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
         .await
         .unwrap();
     for project in ["demo", "other"] {
-        projects
-            .patch(project, &PatchParams::default(), &Patch::Merge(&label(None)))
-            .await
-            .unwrap();
+        set_label(fleet, project, "customer", None).await;
     }
 }
 
@@ -259,30 +243,18 @@ async fn burst_under_way(seeds: Vec<kube::Client>) {
 /// `other` holds the group's word again and the seeds hold no room, nothing more is admitted;
 /// if the pair is within the group, it fills to exactly 6, none past.
 async fn a_project_relabelled_out_and_in_mid_burst(fleet: &e2e::Fleet, spreads: (&[&str], &[&str])) {
-    let projects = Api::<Project>::all(fleet.master().client());
     let quotas = Api::<kkp_quota_crds::ProjectQuota>::all(fleet.master().client());
-    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
     let seeds: Vec<kube::Client> = e2e::shares::SEEDS
         .iter()
         .map(|seed| fleet.seed(seed).client())
         .collect();
     // The joining scenario before left `other` out of the group.
-    projects
-        .patch(
-            "other",
-            &PatchParams::default(),
-            &Patch::Merge(&label(Some(PAIR))),
-        )
-        .await
-        .unwrap();
+    set_label(fleet, "other", "customer", Some(PAIR)).await;
     wait_holding(fleet, OTHER, PAIR).await;
     let flips = async {
         burst_under_way(seeds).await;
         let out_at = std::time::Instant::now();
-        projects
-            .patch("other", &PatchParams::default(), &Patch::Merge(&label(None)))
-            .await
-            .unwrap();
+        set_label(fleet, "other", "customer", None).await;
         // Back in once the master has let it go (its record holds no copy of the group).
         wait_for(WAIT, "other out of the group", || async {
             let shares = quotas.get(OTHER).await.ok()?.status?.shares?;
@@ -290,14 +262,7 @@ async fn a_project_relabelled_out_and_in_mid_burst(fleet: &e2e::Fleet, spreads: 
         })
         .await
         .unwrap();
-        projects
-            .patch(
-                "other",
-                &PatchParams::default(),
-                &Patch::Merge(&label(Some(PAIR))),
-            )
-            .await
-            .unwrap();
+        set_label(fleet, "other", "customer", Some(PAIR)).await;
         out_at.elapsed()
     };
     let ((demo, other), out_for) = tokio::join!(
@@ -424,16 +389,7 @@ async fn group_refusal(fleet: &e2e::Fleet, cluster: &str, group: &str, figures: 
 /// demo and 6 together; the rest is filled (demo first) to exactly 6, none past.
 async fn overlapping_groups_the_tighter_wins(fleet: &e2e::Fleet, spreads: (&[&str], &[&str])) {
     let master = fleet.master().client();
-    let projects = Api::<Project>::all(master.clone());
-    let solo_label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"solo": value}}});
-    projects
-        .patch(
-            "demo",
-            &PatchParams::default(),
-            &Patch::Merge(&solo_label(Some("yes"))),
-        )
-        .await
-        .unwrap();
+    set_label(fleet, "demo", "solo", Some("yes")).await;
     create_group(fleet, SOLO, "solo", "yes", SOLO_CPU).await;
     wait_holding(fleet, NAME, SOLO).await;
     let (stop, stopped) = oneshot::channel();
@@ -462,10 +418,7 @@ async fn overlapping_groups_the_tighter_wins(fleet: &e2e::Fleet, spreads: (&[&st
         .delete(SOLO, &DeleteParams::default())
         .await
         .unwrap();
-    projects
-        .patch("demo", &PatchParams::default(), &Patch::Merge(&solo_label(None)))
-        .await
-        .unwrap();
+    set_label(fleet, "demo", "solo", None).await;
     empty_pair(fleet).await;
 }
 
@@ -508,22 +461,10 @@ async fn a_group_lowered_below_usage_admits_nothing_more(fleet: &e2e::Fleet) {
 /// window (reported, not asserted); once the seeds hold no room, nothing more is admitted.
 /// `other` labelled out again frees its usage there at once: demo has its 2 back.
 async fn a_project_labelled_into_a_full_group_admits_nothing_more(fleet: &e2e::Fleet) {
-    let projects = Api::<Project>::all(fleet.master().client());
-    let label = |value: Option<&str>| serde_json::json!({"metadata": {"labels": {"customer": value}}});
-    projects
-        .patch("other", &PatchParams::default(), &Patch::Merge(&label(None)))
-        .await
-        .unwrap();
+    set_label(fleet, "other", "customer", None).await;
     fill_exactly(fleet, "other", OTHER_CLUSTERS[0], 4).await;
     fill_exactly(fleet, "demo", "gamma", 4).await;
-    projects
-        .patch(
-            "other",
-            &PatchParams::default(),
-            &Patch::Merge(&label(Some(PAIR))),
-        )
-        .await
-        .unwrap();
+    set_label(fleet, "other", "customer", Some(PAIR)).await;
     let window = tokio::join!(
         e2e::shares::burst(fleet, "demo", &["alpha"; 4], "joining"),
         e2e::shares::burst(fleet, "other", &[OTHER_CLUSTERS[1]; 4], "joining"),
@@ -546,10 +487,7 @@ async fn a_project_labelled_into_a_full_group_admits_nothing_more(fleet: &e2e::F
         "admitted past the group other joined over its room; before the burst:\n{state}\nafter:\n{}",
         pair_state(fleet).await
     );
-    projects
-        .patch("other", &PatchParams::default(), &Patch::Merge(&label(None)))
-        .await
-        .unwrap();
+    set_label(fleet, "other", "customer", None).await;
     fill_to(fleet, "demo", "gamma", 4 + window.0, PAIR_CPU).await;
     let past = e2e::shares::burst(fleet, "demo", &["alpha"; 2], "left-past").await;
     assert_eq!(past, 0, "admitted past the group once other left");
