@@ -113,6 +113,10 @@ async fn scenarios(running: &FleetWithSystem) {
     .unwrap();
 
     a_quota_group_shows_its_projects_usage(fleet).await;
+    // The group squeezed demo's shares (it was over the group's 0.5 cpu); once demo left it,
+    // they come back on demand. Wait for that, so the burst measures the 3 cpu left, not a
+    // share move racing the webhook's 3 s wait on a loaded machine (make test failed once so).
+    e2e::demo::wait_in_force(fleet, "demo", WAIT).await.unwrap();
 
     // A burst over both seeds: never more than the 3 cpu left.
     let creates = (0..6).map(|i| {
