@@ -12,7 +12,10 @@
 //! `overdueAfterSeconds` is reported (metric and alert); nothing is removed for it.
 //!
 //! Under shares each seed applies the rule to its own capacity, so with rollouts on several
-//! seeds at once the project can be over by one surge Machine per seed.
+//! seeds at once the project can be over by one surge Machine per seed. Under a shared quota
+//! group that limits a resource the surge asks for, the allowance does not apply
+//! ([`SurgeRefusal::Grouped`]): the seed's capacity lies within the project's budget of the
+//! group, and a surge past it could take the group over a limit its admins never relaxed.
 
 use jiff::Timestamp;
 use schemars::JsonSchema;
@@ -88,6 +91,11 @@ pub enum SurgeRefusal {
     /// Only a new Machine can be a surge.
     #[error("only a new Machine can be a rollout surge")]
     NotACreate,
+    /// A shared quota group bounds the project in a resource the surge asks for (the group
+    /// names, joined): the allowance is the project's opt-in over its own limit, and a group's
+    /// limit is its admins', who never opted in, so a surge under a group must fit it.
+    #[error("the project is in quota group {0}, which admits no Machine over its limit")]
+    Grouped(String),
     /// The ledger cannot be read.
     #[error("the quota ledger cannot be read: {0}")]
     Unreadable(String),

@@ -430,6 +430,16 @@ impl App {
         let copy = QuotaCopy::from_dynamic(&*self.cache.quota_for(&project)?).ok()?;
         copy.spec.rollout_allowance.as_ref()?;
         let growth = request.ask.growth()?;
+        let groups = copy
+            .spec
+            .shares
+            .as_ref()
+            .map(|s| s.groups.as_slice())
+            .unwrap_or_default();
+        if let Some(refusal) = crate::decision::grouped(groups, &growth) {
+            debug!(machine = %machine.name, %refusal, "no rollout surge");
+            return Some(Err(refusal));
+        }
         let taken: Vec<String> = copy
             .status
             .iter()

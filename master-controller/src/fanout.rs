@@ -202,12 +202,20 @@ pub fn ledger_in_sync(
             )
 }
 
-/// Whether the ledger's groups (`spec.shares.groups`, for denials that name a group) are to be
-/// refreshed although its word is in sync: only while the seed has a demand `waiting`, and they
-/// differ from `shares`'. Like `others`, they alone never make a write otherwise: a usage change
-/// in one project would rewrite every other member's ledger on every seed.
+/// Whether the ledger's groups (`spec.shares.groups`) are to be refreshed although its word is
+/// in sync: always when the groups bounding the project, or their limits, are not those it
+/// carries (the webhook refuses the rollout allowance under a group, so membership must reach
+/// the seeds: a rare write, on a relabel or a group's edit); their figures (`othersUsage`, for
+/// denials that name a group) only while the seed has a demand `waiting`. Like `others`, the
+/// figures alone never make a write otherwise: a usage change in one project would rewrite every
+/// other member's ledger on every seed.
 pub fn groups_stale(shares: Option<&LedgerShares>, ledger: &SeedLedger, waiting: bool) -> bool {
-    waiting && shares.is_some_and(|s| s.groups != ledger.groups)
+    let bounds = |groups: &[kkp_quota_crds::LedgerGroup]| -> Vec<(String, ResourceDetails)> {
+        groups.iter().map(|g| (g.name.clone(), g.quota.clone())).collect()
+    };
+    shares.is_some_and(|s| {
+        bounds(&s.groups) != bounds(&ledger.groups) || (waiting && s.groups != ledger.groups)
+    })
 }
 
 /// A fingerprint of what the master writes into a ledger: the subject, the limits, the
@@ -537,7 +545,7 @@ mod tests {
     }
 
     #[test]
-    fn groups_are_refreshed_only_while_a_demand_waits() {
+    fn group_figures_are_refreshed_only_while_a_demand_waits_membership_always() {
         let group = |others: i64| kkp_quota_crds::LedgerGroup {
             name: "acme".into(),
             quota: limits(6),
@@ -565,6 +573,13 @@ mod tests {
         );
         assert!(!groups_stale(Some(&carried), &ledger, true), "the same groups");
         assert!(!groups_stale(None, &ledger, true));
+        // Membership and limits are always refreshed: the project left acme, or acme's limit
+        // changed.
+        let left = LedgerShares::default();
+        assert!(groups_stale(Some(&left), &ledger, false));
+        let mut raised = carried.clone();
+        raised.groups[0].quota = limits(8);
+        assert!(groups_stale(Some(&raised), &ledger, false));
     }
 
     #[test]

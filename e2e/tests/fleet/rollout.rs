@@ -1,14 +1,17 @@
 //! A rollout at full quota on the demo project: the surge Machine is refused while the project
-//! has no rollout allowance (the denial says why and both ways out); with the allowance on, it is
-//! admitted once over the limit, recorded apart in the seed's ledger, and the record is gone
-//! once the Machine it replaces is.
+//! has no rollout allowance (the denial says why and both ways out), and with the allowance on
+//! while the demo's shared group bounds the project (a group's limit admits no surge); once the
+//! group is deleted (it stays deleted for the scenarios after this one), the surge is admitted
+//! once over the limit, recorded apart in the seed's ledger, and the record is gone once the
+//! Machine it replaces is.
 
 use std::time::Duration;
 
+use e2e::demo::DEMO_SHARED_GROUP;
 use e2e::wait_for;
 use kkp_quota_crds::machine::{Machine, MachineDeployment, MachineSet, MachineSetSpec};
 use kkp_quota_crds::rollout::RolloutSurge;
-use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceQuota};
+use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaLedger, ResourceQuota};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Resource as _};
 use serde_json::json;
@@ -84,7 +87,9 @@ pub async fn a_rollout_at_full_quota(
     assert!(!refused.contains("rollout allowance"), "{refused}");
 
     // The admin allows rollouts; it reaches both seeds' ledgers.
-    allow_rollouts(master_client, &seeds).await;
+    allow_rollouts(master_client.clone(), &seeds).await;
+
+    no_surge_under_the_shared_group(&machines, machine_of(&new, "web-2-a"), master_client, &seeds).await;
 
     // Now the surge is admitted, over the limit by its own size, and recorded apart.
     machines
@@ -123,6 +128,59 @@ pub async fn a_rollout_at_full_quota(
     .await
     .unwrap();
     global_cpu(&master, "16").await;
+}
+
+/// Under the demo's shared group, which limits cpu, the allowance does not apply (the group's
+/// limit is its admins', who never opted in): `surge` is refused, naming the group. Then the
+/// group is deleted, and this returns once no seed's ledger carries it.
+#[allow(clippy::unwrap_used, reason = "a test helper: a panic is the failure report")]
+async fn no_surge_under_the_shared_group(
+    machines: &Api<Machine>,
+    surge: Machine,
+    master_client: kube::Client,
+    seeds: &[kube::Client],
+) {
+    let carried = |want: bool| {
+        let seeds = seeds.to_vec();
+        async move {
+            for seed in &seeds {
+                let ledger = Api::<QuotaLedger>::all(seed.clone())
+                    .get("project-demo")
+                    .await
+                    .ok()?;
+                let groups = ledger.spec.shares.map(|s| s.groups).unwrap_or_default();
+                let has = groups.iter().any(|g| g.name == DEMO_SHARED_GROUP);
+                (has == want).then_some(())?;
+            }
+            Some(())
+        }
+    };
+    wait_for(Duration::from_mins(1), "the shared group on both seeds", || {
+        carried(true)
+    })
+    .await
+    .unwrap();
+    let grouped = machines
+        .create(&PostParams::default(), &surge)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        grouped.contains(&format!(
+            "the project's rollout allowance does not apply: the project is in quota group {DEMO_SHARED_GROUP}, which admits no Machine over its limit"
+        )),
+        "{grouped}"
+    );
+    // The group goes; once no seed's ledger carries it, the allowance applies again.
+    Api::<QuotaGroup>::all(master_client)
+        .delete(DEMO_SHARED_GROUP, &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(Duration::from_mins(1), "the shared group off both seeds", || {
+        carried(false)
+    })
+    .await
+    .unwrap();
 }
 
 /// Turns the demo project's rollout allowance on, and waits until both seeds' ledgers carry it.

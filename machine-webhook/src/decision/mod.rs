@@ -37,7 +37,7 @@ pub use messages::{
     over_quota_warnings, rollout_blocked, rollout_hint,
 };
 pub use state::{QuotaState, SeedCapacity, StateError};
-pub use surge::{Replaced, decide_surge};
+pub use surge::{Replaced, decide_surge, grouped};
 
 use autoscaled::{Autoscaled, decide_change, from_room};
 use messages::{full_groups, group_detail, held_note, share_detail};

@@ -1,10 +1,10 @@
 //! The rollout allowance at admission: a new Machine refused for room that replaces a Machine of
 //! the same `MachineDeployment` is admitted over the limit when the ledger allows rollouts and
 //! the project is not over already (`kkp_quota_crds::rollout::surge_fits`, the rule every
-//! component shares).
+//! component shares), and no shared quota group bounds the project in what the surge asks for.
 
-use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::rollout::{SurgeRefusal, surge_fits};
+use kkp_quota_crds::{LedgerGroup, Quantity, ResourceDetails};
 
 use super::{Ask, QuotaState, Reason, Request, Reserve, Verdict};
 
@@ -20,6 +20,23 @@ pub struct Replaced {
     pub size: ResourceDetails,
 }
 
+/// Why the allowance does not apply under `groups` (those bounding the project, as its ledger
+/// carries them) to a surge growing the project by `growth`: a group limits something it asks
+/// for. Checked before the user cluster is read for the replaced Machine, and again on the
+/// ledger the surge is written to.
+pub fn grouped(groups: &[LedgerGroup], growth: &ResourceDetails) -> Option<SurgeRefusal> {
+    let names: Vec<&str> = groups
+        .iter()
+        .filter(|group| {
+            growth
+                .iter()
+                .any(|(resource, q)| q > Quantity::ZERO && group.quota.get(resource).is_some())
+        })
+        .map(|group| group.name.as_str())
+        .collect();
+    (!names.is_empty()).then(|| SurgeRefusal::Grouped(names.join(", ")))
+}
+
 /// The verdict for a surge over the limit, or why the allowance does not apply. `state` is the
 /// ledger as read, every allotment counted whole (the surge is written apart from any allotment).
 pub fn decide_surge(
@@ -31,6 +48,9 @@ pub fn decide_surge(
     let (Ask::Create(size), Some(growth)) = (&request.ask, request.ask.growth()) else {
         return Err(SurgeRefusal::NotACreate);
     };
+    if let Some(refusal) = grouped(&state.groups, &growth) {
+        return Err(refusal);
+    }
     let quantity = |e: super::StateError| SurgeRefusal::Unreadable(e.to_string());
     match &state.seed {
         Some(seed) => surge_fits(
@@ -134,6 +154,30 @@ mod tests {
             decide_surge("demo", &state(16, 16), &update, &replaced(2)),
             Err(SurgeRefusal::NotACreate)
         );
+    }
+
+    #[test]
+    fn under_a_group_that_limits_what_it_asks_for_a_surge_is_never_admitted_over() {
+        // The seed's capacity (8) lies within the project's budget of group acme: a surge past
+        // it could take acme over its limit.
+        let mut grouped = state(16, 8);
+        grouped.seed = Some(SeedCapacity {
+            capacity: cpu(8),
+            ..SeedCapacity::default()
+        });
+        grouped.groups = vec![LedgerGroup {
+            name: "acme".into(),
+            quota: cpu(32),
+            others_usage: cpu(20),
+        }];
+        let refusal = decide_surge("demo", &grouped, &create(2), &replaced(2)).unwrap_err();
+        assert_eq!(refusal, SurgeRefusal::Grouped("acme".into()));
+        assert!(refusal.to_string().contains("quota group acme"), "{refusal}");
+        // A group that limits only what the surge does not ask for leaves the allowance on.
+        let mut gpu_only = ResourceDetails::default();
+        gpu_only.set(kkp_quota_crds::Resource::Gpu, Some(Quantity::from_units(1)));
+        grouped.groups[0].quota = gpu_only;
+        assert!(decide_surge("demo", &grouped, &create(2), &replaced(2)).is_ok());
     }
 
     #[test]
