@@ -150,6 +150,14 @@ pub struct QuotaGroupStatus {
 pub struct BudgetRecord {
     /// Bumped by every write of the record; projects take only newer versions.
     pub version: u64,
+    /// Set while the record grants nothing yet (a member has not reported, or holds no word of
+    /// the record's epoch) and what every member is known to hold fits the group's limit: a
+    /// member never granted budget here then keeps the shares its seeds hold, nothing more, and
+    /// asks for them as its first budget, instead of giving them up while it waits (a group
+    /// made over busy projects stalled them until its first grants). Cleared by the first
+    /// round that plans grants, or once the members are known to hold more than the limit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub holdings_kept: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub projects: Vec<GrantRecord>,

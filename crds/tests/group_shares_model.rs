@@ -27,8 +27,8 @@
 use std::collections::BTreeMap;
 
 use kkp_quota_crds::shares::group::{
-    committed_report, first_budget, group_plan, member_demand, member_held, member_limit, member_release_due,
-    member_report,
+    committed_report, first_budget, first_demand, group_plan, holding_back, holdings_kept, keeps_holdings,
+    member_demand, member_held, member_limit, member_release_due, member_report, planning_budget,
 };
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, SeedReport, SeedShare, fits_within};
 use kkp_quota_crds::{Quantity, Resource, ResourceDetails};
@@ -125,7 +125,11 @@ struct Project {
     /// What it last reported committed to the group (its record's copy keeps it).
     reported: Option<Rd>,
     /// The group's word (and limit) it read last while `budget_lost`.
-    pending: Option<(MasterWord, Rd)>,
+    pending: Option<(MasterWord, Rd, bool)>,
+    /// The group's record, as of the word taken last (or pending), keeps its new members'
+    /// holdings (`holdings_kept`): never granted budget, the project then keeps what its seeds
+    /// hold and asks for it (`planning_budget`, `first_demand`).
+    kept: bool,
     /// Whether its master sees it selected by the group (its labels, through a cache that may
     /// lag the label's write): a member plans within its budget and reports; a project that is
     /// not plans within its own limit alone and holds no copy of a budget.
@@ -136,14 +140,15 @@ struct Project {
 impl Project {
     /// The group's word read (from its record, through a cache): taken as the copy's if newer;
     /// while the copy is lost, kept for the next round to take through `first_budget`.
-    fn read_word(&mut self, word: MasterWord, limit: Rd) {
+    fn read_word(&mut self, word: MasterWord, limit: Rd, kept: bool) {
         if !self.member {
             return;
         }
         if self.budget_lost {
-            self.pending = Some((word, limit));
+            self.pending = Some((word, limit, kept));
         } else if self.budget.receive(&word) {
             self.group_limit = limit;
+            self.kept = kept;
         }
     }
 }
@@ -167,6 +172,8 @@ enum Message {
         project: usize,
         word: MasterWord,
         limit: Rd,
+        /// The record keeps its new members' holdings (`holdings_kept`).
+        kept: bool,
     },
     ProjectReport {
         project: usize,
@@ -187,9 +194,12 @@ struct World {
     revision: u64,
     /// Every word the group sent each project: a project reads the group's record from a cache
     /// that may lag, so after its copy is lost it may take any of them first.
-    history: Vec<Vec<(MasterWord, Rd)>>,
+    history: Vec<Vec<(MasterWord, Rd, bool)>>,
     /// Off only to show what `first_budget` prevents.
     first_budget_rule: bool,
+    /// Off only to show what the room check of `holdings_kept` prevents: the record then keeps
+    /// its new members' holdings whenever it grants nothing.
+    room_check: bool,
     /// Each project's label as written: whether the group selects it.
     label: Vec<bool>,
     /// Whether the group's master sees each project selected (its cache may lag the label).
@@ -317,6 +327,8 @@ impl World {
                 group_limit: cpu(group_limit),
                 budget_lost: false,
                 pending: None,
+                // No word read yet: it keeps what its seeds hold (nothing, at the start).
+                kept: true,
                 reported: None,
                 member: true,
                 seeds: SEEDS.iter().map(|s| (*s, SeedCopy::default())).collect(),
@@ -336,6 +348,7 @@ impl World {
             revision: 0,
             history: vec![Vec::new(); PROJECTS.len()],
             first_budget_rule: true,
+            room_check: true,
             label: vec![true; PROJECTS.len()],
             group_sees: vec![true; PROJECTS.len()],
             allowance: nanos(&cpu(group_limit)),
@@ -401,7 +414,7 @@ impl World {
         let awaiting = p.view.awaiting_epoch(old_version + 1);
         if p.budget_lost
             && !awaiting
-            && let Some((word, limit)) = p.pending.take()
+            && let Some((word, limit, kept)) = p.pending.take()
         {
             let held = member_held(&p.view, &limit).unwrap();
             p.budget = if first_budget_rule {
@@ -412,12 +425,23 @@ impl World {
                 b
             };
             p.group_limit = limit;
+            p.kept = kept;
             p.budget_lost = false;
         }
         let group_limit = p.group_limit.clone();
         let member = p.member;
+        // A copy lost is one granted nothing yet; the word it would take says whether to keep,
+        // and until it has read one (the group has no entry for it yet) it keeps.
+        let kept = if p.budget_lost {
+            p.pending.as_ref().is_none_or(|(_, _, kept)| *kept)
+        } else {
+            p.kept
+        };
+        let keeping = member && keeps_holdings(Some(&p.budget), kept);
         p.view.limit = if member {
-            member_limit(&p.own, [(&p.budget, &group_limit)])
+            let held = member_held(&p.view, &group_limit).unwrap();
+            let planning = planning_budget(Some(&p.budget), kept, &held);
+            member_limit(&p.own, [(&planning, &group_limit)])
         } else {
             p.own.clone()
         };
@@ -440,7 +464,11 @@ impl World {
             version: revision,
             released: p.budget.released.clone(),
             committed: reported,
-            demand: member_demand(&p.view, &group_limit, &capacity).unwrap(),
+            demand: if keeping {
+                first_demand(&p.view, &group_limit).unwrap()
+            } else {
+                member_demand(&p.view, &group_limit, &capacity).unwrap()
+            },
             holds: Some(MasterWord {
                 version: p.budget.version,
                 granted: p.budget.granted.clone(),
@@ -490,6 +518,11 @@ impl World {
         }
         let (old_version, _) = self.group.adopt(self.group_version);
         let plan = group_plan(&self.group, old_version + 1, &slack()).unwrap();
+        let kept = if self.room_check {
+            holdings_kept(&self.group, old_version + 1).unwrap()
+        } else {
+            !holding_back(&self.group, old_version + 1).is_empty()
+        };
         self.group.apply(&plan).unwrap();
         self.group_version = old_version + 1;
         let version = self.group_version;
@@ -504,8 +537,13 @@ impl World {
                 released: r.released_floor.clone(),
             };
             let limit = self.group_limit.clone();
-            self.history[project].push((word.clone(), limit.clone()));
-            self.send(Message::ToProject { project, word, limit });
+            self.history[project].push((word.clone(), limit.clone(), kept));
+            self.send(Message::ToProject {
+                project,
+                word,
+                limit,
+                kept,
+            });
         }
     }
 
@@ -542,7 +580,12 @@ impl World {
                 let record = self.projects[project].view.seeds.get_mut(seed).unwrap();
                 record.observe(report);
             }
-            Message::ToProject { project, word, limit } => self.projects[project].read_word(word, limit),
+            Message::ToProject {
+                project,
+                word,
+                limit,
+                kept,
+            } => self.projects[project].read_word(word, limit, kept),
             Message::ProjectReport { project, report } => {
                 // A report of a project the group does not select is not read.
                 if let Some(record) = self.group.seeds.get_mut(PROJECTS[project]) {
@@ -615,8 +658,8 @@ impl World {
             Op::StaleWord { project, index } => {
                 let history = &self.history[project];
                 if !history.is_empty() {
-                    let (word, limit) = history[index % history.len()].clone();
-                    self.projects[project].read_word(word, limit);
+                    let (word, limit, kept) = history[index % history.len()].clone();
+                    self.projects[project].read_word(word, limit, kept);
                 }
             }
             Op::Relabel { project } => {
@@ -633,6 +676,7 @@ impl World {
                 p.budget = SeedShare::default();
                 p.budget_lost = true;
                 p.pending = None;
+                p.kept = false;
                 p.reported = None;
             }
         }
@@ -667,6 +711,7 @@ impl World {
         p.budget = SeedShare::default();
         p.budget_lost = selected;
         p.pending = None;
+        p.kept = false;
         p.reported = None;
     }
 
@@ -1150,4 +1195,106 @@ fn joining_scenario() -> Result<(), TestCaseError> {
     world.projects[1].seeds.get_mut(SEEDS[0]).unwrap().used = 0;
     world.settle(0, 2);
     world.check()
+}
+
+/// A group made over two busy projects: both labelled in at once, out of the group before, each
+/// using 3 of its own 10 on one seed that holds share to spare (its slack at least). With room for what they hold
+/// (a group of 20), they keep their shares while the group hears from them: each admits from
+/// them at once, before the group's first word, and the group's first budgets are what they
+/// hold. With none (a group of 5, less than p0's holdings), once the group has heard
+/// p0 it keeps nothing, though it has not heard p1: both give up what they do not use and admit
+/// nothing more. Without the room check the second run admits past the
+/// group.
+#[test]
+fn a_group_made_over_busy_projects_keeps_their_shares_only_while_it_has_room() {
+    made_over_busy_scenario(20, true).unwrap();
+    made_over_busy_scenario(5, true).unwrap();
+    let overrun = made_over_busy_scenario(5, false).unwrap_err();
+    assert!(
+        overrun.to_string().contains("admitted past the group"),
+        "{overrun}"
+    );
+}
+
+fn made_over_busy_scenario(group_limit: i64, room_check: bool) -> Result<(), TestCaseError> {
+    let mut world = World::new(group_limit, [Some(10), Some(10)]);
+    world.room_check = room_check;
+    let relabel = |world: &mut World, project: usize| {
+        for op in [
+            Op::Relabel { project },
+            Op::GroupSeesLabel { project },
+            Op::ProjectSeesLabel { project },
+        ] {
+            world.run_checked(&op)?;
+        }
+        Ok::<(), TestCaseError>(())
+    };
+    for project in 0..PROJECTS.len() {
+        relabel(&mut world, project)?;
+    }
+    world.settle(1, 3);
+    world.settle(0, 3);
+    let held: Vec<i128> = (0..PROJECTS.len()).map(|p| world.held(p)).collect();
+    prop_assert!(held.iter().all(|h| *h > 3 * UNIT), "{}", world.summary());
+    for project in 0..PROJECTS.len() {
+        relabel(&mut world, project)?;
+    }
+    let room = group_limit >= 20;
+    // With no room, p1's reports never reach the group.
+    let deliver_all = |world: &mut World| {
+        if !room {
+            world
+                .bag
+                .retain(|m| !matches!(m, Message::ProjectReport { project: 1, .. }));
+        }
+        while !world.bag.is_empty() {
+            world.run_checked(&Op::Deliver {
+                index: 0,
+                keep: false,
+            })?;
+        }
+        Ok::<(), TestCaseError>(())
+    };
+    for round in 0..5 {
+        for project in 0..PROJECTS.len() {
+            world.run_checked(&Op::SeedReport { project, seed: 0 })?;
+            world.run_checked(&Op::ProjectRound {
+                project,
+                quiet: false,
+            })?;
+        }
+        deliver_all(&mut world)?;
+        if round == 0 && room {
+            // Before the group's first word: both keep their idle share and admit from it.
+            for project in 0..PROJECTS.len() {
+                prop_assert!(
+                    world.admit(project, SEEDS[0], 1),
+                    "p{project} admitted nothing from the share it kept: {}",
+                    world.summary()
+                );
+            }
+        }
+        world.run_checked(&Op::GroupRound)?;
+        deliver_all(&mut world)?;
+    }
+    if room {
+        // The first budgets: what each held (with the one admitted since), never less.
+        for (project, name) in PROJECTS.iter().enumerate() {
+            let budget = nanos(&world.group.seeds[*name].share_seen());
+            prop_assert!(
+                budget >= held[project],
+                "p{project}'s budget {budget}: {}",
+                world.summary()
+            );
+        }
+    } else {
+        for project in 0..PROJECTS.len() {
+            prop_assert!(
+                !world.admit(project, SEEDS[0], 1),
+                "p{project} admitted past the group: {}",
+                world.summary()
+            );
+        }
+    }
+    Ok(())
 }

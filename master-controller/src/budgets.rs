@@ -18,8 +18,8 @@ use kkp_quota_crds::project_quota::GroupBudget;
 use kkp_quota_crds::quota_group::GroupMode;
 use kkp_quota_crds::shares::budgets::{self, Member};
 use kkp_quota_crds::shares::group::{
-    committed_report, first_budget, group_plan, holding_back, member_demand, member_held, member_limit,
-    member_release_due, member_report,
+    committed_report, first_budget, first_demand, group_plan, holding_back, holdings_kept, keeps_holdings,
+    member_demand, member_held, member_limit, member_release_due, member_report, planning_budget,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
 use kkp_quota_crds::{LedgerGroup, QuantityError, QuotaGroup, ResourceDetails};
@@ -114,6 +114,9 @@ pub struct Holding {
     pub share: Option<SeedShare>,
     /// What the project last reported committed to the group (its record's copy).
     pub reported: Option<ResourceDetails>,
+    /// The group's record keeps its new members' holdings (`BudgetRecord::holdings_kept`,
+    /// [`keeps_holdings`]), or has no word for this project yet.
+    pub kept: bool,
 }
 
 /// What a project's share round takes from the groups that select it.
@@ -137,11 +140,11 @@ impl Holdings {
         for group in groups {
             let name = group.name_any();
             let limit = group.spec.quota.clone();
-            let word = group
-                .status
-                .as_ref()
-                .and_then(|s| s.budgets.as_ref())
-                .and_then(|r| budgets::word_for(r, project));
+            let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
+            let word = record.and_then(|r| budgets::word_for(r, project));
+            // No word for the project yet (a group just made, or one whose loop has yet to see
+            // the label): it keeps what its seeds hold until the group's first word says.
+            let kept = word.is_none() || record.is_some_and(|r| r.holdings_kept);
             // A copy of version 0 never took a word: it reported only.
             let copy = old.iter().find(|c| c.group == name && c.version > 0);
             let share = match (copy, word) {
@@ -163,6 +166,7 @@ impl Holdings {
             let reported = old.iter().find(|c| c.group == name).map(|c| c.committed.clone());
             holdings.push(Holding {
                 reported,
+                kept,
                 group: name,
                 slack: shares::slack(&limit, slack_percent),
                 limit,
@@ -172,15 +176,28 @@ impl Holdings {
         Ok(Holdings(holdings))
     }
 
-    /// The limit the project plans its seeds' shares within.
-    pub fn member_limit(&self, own: &ResourceDetails) -> ResourceDetails {
-        let none = SeedShare::default();
-        member_limit(
+    /// The limit the project plans its seeds' shares (`view`) within: per group its budget, or
+    /// what its seeds hold while it keeps them ([`planning_budget`]).
+    pub fn member_limit(
+        &self,
+        own: &ResourceDetails,
+        view: &MasterView,
+    ) -> Result<ResourceDetails, QuantityError> {
+        let budgets = self
+            .0
+            .iter()
+            .map(|h| {
+                Ok(planning_budget(
+                    h.share.as_ref(),
+                    h.kept,
+                    &member_held(view, &h.limit)?,
+                ))
+            })
+            .collect::<Result<Vec<SeedShare>, QuantityError>>()?;
+        Ok(member_limit(
             own,
-            self.0
-                .iter()
-                .map(|h| (h.share.as_ref().unwrap_or(&none), &h.limit)),
-        )
+            budgets.iter().zip(self.0.iter().map(|h| &h.limit)),
+        ))
     }
 
     /// After the plan (`view` applied): each group's copy to persist, with what the project
@@ -188,12 +205,21 @@ impl Holdings {
     pub fn settle(&mut self, view: &MasterView, quiet: bool) -> Result<Vec<GroupBudget>, QuantityError> {
         let mut copies = Vec::with_capacity(self.0.len());
         for holding in &mut self.0 {
+            // Kept holdings are asked for as the first budget.
+            let keeping = keeps_holdings(holding.share.as_ref(), holding.kept);
+            let first = |demand: Option<ResourceDetails>| {
+                if keeping {
+                    first_demand(view, &holding.limit)
+                } else {
+                    Ok(demand)
+                }
+            };
             let Some(share) = holding.share.as_mut() else {
                 // Nothing held yet: report, so that the group counts what the seeds hold and
                 // hears a demand.
                 let none = SeedShare::default();
                 let committed = member_report(view, &holding.limit, &none)?;
-                let demand = member_demand(view, &holding.limit, &ResourceDetails::default())?;
+                let demand = first(member_demand(view, &holding.limit, &ResourceDetails::default())?)?;
                 copies.push(budgets::copy(&holding.group, &none, committed, demand));
                 continue;
             };
@@ -207,7 +233,11 @@ impl Holdings {
                 &share.target,
                 &holding.slack,
             );
-            let demand = member_demand(view, &holding.limit, &share.capacity(&holding.limit))?;
+            let demand = first(member_demand(
+                view,
+                &holding.limit,
+                &share.capacity(&holding.limit),
+            )?)?;
             copies.push(budgets::copy(&holding.group, share, committed, demand));
         }
         copies.sort_by(|a, b| a.group.cmp(&b.group));
@@ -326,18 +356,20 @@ fn plan_group(
     }
     let slack = shares::slack(&group.spec.quota, slack_percent);
     let plan = group_plan(&view, old_version + 1, &slack).map_err(crate::Error::Quantity)?;
+    let kept = holdings_kept(&view, old_version + 1).map_err(crate::Error::Quantity)?;
     let planned = view.apply(&plan).map_err(crate::Error::Quantity)?;
     let members_changed = record.is_none_or(|r| {
         r.projects.len() != view.seeds.len() || r.projects.iter().any(|p| !view.seeds.contains_key(&p.name))
     });
-    if !(adopted || planned || members_changed) {
+    let kept_changed = record.is_none_or(|r| r.holdings_kept != kept);
+    if !(adopted || planned || members_changed || kept_changed) {
         return Ok(None);
     }
     let Some(resource_version) = group.metadata.resource_version.clone() else {
         return Ok(None);
     };
     let version = old_version + 1;
-    let record = budgets::record(version, &view);
+    let record = budgets::record(version, &view, kept);
     // A merge patch keeps a list it does not carry: an emptied one is sent as such.
     let mut body = serde_json::json!(record);
     body["projects"] = serde_json::json!(record.projects);
@@ -370,6 +402,7 @@ mod tests {
         g.status = granted_to_demo.map(|(version, granted)| QuotaGroupStatus {
             budgets: Some(BudgetRecord {
                 version,
+                holdings_kept: false,
                 projects: vec![GrantRecord {
                     name: "demo".into(),
                     granted: cpu(granted),
@@ -404,11 +437,11 @@ mod tests {
         // No copy yet: the first word, but only what the seeds hold (5 of the 8 granted).
         let first = Holdings::take(&groups, "demo", &[], &view, false, 10).unwrap();
         assert_eq!(first.0[0].share.as_ref().unwrap().share(), cpu(5));
-        assert_eq!(first.member_limit(&cpu(20)), cpu(5));
+        assert_eq!(first.member_limit(&cpu(20), &view).unwrap(), cpu(5));
         // While the record awaits its epoch: nothing taken, the group's resources bounded to 0.
         let waiting = Holdings::take(&groups, "demo", &[], &view, true, 10).unwrap();
         assert!(waiting.0[0].share.is_none());
-        assert_eq!(waiting.member_limit(&cpu(20)), cpu(0));
+        assert_eq!(waiting.member_limit(&cpu(20), &view).unwrap(), cpu(0));
         // A copy held: the newer word is taken as it is (the copy's own release stays).
         let copy = GroupBudget {
             group: "acme".into(),
@@ -420,6 +453,70 @@ mod tests {
         };
         let held = Holdings::take(&groups, "demo", &[copy], &view, false, 10).unwrap();
         assert_eq!(held.0[0].share.as_ref().unwrap().share(), cpu(7));
+    }
+
+    #[test]
+    fn a_new_member_keeps_what_its_seeds_hold_while_the_record_keeps_holdings() {
+        // A group just made over demo, whose seed holds and uses 5 and asks for 6: the record
+        // has an entry for demo, grants nothing yet, and keeps holdings.
+        let mut acme = (*group("acme", 10, Some((1, 0)))).clone();
+        let record = acme.status.as_mut().unwrap().budgets.as_mut().unwrap();
+        record.projects[0].granted = ResourceDetails::default();
+        record.holdings_kept = true;
+        let groups = [Arc::new(acme.clone())];
+        let view = project_view(5, Some(6));
+        let mut holdings = Holdings::take(&groups, "demo", &[], &view, false, 10).unwrap();
+        // It plans within what its seed holds (not the empty budget), and asks for that or more.
+        assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(5));
+        let copies = holdings.settle(&view, false).unwrap();
+        assert_eq!(copies[0].demand, Some(cpu(6)));
+        assert_eq!(copies[0].committed, cpu(5));
+        // The record no longer keeps holdings (no room, or grants planned): its budget, 0.
+        acme.status
+            .as_mut()
+            .unwrap()
+            .budgets
+            .as_mut()
+            .unwrap()
+            .holdings_kept = false;
+        let groups = [Arc::new(acme)];
+        let holdings = Holdings::take(&groups, "demo", &[], &view, false, 10).unwrap();
+        assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(0));
+        // A group with no word for demo yet (just made): it keeps what its seed holds.
+        let made = [group("acme", 10, None)];
+        let holdings = Holdings::take(&made, "demo", &[], &view, false, 10).unwrap();
+        assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(5));
+    }
+
+    #[test]
+    fn a_group_round_records_whether_it_keeps_holdings() {
+        let mut g = (*group("acme", 10, None)).clone();
+        g.metadata.resource_version = Some("1".into());
+        let busy = |name: &str, committed: i64, reported: bool| Member {
+            name: name.into(),
+            copy: reported.then(|| {
+                (
+                    7,
+                    GroupBudget {
+                        group: "acme".into(),
+                        committed: cpu(committed),
+                        demand: Some(cpu(committed)),
+                        ..GroupBudget::default()
+                    },
+                )
+            }),
+            own_limit: cpu(100),
+        };
+        let kept = |members: &[Member]| {
+            let (patch, ..) = plan_group(&g, members, 10).unwrap().unwrap();
+            patch["status"]["budgets"]["holdingsKept"]
+                .as_bool()
+                .unwrap_or(false)
+        };
+        // Nobody reported: kept. demo's 4 known: kept. 4 + 7 known, over 10: not kept.
+        assert!(kept(&[busy("demo", 0, false), busy("other", 0, false)]));
+        assert!(kept(&[busy("demo", 4, true), busy("other", 0, false)]));
+        assert!(!kept(&[busy("demo", 4, true), busy("other", 7, true)]));
     }
 
     #[test]

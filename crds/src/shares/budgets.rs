@@ -46,10 +46,12 @@ pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, member
     }
 }
 
-/// The record to persist at `version`.
-pub fn record(version: u64, view: &MasterView) -> BudgetRecord {
+/// The record to persist at `version`; `holdings_kept`: [`super::group::holdings_kept`] of the
+/// plan it carries.
+pub fn record(version: u64, view: &MasterView, holdings_kept: bool) -> BudgetRecord {
     BudgetRecord {
         version,
+        holdings_kept,
         projects: objects::entries(&view.seeds),
     }
 }
@@ -107,6 +109,7 @@ mod tests {
     fn the_view_holds_members_only_with_their_reports() {
         let record = BudgetRecord {
             version: 5,
+            holdings_kept: false,
             projects: vec![budget("demo", 6, 1), budget("left", 4, 0)],
         };
         let copy = GroupBudget {
@@ -154,6 +157,6 @@ mod tests {
     }
 
     fn record_of(view: &MasterView) -> BudgetRecord {
-        record(9, view)
+        record(9, view, false)
     }
 }

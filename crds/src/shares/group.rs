@@ -38,6 +38,68 @@ pub fn member_limit<'a>(
     limit
 }
 
+/// Whether a group's record planned from `view` at `version` keeps its new members' holdings
+/// ([`crate::quota_group::BudgetRecord::holdings_kept`]): its plan grants nothing yet
+/// ([`holding_back`] names someone) and what every member is known to hold
+/// ([`super::SeedRecord::held_seen`]: its budget, or what it reported committed where more)
+/// fits the group's limit in every resource.
+///
+/// Why keeping is safe: a member that keeps its seeds' shares takes nothing new, and what its
+/// seeds hold it brought into the group (its report counts it as committed, so the group grants
+/// no one that room). While what is known fits, the members' holdings together are within the
+/// limit but for members not heard from yet, whose seeds keep theirs either way until their
+/// first round. Once members are known to hold more, or the group plans grants, the flag goes,
+/// and a member granted nothing plans within its budget, as before: its seeds give up their
+/// idle shares, and the group admits nothing more while it is over.
+pub fn holdings_kept(view: &MasterView, version: u64) -> Result<bool, QuantityError> {
+    if holding_back(view, version).is_empty() {
+        return Ok(false);
+    }
+    let held: Vec<ResourceDetails> = view.seeds.values().map(super::SeedRecord::held_seen).collect();
+    let total = ResourceDetails::checked_sum(&held)?;
+    Ok(view
+        .limit
+        .iter()
+        .all(|(resource, limit)| total.amount(resource) <= limit))
+}
+
+/// Whether a project keeps its seeds' holdings in a group instead of planning within its budget
+/// there: the group's record, as the word the project read last, keeps holdings (`kept`,
+/// [`holdings_kept`]) and the project has never been granted budget by the group (`share`, its
+/// copy: none yet, or one granted nothing). A project granted budget once plans within it.
+pub fn keeps_holdings(share: Option<&SeedShare>, kept: bool) -> bool {
+    kept && share.is_none_or(|s| s.granted.is_empty())
+}
+
+/// The budget a project plans its seeds' shares within, in one group ([`member_limit`]): its
+/// copy, or while it [`keeps_holdings`], what its seeds hold (`held`, [`member_held`]): they
+/// are then granted nothing new and asked for nothing back.
+pub fn planning_budget(share: Option<&SeedShare>, kept: bool, held: &ResourceDetails) -> SeedShare {
+    if keeps_holdings(share, kept) {
+        SeedShare {
+            granted: held.clone(),
+            ..SeedShare::default()
+        }
+    } else {
+        share.cloned().unwrap_or_default()
+    }
+}
+
+/// What a project that [`keeps_holdings`] asks its group for: what its seeds hold
+/// ([`member_held`]), or more where a seed asks for more ([`member_demand`] with no budget), so
+/// that the group's first plan grants it what it holds wherever the group has room. `None` when
+/// its seeds hold nothing and ask for nothing.
+pub fn first_demand(
+    project: &MasterView,
+    group_limit: &ResourceDetails,
+) -> Result<Option<ResourceDetails>, QuantityError> {
+    let held = member_held(project, group_limit)?;
+    let asked = member_demand(project, group_limit, &ResourceDetails::default())?;
+    let want = super::largest(std::iter::once(&held).chain(asked.as_ref())).unwrap_or_default();
+    let any = want.iter().any(|(_, q)| q > Quantity::ZERO);
+    Ok(any.then_some(want))
+}
+
 /// What a project's seeds hold of its budget: per resource the sum over its seeds of the larger
 /// of the share the project sees a seed hold and what the seed reported committed
 /// ([`super::SeedRecord::held_seen`]), for every resource `group_limit` limits. Stale reports
@@ -373,6 +435,69 @@ mod tests {
             member_report(&p, &cpu(32), &SeedShare::default()).unwrap(),
             cpu(7)
         );
+    }
+
+    #[test]
+    fn a_record_keeps_holdings_while_it_grants_nothing_and_what_is_known_fits() {
+        // Made over two busy projects: neither has reported yet.
+        let mut group = MasterView {
+            limit: cpu(10),
+            seeds: [
+                ("demo".to_owned(), SeedRecord::new()),
+                ("other".to_owned(), SeedRecord::new()),
+            ]
+            .into(),
+        };
+        assert!(holdings_kept(&group, 1).unwrap());
+        // demo reports holding 4: known, it fits.
+        group.seeds.get_mut("demo").unwrap().report = seed(0, 4, Some(4)).report;
+        assert!(holdings_kept(&group, 1).unwrap());
+        // other reports holding 7: 11 of 10 known, so nothing is kept any more.
+        group.seeds.get_mut("other").unwrap().report = seed(0, 7, Some(7)).report;
+        assert!(!holdings_kept(&group, 1).unwrap());
+        // Both reported and holding less: the group plans grants, so nothing is kept either.
+        group.seeds.get_mut("other").unwrap().report = seed(0, 5, Some(5)).report;
+        assert!(holding_back(&group, 1).is_empty());
+        assert!(!holdings_kept(&group, 1).unwrap());
+        // And the first plan grants each what it holds.
+        let plan = group_plan(&group, 1, &cpu(0)).unwrap();
+        assert!(plan.grants["demo"].amount(Resource::Cpu) >= Quantity::from_units(4));
+        assert!(plan.grants["other"].amount(Resource::Cpu) >= Quantity::from_units(5));
+    }
+
+    #[test]
+    fn a_project_never_granted_budget_keeps_what_its_seeds_hold_while_the_record_says_so() {
+        // Seeds hold 6 and 1, use 2 and 1; one asks for 3.
+        let p = project(16, vec![seed(6, 2, None), seed(1, 1, Some(3))]);
+        let held = member_held(&p, &cpu(32)).unwrap();
+        assert_eq!(held, cpu(7));
+        // No copy yet, or one granted nothing: it plans within what its seeds hold...
+        assert_eq!(planning_budget(None, true, &held).capacity(&cpu(32)), cpu(7));
+        let empty = budget(0, 0, None);
+        assert_eq!(
+            planning_budget(Some(&empty), true, &held).capacity(&cpu(32)),
+            cpu(7)
+        );
+        // ... and asks for that (seed b's 3 fits in seed a's idle 4), or more where its seeds
+        // ask for more than they hold (2 used on a, 9 asked on b).
+        assert_eq!(first_demand(&p, &cpu(32)).unwrap(), Some(cpu(7)));
+        let asking = project(16, vec![seed(6, 2, None), seed(1, 1, Some(9))]);
+        assert_eq!(first_demand(&asking, &cpu(32)).unwrap(), Some(cpu(11)));
+        // Not kept: within its budget, as before.
+        assert_eq!(
+            planning_budget(Some(&empty), false, &held).capacity(&cpu(32)),
+            cpu(0)
+        );
+        assert_eq!(planning_budget(None, false, &held).capacity(&cpu(32)), cpu(0));
+        // Granted budget once: within it, whatever the record says.
+        let granted = budget(5, 0, None);
+        assert_eq!(
+            planning_budget(Some(&granted), true, &held).capacity(&cpu(32)),
+            cpu(5)
+        );
+        // Holding and asking nothing: no demand.
+        let idle = project(16, vec![seed(0, 0, None), seed(0, 0, None)]);
+        assert_eq!(first_demand(&idle, &cpu(32)).unwrap(), None);
     }
 
     #[test]

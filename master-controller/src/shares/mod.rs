@@ -145,7 +145,7 @@ pub(crate) async fn round(
             awaiting,
             ctx.share_slack_percent,
         )?;
-        view.limit = holdings.member_limit(&limits);
+        view.limit = holdings.member_limit(&limits, &view)?;
         let before = view.clone();
         let mut plan = view.plan_at(
             old_version + 1,
