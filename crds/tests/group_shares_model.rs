@@ -327,8 +327,7 @@ impl World {
                 group_limit: cpu(group_limit),
                 budget_lost: false,
                 pending: None,
-                // No word read yet: it keeps what its seeds hold (nothing, at the start).
-                kept: true,
+                kept: false,
                 reported: None,
                 member: true,
                 seeds: SEEDS.iter().map(|s| (*s, SeedCopy::default())).collect(),
@@ -430,10 +429,9 @@ impl World {
         }
         let group_limit = p.group_limit.clone();
         let member = p.member;
-        // A copy lost is one granted nothing yet; the word it would take says whether to keep,
-        // and until it has read one (the group has no entry for it yet) it keeps.
+        // A copy lost is one granted nothing yet; the word it would take says whether to keep.
         let kept = if p.budget_lost {
-            p.pending.as_ref().is_none_or(|(_, _, kept)| *kept)
+            p.pending.as_ref().is_some_and(|(_, _, kept)| *kept)
         } else {
             p.kept
         };
@@ -1198,12 +1196,12 @@ fn joining_scenario() -> Result<(), TestCaseError> {
 }
 
 /// A group made over two busy projects: both labelled in at once, out of the group before, each
-/// using 3 of its own 10 on one seed that holds share to spare (its slack at least). With room for what they hold
-/// (a group of 20), they keep their shares while the group hears from them: each admits from
-/// them at once, before the group's first word, and the group's first budgets are what they
-/// hold. With none (a group of 5, less than p0's holdings), once the group has heard
-/// p0 it keeps nothing, though it has not heard p1: both give up what they do not use and admit
-/// nothing more. Without the room check the second run admits past the
+/// using 3 of its own 10 on one seed that holds share to spare (its slack at least). With room
+/// for all they could hold (a group of 20, their own limits together), they keep their shares
+/// while the group hears from them: each admits from them at once, before the group's first
+/// grant, and the group's first budgets are what they hold. With none (a group of 5, p1's
+/// reports lost), nothing is kept: both give up what they do not use and admit nothing more.
+/// Without the room check (keeping whenever grants are held back) that run admits past the
 /// group.
 #[test]
 fn a_group_made_over_busy_projects_keeps_their_shares_only_while_it_has_room() {
@@ -1255,6 +1253,9 @@ fn made_over_busy_scenario(group_limit: i64, room_check: bool) -> Result<(), Tes
         }
         Ok::<(), TestCaseError>(())
     };
+    // The group's first word reaches them before their first round with it.
+    world.run_checked(&Op::GroupRound)?;
+    deliver_all(&mut world)?;
     for round in 0..5 {
         for project in 0..PROJECTS.len() {
             world.run_checked(&Op::SeedReport { project, seed: 0 })?;
@@ -1265,7 +1266,7 @@ fn made_over_busy_scenario(group_limit: i64, room_check: bool) -> Result<(), Tes
         }
         deliver_all(&mut world)?;
         if round == 0 && room {
-            // Before the group's first word: both keep their idle share and admit from it.
+            // Before the group's first grant: both keep their idle share and admit from it.
             for project in 0..PROJECTS.len() {
                 prop_assert!(
                     world.admit(project, SEEDS[0], 1),

@@ -898,7 +898,7 @@ fn report(args: &Args, measured: &Measured, set_up: Duration) -> Result<String> 
     writeln!(out, "\n## A group created over busy projects\n")?;
     writeln!(
         out,
-        "Before each group phase that found no group, the group was created over the {projects} projects, all with Machines and shares of their own. Each project then plans its seed's share within its budget, which it has yet to be granted: its seed's share is lowered to what it commits, and comes back as the group grants budgets. The warm-up runs at once; the measured phase waits until every project's seed holds share for the phase again (above). A create in that window that finds no share waits for it (up to the webhook's share wait, 3 s) and is denied if it does not arrive.\n"
+        "Before each group phase that found no group, the group was created over the {projects} projects, all with Machines and shares of their own. The group's limit covers what every project could hold (their own quotas together), so until it has heard from every project its record keeps their holdings (`holdingsKept`, docs/groups.md): each project's seed keeps the share it holds and admits from it, and the group's first budgets are what they hold; a group tighter than that would lower each seed's share to what it commits until budgets are granted. The warm-up runs at once; the measured phase waits until every project's seed holds share for the phase again (above). A create in that window that finds no share waits for it (up to the webhook's share wait, 3 s) and is denied if it does not arrive.\n"
     )?;
     writeln!(
         out,

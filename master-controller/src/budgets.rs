@@ -114,8 +114,8 @@ pub struct Holding {
     pub share: Option<SeedShare>,
     /// What the project last reported committed to the group (its record's copy).
     pub reported: Option<ResourceDetails>,
-    /// The group's record keeps its new members' holdings (`BudgetRecord::holdings_kept`,
-    /// [`keeps_holdings`]), or has no word for this project yet.
+    /// The group's record, with a word for this project, keeps its new members' holdings
+    /// (`BudgetRecord::holdings_kept`, [`keeps_holdings`]).
     pub kept: bool,
 }
 
@@ -142,9 +142,7 @@ impl Holdings {
             let limit = group.spec.quota.clone();
             let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
             let word = record.and_then(|r| budgets::word_for(r, project));
-            // No word for the project yet (a group just made, or one whose loop has yet to see
-            // the label): it keeps what its seeds hold until the group's first word says.
-            let kept = word.is_none() || record.is_some_and(|r| r.holdings_kept);
+            let kept = word.is_some() && record.is_some_and(|r| r.holdings_kept);
             // A copy of version 0 never took a word: it reported only.
             let copy = old.iter().find(|c| c.group == name && c.version > 0);
             let share = match (copy, word) {
@@ -482,17 +480,17 @@ mod tests {
         let groups = [Arc::new(acme)];
         let holdings = Holdings::take(&groups, "demo", &[], &view, false, 10).unwrap();
         assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(0));
-        // A group with no word for demo yet (just made): it keeps what its seed holds.
+        // A group with no word for demo yet (just made): its budget, nothing.
         let made = [group("acme", 10, None)];
         let holdings = Holdings::take(&made, "demo", &[], &view, false, 10).unwrap();
-        assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(5));
+        assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(0));
     }
 
     #[test]
     fn a_group_round_records_whether_it_keeps_holdings() {
         let mut g = (*group("acme", 10, None)).clone();
         g.metadata.resource_version = Some("1".into());
-        let busy = |name: &str, committed: i64, reported: bool| Member {
+        let busy = |name: &str, committed: i64, reported: bool, own: i64| Member {
             name: name.into(),
             copy: reported.then(|| {
                 (
@@ -505,7 +503,7 @@ mod tests {
                     },
                 )
             }),
-            own_limit: cpu(100),
+            own_limit: cpu(own),
         };
         let kept = |members: &[Member]| {
             let (patch, ..) = plan_group(&g, members, 10).unwrap().unwrap();
@@ -513,10 +511,15 @@ mod tests {
                 .as_bool()
                 .unwrap_or(false)
         };
-        // Nobody reported: kept. demo's 4 known: kept. 4 + 7 known, over 10: not kept.
-        assert!(kept(&[busy("demo", 0, false), busy("other", 0, false)]));
-        assert!(kept(&[busy("demo", 4, true), busy("other", 0, false)]));
-        assert!(!kept(&[busy("demo", 4, true), busy("other", 7, true)]));
+        // Own limits of 5 each: nobody reported, kept (5 + 5 fit 10); demo's 4 reported, kept;
+        // 4 + 7 reported, over 10, not kept. Own limits of 100: nobody reported, not kept.
+        assert!(kept(&[busy("demo", 0, false, 5), busy("other", 0, false, 5)]));
+        assert!(kept(&[busy("demo", 4, true, 5), busy("other", 0, false, 5)]));
+        assert!(!kept(&[busy("demo", 4, true, 5), busy("other", 7, true, 5)]));
+        assert!(!kept(&[
+            busy("demo", 0, false, 100),
+            busy("other", 0, false, 100)
+        ]));
     }
 
     #[test]

@@ -40,27 +40,39 @@ pub fn member_limit<'a>(
 
 /// Whether a group's record planned from `view` at `version` keeps its new members' holdings
 /// ([`crate::quota_group::BudgetRecord::holdings_kept`]): its plan grants nothing yet
-/// ([`holding_back`] names someone) and what every member is known to hold
-/// ([`super::SeedRecord::held_seen`]: its budget, or what it reported committed where more)
-/// fits the group's limit in every resource.
+/// ([`holding_back`] names someone) and the most its members could ever hold fits its limit in
+/// every resource: what a member reported it holds ([`super::SeedRecord::held_seen`]: its
+/// budget, or what it reported committed where more), and for a member not heard from yet its
+/// own limit ([`super::SeedRecord::ceiling`]; none on a resource, and nothing is kept).
 ///
-/// Why keeping is safe: a member that keeps its seeds' shares takes nothing new, and what its
-/// seeds hold it brought into the group (its report counts it as committed, so the group grants
-/// no one that room). While what is known fits, the members' holdings together are within the
-/// limit but for members not heard from yet, whose seeds keep theirs either way until their
-/// first round. Once members are known to hold more, or the group plans grants, the flag goes,
-/// and a member granted nothing plans within its budget, as before: its seeds give up their
-/// idle shares, and the group admits nothing more while it is over.
+/// Why keeping is safe: a member that keeps its seeds' shares takes nothing new, and a project
+/// never holds shares beyond its own limit, nor admits past it; so while the bound fits, what
+/// the members hold and may still spend fits the limit, whoever has not reported yet. Keeping
+/// on what is *known* only (unreported members counted as holding nothing) was tried and let a
+/// group made over projects holding far more share than its limit admit 200 Machines where it
+/// had room for 50, from the shares they kept until their reports came in.
 pub fn holdings_kept(view: &MasterView, version: u64) -> Result<bool, QuantityError> {
     if holding_back(view, version).is_empty() {
         return Ok(false);
     }
-    let held: Vec<ResourceDetails> = view.seeds.values().map(super::SeedRecord::held_seen).collect();
-    let total = ResourceDetails::checked_sum(&held)?;
-    Ok(view
-        .limit
-        .iter()
-        .all(|(resource, limit)| total.amount(resource) <= limit))
+    for (resource, limit) in view.limit.iter() {
+        let mut most = Quantity::ZERO;
+        for member in view.seeds.values() {
+            let bound = if member.report.is_some() {
+                member.held_seen().amount(resource)
+            } else {
+                match member.ceiling.get(resource) {
+                    Some(ceiling) => ceiling,
+                    None => return Ok(false),
+                }
+            };
+            most = most.checked_add(bound)?;
+        }
+        if most > limit {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether a project keeps its seeds' holdings in a group instead of planning within its budget
@@ -438,21 +450,29 @@ mod tests {
     }
 
     #[test]
-    fn a_record_keeps_holdings_while_it_grants_nothing_and_what_is_known_fits() {
-        // Made over two busy projects: neither has reported yet.
+    fn a_record_keeps_holdings_while_it_grants_nothing_and_the_most_its_members_could_hold_fits() {
+        // Made over two busy projects with own limits of 6 and 8: neither has reported yet, and
+        // together they could hold 14 of 10: nothing kept.
+        let member = |ceiling: i64| SeedRecord {
+            ceiling: cpu(ceiling),
+            ..SeedRecord::new()
+        };
         let mut group = MasterView {
             limit: cpu(10),
-            seeds: [
-                ("demo".to_owned(), SeedRecord::new()),
-                ("other".to_owned(), SeedRecord::new()),
-            ]
-            .into(),
+            seeds: [("demo".to_owned(), member(6)), ("other".to_owned(), member(8))].into(),
         };
+        assert!(!holdings_kept(&group, 1).unwrap());
+        // demo reports holding 2: 2 + other's 8 fit, so holdings are kept.
+        group.seeds.get_mut("demo").unwrap().report = seed(0, 2, Some(2)).report;
         assert!(holdings_kept(&group, 1).unwrap());
-        // demo reports holding 4: known, it fits.
+        // A member without a limit of its own could hold anything: nothing kept.
+        group.seeds.get_mut("other").unwrap().ceiling = ResourceDetails::default();
+        assert!(!holdings_kept(&group, 1).unwrap());
+        group.seeds.get_mut("other").unwrap().ceiling = cpu(8);
+        // demo reports holding 4 after all: 12 of 10, nothing kept.
         group.seeds.get_mut("demo").unwrap().report = seed(0, 4, Some(4)).report;
-        assert!(holdings_kept(&group, 1).unwrap());
-        // other reports holding 7: 11 of 10 known, so nothing is kept any more.
+        assert!(!holdings_kept(&group, 1).unwrap());
+        // other reports holding 7: 11 of 10 known, nothing kept either.
         group.seeds.get_mut("other").unwrap().report = seed(0, 7, Some(7)).report;
         assert!(!holdings_kept(&group, 1).unwrap());
         // Both reported and holding less: the group plans grants, so nothing is kept either.
