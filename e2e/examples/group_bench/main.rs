@@ -29,12 +29,11 @@
 //!
 //! Writes `e2e/results/groups.md`.
 
-use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::Parser;
-use e2e::bench::{Buckets, histogram_quantile, median, ms, per_round_ratios, percentile, rate};
+use e2e::bench::rate;
 use e2e::machines::is_quota_denial;
 use e2e::procfs::CpuTicks;
 use e2e::system::{Credentials, System, Webhooks};
@@ -52,6 +51,10 @@ use kkp_quota_runtime::webhook_config::{self, Operations};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
+use writes::Writes;
+
+mod report;
+mod writes;
 
 const SEED: &str = "seed-a";
 const GROUP: &str = "bench-group";
@@ -125,62 +128,6 @@ fn cpu_groups(fleet: &Fleet, system: &System, hosts: &[String]) -> Vec<Vec<u32>>
         kind("seed-controller"),
         kind("machine-webhook"),
     ]
-}
-
-/// Writes an API server served, by resource and verb (from its `apiserver_request_total`):
-/// `"quotaledgers/status PUT"` and so on.
-#[derive(Clone, Default)]
-struct Writes(std::collections::BTreeMap<String, f64>);
-
-impl Writes {
-    async fn scrape(client: &Client) -> Result<Writes> {
-        let text = client
-            .request_text(http::Request::get("/metrics").body(Vec::new())?)
-            .await
-            .context("reading an API server's /metrics")?;
-        let mut writes = std::collections::BTreeMap::new();
-        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
-            let Some((labels, value)) = line.rsplit_once(' ') else {
-                continue;
-            };
-            let label = |name: &str| {
-                labels
-                    .split(&format!("{name}=\""))
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-                    .unwrap_or_default()
-                    .to_owned()
-            };
-            let verb = label("verb");
-            if !["POST", "PUT", "PATCH", "DELETE", "APPLY"].contains(&verb.as_str()) {
-                continue;
-            }
-            let (resource, sub) = (label("resource"), label("subresource"));
-            let key = if sub.is_empty() {
-                format!("{resource} {verb}")
-            } else {
-                format!("{resource}/{sub} {verb}")
-            };
-            *writes.entry(key).or_insert(0.0) += value.parse::<f64>().unwrap_or(0.0);
-        }
-        Ok(Writes(writes))
-    }
-
-    fn since(&self, before: &Writes) -> Writes {
-        Writes(
-            self.0
-                .iter()
-                .map(|(k, v)| (k.clone(), v - before.0.get(k).copied().unwrap_or(0.0)))
-                .filter(|(_, v)| *v > 0.0)
-                .collect(),
-        )
-    }
-
-    fn add(&mut self, more: &Writes) {
-        for (k, v) in &more.0 {
-            *self.0.entry(k.clone()).or_insert(0.0) += v;
-        }
-    }
 }
 
 /// What one phase measured.
@@ -631,7 +578,7 @@ async fn main() -> Result<()> {
             return Err(e);
         }
     };
-    let out = report(&args, &measured, set_up)?;
+    let out = report::report(&args, &measured, set_up)?;
     if let Some(dir) = args.out.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -749,184 +696,4 @@ async fn measure(
         tight,
         headroom,
     })
-}
-
-/// The results file.
-#[allow(clippy::too_many_lines)]
-fn report(args: &Args, measured: &Measured, set_up: Duration) -> Result<String> {
-    let Measured {
-        phases,
-        transitions,
-        tight,
-        headroom,
-    } = measured;
-    let headroom = *headroom;
-    let mut out = String::new();
-    let projects = args.projects;
-    writeln!(
-        out,
-        "# A shared quota group of {projects} projects: admission throughput\n"
-    )?;
-    writeln!(
-        out,
-        "Measured by `cargo run --release -p e2e --example group_bench -- --projects {projects} --hosts {} --rounds {} --creates {}` on {} ({}). The whole system runs as real processes built in the {} beside real API servers: a master, one seed, {} user-cluster API servers. Each of the {projects} projects has one simulated user cluster (a namespace on one of those API servers, its KKP `Cluster` on the seed, its own webhook configuration with its signed URL; seed-controller watches each one's Machines as it would a cluster's), so {projects} projects fit on this machine; set-up took {:.0} s. Every project has its own quota of {OWN_CPU} cpu. In every phase each project has one client creating 1-cpu Machines one after another ({} per project, {} per phase), after an unmeasured warm-up of a quarter of that in the same mode and a wait until every project's seed holds share for the phase (so a phase measures admission, not share moving: the cost of moving it is measured apart, below); Machines are kept, so every phase starts with more of them. Modes alternate, in an order that changes every round (`e2e::bench::round_order`). The group mode's group is `shared`, over all {projects} projects, with a limit of {} cpu (far from what they use: each member's budget, not its own quota, is what its seed's shares are planned within).\n",
-        args.hosts,
-        args.rounds,
-        args.creates,
-        jiff::Zoned::now().date(),
-        e2e::bench::host(),
-        e2e::bench::profile(),
-        args.hosts,
-        set_up.as_secs_f64(),
-        args.creates,
-        args.creates * projects,
-        OWN_CPU * i64::try_from(projects)?,
-    )?;
-    let of = |mode: Mode| -> Vec<&Phase> { phases.iter().filter(|p| p.mode == mode).collect() };
-    let rates = |mode: Mode| -> Vec<f64> { of(mode).iter().map(|p| rate(p.attempted, p.elapsed)).collect() };
-    let base = rates(Mode::Projects);
-    let ratios = per_round_ratios(&rates(Mode::Group), &base);
-    let ratio = median(ratios.clone());
-    let shown: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
-    writeln!(
-        out,
-        "**With the group / without: {ratio:.2} of the throughput (median of the rounds' ratios: {}; goal: at least 0.90).**\n",
-        shown.join(", ")
-    )?;
-    writeln!(
-        out,
-        "| mode | creates/s (median of rounds) | create p50 | create p99 | decision p50 | decision p99 | waited for share: admitted / denied | demands written |"
-    )?;
-    writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")?;
-    for mode in [Mode::Projects, Mode::Group] {
-        let phases = of(mode);
-        let mut latencies: Vec<Duration> = phases.iter().flat_map(|p| p.latencies.iter().copied()).collect();
-        latencies.sort();
-        let mut webhook = Webhooks::default();
-        for p in &phases {
-            webhook.add(&p.webhook);
-        }
-        let decision = |q: f64| format!("{:.2} ms", histogram_quantile(&webhook.decision, q) * 1000.0);
-        let count = |b: &Buckets| b.last().map_or(0, |b| b.1);
-        writeln!(
-            out,
-            "| {} | {:.1} | {} | {} | {} | {} | {} / {} | {:.0} |",
-            mode.label(),
-            median(rates(mode)),
-            ms(percentile(&latencies, 0.5)),
-            ms(percentile(&latencies, 0.99)),
-            decision(0.5),
-            decision(0.99),
-            count(&webhook.share_allowed),
-            count(&webhook.share_denied),
-            webhook.demands,
-        )?;
-    }
-    let per_second = e2e::procfs::ticks_per_second();
-    writeln!(
-        out,
-        "\nCPU ms per create (user + system time from `/proc/<pid>/stat` over every phase of the mode, divided by its creates; every process shares the machine's cores, so creates/s follows what a create costs in all of them together):\n"
-    )?;
-    writeln!(
-        out,
-        "| mode | all | {} | this program (the clients) |",
-        CPU_GROUPS.join(" | ")
-    )?;
-    writeln!(out, "| --- | ---:{} |", " | ---:".repeat(CPU_GROUPS.len() + 1))?;
-    for mode in [Mode::Projects, Mode::Group] {
-        let phases = of(mode);
-        let mut used = CpuTicks::default();
-        for p in &phases {
-            used.add(&p.cpu);
-        }
-        let creates = phases.iter().map(|p| p.attempted).sum::<usize>();
-        writeln!(
-            out,
-            "| {} | {} |",
-            mode.label(),
-            used.per_create_row(per_second, creates)
-        )?;
-    }
-    writeln!(
-        out,
-        "\nWrites per 100 creates the master's and the seed's API servers served (their `apiserver_request_total`, every write verb, over every phase of the mode; the Machines themselves are written to the hosts, not here):\n"
-    )?;
-    writeln!(out, "| mode | master | seed |")?;
-    writeln!(out, "| --- | --- | --- |")?;
-    for mode in [Mode::Projects, Mode::Group] {
-        let phases = of(mode);
-        #[allow(clippy::cast_precision_loss)]
-        let creates = phases.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
-        let (mut master, mut seed) = (Writes::default(), Writes::default());
-        for p in &phases {
-            master.add(&p.master_writes);
-            seed.add(&p.seed_writes);
-        }
-        let cell = |w: &Writes| {
-            let mut entries: Vec<(&String, &f64)> = w.0.iter().collect();
-            entries.sort_by(|a, b| b.1.total_cmp(a.1));
-            let shown: Vec<String> = entries
-                .iter()
-                .map(|(k, v)| format!("{k}: {:.1}", *v * 100.0 / creates))
-                .collect();
-            if shown.is_empty() {
-                "none".to_owned()
-            } else {
-                shown.join(", ")
-            }
-        };
-        writeln!(out, "| {} | {} | {} |", mode.label(), cell(&master), cell(&seed))?;
-    }
-    writeln!(out, "\nPer phase:\n")?;
-    writeln!(
-        out,
-        "| phase | mode | admitted | refused without a decision (\"try again\") | seconds | creates/s | create p99 |"
-    )?;
-    writeln!(out, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")?;
-    for (i, p) in phases.iter().enumerate() {
-        writeln!(
-            out,
-            "| {i} | {} | {} | {} | {:.2} | {:.1} | {} |",
-            p.mode.label(),
-            p.admitted,
-            p.failed,
-            p.elapsed.as_secs_f64(),
-            rate(p.attempted, p.elapsed),
-            ms(percentile(&p.latencies, 0.99)),
-        )?;
-    }
-    writeln!(out, "\n## A group created over busy projects\n")?;
-    writeln!(
-        out,
-        "Before each group phase that found no group, the group was created over the {projects} projects, all with Machines and shares of their own. The group's limit covers what every project could hold (their own quotas together), so until it has heard from every project its record keeps their holdings (`holdingsKept`, docs/groups.md): each project's seed keeps the share it holds and admits from it, and the group's first budgets are what they hold; a group tighter than that would lower each seed's share to what it commits until budgets are granted. The warm-up runs at once; the measured phase waits until every project's seed holds share for the phase again (above). A create in that window that finds no share waits for it (up to the webhook's share wait, 3 s) and is denied if it does not arrive.\n"
-    )?;
-    writeln!(
-        out,
-        "| group created | settled after | warm-up creates | denied | refused without a decision |"
-    )?;
-    writeln!(out, "| ---: | ---: | ---: | ---: | ---: |")?;
-    for (i, t) in transitions.iter().enumerate() {
-        writeln!(
-            out,
-            "| {} | {:.1} s | {} | {} | {} |",
-            i + 1,
-            t.settled.as_secs_f64(),
-            t.warm_attempted,
-            t.warm_denied,
-            t.warm_failed
-        )?;
-    }
-    writeln!(out, "\n## The group enforced\n")?;
-    writeln!(
-        out,
-        "Checked, not timed: the group's limit lowered to the cpu of every Machine created so far plus {headroom} (half a Machine per project), in force once the group's record counts its members holding no more than that; then every project's client creates two Machines at once ({} creates). Admitted: **{} of a headroom of {headroom}** (more fails the run; fewer is headroom left in budgets too small for a Machine, or not moved to the projects that asked before their wait for share ended); {} denied, {} of them naming the group; {} refused without a decision (the webhook's ledger write did not land in time: \"try again\"); {:.2} s, create p99 {}.",
-        tight.attempted,
-        tight.admitted,
-        tight.denied,
-        tight.denied_by_group,
-        tight.failed,
-        tight.elapsed.as_secs_f64(),
-        ms(percentile(&tight.latencies, 0.99)),
-    )?;
-    Ok(out)
 }
