@@ -305,7 +305,9 @@ async fn group_on(fleet: &Fleet, projects: usize, limit: i64) -> Result<bool> {
                 q.status
                     .as_ref()
                     .and_then(|s| s.shares.as_ref())
-                    .is_some_and(|s| s.groups.iter().any(|g| g.group == GROUP))
+                    // A copy of version 0 only reports: it has taken no word of the group, so its
+                    // seeds' shares may not be decided yet (kept, or lowered to what they commit).
+                    .is_some_and(|s| s.groups.iter().any(|g| g.group == GROUP && g.version > 0))
             })
             .count();
         (holding == projects).then_some(())
