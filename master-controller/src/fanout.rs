@@ -210,8 +210,8 @@ pub fn ledger_in_sync(
 /// figures alone never make a write otherwise: a usage change in one project would rewrite every
 /// other member's ledger on every seed.
 pub fn groups_stale(shares: Option<&LedgerShares>, ledger: &SeedLedger, waiting: bool) -> bool {
-    let bounds = |groups: &[kkp_quota_crds::LedgerGroup]| {
-        groups.iter().map(|g| (&g.name, &g.quota)).collect::<Vec<_>>()
+    let bounds = |groups: &[kkp_quota_crds::LedgerGroup]| -> Vec<(String, ResourceDetails)> {
+        groups.iter().map(|g| (g.name.clone(), g.quota.clone())).collect()
     };
     shares.is_some_and(|s| {
         bounds(&s.groups) != bounds(&ledger.groups) || (waiting && s.groups != ledger.groups)
