@@ -146,17 +146,18 @@ async fn main() -> Result<()> {
         ready.is_ready()
     })
     .await?;
-    // The seed copy exists and carries localUsage (zero) before measuring.
-    let zero = ResourceDetails::zero();
+    // The seed copy exists and carries localUsage before measuring: no Machine yet, and the
+    // fleet's one user cluster, which counts as a cluster (docs/capacity.md).
+    let empty = ResourceDetails::zero().checked_add(&ResourceDetails::one_cluster())?;
     let mut seed_events = quota_events::<QuotaLedger>(seed.clone());
-    wait_usage(&mut seed_events, &zero, local_usage).await?;
+    wait_usage(&mut seed_events, &empty, local_usage).await?;
     let mut master_events = quota_events::<ProjectQuota>(master.clone());
-    wait_usage(&mut master_events, &zero, global_usage).await?;
+    wait_usage(&mut master_events, &empty, global_usage).await?;
 
     let machines: Api<Machine> = Api::namespaced(fleet.user_cluster("alpha").client(), "kube-system");
     let spec = json!({"cloudProvider": "hetzner", "cloudProviderSpec": {"serverType": "cx22"}});
     let size = size_machine(&machine("x", &spec), &SizeCatalog::shipped(), None)?;
-    let mut want = zero.clone();
+    let mut want = empty.clone();
     let (mut to_seed, mut to_master) = (Vec::new(), Vec::new());
     for k in 0..args.samples {
         want = want.checked_add(&size)?;

@@ -182,6 +182,9 @@ async fn main() -> Result<()> {
     let mut jobs = Vec::new();
     for i in 0..args.clusters {
         let (name, cp, project) = cluster_of(i);
+        // Each `Cluster` counts as a cluster of its project (docs/capacity.md).
+        let e = expected.get_mut(&project).context("project")?;
+        *e = e.checked_add(&ResourceDetails::one_cluster())?;
         for j in 0..args.machines_per_cluster {
             let spec = &specs[(i + j) % specs.len()];
             let e = expected.get_mut(&project).context("project")?;
