@@ -368,9 +368,13 @@ fn plan_group(
     };
     let version = old_version + 1;
     let record = budgets::record(version, &view, kept);
-    // A merge patch keeps a list it does not carry: an emptied one is sent as such.
+    // A merge patch keeps what it does not carry: an emptied list, and a flag turned off (the
+    // type leaves `false` out), are sent as such. A `holdingsKept` left `true` had every group
+    // round write again (and every member take the new word), and would let a member that
+    // joins later keep holdings the group has no room for.
     let mut body = serde_json::json!(record);
     body["projects"] = serde_json::json!(record.projects);
+    body["holdingsKept"] = serde_json::json!(record.holdings_kept);
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version},
         "status": {"budgets": body},
@@ -505,11 +509,12 @@ mod tests {
             }),
             own_limit: cpu(own),
         };
+        // Sent either way: a merge patch without it would leave an earlier `true` in place.
         let kept = |members: &[Member]| {
             let (patch, ..) = plan_group(&g, members, 10).unwrap().unwrap();
             patch["status"]["budgets"]["holdingsKept"]
                 .as_bool()
-                .unwrap_or(false)
+                .expect("holdingsKept is always sent")
         };
         // Own limits of 5 each: nobody reported, kept (5 + 5 fit 10); demo's 4 reported, kept;
         // 4 + 7 reported, over 10, not kept. Own limits of 100: nobody reported, not kept.

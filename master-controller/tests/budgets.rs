@@ -181,10 +181,44 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
         "apiVersion": "kkp-quota.dev/v1alpha1",
         "kind": "QuotaGroup",
         "metadata": {"name": GROUP},
-        "spec": {"selector": {"matchLabels": {"customer": "acme"}}, "quota": {"cpu": "6"}},
+        "spec": {"selector": {"matchLabels": {"customer": "acme"}}, "quota": {"cpu": "20"}},
     }))?;
-    Api::<QuotaGroup>::all(master.clone())
-        .create(&PostParams::default(), &group)
+    let groups: Api<QuotaGroup> = Api::all(master.clone());
+    groups.create(&PostParams::default(), &group).await?;
+
+    // Made with room for both projects' own limits (10 + 10): its first record keeps their
+    // holdings while it has not heard from them; once it grants, the stored record says it no
+    // longer keeps them (a merge patch that left the flag out kept `true` there for good).
+    wait_for(
+        DEADLINE,
+        "the group granting, its record no longer keeping holdings",
+        || async {
+            let group = w.group().await?;
+            let status = group.status.context("no status")?;
+            let held = status.conditions.iter().find(|c| c.type_ == "GrantsHeld");
+            ensure!(held.is_some_and(|c| c.status == "False"), "{held:?}");
+            let record = status.budgets.context("no budgets")?;
+            ensure!(
+                record.projects.len() == 2,
+                "the record holds {:?}",
+                record.projects
+            );
+            ensure!(
+                !record.holdings_kept,
+                "version {} still keeps holdings",
+                record.version
+            );
+            Ok(())
+        },
+    )
+    .await
+    .context("holdings kept, then not")?;
+    groups
+        .patch(
+            GROUP,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"quota": {"cpu": "6"}}})),
+        )
         .await?;
 
     // Every member is in the group's record, and has taken a word of it.
