@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::{StreamExt, future, stream};
 use kkp_quota_crds::kkp::{KubermaticSetting, Project};
+use kkp_quota_crds::quota::PROJECT_KIND;
 use kkp_quota_crds::{ProjectQuota, ResourceQuota};
 use kkp_quota_runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_runtime::ops::Readiness;
@@ -20,6 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::by_subject::QuotasBySubject;
 use crate::ctx::Ctx;
 use crate::kkp_copies::KkpCopies;
 use crate::ledger_guard::HandDeletes;
@@ -131,16 +133,12 @@ fn channel_stream<T: Send + 'static>(
     stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|v| (v, rx)) })
 }
 
-/// The quotas (in the store) whose subject is `project`.
-fn quotas_of_project(
-    quotas: &reflector::Store<ResourceQuota>,
-    project: &str,
-) -> Vec<ObjectRef<ResourceQuota>> {
+/// The quotas whose subject is `project`.
+fn quotas_of_project(quotas: &QuotasBySubject, project: &str) -> Vec<ObjectRef<ResourceQuota>> {
     quotas
-        .state()
+        .of(PROJECT_KIND, project)
         .iter()
-        .filter(|q| q.spec.subject.name == project)
-        .map(|q| ObjectRef::from_obj(&**q))
+        .map(|name| ObjectRef::new(name))
         .collect()
 }
 
@@ -167,9 +165,10 @@ async fn run_as_leader(
 
     let quota_api: Api<ResourceQuota> = Api::all(master.clone());
     let (quotas, quota_writer) = reflector::store();
+    let quotas_by_subject = QuotasBySubject::default();
     let quota_events = {
         let (defaults, orphans) = (defaults.clone(), orphans.clone());
-        let (siblings, one_tx) = (quotas.clone(), one_tx.clone());
+        let (by_subject, one_tx) = (quotas_by_subject.clone(), one_tx.clone());
         reflector::reflector(
             quota_writer,
             relisting_watcher(quota_api.clone(), wc.clone(), None).modify(status::keep_usage_writers),
@@ -178,13 +177,14 @@ async fn run_as_leader(
         .inspect(move |event| {
             defaults.notify_one();
             orphans.notify_one();
+            let Ok(event) = event else { return };
+            by_subject.observe(event);
             // Which of a project's quotas is in force depends on the others
-            // (`crate::not_in_force`): a change of one is a change for its siblings.
-            if let Ok(watcher::Event::Apply(q) | watcher::Event::Delete(q)) = event {
-                for sibling in siblings.state() {
-                    if sibling.spec.subject == q.spec.subject && sibling.name_any() != q.name_any() {
-                        let _ = one_tx.send(sibling.name_any());
-                    }
+            // (`crate::not_in_force`): a change of one is a change for its siblings. A
+            // deleted quota has left the index already: its siblings are asked for before.
+            if let watcher::Event::Apply(q) | watcher::Event::Delete(q) = event {
+                for sibling in by_subject.siblings(q) {
+                    let _ = one_tx.send(sibling);
                 }
             }
         })
@@ -196,7 +196,11 @@ async fn run_as_leader(
     // reconciler reads, and mapped onto the controller's own triggers.
     let (projects, project_writer) = reflector::store();
     let project_triggers = {
-        let (defaults, quotas, groups_changed) = (defaults.clone(), quotas.clone(), groups_changed.clone());
+        let (defaults, quotas, groups_changed) = (
+            defaults.clone(),
+            quotas_by_subject.clone(),
+            groups_changed.clone(),
+        );
         reflector::reflector(
             project_writer,
             relisting_watcher(Api::<Project>::all(master.clone()), wc.clone(), None)
@@ -255,6 +259,7 @@ async fn run_as_leader(
         draining_seeds: options.draining_seeds.clone(),
         unreadable: Arc::clone(&unreadable),
         quotas: quotas.clone(),
+        quotas_by_subject: quotas_by_subject.clone(),
         not_in_force: crate::not_in_force::NotInForce::default(),
         groups: group_book.clone(),
     });

@@ -37,6 +37,8 @@ pub(crate) struct Ctx {
     pub unreadable: Arc<crate::unreadable::Unreadable>,
     /// Every master `ResourceQuota` (which of a project's several quotas is in force).
     pub quotas: Store<ResourceQuota>,
+    /// The names of each subject's quotas in [`Ctx::quotas`].
+    pub quotas_by_subject: crate::by_subject::QuotasBySubject,
     /// Quotas not in force (another quota of their project is): counted.
     pub not_in_force: crate::not_in_force::NotInForce,
     /// The newest `QuotaGroup`s, from the group loop: the budgets a project plans within.

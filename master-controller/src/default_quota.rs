@@ -109,6 +109,9 @@ pub fn plan(default: Option<&ResourceDetails>, projects: &[String], quotas: &[Qu
     let Some(default) = default else {
         return live.iter().filter(|q| q.is_default).map(|q| delete(q)).collect();
     };
+    // Indexed once: looked up per project below (10,000 projects over 10,000 quotas scanned
+    // the quotas once per project, every pass).
+    let names: std::collections::HashSet<&str> = quotas.iter().map(|q| q.name.as_str()).collect();
     let mut by_project: BTreeMap<&str, Vec<&QuotaView>> = BTreeMap::new();
     for q in &live {
         if let Some(p) = &q.project {
@@ -125,7 +128,7 @@ pub fn plan(default: Option<&ResourceDetails>, projects: &[String], quotas: &[Qu
         } else if defaults.is_empty() {
             let name = default_quota_name(project);
             // A quota of that name for another subject, or one still being deleted: wait.
-            if !quotas.iter().any(|q| q.name == name) {
+            if !names.contains(name.as_str()) {
                 actions.push(Action::Create {
                     name,
                     project: project.clone(),

@@ -24,6 +24,7 @@ pub mod allocation;
 mod api;
 pub mod args;
 pub mod budgets;
+pub mod by_subject;
 pub mod controller;
 mod ctx;
 pub mod default_quota;

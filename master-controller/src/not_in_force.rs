@@ -37,12 +37,13 @@ pub fn in_force_instead<'a>(
     if quota.spec.subject.kind != PROJECT_KIND {
         return None;
     }
-    let own = quota.name_any();
+    let own = name_of(quota);
     all.into_iter()
         .filter(|q| candidate_of(q) == Some(quota.spec.subject.name.as_str()))
-        .map(ResourceExt::name_any)
+        .map(name_of)
         .min()
         .filter(|first| *first < own)
+        .map(str::to_owned)
 }
 
 /// Every project's quota in force (the rule of [`in_force_instead`]), by project, from one pass
@@ -56,7 +57,7 @@ pub fn in_force_by_project<'a>(
             in_force
                 .entry(project)
                 .and_modify(|first| {
-                    if quota.name_any() < first.name_any() {
+                    if name_of(quota) < name_of(first) {
                         *first = quota;
                     }
                 })
@@ -64,6 +65,11 @@ pub fn in_force_by_project<'a>(
         }
     }
     in_force
+}
+
+/// The object's name, borrowed (`name_any` allocates: this runs once per quota per pass).
+fn name_of(quota: &ResourceQuota) -> &str {
+    quota.metadata.name.as_deref().unwrap_or_default()
 }
 
 /// The project `quota` may be in force for: a project's quota not being deleted.

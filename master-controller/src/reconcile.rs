@@ -93,9 +93,15 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
         // In sync means it exists; the watch brings it otherwise.
         return Ok(Action::await_change());
     };
-    if let Some(in_force) =
-        crate::not_in_force::in_force_instead(master_rq, ctx.quotas.state().iter().map(|q| &**q))
-    {
+    // The quota's siblings from the index, each read from the store (a scan of every quota per
+    // reconcile was most of the controller's CPU at 10,000 quotas).
+    let siblings: Vec<Arc<ResourceQuota>> = ctx
+        .quotas_by_subject
+        .siblings(master_rq)
+        .iter()
+        .filter_map(|name| ctx.quotas.get(&ObjectRef::new(name)))
+        .collect();
+    if let Some(in_force) = crate::not_in_force::in_force_instead(master_rq, siblings.iter().map(|q| &**q)) {
         return crate::not_in_force::report(master_rq, &project_quota, &in_force, &views, ctx).await;
     }
     ctx.not_in_force.track(&name, false, &ctx.metrics);

@@ -132,6 +132,18 @@ async fn one_pass(
     written: &mut HashMap<String, QuotaGroupStatus>,
     reshaped: bool,
 ) {
+    if reshaped {
+        for quota in &sources.project_quotas.state() {
+            let _ = sources.reconcile.send(quota.name_any());
+        }
+    }
+    // Every pass reads all projects and quotas: with no group nothing needs them (a master
+    // starting over 10,000 quotas without a group spent a large part of its CPU here, a pass
+    // per batch of events).
+    if groups.is_empty() {
+        metrics.groups.set(&[]);
+        return;
+    }
     let projects = sources.projects.state();
     let quotas = sources.project_quotas.state();
     let kkp_quotas = sources.kkp_quotas.state();
@@ -141,11 +153,6 @@ async fn one_pass(
         projects.iter().map(Arc::as_ref),
         [],
     );
-    if reshaped {
-        for quota in &quotas {
-            let _ = sources.reconcile.send(quota.name_any());
-        }
-    }
     // What every group's budget round reads, indexed once per pass.
     let by_name: BTreeMap<String, &ProjectQuota> =
         quotas.iter().map(|q| (q.name_any(), q.as_ref())).collect();
