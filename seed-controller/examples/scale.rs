@@ -330,7 +330,7 @@ async fn main() -> Result<()> {
          as for real ones ({clusters} clients, {clusters} watches).\n\
          - {projects} projects ({per_project} clusters each), one seed quota copy per project.\n\
          - {total} Machines ({mpc} per cluster; aws t3.medium/m5.large, hetzner cx22/cx32, vsphere 2 cpu/4 GiB), created before the controller starts.\n\
-         - The controller runs as its own process (`seed-controller` binary), so memory figures are its own.\n\n\
+         - The controller runs as its own process (`seed-controller` binary), so memory figures are its own, with `--quota-view=false` (the simulated clusters share the user apiservers, so their quota views would all be installed on the same few servers at once).\n\n\
          ## Results\n\n\
          | measurement | value |\n| --- | --- |\n\
          | cold start -> every project's `localUsage` exact | {conv:.2} s |\n\
