@@ -156,7 +156,9 @@ pub struct BudgetRecord {
     /// asks for them as its first budget, instead of giving them up while it waits (a group
     /// made over busy projects stalled them until its first grants). Cleared by the first
     /// round that plans grants, or once the members are known to hold more than the limit.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    // Always written, `false` too: the record is written as a merge patch, which keeps a field it
+    // does not carry (left out when `false`, an earlier `true` stayed stored).
+    #[serde(default)]
     pub holdings_kept: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]

@@ -368,13 +368,9 @@ fn plan_group(
     };
     let version = old_version + 1;
     let record = budgets::record(version, &view, kept);
-    // A merge patch keeps what it does not carry: an emptied list, and a flag turned off (the
-    // type leaves `false` out), are sent as such. A `holdingsKept` left `true` had every group
-    // round write again (and every member take the new word), and would let a member that
-    // joins later keep holdings the group has no room for.
+    // A merge patch keeps a list it does not carry: an emptied one is sent as such.
     let mut body = serde_json::json!(record);
     body["projects"] = serde_json::json!(record.projects);
-    body["holdingsKept"] = serde_json::json!(record.holdings_kept);
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version},
         "status": {"budgets": body},

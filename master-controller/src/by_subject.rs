@@ -115,17 +115,7 @@ impl QuotasBySubject {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kkp_quota_crds::{KkpQuota, ResourceQuotaSpec, Subject as QuotaSubject};
-
-    fn quota(name: &str, project: &str) -> ResourceQuota {
-        ResourceQuota::new(
-            name,
-            ResourceQuotaSpec {
-                subject: QuotaSubject::project(project),
-                quota: KkpQuota::default(),
-            },
-        )
-    }
+    use crate::not_in_force::tests::quota;
 
     #[test]
     fn follows_applies_deletes_moves_and_relists() {

@@ -151,11 +151,12 @@ async fn delete_ledgers(name: &str, views: &[SeedView], ctx: &Ctx) -> Vec<String
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use kkp_quota_crds::quota::{ResourceQuotaSpec, Subject};
 
-    fn quota(name: &str, project: &str) -> ResourceQuota {
+    /// A project's quota, for tests here and in `crate::by_subject`.
+    pub(crate) fn quota(name: &str, project: &str) -> ResourceQuota {
         ResourceQuota::new(
             name,
             ResourceQuotaSpec {
