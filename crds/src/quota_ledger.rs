@@ -3,9 +3,8 @@
 //! KKP's object cannot: the full limits (with gpu and machine count), this seed's usage of every
 //! resource, the other seeds' usage, and the admission ledger (reservations and allotments).
 //!
-//! Owners: master-controller applies `spec` and writes `status.globalUsage` and
-//! `status.otherSeedsUsage`; seed-controller writes `status.localUsage` and removes counted
-//! reservations and expired allotments; machine-webhook adds reservations and keeps its own
+//! Owners: master-controller applies `spec` and writes `status.otherSeedsUsage`; seed-controller
+//! writes `status.localUsage` and removes counted reservations and expired allotments; machine-webhook adds reservations and keeps its own
 //! allotment. The last two write by compare-and-swap on `resourceVersion` (docs/architecture.md).
 //! master-controller creates it with the quota and deletes it with the quota.
 
@@ -194,7 +193,10 @@ pub struct QuotaLedgerStatus {
     /// ledger write.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format_version: Option<u32>,
-    /// Usage summed over every seed. Written by master-controller.
+    /// Usage summed over every seed, as older master-controllers wrote it; read only where
+    /// `otherSeedsUsage` is missing. The master now removes it: readers add this seed's
+    /// `localUsage` to `otherSeedsUsage`, so one seed's usage change rewrites only the other
+    /// seeds' ledgers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub global_usage: Option<ResourceDetails>,
     /// Usage on this seed. Written by seed-controller.

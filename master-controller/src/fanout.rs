@@ -314,25 +314,20 @@ pub fn project_quota_apply_body(master: &ResourceQuota) -> Value {
     })
 }
 
-/// The merge patch of a seed ledger's `/status`, or `None` when nothing changed.
-/// `global`/`others` of `None` mean "not known": that field is left alone.
-pub fn ledger_status_patch(
-    ledger: &SeedLedger,
-    global: Option<&ResourceDetails>,
-    others: Option<&ResourceDetails>,
-) -> Option<Value> {
+/// The merge patch of a seed ledger's `/status`, or `None` when nothing changed: the other
+/// seeds' usage (`None`: not known, the field is left alone). The ledger's own `globalUsage` is
+/// not written (its readers add their seed's fresher `localUsage` to `otherSeedsUsage`): a
+/// change of one seed's usage then rewrites only the other seeds' ledgers, not its own too, as
+/// each such write is a large object sent to every watcher of the seed. One an older master
+/// wrote is removed with the next write, so that no stale figure is left to read.
+pub fn ledger_status_patch(ledger: &SeedLedger, others: Option<&ResourceDetails>) -> Option<Value> {
+    let others = others.filter(|o| ledger.other_seeds_usage.as_ref() != Some(*o))?;
     let mut patch = serde_json::Map::new();
-    if let Some(g) = global
-        && ledger.global_usage.as_ref() != Some(g)
-    {
-        patch.insert("globalUsage".into(), json!(g));
+    patch.insert("otherSeedsUsage".into(), json!(others));
+    if ledger.has_global_usage {
+        patch.insert("globalUsage".into(), Value::Null);
     }
-    if let Some(o) = others
-        && ledger.other_seeds_usage.as_ref() != Some(o)
-    {
-        patch.insert("otherSeedsUsage".into(), json!(o));
-    }
-    (!patch.is_empty()).then(|| json!({ "status": patch }))
+    Some(json!({ "status": patch }))
 }
 
 /// The merge patch of `status.globalUsage` on a KKP `ResourceQuota` (KKP's resources only), or
@@ -405,6 +400,7 @@ pub fn project_quota_status_patch(pq: &ProjectQuota, figures: &ProjectFigures) -
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kkp_quota_crds::fixtures::cpu;
     use kkp_quota_crds::quota::DEFAULT_QUOTA_LABEL;
     use kkp_quota_crds::{KkpQuota, Quantity, QuotaLedgerStatus, Resource, ResourceQuotaSpec, Subject};
 
@@ -691,15 +687,28 @@ mod tests {
         ))
         .unwrap();
         let g = ResourceDetails::zero();
-        assert!(ledger_status_patch(&SeedLedger::from(&ledger), Some(&g), Some(&g)).is_some());
+        let patch = ledger_status_patch(&SeedLedger::from(&ledger), Some(&g)).unwrap();
+        assert_eq!(patch, json!({"status": {"otherSeedsUsage": g}}));
         ledger.status = Some(QuotaLedgerStatus {
-            global_usage: Some(g.clone()),
             other_seeds_usage: Some(g.clone()),
             ..QuotaLedgerStatus::default()
         });
-        let ledger = SeedLedger::from(&ledger);
-        assert_eq!(ledger_status_patch(&ledger, Some(&g), Some(&g)), None);
-        assert_eq!(ledger_status_patch(&ledger, None, None), None);
+        let current = SeedLedger::from(&ledger);
+        assert_eq!(ledger_status_patch(&current, Some(&g)), None);
+        assert_eq!(ledger_status_patch(&current, None), None);
+        // An older master's globalUsage goes with the next write, and only then.
+        ledger.status = Some(QuotaLedgerStatus {
+            global_usage: Some(cpu(3)),
+            other_seeds_usage: Some(g.clone()),
+            ..QuotaLedgerStatus::default()
+        });
+        let older = SeedLedger::from(&ledger);
+        assert_eq!(ledger_status_patch(&older, Some(&g)), None);
+        let patch = ledger_status_patch(&older, Some(&cpu(1))).unwrap();
+        assert_eq!(
+            patch,
+            json!({"status": {"otherSeedsUsage": cpu(1), "globalUsage": null}})
+        );
         // KKP's status: only cpu, memory, storage are written, and compared.
         let patch = kkp_status_patch(None, Some(&g)).unwrap();
         assert!(patch["status"]["globalUsage"].get("machines").is_none());

@@ -25,8 +25,9 @@ pub struct SeedLedger {
     /// What the master writes into it (subject, limits, share, labels), as
     /// [`fanout::ledger_word`] fingerprints it: compared, never read back.
     pub word: Fingerprint,
-    /// `status.globalUsage`.
-    pub global_usage: Option<ResourceDetails>,
+    /// Whether `status.globalUsage` is set: older masters wrote it, the next status write
+    /// removes it ([`crate::fanout::ledger_status_patch`]).
+    pub has_global_usage: bool,
     /// `status.otherSeedsUsage`.
     pub other_seeds_usage: Option<ResourceDetails>,
     /// `status.localUsage`, what the fold sums.
@@ -58,7 +59,7 @@ impl From<&QuotaLedger> for SeedLedger {
                 },
                 ledger.labels(),
             ),
-            global_usage: status.and_then(|s| s.global_usage.clone()),
+            has_global_usage: status.is_some_and(|s| s.global_usage.is_some()),
             other_seeds_usage: status.and_then(|s| s.other_seeds_usage.clone()),
             local_usage: status.and_then(|s| s.local_usage.clone()),
             reserved_usage: status.and_then(|s| s.reserved_usage.clone()),

@@ -18,8 +18,8 @@ use crate::fold;
 use crate::seed_ledger::SeedLedger;
 use crate::seeds::SeedView;
 
-/// `globalUsage` and `otherSeedsUsage` back onto every fresh seed's ledger, and `globalUsage`
-/// onto its KKP copy, where changed. Returns the seeds where a write failed.
+/// `otherSeedsUsage` back onto every fresh seed's ledger, and `globalUsage` onto its KKP copy,
+/// where changed. Returns the seeds where a write failed.
 pub(crate) async fn write_seed_statuses(
     name: &str,
     views: &[SeedView],
@@ -30,7 +30,7 @@ pub(crate) async fn write_seed_statuses(
         let ledger = v.copy.as_ref()?;
         let client = v.client.clone()?;
         let others = folded.others.get(&v.name).cloned().flatten();
-        let ledger_patch = fanout::ledger_status_patch(ledger, folded.global.as_ref(), others.as_ref());
+        let ledger_patch = fanout::ledger_status_patch(ledger, others.as_ref());
         let known = ctx.kkp_copies.get(&v.name, name).status;
         let kkp_patch = fanout::kkp_status_patch(None, folded.global.as_ref())
             .map(|patch| (Fingerprint::of(&patch), patch))
