@@ -60,7 +60,7 @@ ex() { echo "cargo run -q --release --locked -p $1 --example $2 --"; }
   run "seed-controller at scale" "$run_dir/seed-scale.md" \
     $(ex seed-controller scale) ${BENCH_SEED_SCALE:---clusters 1000 --machines-per-cluster 100} --out "$run_dir/seed-scale.md"
   run "master-controller at scale" "$run_dir/master-scale.md" \
-    $(ex master-controller scale) ${BENCH_MASTER_SCALE:---projects 10000 --seeds 3 --samples 50} --out "$run_dir/master-scale.md"
+    $(ex master-controller scale) ${BENCH_MASTER_SCALE:---projects 10000 --seeds 3 --samples 200} --out "$run_dir/master-scale.md"
 }
 
 mkdir -p "$(dirname "$out")"

@@ -22,6 +22,7 @@ use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
+use e2e::api_writes::Writes;
 use e2e::bench::{Buckets, histogram_quantile, median, ms, percentile, rate};
 use e2e::machines::{self, is_quota_denial};
 use e2e::procfs::CpuTicks;
@@ -83,6 +84,25 @@ struct Phase {
     webhooks: Webhooks,
     /// CPU ticks each of [`CPU_GROUPS`] used during the phase.
     cpu: CpuTicks,
+    /// Writes each of [`WRITE_TARGETS`] served during the phase.
+    writes: Vec<Writes>,
+}
+
+/// The clusters whose writes are counted, in the table's order (the user clusters get the
+/// Machines themselves, the same in every mode).
+const WRITE_TARGETS: [&str; 3] = ["master", "seed-a", "seed-b"];
+
+async fn scrape_writes(fleet: &Fleet) -> Result<Vec<Writes>> {
+    let mut all = Vec::new();
+    for target in WRITE_TARGETS {
+        let client = if target == "master" {
+            fleet.master().client()
+        } else {
+            fleet.seed(target).client()
+        };
+        all.push(Writes::scrape(&client).await?);
+    }
+    Ok(all)
 }
 
 /// The groups of processes whose CPU time is measured, in the table's order (this program,
@@ -229,6 +249,7 @@ async fn phase(fleet: &Fleet, mode: Mode, tag: &str, clients: usize, creates: us
         latencies: Vec::with_capacity(results.len()),
         webhooks: Webhooks::default(),
         cpu: CpuTicks::default(),
+        writes: Vec::new(),
     };
     for (latency, result) in results {
         phase.latencies.push(latency);
@@ -334,6 +355,7 @@ async fn main() -> Result<()> {
             clean(fleet, mode.clusters()).await?;
             let before = Webhooks::scrape(&setup.system).await?;
             let cpu_before = CpuTicks::now(&groups);
+            let writes_before = scrape_writes(fleet).await?;
             let mut p = phase(
                 fleet,
                 mode,
@@ -343,6 +365,12 @@ async fn main() -> Result<()> {
             )
             .await?;
             p.cpu = CpuTicks::now(&groups).since(&cpu_before);
+            p.writes = scrape_writes(fleet)
+                .await?
+                .iter()
+                .zip(&writes_before)
+                .map(|(after, before)| after.since(before))
+                .collect();
             p.webhooks = Webhooks::scrape(&setup.system).await?.since(&before);
             eprintln!(
                 "round {round}: {}: {} of {} admitted in {:.2} s",
@@ -488,6 +516,29 @@ async fn main() -> Result<()> {
             mode.label(),
             used.per_create_row(per_second, creates)
         )?;
+    }
+    writeln!(
+        out,
+        "\nWrites per 100 creates each cluster's API server served besides the Machines (its `apiserver_request_total`, every write verb, over every phase of the mode; the write that ends a phase's last fold may land after it):\n"
+    )?;
+    writeln!(out, "| mode | {} |", WRITE_TARGETS.join(" | "))?;
+    writeln!(out, "| --- |{}", " --- |".repeat(WRITE_TARGETS.len()))?;
+    for mode in [Mode::NoQuota, Mode::OneSeed, Mode::BothSeeds, Mode::Tight] {
+        let of: Vec<&Phase> = phases.iter().filter(|p| p.mode == mode).collect();
+        #[allow(clippy::cast_precision_loss)]
+        let creates = of.iter().map(|p| p.attempted).sum::<usize>() as f64;
+        let cells: Vec<String> = (0..WRITE_TARGETS.len())
+            .map(|t| {
+                let mut w = Writes::default();
+                for p in &of {
+                    if let Some(more) = p.writes.get(t) {
+                        w.add(more);
+                    }
+                }
+                format!("**{:.1}**: {}", w.total_per_100(creates), w.per_100(creates))
+            })
+            .collect();
+        writeln!(out, "| {} | {} |", mode.label(), cells.join(" | "))?;
     }
     writeln!(out, "\nPer phase:\n")?;
     writeln!(

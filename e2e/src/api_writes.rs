@@ -1,4 +1,5 @@
-//! The writes an API server served, from its metrics: what a phase cost the master and the seed.
+//! The writes an API server served, from its metrics: what a benchmark's phase cost each cluster
+//! of the fleet beside the Machines themselves.
 
 use anyhow::{Context as _, Result};
 use kube::Client;
@@ -6,10 +7,12 @@ use kube::Client;
 /// Writes an API server served, by resource and verb (from its `apiserver_request_total`):
 /// `"quotaledgers/status PUT"` and so on.
 #[derive(Clone, Default)]
-pub(super) struct Writes(pub(super) std::collections::BTreeMap<String, f64>);
+pub struct Writes(pub std::collections::BTreeMap<String, f64>);
 
 impl Writes {
-    pub(super) async fn scrape(client: &Client) -> Result<Writes> {
+    /// # Errors
+    /// When the API server's metrics cannot be read.
+    pub async fn scrape(client: &Client) -> Result<Writes> {
         let text = client
             .request_text(http::Request::get("/metrics").body(Vec::new())?)
             .await
@@ -42,7 +45,8 @@ impl Writes {
         Ok(Writes(writes))
     }
 
-    pub(super) fn since(&self, before: &Writes) -> Writes {
+    #[must_use]
+    pub fn since(&self, before: &Writes) -> Writes {
         Writes(
             self.0
                 .iter()
@@ -52,9 +56,32 @@ impl Writes {
         )
     }
 
-    pub(super) fn add(&mut self, more: &Writes) {
+    pub fn add(&mut self, more: &Writes) {
         for (k, v) in &more.0 {
             *self.0.entry(k.clone()).or_insert(0.0) += v;
         }
+    }
+
+    /// Every write, most first, per 100 of `creates`: "quotaledgers/status PATCH: 12.5, ...",
+    /// or "none".
+    #[must_use]
+    pub fn per_100(&self, creates: f64) -> String {
+        let mut entries: Vec<(&String, &f64)> = self.0.iter().collect();
+        entries.sort_by(|a, b| b.1.total_cmp(a.1));
+        let shown: Vec<String> = entries
+            .iter()
+            .map(|(k, v)| format!("{k}: {:.1}", *v * 100.0 / creates.max(1.0)))
+            .collect();
+        if shown.is_empty() {
+            "none".to_owned()
+        } else {
+            shown.join(", ")
+        }
+    }
+
+    /// All writes, per 100 of `creates`.
+    #[must_use]
+    pub fn total_per_100(&self, creates: f64) -> f64 {
+        self.0.values().sum::<f64>() * 100.0 / creates.max(1.0)
     }
 }

@@ -63,6 +63,7 @@
 //! - [`audit`]: the master's and seeds' audit logs ([`FleetSpec::with_audit_log`]) read back, and
 //!   the chart's grants compared with what each identity used.
 
+pub mod api_writes;
 pub mod assets;
 pub mod audit;
 pub mod bench;

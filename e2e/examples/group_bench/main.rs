@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::Parser;
+use e2e::api_writes::Writes;
 use e2e::bench::rate;
 use e2e::machines::is_quota_denial;
 use e2e::procfs::CpuTicks;
@@ -51,10 +52,8 @@ use kkp_quota_runtime::webhook_config::{self, Operations};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use writes::Writes;
 
 mod report;
-mod writes;
 
 const SEED: &str = "seed-a";
 const GROUP: &str = "bench-group";

@@ -121,20 +121,13 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
             master.add(&p.master_writes);
             seed.add(&p.seed_writes);
         }
-        let cell = |w: &Writes| {
-            let mut entries: Vec<(&String, &f64)> = w.0.iter().collect();
-            entries.sort_by(|a, b| b.1.total_cmp(a.1));
-            let shown: Vec<String> = entries
-                .iter()
-                .map(|(k, v)| format!("{k}: {:.1}", *v * 100.0 / creates))
-                .collect();
-            if shown.is_empty() {
-                "none".to_owned()
-            } else {
-                shown.join(", ")
-            }
-        };
-        writeln!(out, "| {} | {} | {} |", mode.label(), cell(&master), cell(&seed))?;
+        writeln!(
+            out,
+            "| {} | {} | {} |",
+            mode.label(),
+            master.per_100(creates),
+            seed.per_100(creates)
+        )?;
     }
     writeln!(out, "\nPer phase:\n")?;
     writeln!(
