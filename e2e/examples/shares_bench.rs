@@ -16,7 +16,8 @@
 //! cargo run --release -p e2e --example shares_bench [-- <rounds> <clients> <creates per client> <transfers>]
 //! ```
 //!
-//! Writes `e2e/results/shares.md`.
+//! Writes `e2e/results/shares.md`. With `SHARES_BENCH_PPROF=DIR`, a profiling run: seed-a's API
+//! server's CPU profile over each measured phase goes into DIR.
 
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
@@ -38,6 +39,8 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 const NAME: &str = "project-demo";
 const SEEDS: [&str; 2] = ["seed-a", "seed-b"];
 const WAIT: Duration = Duration::from_mins(2);
+/// How long each phase's profile samples, with `SHARES_BENCH_PPROF` (a phase lasts 2-3 s).
+const PROFILE_FOR: Duration = Duration::from_secs(2);
 /// Clusters of project `demo` (with the quota) and of project `free` (without). Every mode
 /// loads two user clusters, so that modes compare at the same number of busy API servers.
 const DEMO: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -60,6 +63,16 @@ impl Mode {
             Mode::OneSeed => "quota far from the limit, one seed",
             Mode::BothSeeds => "quota far from the limit, both seeds",
             Mode::Tight => "tight quota (headroom 5% of the creates), both seeds",
+        }
+    }
+
+    /// For file names.
+    fn short(self) -> &'static str {
+        match self {
+            Mode::NoQuota => "none",
+            Mode::OneSeed => "one-seed",
+            Mode::BothSeeds => "both-seeds",
+            Mode::Tight => "tight",
         }
     }
 
@@ -322,6 +335,12 @@ async fn main() -> Result<()> {
         .with_user_cluster("gamma", "seed-b", "demo")
         .with_user_cluster("delta", "seed-a", "free")
         .with_user_cluster("epsilon", "seed-b", "free");
+    // A profiling run (not a measurement): seed-a's API server sampled over the first
+    // PROFILE_FOR of every measured phase, into this directory (`go tool pprof -top FILE`).
+    let profiles = std::env::var_os("SHARES_BENCH_PPROF").map(std::path::PathBuf::from);
+    if let Some(dir) = &profiles {
+        std::fs::create_dir_all(dir)?;
+    }
     let setup = FleetWithSystem::start(spec).await?;
     let fleet = &setup.fleet;
     let groups = cpu_groups(&setup);
@@ -356,14 +375,19 @@ async fn main() -> Result<()> {
             let before = Webhooks::scrape(&setup.system).await?;
             let cpu_before = CpuTicks::now(&groups);
             let writes_before = scrape_writes(fleet).await?;
-            let mut p = phase(
-                fleet,
-                mode,
-                &format!("r{round}-{}", phases.len()),
-                clients,
-                creates,
-            )
-            .await?;
+            let tag = format!("r{round}-{}", phases.len());
+            let measured = phase(fleet, mode, &tag, clients, creates);
+            let mut p = match &profiles {
+                None => measured.await?,
+                Some(dir) => {
+                    let file = dir.join(format!("r{round}-{}-seed-a.pprof", mode.short()));
+                    let seed_a = fleet.seed("seed-a").client();
+                    let profile = e2e::pprof::cpu_profile(&seed_a, PROFILE_FOR, &file);
+                    let (p, profiled) = futures::join!(measured, profile);
+                    profiled?;
+                    p?
+                }
+            };
             p.cpu = CpuTicks::now(&groups).since(&cpu_before);
             p.writes = scrape_writes(fleet)
                 .await?

@@ -27,7 +27,9 @@ use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::{LEDGER_FINALIZER, LedgerShares};
 use kkp_quota_crds::rollout::RolloutAllowance;
-use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, Resource, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{
+    LedgerSubject, ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
+};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
 
@@ -319,9 +321,15 @@ pub fn project_quota_apply_body(master: &ResourceQuota) -> Value {
 /// not written (its readers add their seed's fresher `localUsage` to `otherSeedsUsage`): a
 /// change of one seed's usage then rewrites only the other seeds' ledgers, not its own too, as
 /// each such write is a large object sent to every watcher of the seed. One an older master
-/// wrote is removed with the next write, so that no stale figure is left to read.
+/// wrote is removed with the next write, so that no stale figure is left to read. Nothing is
+/// written either where the field is absent and the others use nothing: every reader takes an
+/// absent one as none (`globalUsage - localUsage`, and there is no `globalUsage`), and most
+/// projects use nothing on most seeds, so a fleet's cold start skips most of these writes.
 pub fn ledger_status_patch(ledger: &SeedLedger, others: Option<&ResourceDetails>) -> Option<Value> {
-    let others = others.filter(|o| ledger.other_seeds_usage.as_ref() != Some(*o))?;
+    let others = others.filter(|o| match &ledger.other_seeds_usage {
+        Some(current) => current != *o,
+        None => ledger.has_global_usage || o.iter().any(|(_, q)| q != Quantity::ZERO),
+    })?;
     let mut patch = serde_json::Map::new();
     patch.insert("otherSeedsUsage".into(), json!(others));
     if ledger.has_global_usage {
@@ -687,8 +695,12 @@ mod tests {
         ))
         .unwrap();
         let g = ResourceDetails::zero();
-        let patch = ledger_status_patch(&SeedLedger::from(&ledger), Some(&g)).unwrap();
-        assert_eq!(patch, json!({"status": {"otherSeedsUsage": g}}));
+        // Absent reads as none: nothing to write while the others use nothing.
+        let new = SeedLedger::from(&ledger);
+        assert_eq!(ledger_status_patch(&new, Some(&g)), None);
+        assert_eq!(ledger_status_patch(&new, Some(&ResourceDetails::default())), None);
+        let patch = ledger_status_patch(&new, Some(&cpu(2))).unwrap();
+        assert_eq!(patch, json!({"status": {"otherSeedsUsage": cpu(2)}}));
         ledger.status = Some(QuotaLedgerStatus {
             other_seeds_usage: Some(g.clone()),
             ..QuotaLedgerStatus::default()
@@ -696,6 +708,18 @@ mod tests {
         let current = SeedLedger::from(&ledger);
         assert_eq!(ledger_status_patch(&current, Some(&g)), None);
         assert_eq!(ledger_status_patch(&current, None), None);
+        assert!(ledger_status_patch(&current, Some(&cpu(1))).is_some());
+        // An older master's ledger with a globalUsage and no otherSeedsUsage: written, even
+        // with none used elsewhere (its readers would take globalUsage - localUsage).
+        ledger.status = Some(QuotaLedgerStatus {
+            global_usage: Some(cpu(3)),
+            ..QuotaLedgerStatus::default()
+        });
+        let patch = ledger_status_patch(&SeedLedger::from(&ledger), Some(&g)).unwrap();
+        assert_eq!(
+            patch,
+            json!({"status": {"otherSeedsUsage": g, "globalUsage": null}})
+        );
         // An older master's globalUsage goes with the next write, and only then.
         ledger.status = Some(QuotaLedgerStatus {
             global_usage: Some(cpu(3)),

@@ -111,9 +111,9 @@ impl World {
         .await
     }
 
-    /// Waits until the master's globalUsage, every ledger's otherSeedsUsage and every KKP copy's
-    /// globalUsage are the exact fold of `locals` (a ledger carries no globalUsage: its readers
-    /// add their own seed's usage to the others').
+    /// Waits until the master's globalUsage, every ledger's otherSeedsUsage (absent: none) and
+    /// every KKP copy's globalUsage are the exact fold of `locals` (a ledger carries no
+    /// globalUsage: its readers add their own seed's usage to the others').
     async fn folded(&self, name: &str, locals: &BTreeMap<&str, ResourceDetails>, what: &str) -> Result<()> {
         let global = ResourceDetails::checked_sum(locals.values())?;
         wait_for(DEADLINE, what, || async {
@@ -128,9 +128,8 @@ impl World {
                 ensure!(s.global_usage.is_none(), "{seed}: the ledger has a globalUsage");
                 let others =
                     ResourceDetails::checked_sum(locals.iter().filter(|(k, _)| **k != seed).map(|(_, v)| v))?;
-                let o = s
-                    .other_seeds_usage
-                    .context(format!("{seed}: no otherSeedsUsage"))?;
+                // Absent: none (the master writes none while the others use nothing).
+                let o = s.other_seeds_usage.unwrap_or_default();
                 ensure!(
                     same_usage(&o, &others),
                     "{seed}: otherSeedsUsage {o}, want {others}"
