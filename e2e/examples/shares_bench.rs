@@ -383,8 +383,8 @@ async fn main() -> Result<()> {
                     let file = dir.join(format!("r{round}-{}-seed-a.pprof", mode.short()));
                     let seed_a = fleet.seed("seed-a").client();
                     let profile = e2e::pprof::cpu_profile(&seed_a, PROFILE_FOR, &file);
-                    let (p, profiled) = futures::join!(measured, profile);
-                    profiled?;
+                    let (p, sampled) = futures::join!(measured, profile);
+                    sampled?;
                     p?
                 }
             };
