@@ -317,19 +317,24 @@ pub fn project_quota_apply_body(master: &ResourceQuota) -> Value {
 }
 
 /// The merge patch of a seed ledger's `/status`, or `None` when nothing changed: the other
-/// seeds' usage (`None`: not known, the field is left alone). The ledger's own `globalUsage` is
-/// not written (its readers add their seed's fresher `localUsage` to `otherSeedsUsage`): a
+/// seeds' usage (`None`: not known, the status is left alone). The ledger's own `globalUsage`
+/// is not written (its readers add their seed's fresher `localUsage` to `otherSeedsUsage`): a
 /// change of one seed's usage then rewrites only the other seeds' ledgers, not its own too, as
 /// each such write is a large object sent to every watcher of the seed. One an older master
-/// wrote is removed with the next write, so that no stale figure is left to read. Nothing is
-/// written either where the field is absent and the others use nothing: every reader takes an
-/// absent one as none (`globalUsage - localUsage`, and there is no `globalUsage`), and most
-/// projects use nothing on most seeds, so a fleet's cold start skips most of these writes.
+/// wrote is removed at the first fold after an upgrade, so that no stale figure is left to
+/// read. Nothing is written either where the field is absent and the others use nothing: every
+/// reader takes an absent one as none (`globalUsage - localUsage`, and there is no
+/// `globalUsage`), and most projects use nothing on most seeds, so a fleet's cold start skips
+/// most of these writes.
 pub fn ledger_status_patch(ledger: &SeedLedger, others: Option<&ResourceDetails>) -> Option<Value> {
-    let others = others.filter(|o| match &ledger.other_seeds_usage {
-        Some(current) => current != *o,
-        None => ledger.has_global_usage || o.iter().any(|(_, q)| q != Quantity::ZERO),
-    })?;
+    let others = others?;
+    let changed = match &ledger.other_seeds_usage {
+        Some(current) => current != others,
+        None => others.iter().any(|(_, q)| q != Quantity::ZERO),
+    };
+    if !changed && !ledger.has_global_usage {
+        return None;
+    }
     let mut patch = serde_json::Map::new();
     patch.insert("otherSeedsUsage".into(), json!(others));
     if ledger.has_global_usage {
@@ -720,14 +725,20 @@ mod tests {
             patch,
             json!({"status": {"otherSeedsUsage": g, "globalUsage": null}})
         );
-        // An older master's globalUsage goes with the next write, and only then.
+        // An older master's globalUsage goes at the first fold that knows the others' usage,
+        // whether it changed or not.
         ledger.status = Some(QuotaLedgerStatus {
             global_usage: Some(cpu(3)),
             other_seeds_usage: Some(g.clone()),
             ..QuotaLedgerStatus::default()
         });
         let older = SeedLedger::from(&ledger);
-        assert_eq!(ledger_status_patch(&older, Some(&g)), None);
+        assert_eq!(ledger_status_patch(&older, None), None);
+        let patch = ledger_status_patch(&older, Some(&g)).unwrap();
+        assert_eq!(
+            patch,
+            json!({"status": {"otherSeedsUsage": g, "globalUsage": null}})
+        );
         let patch = ledger_status_patch(&older, Some(&cpu(1))).unwrap();
         assert_eq!(
             patch,

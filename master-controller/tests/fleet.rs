@@ -325,6 +325,22 @@ async fn fold_two_seeds(w: &World) -> Result<()> {
     );
     ensure!(sample(&text, "kkp_quota_limit{project=\"demo\",resource=\"cpu\"}") == Some(6.0));
     ensure!(sample(&text, "kkp_quota_over_limit{project=\"demo\",resource=\"cpu\"}") == Some(0.0));
+
+    // A ledger as an older master left it, with a globalUsage beside otherSeedsUsage: its
+    // stale figure goes at the next fold, though the other seeds' usage did not change.
+    w.seed_api("seed-b")
+        .patch_status(
+            "project-demo",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": {"globalUsage": {"cpu": "99"}}})),
+        )
+        .await?;
+    w.folded(
+        "project-demo",
+        &locals,
+        "an older master's globalUsage removed from seed-b's ledger",
+    )
+    .await?;
     Ok(())
 }
 
