@@ -113,7 +113,15 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     // reaches a seed. A round that fails (its write's outcome unknown) sends nothing.
     let settling = views.iter().any(|v| matches!(v.health, Health::Unknown { .. }));
     let policy_spec = project_quota.spec.clone();
-    let round = shares::round(master_rq, project_quota, &views, settling, ctx).await?;
+    // The figures as the seeds show them now ride in the round's write of the record, when it
+    // writes one; the status write after the fan-out then only catches up what changed since.
+    let seen_usages = usages(&views);
+    let seen = fold::fold(&seen_usages)?;
+    let status_with = |round: &Round| {
+        let figures = project_figures(master_rq, round, &seen, &seen_usages);
+        fanout::project_quota_status_patch(&round.project_quota, &figures)
+    };
+    let round = shares::round(master_rq, project_quota, &views, settling, status_with, ctx).await?;
     let limits = round.limits.clone();
     let seed_limits = round.seed_limits.clone();
 
@@ -219,20 +227,14 @@ fn usages(views: &[SeedView]) -> Vec<SeedUsage> {
         .collect()
 }
 
-/// The master's statuses: the `ProjectQuota`'s limits, usage, per-seed usage and conditions, and
-/// KKP's `globalUsage` (unless another controller writes it). Not called while a seed is
-/// settling: a seed just added (or just started watching) is listed within moments and its first
-/// sync triggers every quota again; writing conditions before that would only flap.
-async fn write_master_status(
+/// What the `ProjectQuota`'s status should say after `round`, from `folded` of `usages`: limits,
+/// usage, room, per-seed figures and conditions.
+fn project_figures(
     master_rq: &ResourceQuota,
     round: &Round,
     folded: &fold::Folded,
     usages: &[SeedUsage],
-    ctx: &Ctx,
-) -> Result<(), Error> {
-    let name = master_rq.name_any();
-    let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
-    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+) -> fanout::ProjectFigures {
     let (pq, limits) = (&*round.project_quota, &round.limits);
     let pq_status = pq.status.clone().unwrap_or_default();
     let usage_for_limit = folded
@@ -241,9 +243,6 @@ async fn write_master_status(
         .or_else(|| pq_status.global_usage.clone())
         .unwrap_or_default();
     let foreign = status::foreign_usage_writers(master_rq, &[FIELD_MANAGER]);
-    if !foreign.is_empty() {
-        warn!(writers = %foreign.join(", "), "another controller writes the usage of KKP's ResourceQuota (KKP Enterprise's quota feature?); not writing it there");
-    }
     let desired = [
         status::seeds_stale(&folded.stale),
         status::quota_exceeded(limits, &usage_for_limit),
@@ -264,7 +263,7 @@ async fn write_master_status(
         master_rq.metadata.generation,
         Timestamp::now(),
     );
-    let figures = fanout::ProjectFigures {
+    fanout::ProjectFigures {
         limits: limits.clone(),
         global: folded.global.clone(),
         free: folded
@@ -290,7 +289,29 @@ async fn write_master_status(
             .chain(retired_figures(round, usages))
             .collect(),
         conditions,
-    };
+    }
+}
+
+/// The master's statuses: the `ProjectQuota`'s ([`project_figures`]) and KKP's `globalUsage`
+/// (unless another controller writes it). Not called while a seed is settling: a seed just
+/// added (or just started watching) is listed within moments and its first sync triggers every
+/// quota again; writing conditions before that would only flap.
+async fn write_master_status(
+    master_rq: &ResourceQuota,
+    round: &Round,
+    folded: &fold::Folded,
+    usages: &[SeedUsage],
+    ctx: &Ctx,
+) -> Result<(), Error> {
+    let name = master_rq.name_any();
+    let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
+    let pq_api: Api<ProjectQuota> = Api::all(ctx.master.clone());
+    let pq = &*round.project_quota;
+    let foreign = status::foreign_usage_writers(master_rq, &[FIELD_MANAGER]);
+    if !foreign.is_empty() {
+        warn!(writers = %foreign.join(", "), "another controller writes the usage of KKP's ResourceQuota (KKP Enterprise's quota feature?); not writing it there");
+    }
+    let figures = project_figures(master_rq, round, folded, usages);
     if let Some(patch) = fanout::project_quota_status_patch(pq, &figures) {
         let params = PatchParams::default();
         let written = ctx

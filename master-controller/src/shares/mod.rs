@@ -99,13 +99,22 @@ impl ShareMemory {
 /// One round of the protocol for `master_rq`, starting from `pq` (the newest `ProjectQuota`
 /// known). While a seed is settling (not listed since it was added or since this process
 /// started) nothing is planned: the record is sent as it is.
-pub(crate) async fn round(
+///
+/// `status_with` gives the rest of the `ProjectQuota`'s status patch for a round (its figures,
+/// [`crate::reconcile`]): a round that writes the record writes it in the same write, so that a
+/// new quota's record and status cost one write, not two.
+#[allow(clippy::too_many_lines)] // one round's steps, in the order they run
+pub(crate) async fn round<F>(
     master_rq: &ResourceQuota,
     mut pq: Arc<ProjectQuota>,
     seeds: &[SeedView],
     settling: bool,
+    status_with: F,
     ctx: &Ctx,
-) -> Result<Round, Error> {
+) -> Result<Round, Error>
+where
+    F: Fn(&Round) -> Option<serde_json::Value> + Sync,
+{
     let name = master_rq.name_any();
     let project = master_rq.project().to_owned();
     let api: Api<ProjectQuota> = Api::all(ctx.master.clone());
@@ -180,20 +189,29 @@ pub(crate) async fn round(
         };
         let mut written_record = objects::record(version, &view.seeds);
         written_record.groups = copies;
-        match write_record(ctx, &api, &name, &resource_version, &written_record).await {
+        // The round as it will be once written, its project's status planned from it.
+        let planned = Round {
+            project_quota: pq.clone(),
+            limits,
+            seed_limits,
+            groups: carried.clone(),
+            persisted: Some(Persisted {
+                version,
+                seeds: view.seeds.clone(),
+            }),
+            stuck: plan.stuck.clone(),
+        };
+        let patch = view::with_status(
+            record_patch(&resource_version, &written_record),
+            status_with(&planned),
+        );
+        match write_record(ctx, &api, &name, &patch).await {
             Ok(written) => {
                 ctx.memory.wrote(&name, written.clone());
                 after_round(ctx, &name, &project, &before, Some((&view, version)), &plan, seen);
                 return Ok(Round {
                     project_quota: Arc::new(written),
-                    limits,
-                    seed_limits,
-                    groups: carried.clone(),
-                    persisted: Some(Persisted {
-                        version,
-                        seeds: view.seeds,
-                    }),
-                    stuck: plan.stuck,
+                    ..planned
                 });
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {
@@ -211,22 +229,20 @@ pub(crate) async fn round(
     )))
 }
 
-/// The record written with compare-and-swap (a merge patch of `/status` carrying the
-/// `resourceVersion` it was planned from).
+/// The record written with compare-and-swap (`patch`: a merge patch of `/status` carrying the
+/// `resourceVersion` it was planned from, [`record_patch`]).
 async fn write_record(
     ctx: &Ctx,
     api: &Api<ProjectQuota>,
     name: &str,
-    resource_version: &str,
-    record: &ShareRecord,
+    patch: &serde_json::Value,
 ) -> Result<ProjectQuota, kube::Error> {
-    let patch = record_patch(resource_version, record);
     let params = PatchParams::default();
     ctx.metrics
         .timed_write(
             "master",
             "shares",
-            api.patch_status(name, &params, &Patch::Merge(&patch)),
+            api.patch_status(name, &params, &Patch::Merge(patch)),
         )
         .await
 }

@@ -97,6 +97,19 @@ pub fn record_patch(resource_version: &str, record: &ShareRecord) -> Value {
     })
 }
 
+/// `patch` (a [`record_patch`]) with the fields of `status` (`{"status": {...}}`) in its status
+/// too, so that one write carries both.
+pub fn with_status(mut patch: Value, status: Option<Value>) -> Value {
+    if let Some(Value::Object(fields)) = status.and_then(|mut s| s.get_mut("status").map(Value::take))
+        && let Some(target) = patch.get_mut("status").and_then(Value::as_object_mut)
+    {
+        for (key, value) in fields {
+            target.entry(key).or_insert(value);
+        }
+    }
+    patch
+}
+
 /// The newer of the cached object (a `ProjectQuota`, a `QuotaGroup`) and the one this process
 /// last wrote, by `resourceVersion` (the cache lags this process's own writes).
 pub fn newest<K: kube::Resource>(cached: Option<Arc<K>>, written: Option<Arc<K>>) -> Option<Arc<K>> {
@@ -416,6 +429,24 @@ pub(super) mod tests {
             (1, Quantity::ZERO)
         );
         assert!(persisted.ledger_shares("c").is_none());
+    }
+
+    #[test]
+    fn the_status_rides_in_the_record_write() {
+        let patch = with_status(
+            record_patch("7", &record(&[("a", 4, 4)])),
+            Some(json!({"status": {"globalUsage": {"cpu": "1"}, "shares": "never over the record"}})),
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], "7");
+        assert_eq!(patch["status"]["globalUsage"], json!({"cpu": "1"}));
+        assert_eq!(
+            patch["status"]["shares"],
+            record_patch("7", &record(&[("a", 4, 4)]))["status"]["shares"]
+        );
+        assert_eq!(
+            with_status(record_patch("7", &record(&[])), None),
+            record_patch("7", &record(&[]))
+        );
     }
 
     #[test]
