@@ -137,7 +137,14 @@ impl FleetWithSystem {
         let dir = tempfile::tempdir().context("a directory for the fleet's files")?;
         fleet.write_dir(dir.path())?;
         let credentials = Credentials::for_fleet(&fleet, dir.path(), chart).await?;
-        let system = System::start_as(&fleet, dir.path(), extra, &credentials).await?;
+        let system = match System::start_as(&fleet, dir.path(), extra, &credentials).await {
+            Ok(system) => system,
+            Err(e) => {
+                // The directory goes with this error: a start that failed keeps its logs.
+                keep_logs(dir.path());
+                return Err(e);
+            }
+        };
         // The system is in force once seed-controller has pointed every user cluster at the
         // webhook; before that, Machines are created unchecked.
         for cluster in &fleet.spec().user_clusters {
@@ -177,23 +184,37 @@ impl Drop for FleetWithSystem {
         if !std::thread::panicking() && std::env::var_os(KEEP_LOGS_ENV).is_none() {
             return;
         }
-        let kept = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs")).join(
-            self.dir
-                .path()
-                .file_name()
-                .map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned()),
-        );
-        let copied = std::fs::create_dir_all(&kept).and_then(|()| {
-            for entry in std::fs::read_dir(self.dir.path().join("logs"))? {
-                let entry = entry?;
-                std::fs::copy(entry.path(), kept.join(entry.file_name()))?;
-            }
-            Ok(())
-        });
-        match copied {
-            Ok(()) => eprintln!("components' logs kept in {}", kept.display()),
-            Err(e) => eprintln!("could not keep the components' logs in {}: {e}", kept.display()),
+        keep_logs(self.dir.path());
+    }
+}
+
+/// Copies the components' logs of the run in `dir` to `target/e2e-logs/<dir's name>/`.
+fn keep_logs(dir: &Path) {
+    let kept = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../target/e2e-logs")).join(
+        dir.file_name()
+            .map_or_else(|| "run".into(), |n| n.to_string_lossy().into_owned()),
+    );
+    let copied = std::fs::create_dir_all(&kept).and_then(|()| {
+        for entry in std::fs::read_dir(dir.join("logs"))? {
+            let entry = entry?;
+            std::fs::copy(entry.path(), kept.join(entry.file_name()))?;
         }
+        Ok(())
+    });
+    match copied {
+        Ok(()) => eprintln!("components' logs kept in {}", kept.display()),
+        Err(e) => eprintln!("could not keep the components' logs in {}: {e}", kept.display()),
+    }
+}
+
+/// The last `lines` lines of the log at `path` (for an error that must say why).
+fn log_tail(path: &Path, lines: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(unreadable: {e})"),
     }
 }
 
@@ -467,7 +488,15 @@ impl System {
                 component.metrics_address,
                 component.log.display()
             );
-            crate::wait_for(timeout, &what, || component.is_ready()).await?;
+            crate::wait_for(timeout, &what, || component.is_ready())
+                .await
+                .map_err(|e| {
+                    e.context(format!(
+                        "{} not ready; the last lines of its log:\n{}",
+                        component.name,
+                        log_tail(&component.log, 25)
+                    ))
+                })?;
         }
         Ok(())
     }
