@@ -27,9 +27,7 @@ use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::{LEDGER_FINALIZER, LedgerShares};
 use kkp_quota_crds::rollout::RolloutAllowance;
-use kkp_quota_crds::{
-    LedgerSubject, ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
-};
+use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, Resource, ResourceDetails, ResourceQuota};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
 
@@ -330,7 +328,7 @@ pub fn ledger_status_patch(ledger: &SeedLedger, others: Option<&ResourceDetails>
     let others = others?;
     let changed = match &ledger.other_seeds_usage {
         Some(current) => current != others,
-        None => others.iter().any(|(_, q)| q != Quantity::ZERO),
+        None => others.iter().any(|(_, q)| !q.is_zero()),
     };
     if !changed && !ledger.has_global_usage {
         return None;
