@@ -27,7 +27,9 @@ use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::quota::{SEED_CLEANUP_FINALIZER, SUBJECT_KIND_LABEL, SUBJECT_NAME_LABEL};
 use kkp_quota_crds::quota_ledger::{LEDGER_FINALIZER, LedgerShares};
 use kkp_quota_crds::rollout::RolloutAllowance;
-use kkp_quota_crds::{LedgerSubject, ProjectQuota, QuotaLedger, Resource, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{
+    LedgerSubject, ProjectQuota, Quantity, QuotaLedger, Resource, ResourceDetails, ResourceQuota,
+};
 use kube::{Resource as _, ResourceExt};
 use serde_json::{Value, json};
 
@@ -350,6 +352,18 @@ pub fn kkp_status_patch(
     let global = global?.kkp_subset();
     (current.map(ResourceDetails::kkp_subset).as_ref() != Some(&global))
         .then(|| json!({ "status": { "globalUsage": global } }))
+}
+
+/// `globalUsage` on a KKP `ResourceQuota` as KKP's readers take it: its resources only, and one
+/// absent as none used (KKP's Go reads a nil quantity as zero). A seed copy whose status says
+/// the same as the folded figure in this sense needs no write: a copy just created, with no
+/// status, already says "nothing used", which is what most projects use on most seeds.
+pub fn kkp_usage_as_read(details: Option<&ResourceDetails>) -> Fingerprint {
+    let mut read = ResourceDetails::default();
+    for &r in kkp_quota_crds::quota::KKP_RESOURCES {
+        read.set(r, Some(details.and_then(|d| d.get(r)).unwrap_or(Quantity::ZERO)));
+    }
+    Fingerprint::of(&json!(read))
 }
 
 /// What master-controller writes into a `ProjectQuota`'s status.
@@ -747,6 +761,31 @@ mod tests {
         assert!(patch["status"]["globalUsage"].get("machines").is_none());
         assert_eq!(kkp_status_patch(Some(&g.kkp_subset()), Some(&g)), None);
         assert_eq!(kkp_status_patch(None, None), None);
+    }
+
+    /// A copy with no `globalUsage` already says "nothing used" to KKP, so the zero a cold start
+    /// folds is not written onto it; any use is.
+    #[test]
+    fn kkp_reads_an_absent_usage_as_none_used() {
+        let zero = ResourceDetails {
+            cpu: Some(Quantity::ZERO),
+            memory: Some(Quantity::ZERO),
+            storage: Some(Quantity::ZERO),
+            machines: Some(Quantity::ZERO),
+            ..ResourceDetails::default()
+        };
+        assert_eq!(kkp_usage_as_read(None), kkp_usage_as_read(Some(&zero)));
+        assert_eq!(
+            kkp_usage_as_read(Some(&ResourceDetails::default())),
+            kkp_usage_as_read(Some(&zero))
+        );
+        // Machines are not KKP's: a count there is nothing KKP reads.
+        let machines = ResourceDetails {
+            machines: Some(Quantity::from_units(2)),
+            ..zero.clone()
+        };
+        assert_eq!(kkp_usage_as_read(Some(&machines)), kkp_usage_as_read(None));
+        assert_ne!(kkp_usage_as_read(Some(&cpu(1))), kkp_usage_as_read(None));
     }
 
     /// A limit removed goes from `status.limits` and `status.free` (a merge patch keeps what it

@@ -8,7 +8,8 @@ use std::sync::{Mutex, PoisonError};
 use crate::fingerprint::Fingerprint;
 
 /// What this process last wrote onto KKP's `ResourceQuota` copy on each seed, per (seed, quota),
-/// as fingerprints of the bodies: the apply body and the status patch (`globalUsage`). With
+/// as fingerprints: of the apply body, and of the copy's `globalUsage` as KKP reads it (what this
+/// process wrote, or what the copy's status held in the answer to its apply). With
 /// 10,000 quotas over 3 seeds the apply bodies themselves took 66 MB of the heap. KKP's copies
 /// are not watched (the ledger is the seed side this controller reads); each is written once
 /// per process and whenever it would change.

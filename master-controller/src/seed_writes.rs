@@ -33,7 +33,7 @@ pub(crate) async fn write_seed_statuses(
         let ledger_patch = fanout::ledger_status_patch(ledger, others.as_ref());
         let known = ctx.kkp_copies.get(&v.name, name).status;
         let kkp_patch = fanout::kkp_status_patch(None, folded.global.as_ref())
-            .map(|patch| (Fingerprint::of(&patch), patch))
+            .map(|patch| (fanout::kkp_usage_as_read(folded.global.as_ref()), patch))
             .filter(|(written, _)| known != Some(*written));
         if ledger_patch.is_none() && kkp_patch.is_none() {
             return None;
@@ -130,15 +130,21 @@ pub(crate) async fn fan_out(
     let kkp = Box::pin(async {
         if kkp_due {
             let api: Api<ResourceQuota> = Api::all(client.clone());
-            ctx.metrics
+            let copy = ctx
+                .metrics
                 .timed_write(
                     seed,
                     "apply",
                     bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))),
                 )
                 .await?;
-            ctx.kkp_copies
-                .update(seed, &name, |c| c.applied = Some(kkp_fingerprint));
+            // The answer says what the copy's status holds: a status write that would say the
+            // same (a new copy's "nothing used", a restarted master's unchanged figure) is skipped.
+            let holds = copy.status.as_ref().and_then(|s| s.global_usage.as_ref());
+            ctx.kkp_copies.update(seed, &name, |c| {
+                c.applied = Some(kkp_fingerprint);
+                c.status = Some(fanout::kkp_usage_as_read(holds));
+            });
         }
         Ok::<_, kube::Error>(())
     });

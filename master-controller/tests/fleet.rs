@@ -112,7 +112,7 @@ impl World {
     }
 
     /// Waits until the master's globalUsage, every ledger's otherSeedsUsage (absent: none) and
-    /// every KKP copy's globalUsage are the exact fold of `locals` (a ledger carries no
+    /// every KKP copy's globalUsage (absent: none) are the exact fold of `locals` (a ledger carries no
     /// globalUsage: its readers add their own seed's usage to the others').
     async fn folded(&self, name: &str, locals: &BTreeMap<&str, ResourceDetails>, what: &str) -> Result<()> {
         let global = ResourceDetails::checked_sum(locals.values())?;
@@ -134,12 +134,11 @@ impl World {
                     same_usage(&o, &others),
                     "{seed}: otherSeedsUsage {o}, want {others}"
                 );
+                // Absent: none used, as KKP reads it (a new copy is not given a zero).
                 let kkp = self.kkp_seed_api(seed).get(name).await?;
-                let k = status_of(&kkp)
-                    .global_usage
-                    .context(format!("{seed}: KKP copy has no globalUsage"))?;
+                let k = status_of(&kkp).global_usage.unwrap_or_default();
                 ensure!(
-                    k.kkp_subset() == global.kkp_subset(),
+                    same_usage(&k.kkp_subset(), &global.kkp_subset()),
                     "{seed}: KKP copy's globalUsage {k}, want {}",
                     global.kkp_subset()
                 );
@@ -269,6 +268,38 @@ async fn fan_out_create_and_edit(w: &World) -> Result<()> {
 }
 
 async fn fold_two_seeds(w: &World) -> Result<()> {
+    // Nothing used anywhere: the master says so, and KKP's copies on the seeds are left without
+    // a `globalUsage`, which KKP reads as nothing used (no write per copy at a cold start).
+    let none = ResourceDetails::default();
+    set_local_usage(&w.seed("seed-a"), "project-demo", &none).await?;
+    set_local_usage(&w.seed("seed-b"), "project-demo", &none).await?;
+    w.folded(
+        "project-demo",
+        &BTreeMap::from([("seed-a", none.clone()), ("seed-b", none)]),
+        "nothing used, everywhere",
+    )
+    .await?;
+    // A reconcile begun after the fold's has finished that one's writes (one at a time per quota).
+    let reconciles = w.controller.reconciles();
+    w.master
+        .patch(
+            "project-demo",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"touched": "2"}}})),
+        )
+        .await?;
+    wait_for(DEADLINE, "a reconcile after the fold", || async {
+        w.controller.reconciles() > reconciles
+    })
+    .await?;
+    for seed in SEEDS {
+        let kkp = w.kkp_seed_api(seed).get("project-demo").await?;
+        ensure!(
+            status_of(&kkp).global_usage.is_none(),
+            "{seed}: a zero globalUsage was written onto KKP's new copy"
+        );
+    }
+
     let a = ResourceDetails {
         cpu: Some(Quantity::from_millis(1500)),
         memory: Some(Quantity::from_mebibytes(2560)),
