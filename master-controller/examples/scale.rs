@@ -9,7 +9,9 @@
 //! - one seed's `localUsage` change → the master's `globalUsage` (p50/p99);
 //! - where the machine's CPU went during the cold start (each group of processes, and idle).
 //!
-//! No seed-controllers run: the benchmark writes `localUsage` itself, as they would.
+//! No seed-controllers run: the benchmark writes `localUsage` itself, as they would. The
+//! controller serves the allocation webhook, as the chart installs it, unless
+//! `--no-allocation-webhook`.
 //!
 //! ```sh
 //! cargo build --release -p master-controller && \
@@ -67,6 +69,11 @@ struct Args {
     /// to have its periodic resync fall inside the timed edits.
     #[arg(long = "controller-flag", allow_hyphen_values = true)]
     controller_flags: Vec<String>,
+    /// Runs the controller without the allocation webhook. By default it serves it, as the chart
+    /// installs it (every replica keeps the webhook's caches of quotas, projects and groups; no
+    /// request is sent to it here).
+    #[arg(long)]
+    no_allocation_webhook: bool,
 }
 
 const CONVERGE_WITHIN: Duration = Duration::from_mins(20);
@@ -493,6 +500,14 @@ async fn main() -> Result<()> {
         format!("--metrics-address={metrics_address}"),
         "--no-leader-election".to_owned(),
     ];
+    if !args.no_allocation_webhook {
+        let certs = e2e::certs::WebhookCerts::generate()?.write_to(&dir.path().join("webhook"))?;
+        flags.extend([
+            format!("--tls-cert-file={}", certs.cert.display()),
+            format!("--tls-key-file={}", certs.key.display()),
+            format!("--webhook-address=127.0.0.1:{}", e2e::system::free_port()?),
+        ]);
+    }
     flags.extend(args.controller_flags.iter().cloned());
     let component = ComponentSpec::workspace_bin("master-controller", flags)?;
     let component = match &args.heaptrack {
@@ -611,10 +626,15 @@ async fn main() -> Result<()> {
     writeln!(out, "# master-controller at scale\n")?;
     writeln!(
         out,
-        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}{}` on {} (shared), {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
+        "Measured by `cargo run --release -p master-controller --example scale -- --projects {} --seeds {} --samples {}{}{}` on {} (shared), {}. The master and {} seeds are each a real kube-apiserver + etcd on loopback; the controller (release build) runs as its own process, {}; no seed-controllers run (the benchmark writes `localUsage` as they would).\n",
         args.projects,
         args.seeds,
         args.samples,
+        if args.no_allocation_webhook {
+            " --no-allocation-webhook"
+        } else {
+            ""
+        },
         args.controller_flags
             .iter()
             .map(|f| format!(" --controller-flag={f}"))
@@ -623,6 +643,11 @@ async fn main() -> Result<()> {
         e2e::bench::host(),
         jiff::Timestamp::now().strftime("%Y-%m-%d %H:%M UTC"),
         args.seeds,
+        if args.no_allocation_webhook {
+            "without the allocation webhook"
+        } else {
+            "serving the allocation webhook as the chart installs it (its caches included; no request is sent to it)"
+        },
     )?;
     writeln!(out, "| figure | value | target |\n| --- | ---: | --- |")?;
     writeln!(

@@ -21,6 +21,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::{GroupMode, ProjectQuota, QuotaGroup, ResourceDetails, ResourceQuota};
 use kkp_quota_runtime::tls::{ReloadingCert, TlsError, server_config};
@@ -119,10 +120,13 @@ impl Webhook {
         for verdict in ["allowed", "refused"] {
             metrics.allocation_decisions.with_label_values(&[verdict]);
         }
-        let (kkp, kkp_run) = cache(Api::<ResourceQuota>::all(master.clone()));
-        let (ours, ours_run) = cache(Api::<ProjectQuota>::all(master.clone()));
-        let (projects, projects_run) = cache(Api::<Project>::all(master.clone()));
-        let (groups, groups_run) = cache(Api::<QuotaGroup>::all(master.clone()));
+        // Allocation reads limits, subjects, labels and selectors, never a status: the statuses
+        // (a `ProjectQuota`'s share record and figures above all) are not kept. Every replica
+        // holds these caches beside the leader's own.
+        let (kkp, kkp_run) = cache(Api::<ResourceQuota>::all(master.clone()), |q| q.status = None);
+        let (ours, ours_run) = cache(Api::<ProjectQuota>::all(master.clone()), |q| q.status = None);
+        let (projects, projects_run) = cache(Api::<Project>::all(master.clone()), |_| {});
+        let (groups, groups_run) = cache(Api::<QuotaGroup>::all(master.clone()), |g| g.status = None);
         let checker = Checker {
             kkp,
             ours,
@@ -170,8 +174,24 @@ impl Webhook {
     }
 }
 
-/// A store of `api`'s objects and the future that keeps it.
-fn cache<K>(api: Api<K>) -> (Store<K>, BoxFuture<'static, ()>)
+/// Of an object's metadata, what the webhook reads: its name, identity, labels and whether it
+/// is being deleted (not its annotations, owners, finalizers or managed fields, which can be
+/// larger than the rest).
+fn keep_what_allocation_reads(meta: &mut ObjectMeta) {
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        resource_version: meta.resource_version.take(),
+        labels: meta.labels.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+}
+
+/// A store of `api`'s objects, each as `trim` leaves it (and its metadata as
+/// [`keep_what_allocation_reads`] does), and the future that keeps it.
+fn cache<K>(api: Api<K>, trim: fn(&mut K)) -> (Store<K>, BoxFuture<'static, ()>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -184,7 +204,10 @@ where
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        relisting_watcher(api, watcher::Config::default(), None).modify(crate::api::forget_managed_fields),
+        relisting_watcher(api, watcher::Config::default(), None).modify(move |object| {
+            keep_what_allocation_reads(object.meta_mut());
+            trim(object);
+        }),
     )
     .default_backoff();
     let run = async move {
