@@ -1,5 +1,5 @@
 //! Fan-out: what the master object and its seed copies should look like, and whether they do.
-//! Pure builders and comparisons; the writes are in [`crate::controller`].
+//! Pure builders and comparisons; the writes are in `reconcile` and `seed_writes`.
 //!
 //! - **Master object metadata** (merge patch conditioned on `resourceVersion`): the subject
 //!   labels, a controller owner reference to its `Project` (when the project exists; deleting
@@ -16,7 +16,7 @@
 //!   object through the finalizer.
 //! - **Status**: the master object gets `globalUsage` (KKP's resources), its `ProjectQuota`
 //!   limits, every resource's `globalUsage`, per-seed usage and conditions; each seed ledger
-//!   `globalUsage` + `otherSeedsUsage`, each KKP copy `globalUsage`; merge patches on
+//!   `otherSeedsUsage`, each KKP copy `globalUsage` (as KKP reads it); merge patches on
 //!   `/status`, only when changed.
 
 use std::collections::BTreeMap;
@@ -355,15 +355,31 @@ pub fn kkp_status_patch(
 }
 
 /// `globalUsage` on a KKP `ResourceQuota` as KKP's readers take it: its resources only, and one
-/// absent as none used (KKP's Go reads a nil quantity as zero). A seed copy whose status says
-/// the same as the folded figure in this sense needs no write: a copy just created, with no
-/// status, already says "nothing used", which is what most projects use on most seeds.
-pub fn kkp_usage_as_read(details: Option<&ResourceDetails>) -> Fingerprint {
+/// absent as none used (KKP's Go reads a nil quantity as zero).
+fn kkp_usage_as_read(details: Option<&ResourceDetails>) -> ResourceDetails {
     let mut read = ResourceDetails::default();
     for &r in kkp_quota_crds::quota::KKP_RESOURCES {
         read.set(r, Some(details.and_then(|d| d.get(r)).unwrap_or(Quantity::ZERO)));
     }
-    Fingerprint::of(&json!(read))
+    read
+}
+
+/// What a seed's KKP copy says to KKP about usage (`status.globalUsage` as read), remembered
+/// instead of the figure. A copy whose reading already matches needs no write: a copy just
+/// created, with no status, already says "nothing used", which is what most projects use on
+/// most seeds.
+pub fn kkp_copy_reading(global_usage: Option<&ResourceDetails>) -> Fingerprint {
+    Fingerprint::of(&json!(kkp_usage_as_read(global_usage)))
+}
+
+/// The merge patch of a seed's KKP copy's `/status` for `global`, with its reading: every one of
+/// KKP's resources written, a zero too, so none is left from an earlier figure.
+pub fn kkp_copy_status_patch(global: &ResourceDetails) -> (Fingerprint, Value) {
+    let read = kkp_usage_as_read(Some(global));
+    (
+        Fingerprint::of(&json!(read)),
+        json!({ "status": { "globalUsage": read } }),
+    )
 }
 
 /// What master-controller writes into a `ProjectQuota`'s status.
@@ -774,18 +790,23 @@ mod tests {
             machines: Some(Quantity::ZERO),
             ..ResourceDetails::default()
         };
-        assert_eq!(kkp_usage_as_read(None), kkp_usage_as_read(Some(&zero)));
+        assert_eq!(kkp_copy_reading(None), kkp_copy_reading(Some(&zero)));
         assert_eq!(
-            kkp_usage_as_read(Some(&ResourceDetails::default())),
-            kkp_usage_as_read(Some(&zero))
+            kkp_copy_reading(Some(&ResourceDetails::default())),
+            kkp_copy_reading(Some(&zero))
         );
         // Machines are not KKP's: a count there is nothing KKP reads.
         let machines = ResourceDetails {
             machines: Some(Quantity::from_units(2)),
             ..zero.clone()
         };
-        assert_eq!(kkp_usage_as_read(Some(&machines)), kkp_usage_as_read(None));
-        assert_ne!(kkp_usage_as_read(Some(&cpu(1))), kkp_usage_as_read(None));
+        assert_eq!(kkp_copy_reading(Some(&machines)), kkp_copy_reading(None));
+        assert_ne!(kkp_copy_reading(Some(&cpu(1))), kkp_copy_reading(None));
+        // The patch writes that reading, a zero for what is not used, and says so.
+        let (reading, patch) = kkp_copy_status_patch(&cpu(1));
+        assert_eq!(reading, kkp_copy_reading(Some(&cpu(1))));
+        assert_eq!(patch["status"]["globalUsage"]["storage"], json!("0"));
+        assert!(patch["status"]["globalUsage"].get("machines").is_none());
     }
 
     /// A limit removed goes from `status.limits` and `status.free` (a merge patch keeps what it

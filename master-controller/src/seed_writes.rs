@@ -32,8 +32,10 @@ pub(crate) async fn write_seed_statuses(
         let others = folded.others.get(&v.name).cloned().flatten();
         let ledger_patch = fanout::ledger_status_patch(ledger, others.as_ref());
         let known = ctx.kkp_copies.get(&v.name, name).status;
-        let kkp_patch = fanout::kkp_status_patch(None, folded.global.as_ref())
-            .map(|patch| (fanout::kkp_usage_as_read(folded.global.as_ref()), patch))
+        let kkp_patch = folded
+            .global
+            .as_ref()
+            .map(fanout::kkp_copy_status_patch)
             .filter(|(written, _)| known != Some(*written));
         if ledger_patch.is_none() && kkp_patch.is_none() {
             return None;
@@ -143,7 +145,7 @@ pub(crate) async fn fan_out(
             let holds = copy.status.as_ref().and_then(|s| s.global_usage.as_ref());
             ctx.kkp_copies.update(seed, &name, |c| {
                 c.applied = Some(kkp_fingerprint);
-                c.status = Some(fanout::kkp_usage_as_read(holds));
+                c.status = Some(fanout::kkp_copy_reading(holds));
             });
         }
         Ok::<_, kube::Error>(())

@@ -111,6 +111,23 @@ impl World {
         .await
     }
 
+    /// Annotates master quota `name` (`touched: value`) and waits until a reconcile has
+    /// finished after it.
+    async fn touched(&self, name: &str, value: &str) -> Result<()> {
+        let reconciles = self.controller.reconciles();
+        self.master
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"metadata": {"annotations": {"touched": value}}})),
+            )
+            .await?;
+        wait_for(DEADLINE, "a reconcile after the annotation", || async {
+            self.controller.reconciles() > reconciles
+        })
+        .await
+    }
+
     /// Waits until the master's globalUsage, every ledger's otherSeedsUsage (absent: none) and
     /// every KKP copy's globalUsage (absent: none) are the exact fold of `locals` (a ledger carries no
     /// globalUsage: its readers add their own seed's usage to the others').
@@ -247,18 +264,7 @@ async fn fan_out_create_and_edit(w: &World) -> Result<()> {
     // No write when nothing changed: an annotation on the master triggers a reconcile that
     // leaves the seed copy's resourceVersion as it was.
     let before = w.seed_api("seed-a").get("project-demo").await?.resource_version();
-    let reconciles = w.controller.reconciles();
-    w.master
-        .patch(
-            "project-demo",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": {"touched": "1"}}})),
-        )
-        .await?;
-    wait_for(DEADLINE, "a reconcile after the annotation", || async {
-        w.controller.reconciles() > reconciles
-    })
-    .await?;
+    w.touched("project-demo", "1").await?;
     let after = w.seed_api("seed-a").get("project-demo").await?.resource_version();
     ensure!(
         before == after,
@@ -280,18 +286,7 @@ async fn fold_two_seeds(w: &World) -> Result<()> {
     )
     .await?;
     // A reconcile begun after the fold's has finished that one's writes (one at a time per quota).
-    let reconciles = w.controller.reconciles();
-    w.master
-        .patch(
-            "project-demo",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"annotations": {"touched": "2"}}})),
-        )
-        .await?;
-    wait_for(DEADLINE, "a reconcile after the fold", || async {
-        w.controller.reconciles() > reconciles
-    })
-    .await?;
+    w.touched("project-demo", "2").await?;
     for seed in SEEDS {
         let kkp = w.kkp_seed_api(seed).get("project-demo").await?;
         ensure!(
