@@ -23,7 +23,6 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::by_subject::QuotasBySubject;
 use crate::ctx::Ctx;
-use crate::kkp_copies::KkpCopies;
 use crate::ledger_guard::HandDeletes;
 use crate::metrics::Metrics;
 use crate::seeds::{self, Seeds, Triggers};
@@ -251,7 +250,7 @@ async fn run_as_leader(
         projects: projects.clone(),
         project_quotas: project_quotas.clone(),
         metrics: metrics.clone(),
-        kkp_copies: KkpCopies::default(),
+        kkp_copies: seeds.kkp_copies().clone(),
         hand_deletes: HandDeletes::default(),
         memory: ShareMemory::default(),
         share_slack_percent: options.share_slack_percent,

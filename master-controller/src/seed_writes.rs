@@ -50,7 +50,7 @@ pub(crate) async fn write_seed_statuses(
                 if let Some((written, patch)) = kkp_patch {
                     let api: Api<ResourceQuota> = Api::all(client);
                     patch_status(&api, name, &ours(), &patch, &seed, ctx).await?;
-                    ctx.kkp_copies.update(&seed, name, |c| c.status = Some(written));
+                    ctx.kkp_copies.status_written(&seed, name, written);
                 }
                 Ok::<(), kube::Error>(())
             }
@@ -132,6 +132,7 @@ pub(crate) async fn fan_out(
     let kkp = Box::pin(async {
         if kkp_due {
             let api: Api<ResourceQuota> = Api::all(client.clone());
+            ctx.kkp_copies.applying(seed, &name);
             let copy = ctx
                 .metrics
                 .timed_write(
@@ -139,14 +140,18 @@ pub(crate) async fn fan_out(
                     "apply",
                     bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))),
                 )
-                .await?;
+                .await
+                .inspect_err(|_| ctx.kkp_copies.apply_failed(seed, &name))?;
             // The answer says what the copy's status holds: a status write that would say the
             // same (a new copy's "nothing used", a restarted master's unchanged figure) is skipped.
             let holds = copy.status.as_ref().and_then(|s| s.global_usage.as_ref());
-            ctx.kkp_copies.update(seed, &name, |c| {
-                c.applied = Some(kkp_fingerprint);
-                c.status = Some(fanout::kkp_copy_reading(holds));
-            });
+            ctx.kkp_copies.applied(
+                seed,
+                &name,
+                kkp_fingerprint,
+                copy.metadata.generation,
+                fanout::kkp_copy_reading(holds),
+            );
         }
         Ok::<_, kube::Error>(())
     });

@@ -35,6 +35,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::fold::Health;
+use crate::kkp_copies::KkpCopies;
 use crate::metrics::Metrics;
 use crate::seed_ledger::SeedLedger;
 
@@ -60,9 +61,13 @@ pub struct SeedView {
 /// A ledger and its name (the quota's).
 pub type NamedLedger = (String, Arc<SeedLedger>);
 
-/// The shared seed state.
+/// The shared seed state, and what was written onto KKP's copies on the seeds.
 #[derive(Clone, Default)]
-pub struct Seeds(Arc<RwLock<BTreeMap<String, SeedState>>>, Arc<AtomicBool>);
+pub struct Seeds(
+    Arc<RwLock<BTreeMap<String, SeedState>>>,
+    Arc<AtomicBool>,
+    KkpCopies,
+);
 
 impl Seeds {
     /// True once the `Seed` objects have been listed and resolved at least once. Before that
@@ -120,6 +125,11 @@ impl Seeds {
         })
     }
 
+    /// What was written onto KKP's copies on the seeds.
+    pub(crate) fn kkp_copies(&self) -> &KkpCopies {
+        &self.2
+    }
+
     /// The health of a seed, if it is part of the fleet.
     pub fn health(&self, seed: &str) -> Option<Health> {
         self.read(|seeds| seeds.get(seed).map(|s| s.health))
@@ -138,7 +148,7 @@ pub struct Triggers {
 }
 
 impl Triggers {
-    fn quota(&self, name: &str) {
+    pub(crate) fn quota(&self, name: &str) {
         let _ = self.one.send(name.to_owned());
     }
 
@@ -260,6 +270,7 @@ pub async fn manage(
             info!(seed = %name, "seed removed from the fleet");
             running.remove(&name);
             seeds.write(|s| s.remove(&name));
+            seeds.kkp_copies().forget_seed(&name);
             metrics.forget_seed(&name);
             changed = true;
         }
@@ -326,15 +337,25 @@ async fn configure(
     };
     info!(seed = %name, rotated = running.contains_key(name), "watching seed");
     seeds.write(|s| s.entry(name.to_owned()).or_insert_with(new_state).client = Some(client.clone()));
+    let ledgers = watch_seed(
+        name.to_owned(),
+        client.clone(),
+        seeds.clone(),
+        triggers.clone(),
+        metrics.clone(),
+        link,
+    );
+    let kkp_copies = crate::kkp_copies::watch(
+        name.to_owned(),
+        client,
+        seeds.kkp_copies().clone(),
+        triggers.clone(),
+        link,
+    );
     let task = tokio::spawn(
-        watch_seed(
-            name.to_owned(),
-            client,
-            seeds.clone(),
-            triggers.clone(),
-            metrics.clone(),
-            link,
-        )
+        async move {
+            futures::join!(ledgers, kkp_copies);
+        }
         .instrument(info_span!("seed", seed = %name)),
     );
     running.insert(

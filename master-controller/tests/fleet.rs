@@ -190,6 +190,9 @@ async fn master_controller_on_a_real_fleet() -> Result<()> {
     };
     fan_out_create_and_edit(&world).await.context("fan-out")?;
     fold_two_seeds(&world).await.context("fold")?;
+    kkp_copies_written_again(&world)
+        .await
+        .context("KKP's copies deleted or edited by hand")?;
     lowered_below_usage(&world)
         .await
         .context("quota lowered below usage")?;
@@ -365,6 +368,57 @@ async fn fold_two_seeds(w: &World) -> Result<()> {
         "project-demo",
         &locals,
         "an older master's globalUsage removed from seed-b's ledger",
+    )
+    .await?;
+    Ok(())
+}
+
+/// KKP's copy of a quota on a seed, deleted or edited by hand, is written again (its spec and its
+/// `globalUsage`) without a change on the master: the master watches the copies' metadata.
+async fn kkp_copies_written_again(w: &World) -> Result<()> {
+    let locals = BTreeMap::from([
+        (
+            "seed-a",
+            ledger_status_of(&w.seed_api("seed-a").get("project-demo").await?)
+                .local_usage
+                .unwrap_or_default(),
+        ),
+        (
+            "seed-b",
+            ledger_status_of(&w.seed_api("seed-b").get("project-demo").await?)
+                .local_usage
+                .unwrap_or_default(),
+        ),
+    ]);
+    let deleted = w.kkp_seed_api("seed-a").get("project-demo").await?;
+    w.kkp_seed_api("seed-a")
+        .delete("project-demo", &DeleteParams::default())
+        .await?;
+    wait_for(DEADLINE, "KKP's copy on seed-a written again", || async {
+        let copy = w.kkp_seed_api("seed-a").get("project-demo").await?;
+        ensure!(copy.uid() != deleted.uid(), "still the deleted copy");
+        Ok(())
+    })
+    .await?;
+    w.converged("project-demo", "the re-created copy has the master's spec")
+        .await?;
+    w.folded(
+        "project-demo",
+        &locals,
+        "the re-created copy has the global usage",
+    )
+    .await?;
+
+    w.kkp_seed_api("seed-b")
+        .patch(
+            "project-demo",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"quota": {"cpu": "99"}}})),
+        )
+        .await?;
+    w.converged(
+        "project-demo",
+        "seed-b's copy edited by hand has the master's spec again",
     )
     .await?;
     Ok(())
