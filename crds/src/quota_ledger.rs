@@ -126,6 +126,12 @@ pub struct LedgerGroup {
     /// What the group's other projects use, as its status last summed them.
     #[serde(default)]
     pub others_usage: ResourceDetails,
+    /// What the group's other projects hold of it as budget (granted and not given back), as
+    /// its record last said: room this project's request may wait for and not get while they
+    /// keep it. For denials only: a request refused after waiting for share names the group
+    /// when this leaves it no room.
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub others_held: ResourceDetails,
 }
 
 impl LedgerShares {

@@ -103,7 +103,7 @@ impl Metrics {
         let group_denials = IntCounterVec::new(
             Opts::new(
                 "kkp_quota_group_denials_total",
-                "Denials naming a quota group that has no room (the request fits its project's own quota), one per group and resource named, by kind of object (machine, cluster, machinedeployment)",
+                "Denials naming a quota group that has no room (the request fits its project's own quota; or, waiting for share, its other projects hold the rest as budget), one per group and resource named, by kind of object (machine, cluster, machinedeployment)",
             ),
             &["group", "resource", "kind"],
         )?;

@@ -261,26 +261,37 @@ pub fn seed_limits(own: &ResourceDetails, groups: &[Arc<QuotaGroup>]) -> Resourc
 }
 
 /// The groups as `project`'s ledgers carry them (`spec.shares.groups`, for denials that name the
-/// group): each group's limits and what its other projects use, as its status last summed them.
-/// A group whose figures cannot be summed is left out: the shares bound the project anyway.
+/// group): each group's limits, what its other projects use, as its status last summed them, and
+/// what they hold of it as budget, as its record last said. A group whose figures cannot be
+/// summed is left out: the shares bound the project anyway.
 pub fn ledger_groups(groups: &[Arc<QuotaGroup>], project: &str) -> Vec<LedgerGroup> {
     groups
         .iter()
         .filter_map(|group| {
-            let by_project = group
-                .status
-                .as_ref()
-                .map(|s| s.by_project.as_slice())
-                .unwrap_or_default();
+            let status = group.status.as_ref();
+            let by_project = status.map(|s| s.by_project.as_slice()).unwrap_or_default();
             let others = by_project.iter().filter(|u| u.name != project).map(|u| &u.usage);
+            let budgets = status
+                .and_then(|s| s.budgets.as_ref())
+                .map(|b| shares::objects::from_entries(&b.projects))
+                .unwrap_or_default();
+            let held: Vec<ResourceDetails> = budgets
+                .iter()
+                .filter(|(name, _)| *name != project)
+                .map(|(_, record)| record.share_seen())
+                .collect();
+            // Only what the group limits.
+            let limited = |amounts: &ResourceDetails| shares::bounded_by(&group.spec.quota, amounts);
             Some(LedgerGroup {
                 name: group.name_any(),
                 quota: group.spec.quota.clone(),
-                // Only what the group limits.
-                others_usage: shares::bounded_by(
-                    &group.spec.quota,
-                    &ResourceDetails::checked_sum(others).ok()?,
-                ),
+                others_usage: limited(&ResourceDetails::checked_sum(others).ok()?),
+                // Absent while the record holds no other project (a group without budgets yet).
+                others_held: if held.is_empty() {
+                    ResourceDetails::default()
+                } else {
+                    limited(&ResourceDetails::checked_sum(held.iter()).ok()?)
+                },
             })
         })
         .collect()
@@ -532,14 +543,25 @@ mod tests {
     }
 
     #[test]
-    fn ledgers_carry_what_the_other_projects_use() {
+    fn ledgers_carry_what_the_other_projects_use_and_hold() {
         let mut acme = (*group("acme", 10, None)).clone();
         let usage = |name: &str, n: i64| kkp_quota_crds::quota_group::NamedUsage {
             name: name.into(),
             usage: cpu(n),
         };
+        let budget = |name: &str, granted: i64, released: i64| GrantRecord {
+            name: name.into(),
+            granted: cpu(granted),
+            target: cpu(granted),
+            released: cpu(released),
+        };
         acme.status = Some(QuotaGroupStatus {
             by_project: vec![usage("demo", 3), usage("other", 4), usage("third", 2)],
+            budgets: Some(BudgetRecord {
+                version: 3,
+                holdings_kept: false,
+                projects: vec![budget("demo", 4, 0), budget("other", 7, 1), budget("third", 2, 0)],
+            }),
             ..QuotaGroupStatus::default()
         });
         let carried = ledger_groups(&[Arc::new(acme)], "demo");
@@ -548,14 +570,16 @@ mod tests {
             (
                 carried[0].name.as_str(),
                 &carried[0].quota,
-                &carried[0].others_usage
+                &carried[0].others_usage,
+                &carried[0].others_held
             ),
-            ("acme", &cpu(10), &cpu(6))
+            ("acme", &cpu(10), &cpu(6), &cpu(8))
         );
-        // No status yet: nobody else uses anything.
+        // No status yet: nobody else uses or holds anything.
+        let fresh = &ledger_groups(&[group("acme", 10, None)], "demo")[0];
         assert_eq!(
-            ledger_groups(&[group("acme", 10, None)], "demo")[0].others_usage,
-            cpu(0)
+            (&fresh.others_usage, &fresh.others_held),
+            (&cpu(0), &ResourceDetails::default())
         );
     }
 

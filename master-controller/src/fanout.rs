@@ -207,7 +207,8 @@ pub fn ledger_in_sync(
 /// Whether the ledger's groups (`spec.shares.groups`) are to be refreshed although its word is
 /// in sync: always when the groups bounding the project, or their limits, are not those it
 /// carries (the webhook refuses the rollout allowance under a group, so membership must reach
-/// the seeds: a rare write, on a relabel or a group's edit); their figures (`othersUsage`, for
+/// the seeds: a rare write, on a relabel or a group's edit); their figures (`othersUsage` and
+/// `othersHeld`, for
 /// denials that name a group) only while the seed has a demand `waiting`. Like `others`, the
 /// figures alone never make a write otherwise: a usage change in one project would rewrite every
 /// other member's ledger on every seed.
@@ -587,6 +588,7 @@ mod tests {
             name: "acme".into(),
             quota: limits(6),
             others_usage: limits(others),
+            others_held: ResourceDetails::default(),
         };
         let carried = LedgerShares {
             groups: vec![group(2)],

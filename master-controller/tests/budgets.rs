@@ -293,6 +293,28 @@ async fn a_shared_groups_budgets_on_a_real_fleet() -> Result<()> {
     })
     .await
     .context("budget moved from demo to other")?;
+    // demo asks again on seed-a: while its demand waits, its ledger there carries what the
+    // group's other projects hold of it (for the webhook's denial, which then names the group).
+    w.demand("seed-a", "project-demo", Some(2)).await?;
+    wait_for(DEADLINE, "demo's ledger carrying other's budget", || async {
+        let ledger = Api::<QuotaLedger>::all(w.seed("seed-a"))
+            .get("project-demo")
+            .await?;
+        let groups = ledger.spec.shares.map(|s| s.groups).unwrap_or_default();
+        let acme = groups
+            .iter()
+            .find(|g| g.name == GROUP)
+            .context("no group carried")?;
+        ensure!(
+            acme.others_held.get(Resource::Cpu) == Some(Quantity::from_units(6)),
+            "othersHeld {}",
+            acme.others_held
+        );
+        Ok(())
+    })
+    .await
+    .context("what the other projects hold, carried")?;
+    w.demand("seed-a", "project-demo", None).await?;
     wait_for(DEADLINE, "the group's series", || async {
         let text = w.controller.scrape().await?;
         let limit = sample(&text, "kkp_quota_group_limit{group=\"acme\",resource=\"cpu\"}");

@@ -56,6 +56,29 @@ pub(super) fn full_groups<'a>(
         .collect()
 }
 
+/// The shared groups bounding the project whose budget its other projects hold leaves no room
+/// for `growth` beside what the project uses (as the ledger last carried the group's record):
+/// a request that waited for share and got none was refused by such a group. Each with every
+/// resource it has no room for.
+pub(super) fn budget_short_groups<'a>(
+    state: &'a QuotaState,
+    growth: &ResourceDetails,
+) -> Vec<(&'a str, Vec<Exceeded>)> {
+    let Ok(own) = state.used() else {
+        return Vec::new();
+    };
+    state
+        .groups
+        .iter()
+        .filter(|group| !group.others_held.is_empty())
+        .filter_map(|group| {
+            let taken = group.others_held.checked_add(&own).ok()?;
+            let exceeded = group.quota.exceeded_by(&taken, growth).ok()?;
+            (!exceeded.is_empty()).then_some((group.name.as_str(), exceeded))
+        })
+        .collect()
+}
+
 /// When `growth` fits the project's own quota but not a group bounding it (`full`: the groups
 /// without room, [`full_groups`]): `needs 4 cpu, project "demo" is within its own quota, but
 /// group "acme" uses 30 of 32 cpu`, naming every such group and resource.
@@ -225,8 +248,18 @@ fn bounding_groups(state: &QuotaState) -> Vec<String> {
                 .iter()
                 .map(|(r, limit)| uses(r, used.amount(r), limit))
                 .collect();
+            let held: Vec<String> = group
+                .quota
+                .iter()
+                .filter_map(|(r, _)| group.others_held.get(r).map(|h| r.describe(h)))
+                .collect();
+            let held = if held.is_empty() {
+                String::new()
+            } else {
+                format!("; its other projects hold {} of it", join_human(&held))
+            };
             format!(
-                "group {:?} ({} as last counted)",
+                "group {:?} ({} as last counted{held})",
                 group.name,
                 join_human(&figures)
             )

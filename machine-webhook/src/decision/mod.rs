@@ -40,7 +40,7 @@ pub use state::{QuotaState, SeedCapacity, StateError};
 pub use surge::{Replaced, decide_surge, grouped};
 
 use autoscaled::{Autoscaled, decide_change, from_room};
-use messages::{full_groups, group_detail, held_note, share_detail};
+use messages::{budget_short_groups, full_groups, group_detail, held_note, share_detail};
 
 /// What one Machine admission asks of the quota.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -427,7 +427,12 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
                             refused_by_groups: GroupRefusal::from_full(&full),
                             ..deny_for_room(request, detail)
                         },
-                        None => request.deny(Reason::ShareInTransit, &share_detail(project, state)),
+                        // Denied for share: named by the groups whose budget the other
+                        // projects hold (the room waited for that did not come).
+                        None => Verdict {
+                            refused_by_groups: GroupRefusal::from_full(&budget_short_groups(state, &growth)),
+                            ..request.deny(Reason::ShareInTransit, &share_detail(project, state))
+                        },
                     }
                 }
             }

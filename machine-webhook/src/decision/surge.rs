@@ -169,6 +169,7 @@ mod tests {
             name: "acme".into(),
             quota: cpu(32),
             others_usage: cpu(20),
+            others_held: ResourceDetails::default(),
         }];
         let refusal = decide_surge("demo", &grouped, &create(2), &replaced(2)).unwrap_err();
         assert_eq!(refusal, SurgeRefusal::Grouped("acme".into()));

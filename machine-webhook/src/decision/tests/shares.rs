@@ -120,6 +120,15 @@ fn group(name: &str, quota: &str, others_usage: &str) -> LedgerGroup {
         name: name.into(),
         quota: cpu(quota),
         others_usage: cpu(others_usage),
+        others_held: ResourceDetails::default(),
+    }
+}
+
+/// [`group`], its other projects holding `held` of it as budget.
+fn group_held(name: &str, quota: &str, others_usage: &str, held: &str) -> LedgerGroup {
+    LedgerGroup {
+        others_held: cpu(held),
+        ..group(name, quota, others_usage)
     }
 }
 
@@ -202,6 +211,39 @@ fn the_share_decides_and_the_group_figures_only_name_the_refusal() {
     let v = decide("p", Some(&full), &create("m", cpu("15")));
     assert_eq!(v.reason, Reason::QuotaExceeded);
     assert!(v.message.unwrap().contains(r#"project "p" uses 2 of 16 cpu"#));
+}
+
+#[test]
+fn a_request_denied_for_share_names_the_groups_whose_budget_others_hold() {
+    let refused = |v: &Verdict| -> Vec<(String, Resource)> {
+        v.group_denials().map(|(g, r)| (g.to_owned(), r)).collect()
+    };
+    // The group has room by what is used (7 of 20 beside this project's 2), but its other
+    // projects hold 16 of it as budget: 3 more do not fit beside their 16 and this project's 2.
+    let held = grouped(vec![
+        group_held("acme", "20", "7", "16"),
+        group_held("roomy", "100", "0", "10"),
+    ]);
+    let v = decide("p", Some(&held), &create("m", cpu("3")));
+    assert_eq!(
+        v.reason,
+        Reason::ShareInTransit,
+        "it still waits: the budget may move"
+    );
+    assert_eq!(refused(&v), vec![("acme".to_owned(), Resource::Cpu)]);
+    let message = v.message.unwrap();
+    assert!(
+        message
+            .contains(r#"group "acme" (9 of 20 cpu as last counted; its other projects hold 16 cpu of it)"#)
+            && message.ends_with("trying again in a few seconds may succeed"),
+        "{message}"
+    );
+    // Held budget that leaves room names no group.
+    let room = grouped(vec![group_held("acme", "20", "7", "15")]);
+    let v = decide("p", Some(&room), &create("m", cpu("3")));
+    assert_eq!((v.reason, refused(&v)), (Reason::ShareInTransit, vec![]));
+    // Within the seed's share, nothing is refused whatever the others hold.
+    assert!(decide("p", Some(&held), &create("m", cpu("2"))).allowed);
 }
 
 #[test]
@@ -295,6 +337,7 @@ fn the_verdict_says_which_groups_refused_and_for_what() {
             name: "acme".into(),
             quota: clusters("3"),
             others_usage: clusters("2"),
+            others_held: ResourceDetails::default(),
         }],
         ..state(clusters("5"), clusters("1"))
     };
