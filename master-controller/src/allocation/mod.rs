@@ -10,9 +10,11 @@
 //!   replica (pure).
 //! - [`record`]: that record in the API server, a `ConfigMap` written by compare-and-swap.
 //! - [`registration`]: the `ValidatingWebhookConfiguration` that sends it the requests.
-//! - [`server`]: the HTTPS server, its caches, and one decision after another.
+//! - [`server`]: the HTTPS server and one decision after another; `cache`: its caches, of only
+//!   what a decision reads.
 
 pub mod books;
+mod cache;
 pub mod decide;
 pub mod pending;
 pub mod record;

@@ -16,25 +16,22 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::extract::State;
 use axum::routing::post;
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use futures::{FutureExt as _, StreamExt as _};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kkp_quota_crds::kkp::Project;
-use kkp_quota_crds::{GroupMode, ProjectQuota, QuotaGroup, ResourceDetails, ResourceQuota};
+use kkp_quota_crds::{GroupMode, ProjectQuota, QuotaGroup, QuotaGroupSpec, ResourceDetails, ResourceQuota};
 use kkp_quota_runtime::tls::{ReloadingCert, TlsError, server_config};
-use kkp_quota_runtime::watch::relisting_watcher;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client, ResourceExt as _};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 use tokio_rustls::TlsAcceptor;
 use tracing::{debug, info, warn};
 
-use super::books::Books;
+use super::books::{Books, KkpEntry};
+use super::cache::{self, Cache};
 use super::decide::{Edit, Verdict, decide};
 use super::pending::{Cached, Entry, Object, count, record_after};
 use super::record;
@@ -60,10 +57,11 @@ pub struct Serving {
 }
 
 struct Checker {
-    kkp: Store<ResourceQuota>,
-    ours: Store<ProjectQuota>,
-    projects: Store<Project>,
-    groups: Store<QuotaGroup>,
+    kkp: Arc<Cache<KkpEntry>>,
+    ours: Arc<Cache<ResourceDetails>>,
+    /// Projects not being deleted: their labels.
+    projects: Arc<Cache<BTreeMap<String, String>>>,
+    groups: Arc<Cache<QuotaGroupSpec>>,
     record: Api<ConfigMap>,
     /// When this process first saw each entry of the record (entries age out by it).
     first_seen: Mutex<HashMap<String, Instant>>,
@@ -120,13 +118,21 @@ impl Webhook {
         for verdict in ["allowed", "refused"] {
             metrics.allocation_decisions.with_label_values(&[verdict]);
         }
-        // Allocation reads limits, subjects, labels and selectors, never a status: the statuses
-        // (a `ProjectQuota`'s share record and figures above all) are not kept. Every replica
-        // holds these caches beside the leader's own.
-        let (kkp, kkp_run) = cache(Api::<ResourceQuota>::all(master.clone()), |q| q.status = None);
-        let (ours, ours_run) = cache(Api::<ProjectQuota>::all(master.clone()), |q| q.status = None);
-        let (projects, projects_run) = cache(Api::<Project>::all(master.clone()), |_| {});
-        let (groups, groups_run) = cache(Api::<QuotaGroup>::all(master.clone()), |g| g.status = None);
+        // Every replica holds these caches beside the leader's own: only what a decision reads.
+        let (kkp, kkp_run) = cache::keep(Api::<ResourceQuota>::all(master.clone()), |q| {
+            Some(KkpEntry::of(q))
+        });
+        let (ours, ours_run) = cache::keep(Api::<ProjectQuota>::all(master.clone()), |q| {
+            Some(q.spec.quota.clone())
+        });
+        let (projects, projects_run) = cache::keep(Api::<Project>::all(master.clone()), |p| {
+            p.metadata
+                .deletion_timestamp
+                .is_none()
+                .then(|| p.labels().clone())
+        });
+        let (groups, groups_run) =
+            cache::keep(Api::<QuotaGroup>::all(master.clone()), |g| Some(g.spec.clone()));
         let checker = Checker {
             kkp,
             ours,
@@ -174,49 +180,6 @@ impl Webhook {
     }
 }
 
-/// Of an object's metadata, what the webhook reads: its name, identity, labels and whether it
-/// is being deleted (not its annotations, owners, finalizers or managed fields, which can be
-/// larger than the rest).
-fn keep_what_allocation_reads(meta: &mut ObjectMeta) {
-    *meta = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        uid: meta.uid.take(),
-        resource_version: meta.resource_version.take(),
-        labels: meta.labels.take(),
-        deletion_timestamp: meta.deletion_timestamp.take(),
-        ..ObjectMeta::default()
-    };
-}
-
-/// A store of `api`'s objects, each as `trim` leaves it (and its metadata as
-/// [`keep_what_allocation_reads`] does), and the future that keeps it.
-fn cache<K>(api: Api<K>, trim: fn(&mut K)) -> (Store<K>, BoxFuture<'static, ()>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        relisting_watcher(api, watcher::Config::default(), None).modify(move |object| {
-            keep_what_allocation_reads(object.meta_mut());
-            trim(object);
-        }),
-    )
-    .default_backoff();
-    let run = async move {
-        futures::pin_mut!(stream);
-        while stream.next().await.is_some() {}
-    };
-    (store, run.boxed())
-}
-
 async fn accept(listener: TcpListener, acceptor: TlsAcceptor, router: Router) {
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -256,10 +219,10 @@ const ATTEMPTS: usize = 8;
 
 impl Checker {
     async fn decide(&self, request: &AdmissionRequest, edit: &Edit) -> Verdict {
-        let _ = self.kkp.wait_until_ready().await;
-        let _ = self.ours.wait_until_ready().await;
-        let _ = self.projects.wait_until_ready().await;
-        let _ = self.groups.wait_until_ready().await;
+        self.kkp.ready().await;
+        self.ours.ready().await;
+        self.projects.ready().await;
+        self.groups.ready().await;
         let mut first_seen = self.first_seen.lock().await;
         for _ in 0..ATTEMPTS {
             let read = match record::read(&self.record).await {
@@ -295,38 +258,14 @@ impl Checker {
 
     /// The books from the caches, and what they hold of each quota (UID and version).
     fn books(&self) -> (Books, BTreeMap<Object, Cached>) {
-        let kkp = self.kkp.state();
-        let ours = self.ours.state();
-        let projects = self.projects.state();
-        let groups = self.groups.state();
-        let books = Books::from_objects(
-            kkp.iter().map(AsRef::as_ref),
-            ours.iter().map(AsRef::as_ref),
-            projects.iter().map(AsRef::as_ref),
-            groups.iter().map(|g| (g.name_any(), g.spec.clone())),
-        );
-        let cached_of = |meta: &kube::api::ObjectMeta| {
-            Some(Cached {
-                uid: meta.uid.clone()?,
-                version: meta.resource_version.clone()?,
-            })
-        };
         let mut cached = BTreeMap::new();
-        for q in &kkp {
-            if let Some(c) = cached_of(&q.metadata) {
-                cached.insert(Object::Kkp(q.name_any()), c);
-            }
-        }
-        for q in &ours {
-            if let Some(c) = cached_of(&q.metadata) {
-                cached.insert(Object::Ours(q.name_any()), c);
-            }
-        }
-        for g in &groups {
-            if let Some(c) = cached_of(&g.metadata) {
-                cached.insert(Object::Group(g.name_any()), c);
-            }
-        }
+        let books = Books {
+            kkp: self.kkp.snapshot(Object::Kkp, &mut cached),
+            ours: self.ours.snapshot(Object::Ours, &mut cached),
+            projects: self.projects.values(),
+            groups: self.groups.snapshot(Object::Group, &mut cached),
+            pending_groups: Vec::new(),
+        };
         (books, cached)
     }
 }
