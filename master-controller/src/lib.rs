@@ -3,7 +3,8 @@
 //! default project quota, and reports stale seeds and over-limit quotas.
 //!
 //! - [`seeds`]: `Seed` objects → a client and a quota-copy watch per seed.
-//! - [`fanout`]: what the master object and the seed copies should look like.
+//! - [`fanout`]: what the master object and the seed copies should look like;
+//!   [`status_patches`]: the status written onto them, where it changed.
 //! - [`fold`]: seed usages → `globalUsage` and `otherSeedsUsage`; staleness bookkeeping (pure).
 //! - [`shares`]: the master's round of per-seed shares (docs/shares.md): view, plan, the
 //!   compare-and-swap write of the record; what each ledger's `spec.shares` carries.
@@ -47,6 +48,7 @@ mod seed_writes;
 pub mod seeds;
 pub mod shares;
 pub mod status;
+pub mod status_patches;
 mod sweep;
 mod unreadable;
 

@@ -22,6 +22,7 @@ use crate::seed_writes::{fan_out, write_seed_statuses};
 use crate::seeds::SeedView;
 use crate::shares::{self, Round};
 use crate::status;
+use crate::status_patches;
 
 #[allow(clippy::too_many_lines)] // one quota's steps, in the order they run
 pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action, Error> {
@@ -119,7 +120,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     let seen = fold::fold(&seen_usages)?;
     let status_with = |round: &Round| {
         let figures = project_figures(master_rq, round, &seen, &seen_usages);
-        fanout::project_quota_status_patch(&round.project_quota, &figures)
+        status_patches::project_quota_status_patch(&round.project_quota, &figures)
     };
     let round = shares::round(master_rq, project_quota, &views, settling, status_with, ctx).await?;
     let limits = round.limits.clone();
@@ -234,7 +235,7 @@ fn project_figures(
     round: &Round,
     folded: &fold::Folded,
     usages: &[SeedUsage],
-) -> fanout::ProjectFigures {
+) -> status_patches::ProjectFigures {
     let (pq, limits) = (&*round.project_quota, &round.limits);
     let pq_status = pq.status.clone().unwrap_or_default();
     let usage_for_limit = folded
@@ -263,7 +264,7 @@ fn project_figures(
         master_rq.metadata.generation,
         Timestamp::now(),
     );
-    fanout::ProjectFigures {
+    status_patches::ProjectFigures {
         limits: limits.clone(),
         global: folded.global.clone(),
         free: folded
@@ -312,7 +313,7 @@ async fn write_master_status(
         warn!(writers = %foreign.join(", "), "another controller writes the usage of KKP's ResourceQuota (KKP Enterprise's quota feature?); not writing it there");
     }
     let figures = project_figures(master_rq, round, folded, usages);
-    if let Some(patch) = fanout::project_quota_status_patch(pq, &figures) {
+    if let Some(patch) = status_patches::project_quota_status_patch(pq, &figures) {
         let params = PatchParams::default();
         let written = ctx
             .metrics
@@ -326,7 +327,7 @@ async fn write_master_status(
     }
     let current = master_rq.status.as_ref().and_then(|s| s.global_usage.as_ref());
     if foreign.is_empty()
-        && let Some(patch) = fanout::kkp_status_patch(current, folded.global.as_ref())
+        && let Some(patch) = status_patches::kkp_status_patch(current, folded.global.as_ref())
     {
         ctx.metrics
             .timed_write(

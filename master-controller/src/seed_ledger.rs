@@ -26,7 +26,7 @@ pub struct SeedLedger {
     /// [`fanout::ledger_word`] fingerprints it: compared, never read back.
     pub word: Fingerprint,
     /// Whether `status.globalUsage` is set: older masters wrote it, the next status write
-    /// removes it ([`crate::fanout::ledger_status_patch`]).
+    /// removes it ([`crate::status_patches::ledger_status_patch`]).
     pub has_global_usage: bool,
     /// `status.otherSeedsUsage`.
     pub other_seeds_usage: Option<ResourceDetails>,

@@ -17,6 +17,7 @@ use crate::fingerprint::Fingerprint;
 use crate::fold;
 use crate::seed_ledger::SeedLedger;
 use crate::seeds::SeedView;
+use crate::status_patches;
 
 /// `otherSeedsUsage` back onto every fresh seed's ledger, and `globalUsage` onto its KKP copy,
 /// where changed. Returns the seeds where a write failed.
@@ -30,12 +31,12 @@ pub(crate) async fn write_seed_statuses(
         let ledger = v.copy.as_ref()?;
         let client = v.client.clone()?;
         let others = folded.others.get(&v.name).cloned().flatten();
-        let ledger_patch = fanout::ledger_status_patch(ledger, others.as_ref());
+        let ledger_patch = status_patches::ledger_status_patch(ledger, others.as_ref());
         let known = ctx.kkp_copies.get(&v.name, name).status;
         let kkp_patch = folded
             .global
             .as_ref()
-            .map(fanout::kkp_copy_status_patch)
+            .map(status_patches::kkp_copy_status_patch)
             .filter(|(written, _)| known != Some(*written));
         if ledger_patch.is_none() && kkp_patch.is_none() {
             return None;
@@ -150,7 +151,7 @@ pub(crate) async fn fan_out(
                 &name,
                 kkp_fingerprint,
                 copy.metadata.generation,
-                fanout::kkp_copy_reading(holds),
+                status_patches::kkp_copy_reading(holds),
             );
         }
         Ok::<_, kube::Error>(())
