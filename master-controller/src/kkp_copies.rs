@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kkp_quota_crds::ResourceQuota;
@@ -44,6 +45,24 @@ pub(crate) struct KkpCopy {
     applying: bool,
     /// `Memory::applies` when its last apply was recorded.
     recorded: u64,
+    /// When this process last took the copy back from someone else's edit (see [`Retake`]).
+    taken_back: Option<Instant>,
+}
+
+/// How soon a copy someone else keeps editing is taken back again: a second edit within this
+/// of the last retake waits for the quota's next reconcile (the periodic resync at the latest),
+/// so that two writers of one copy (another controller syncing KKP's quotas to the seeds with
+/// another spec) do not fight at the speed of their watches.
+pub(crate) const RETAKE_PAUSE: Duration = Duration::from_mins(1);
+
+/// What a copy seen at an unexpected generation calls for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Retake {
+    /// Reconcile its quota now: the copy is applied again.
+    Now,
+    /// Taken back less than [`RETAKE_PAUSE`] ago already: applied again at its quota's next
+    /// reconcile, whatever calls it.
+    Later,
 }
 
 /// Where a list began, against the applies recorded: a copy applied after it may be missing
@@ -107,6 +126,7 @@ impl KkpCopies {
                 generation,
                 applying: false,
                 recorded: at,
+                taken_back: c.taken_back,
             };
         });
     }
@@ -159,25 +179,41 @@ impl KkpCopies {
     /// A copy on `seed` was seen at `generation`, by a list begun at `listed` or (`None`) by the
     /// watch after it. When that is not the generation this process's own writes leave, its spec
     /// is no longer known to be what was written, and the next reconcile applies it again.
-    /// Returns whether it must. A watch event is never older than the apply before it, but may
-    /// come before that apply's answer (one generation on); a list may be older than the last
-    /// apply (it is not judged by it) and shows a restored backup's older generation.
-    pub fn seen(&self, seed: &str, name: &str, generation: Option<i64>, listed: Option<ListStart>) -> bool {
+    /// Returns when to reconcile it ([`Retake`]; `None`: nothing to do). A watch event is never
+    /// older than the apply before it, but may come before that apply's answer (one generation
+    /// on); a list may be older than the last apply (it is not judged by it) and shows a
+    /// restored backup's older generation.
+    pub fn seen(
+        &self,
+        seed: &str,
+        name: &str,
+        generation: Option<i64>,
+        listed: Option<ListStart>,
+        at: Instant,
+    ) -> Option<Retake> {
         let mut memory = self.lock();
-        let Some(c) = memory.copies.get_mut(&(seed.to_owned(), name.to_owned())) else {
-            return false;
-        };
-        let (Some(ours), Some(now), Some(_)) = (c.generation, generation, c.applied) else {
-            return false;
+        let c = memory.copies.get_mut(&(seed.to_owned(), name.to_owned()))?;
+        let (Some(ours), Some(observed), Some(_)) = (c.generation, generation, c.applied) else {
+            return None;
         };
         let moved = match listed {
-            Some(start) => !c.applying && c.recorded <= start.0 && now != ours,
-            None => now > ours + i64::from(c.applying),
+            Some(start) => !c.applying && c.recorded <= start.0 && observed != ours,
+            None => observed > ours + i64::from(c.applying),
         };
-        if moved {
-            c.applied = None;
+        if !moved {
+            return None;
         }
-        moved
+        c.applied = None;
+        // Two writers fight through the watch; a list (a restart, a restore, a kubeconfig
+        // pointed at another cluster) is answered at once.
+        let recently = c
+            .taken_back
+            .is_some_and(|last| at.duration_since(last) < RETAKE_PAUSE);
+        if listed.is_none() && recently {
+            return Some(Retake::Later);
+        }
+        c.taken_back = Some(at);
+        Some(Retake::Now)
     }
 }
 
@@ -206,10 +242,14 @@ pub(crate) async fn watch(
                 }
                 Ok(Event::InitApply(copy)) => {
                     let name = copy.name_any();
-                    if copies.seen(&seed, &name, copy.metadata.generation, Some(start)) {
-                        info!(quota = %name, "KKP's copy differs from what was written; writing it again");
-                        triggers.quota(&name);
-                    }
+                    let retake = copies.seen(
+                        &seed,
+                        &name,
+                        copy.metadata.generation,
+                        Some(start),
+                        Instant::now(),
+                    );
+                    retake_copy(&name, retake, "differs from what was written", &triggers);
                     listing.insert(name);
                 }
                 Ok(Event::InitDone) => {
@@ -221,10 +261,8 @@ pub(crate) async fn watch(
                 }
                 Ok(Event::Apply(copy)) => {
                     let name = copy.name_any();
-                    if copies.seen(&seed, &name, copy.metadata.generation, None) {
-                        info!(quota = %name, "KKP's copy was changed by someone else; writing it again");
-                        triggers.quota(&name);
-                    }
+                    let retake = copies.seen(&seed, &name, copy.metadata.generation, None, Instant::now());
+                    retake_copy(&name, retake, "was changed by someone else", &triggers);
                 }
                 Ok(Event::Delete(copy)) => {
                     let name = copy.name_any();
@@ -244,9 +282,29 @@ pub(crate) async fn watch(
     }
 }
 
+/// Acts on [`KkpCopies::seen`]'s answer for copy `name` (`why` it is taken back, for the log).
+fn retake_copy(name: &str, retake: Option<Retake>, why: &str, triggers: &Triggers) {
+    match retake {
+        None => {}
+        Some(Retake::Now) => {
+            info!(quota = %name, "KKP's copy {why}; writing it again");
+            triggers.quota(name);
+        }
+        Some(Retake::Later) => warn!(
+            quota = %name,
+            "KKP's copy {why} again, within {RETAKE_PAUSE:?} of the last time: another writer keeps changing it (KKP's own quota synchronizer?); writing it again at the quota's next reconcile only"
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn t0() -> Instant {
+        static T0: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *T0.get_or_init(Instant::now)
+    }
 
     fn written(copies: &KkpCopies, seed: &str, name: &str, generation: i64) {
         let f = Fingerprint::of(&serde_json::json!(name));
@@ -257,18 +315,27 @@ mod tests {
     fn a_copy_seen_by_the_watch_past_its_own_generation_is_written_again_once() {
         let copies = KkpCopies::default();
         written(&copies, "a", "q", 3);
-        assert!(!copies.seen("a", "q", Some(3), None), "its own generation");
         assert!(
-            !copies.seen("a", "q", Some(2), None),
+            copies.seen("a", "q", Some(3), None, t0()).is_none(),
+            "its own generation"
+        );
+        assert!(
+            copies.seen("a", "q", Some(2), None, t0()).is_none(),
             "an event from before the apply"
         );
         assert!(
-            !copies.seen("b", "q", Some(9), None),
+            copies.seen("b", "q", Some(9), None, t0()).is_none(),
             "never written on that seed"
         );
-        assert!(copies.seen("a", "q", Some(4), None), "edited by hand");
+        assert!(
+            copies.seen("a", "q", Some(4), None, t0()).is_some(),
+            "edited by hand"
+        );
         assert!(copies.get("a", "q").applied.is_none());
-        assert!(!copies.seen("a", "q", Some(5), None), "already due");
+        assert!(
+            copies.seen("a", "q", Some(5), None, t0()).is_none(),
+            "already due"
+        );
     }
 
     #[test]
@@ -276,8 +343,14 @@ mod tests {
         let copies = KkpCopies::default();
         written(&copies, "a", "q", 3);
         copies.applying("a", "q");
-        assert!(!copies.seen("a", "q", Some(4), None), "this apply's own event");
-        assert!(copies.seen("a", "q", Some(5), None), "and an edit after it");
+        assert!(
+            copies.seen("a", "q", Some(4), None, t0()).is_none(),
+            "this apply's own event"
+        );
+        assert!(
+            copies.seen("a", "q", Some(5), None, t0()).is_some(),
+            "and an edit after it"
+        );
         written(&copies, "a", "q", 4);
         copies.applying("a", "q");
         copies.apply_failed("a", "q");
@@ -293,13 +366,13 @@ mod tests {
         written(&copies, "a", "q", 6);
         let start = copies.list_starts();
         written(&copies, "a", "late", 1);
-        assert!(!copies.seen("a", "q", Some(6), Some(start)));
+        assert!(copies.seen("a", "q", Some(6), Some(start), t0()).is_none());
         assert!(
-            !copies.seen("a", "late", Some(7), Some(start)),
+            copies.seen("a", "late", Some(7), Some(start), t0()).is_none(),
             "applied after the list began"
         );
         assert!(
-            copies.seen("a", "q", Some(2), Some(start)),
+            copies.seen("a", "q", Some(2), Some(start), t0()).is_some(),
             "restored from an older backup"
         );
         let listed = BTreeSet::new();
@@ -308,6 +381,31 @@ mod tests {
             Vec::<String>::new(),
             "q is due already, late is newer"
         );
+    }
+
+    #[test]
+    fn a_copy_another_writer_keeps_changing_is_taken_back_once_a_minute() {
+        let copies = KkpCopies::default();
+        let seen = |generation, at| copies.seen("a", "q", Some(generation), None, at);
+        written(&copies, "a", "q", 1);
+        assert_eq!(seen(2, t0()), Some(Retake::Now));
+        written(&copies, "a", "q", 3);
+        assert_eq!(
+            seen(4, t0() + Duration::from_secs(5)),
+            Some(Retake::Later),
+            "again at once"
+        );
+        assert!(
+            copies.get("a", "q").applied.is_none(),
+            "still applied at the next reconcile"
+        );
+        written(&copies, "a", "q", 5);
+        assert_eq!(seen(6, t0() + RETAKE_PAUSE), Some(Retake::Now), "a minute on");
+        // A list (the watch restarted, a restore) is answered at once.
+        written(&copies, "a", "q", 7);
+        let start = copies.list_starts();
+        let listed = copies.seen("a", "q", Some(3), Some(start), t0() + RETAKE_PAUSE);
+        assert_eq!(listed, Some(Retake::Now));
     }
 
     #[test]
