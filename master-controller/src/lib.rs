@@ -17,8 +17,8 @@
 //!   straight into `/metrics` (too many for the registry at 10,000 projects).
 //! - [`ledger_guard`]: the finalizer that keeps a seed's ledger until this controller deletes it.
 //! - `finalize`: deleting a quota, seeds first. `sweep`: orphaned seed copies and `ProjectQuota`s are deleted; `kkp_copies`: what was last
-//!   written onto KKP's seed copies, and the watch that has a copy written again when it is
-//!   deleted or changed by someone else.
+//!   written onto KKP's seed copies, and when one is to be written again (deleted or changed by
+//!   someone else, as `kkp_copy_watch` sees it).
 //! - [`controller`]: the wiring and [`controller::run`]; `reconcile`: one quota's reconcile;
 //!   `seed_writes`: its applies and status writes on the seeds; `api`: helpers around API calls.
 
@@ -37,6 +37,7 @@ pub mod fold;
 pub mod group_series;
 pub mod groups;
 mod kkp_copies;
+mod kkp_copy_watch;
 pub mod ledger_guard;
 pub mod metrics;
 pub mod not_in_force;

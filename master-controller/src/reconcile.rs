@@ -11,6 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use std::sync::Arc;
+use std::time::Instant;
 use tracing::{debug, warn};
 
 use crate::Error;
@@ -18,6 +19,7 @@ use crate::api::ours;
 use crate::ctx::Ctx;
 use crate::fanout::{self, FIELD_MANAGER};
 use crate::fold::{self, Health, SeedUsage};
+use crate::kkp_copies::Retake;
 use crate::seed_writes::{fan_out, write_seed_statuses};
 use crate::seeds::SeedView;
 use crate::shares::{self, Round};
@@ -147,9 +149,14 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     .await;
     let mut failed: Vec<String> = Vec::new();
     let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
+    // When a KKP copy changed by someone else while it was applied is to be applied again.
+    let mut retake: Option<Instant> = None;
     for (view, result) in applied {
-        if result.is_err() {
-            failed.push(view.name.clone());
+        match result {
+            Err(_) => failed.push(view.name.clone()),
+            Ok(Some(Retake::Now)) => retake = Some(Instant::now()),
+            Ok(Some(Retake::At(at))) => retake = Some(retake.map_or(at, |r| r.min(at))),
+            Ok(None) => {}
         }
         views.push(view);
     }
@@ -186,7 +193,9 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     }
 
     if failed.is_empty() {
-        Ok(Action::await_change())
+        Ok(retake.map_or_else(Action::await_change, |at| {
+            Action::requeue(at.saturating_duration_since(Instant::now()))
+        }))
     } else {
         Err(Error::Seeds(failed.join(", ")))
     }

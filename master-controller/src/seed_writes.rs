@@ -2,6 +2,7 @@
 //! the folded usage written back onto them.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::future;
 use kkp_quota_crds::quota_ledger::LedgerShares;
@@ -15,6 +16,7 @@ use crate::ctx::Ctx;
 use crate::fanout::{self, FIELD_MANAGER};
 use crate::fingerprint::Fingerprint;
 use crate::fold;
+use crate::kkp_copies::{Retake, Sighting};
 use crate::seed_ledger::SeedLedger;
 use crate::seeds::SeedView;
 use crate::status_patches;
@@ -91,7 +93,8 @@ where
 /// Applies KKP's copy and the ledger on one seed if it is fresh and they are out of date (KKP's
 /// first, so the seed-controller finds it when the ledger appears). `shares` is the seed's part
 /// of the persisted share record, never of an unpersisted plan. Returns the view with the
-/// ledger as it is now, and the write's failure (logged and counted here already). While the
+/// ledger as it is now, and the write's failure (logged and counted here already) or when KKP's
+/// copy is to be applied again (changed by someone else while it was applied). While the
 /// seed has a demand waiting (`waiting`), the groups its ledger carries for denials are
 /// refreshed too ([`fanout::groups_stale`]).
 pub(crate) async fn fan_out(
@@ -102,13 +105,13 @@ pub(crate) async fn fan_out(
     view: &SeedView,
     waiting: bool,
     ctx: &Ctx,
-) -> (SeedView, Result<(), kube::Error>) {
+) -> (SeedView, Result<Option<Retake>, kube::Error>) {
     let mut view = view.clone();
     let Some(client) = view.client.clone() else {
-        return (view, Ok(()));
+        return (view, Ok(None));
     };
     if !view.health.is_fresh() {
-        return (view, Ok(()));
+        return (view, Ok(None));
     }
     let name = master_rq.name_any();
     if let Some(ledger) = &view.copy {
@@ -116,7 +119,9 @@ pub(crate) async fn fan_out(
     }
     let kkp_body = fanout::copy_apply_body(master_rq);
     let kkp_fingerprint = Fingerprint::of(&kkp_body);
-    let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied != Some(kkp_fingerprint);
+    // A retake that waited out its pause (another writer keeps changing the copy) is due too.
+    let kkp_due = ctx.kkp_copies.get(&view.name, &name).applied != Some(kkp_fingerprint)
+        || ctx.kkp_copies.take_back_due(&view.name, &name, Instant::now());
     // One being deleted without our finalizer cannot be given it (the API server refuses new
     // finalizers then): it is left to go, and re-created once gone.
     let ledger_due = !view.copy.as_ref().is_some_and(|c| {
@@ -125,7 +130,7 @@ pub(crate) async fn fan_out(
                 && !fanout::groups_stale(shares.as_ref(), c, waiting))
     });
     if !kkp_due && !ledger_due {
-        return (view, Ok(()));
+        return (view, Ok(None));
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let seed = view.name.as_str();
@@ -133,7 +138,9 @@ pub(crate) async fn fan_out(
     let kkp = Box::pin(async {
         if kkp_due {
             let api: Api<ResourceQuota> = Api::all(client.clone());
-            ctx.kkp_copies.applying(seed, &name);
+            // Dropped unlanded (failed, or cancelled with the ledger's apply), the copy counts
+            // as unknown.
+            let applying = ctx.kkp_copies.applying(seed, &name);
             let copy = ctx
                 .metrics
                 .timed_write(
@@ -141,20 +148,18 @@ pub(crate) async fn fan_out(
                     "apply",
                     bounded(api.patch(&name, &params, &Patch::Apply(&kkp_body))),
                 )
-                .await
-                .inspect_err(|_| ctx.kkp_copies.apply_failed(seed, &name))?;
+                .await?;
             // The answer says what the copy's status holds: a status write that would say the
             // same (a new copy's "nothing used", a restarted master's unchanged figure) is skipped.
             let holds = copy.status.as_ref().and_then(|s| s.global_usage.as_ref());
-            ctx.kkp_copies.applied(
-                seed,
-                &name,
+            return Ok(applying.landed(
                 kkp_fingerprint,
-                copy.metadata.generation,
+                Sighting::of(&copy.metadata),
                 status_patches::kkp_copy_reading(holds),
-            );
+                Instant::now(),
+            ));
         }
-        Ok::<_, kube::Error>(())
+        Ok::<_, kube::Error>(None)
     });
     let ledger = Box::pin(async {
         if !ledger_due {
@@ -175,23 +180,22 @@ pub(crate) async fn fan_out(
         if view.copy.is_some() {
             // Both exist: neither waits for the other (a quota edit reaches the ledger one
             // write sooner).
-            let ((), ledger) = futures::try_join!(kkp, ledger)?;
-            Ok(ledger)
+            futures::try_join!(kkp, ledger)
         } else {
             // KKP's copy first, so the seed-controller finds it when the ledger appears.
-            kkp.await?;
-            ledger.await
+            let retake = kkp.await?;
+            Ok((retake, ledger.await?))
         }
     }
     .instrument(info_span!("apply", seed = %view.name))
     .await;
     match result {
-        Ok(ledger) => {
+        Ok((retake, ledger)) => {
             debug!(seed = %view.name, "seed copies applied");
             if let Some(ledger) = ledger {
                 view.copy = Some(Arc::new(SeedLedger::from(&ledger)));
             }
-            (view, Ok(()))
+            (view, Ok(retake))
         }
         Err(e) => {
             warn!(seed = %view.name, error = %e, "applying the seed copies failed");

@@ -345,7 +345,7 @@ async fn configure(
         metrics.clone(),
         link,
     );
-    let kkp_copies = crate::kkp_copies::watch(
+    let kkp_copies = crate::kkp_copy_watch::watch(
         name.to_owned(),
         client,
         seeds.kkp_copies().clone(),

@@ -421,6 +421,20 @@ async fn kkp_copies_written_again(w: &World) -> Result<()> {
         "seed-b's copy edited by hand has the master's spec again",
     )
     .await?;
+    // A label changed by hand moves no generation: the label comes back all the same (the
+    // webhook's fail-closed check knows a quota by these labels).
+    w.kkp_seed_api("seed-b")
+        .patch(
+            "project-demo",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"labels": {SUBJECT_NAME_LABEL: "someone-else"}}})),
+        )
+        .await?;
+    w.converged(
+        "project-demo",
+        "seed-b's copy relabelled by hand has the master's labels again",
+    )
+    .await?;
     Ok(())
 }
 
