@@ -287,10 +287,14 @@ pub fn ledger_groups(groups: &[Arc<QuotaGroup>], project: &str) -> Vec<LedgerGro
                 quota: group.spec.quota.clone(),
                 others_usage: limited(&ResourceDetails::checked_sum(others).ok()?),
                 // Absent while the record holds no other project (a group without budgets yet).
+                // A sum that does not fit a quantity says nothing, rather than dropping the
+                // group (its limits also refuse the rollout allowance on the seed).
                 others_held: if held.is_empty() {
                     ResourceDetails::default()
                 } else {
-                    limited(&ResourceDetails::checked_sum(held.iter()).ok()?)
+                    ResourceDetails::checked_sum(held.iter())
+                        .map(|h| limited(&h))
+                        .unwrap_or_default()
                 },
             })
         })

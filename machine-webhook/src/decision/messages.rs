@@ -251,7 +251,13 @@ fn bounding_groups(state: &QuotaState) -> Vec<String> {
             let held: Vec<String> = group
                 .quota
                 .iter()
-                .filter_map(|(r, _)| group.others_held.get(r).map(|h| r.describe(h)))
+                .filter_map(|(r, _)| {
+                    group
+                        .others_held
+                        .get(r)
+                        .filter(|h| !h.is_zero())
+                        .map(|h| r.describe(h))
+                })
                 .collect();
             let held = if held.is_empty() {
                 String::new()
