@@ -376,20 +376,11 @@ async fn fold_two_seeds(w: &World) -> Result<()> {
 /// KKP's copy of a quota on a seed, deleted or edited by hand, is written again (its spec and its
 /// `globalUsage`) without a change on the master: the master watches the copies' metadata.
 async fn kkp_copies_written_again(w: &World) -> Result<()> {
-    let locals = BTreeMap::from([
-        (
-            "seed-a",
-            ledger_status_of(&w.seed_api("seed-a").get("project-demo").await?)
-                .local_usage
-                .unwrap_or_default(),
-        ),
-        (
-            "seed-b",
-            ledger_status_of(&w.seed_api("seed-b").get("project-demo").await?)
-                .local_usage
-                .unwrap_or_default(),
-        ),
-    ]);
+    let mut locals = BTreeMap::new();
+    for seed in SEEDS {
+        let ledger = w.seed_api(seed).get("project-demo").await?;
+        locals.insert(seed, ledger_status_of(&ledger).local_usage.unwrap_or_default());
+    }
     let deleted = w.kkp_seed_api("seed-a").get("project-demo").await?;
     w.kkp_seed_api("seed-a")
         .delete("project-demo", &DeleteParams::default())
@@ -409,32 +400,25 @@ async fn kkp_copies_written_again(w: &World) -> Result<()> {
     )
     .await?;
 
-    w.kkp_seed_api("seed-b")
-        .patch(
+    // Its spec edited, then (which moves no generation) a label the webhook's fail-closed check
+    // knows the quota by: both come back.
+    let edits = [
+        (json!({"spec": {"quota": {"cpu": "99"}}}), "its spec"),
+        (
+            json!({"metadata": {"labels": {SUBJECT_NAME_LABEL: "someone-else"}}}),
+            "its labels",
+        ),
+    ];
+    for (edit, what) in edits {
+        w.kkp_seed_api("seed-b")
+            .patch("project-demo", &PatchParams::default(), &Patch::Merge(&edit))
+            .await?;
+        w.converged(
             "project-demo",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"quota": {"cpu": "99"}}})),
+            &format!("seed-b's copy edited by hand has {what} again"),
         )
         .await?;
-    w.converged(
-        "project-demo",
-        "seed-b's copy edited by hand has the master's spec again",
-    )
-    .await?;
-    // A label changed by hand moves no generation: the label comes back all the same (the
-    // webhook's fail-closed check knows a quota by these labels).
-    w.kkp_seed_api("seed-b")
-        .patch(
-            "project-demo",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"metadata": {"labels": {SUBJECT_NAME_LABEL: "someone-else"}}})),
-        )
-        .await?;
-    w.converged(
-        "project-demo",
-        "seed-b's copy relabelled by hand has the master's labels again",
-    )
-    .await?;
+    }
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! The sentences of denials and warnings, in the quota's units.
 
-use kkp_quota_crds::{Exceeded, Quantity, Resource, ResourceDetails};
+use kkp_quota_crds::{Exceeded, LedgerGroup, Quantity, Resource, ResourceDetails};
 
 use super::{QuotaState, Subject};
 
@@ -42,18 +42,7 @@ pub(super) fn full_groups<'a>(
     state: &'a QuotaState,
     growth: &ResourceDetails,
 ) -> Vec<(&'a str, Vec<Exceeded>)> {
-    let Ok(own) = state.used() else {
-        return Vec::new();
-    };
-    state
-        .groups
-        .iter()
-        .filter_map(|group| {
-            let used = group.others_usage.checked_add(&own).ok()?;
-            let exceeded = group.quota.exceeded_by(&used, growth).ok()?;
-            (!exceeded.is_empty()).then_some((group.name.as_str(), exceeded))
-        })
-        .collect()
+    groups_without_room(state, growth, |group| Some(&group.others_usage))
 }
 
 /// The shared groups bounding the project whose budget its other projects hold leaves no room
@@ -64,15 +53,26 @@ pub(super) fn budget_short_groups<'a>(
     state: &'a QuotaState,
     growth: &ResourceDetails,
 ) -> Vec<(&'a str, Vec<Exceeded>)> {
+    groups_without_room(state, growth, |group| {
+        (!group.others_held.is_empty()).then_some(&group.others_held)
+    })
+}
+
+/// The groups where what `others` says the group's other projects take (`None`: not known),
+/// with the project's use, leaves no room for `growth`.
+fn groups_without_room<'a>(
+    state: &'a QuotaState,
+    growth: &ResourceDetails,
+    others: impl Fn(&LedgerGroup) -> Option<&ResourceDetails>,
+) -> Vec<(&'a str, Vec<Exceeded>)> {
     let Ok(own) = state.used() else {
         return Vec::new();
     };
     state
         .groups
         .iter()
-        .filter(|group| !group.others_held.is_empty())
         .filter_map(|group| {
-            let taken = group.others_held.checked_add(&own).ok()?;
+            let taken = others(group)?.checked_add(&own).ok()?;
             let exceeded = group.quota.exceeded_by(&taken, growth).ok()?;
             (!exceeded.is_empty()).then_some((group.name.as_str(), exceeded))
         })
