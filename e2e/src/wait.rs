@@ -6,8 +6,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail};
 
-/// How often [`wait_for`] checks.
+/// How often [`wait_for`] checks at most: it checks again after 1 ms, then twice as long each
+/// time up to this, so that a condition soon true is seen at once and a slow one costs few checks.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(25);
+
+/// The pauses between checks: 1 ms, doubling up to [`POLL_INTERVAL`].
+fn pauses() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(Duration::from_millis(1)), |d| {
+        Some((*d * 2).min(POLL_INTERVAL))
+    })
+}
 
 /// What a [`wait_for`] check may answer: `bool` (done when `true`), `Option<T>` (done with `T`
 /// when `Some`) or `Result<T, E>` (done with `T` when `Ok`; the last error goes into the timeout
@@ -39,7 +47,8 @@ impl<T, E: Display> WaitOutcome for Result<T, E> {
     }
 }
 
-/// Calls `check` every [`POLL_INTERVAL`] until it reports done, and returns its value; fails
+/// Calls `check`, again after 1 ms and twice as long each time up to [`POLL_INTERVAL`], until it
+/// reports done, and returns its value; fails
 /// with a message naming `what` (and the last error, if the check returns `Result`) once
 /// `timeout` has passed. A check still running at the deadline is abandoned.
 ///
@@ -61,6 +70,7 @@ where
     let start = Instant::now();
     let deadline = start + timeout;
     let mut last: Option<String> = None;
+    let mut pauses = pauses();
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, check()).await {
@@ -80,7 +90,8 @@ where
                 None => bail!("timed out after {timeout:?} waiting for {what}"),
             }
         }
-        tokio::time::sleep(POLL_INTERVAL.min(deadline.saturating_duration_since(Instant::now()))).await;
+        let pause = pauses.next().unwrap_or(POLL_INTERVAL);
+        tokio::time::sleep(pause.min(deadline.saturating_duration_since(Instant::now()))).await;
     }
 }
 
@@ -99,10 +110,11 @@ pub fn wait_until_blocking(timeout: Duration, what: &str, mut done: impl FnMut()
 }
 
 /// [`wait_until_blocking`] for a check that does real work (lists cgroups, reads `/proc`): checks
-/// `done` every [`POLL_INTERVAL`] until it holds or `timeout` has passed, and says whether it
+/// `done` as [`wait_for`] does (1 ms, doubling up to [`POLL_INTERVAL`]) until it holds or `timeout` has passed, and says whether it
 /// held. For teardown in `Drop`, where a failure is reported by what is left, not by an error.
 pub fn poll_blocking(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;
+    let mut pauses = pauses();
     loop {
         if done() {
             return true;
@@ -111,7 +123,7 @@ pub fn poll_blocking(timeout: Duration, mut done: impl FnMut() -> bool) -> bool 
         if left.is_zero() {
             return false;
         }
-        std::thread::sleep(POLL_INTERVAL.min(left));
+        std::thread::sleep(pauses.next().unwrap_or(POLL_INTERVAL).min(left));
     }
 }
 
@@ -201,6 +213,15 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checks_come_quickly_first_then_every_poll_interval() {
+        let first: Vec<u64> = pauses()
+            .take(7)
+            .map(|d| d.as_millis().try_into().unwrap())
+            .collect();
+        assert_eq!(first, [1, 2, 4, 8, 16, 25, 25]);
+    }
 
     #[test]
     fn poll_blocking_says_whether_the_check_held_by_the_deadline() {
