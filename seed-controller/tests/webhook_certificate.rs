@@ -54,6 +54,11 @@ fn trusted(bundle: &[u8], cert: &[u8]) -> Result<(), String> {
 
 /// Whether `cert` (PEM) is valid for [`DNS_NAME`] under the CAs `cas`.
 fn trusted_by(cas: Vec<CertificateDer<'static>>, cert: &[u8]) -> Result<(), String> {
+    trusted_for(cas, cert, DNS_NAME)
+}
+
+/// Whether `cert` (PEM) is valid for `name` under the CAs `cas`.
+fn trusted_for(cas: Vec<CertificateDer<'static>>, cert: &[u8], name: &str) -> Result<(), String> {
     let mut roots = rustls::RootCertStore::empty();
     for ca in cas {
         roots.add(ca).map_err(|e| e.to_string())?;
@@ -63,7 +68,7 @@ fn trusted_by(cas: Vec<CertificateDer<'static>>, cert: &[u8]) -> Result<(), Stri
         .build()
         .map_err(|e| e.to_string())?;
     let leaf = pems(cert).into_iter().next().ok_or("no certificate")?;
-    let name = ServerName::try_from(DNS_NAME).unwrap();
+    let name = ServerName::try_from(name).map_err(|e| e.to_string())?;
     verifier
         .verify_server_cert(&leaf, &[], &name, &[], UnixTime::now())
         .map(|_| ())
@@ -147,8 +152,13 @@ async fn the_webhook_certificate_is_issued_and_rotated_without_a_distrusted_mome
 /// A TLS handshake with the server on 127.0.0.1:`port`, as a client that trusts the CAs in
 /// `bundle` does it (a fresh connection, so the certificate served now is the one checked).
 fn handshake(port: u16, bundle: &[u8]) -> Result<(), String> {
+    handshake_under(port, pems(bundle))
+}
+
+/// [`handshake`] as a client that trusts only the CAs `cas`.
+fn handshake_under(port: u16, cas: Vec<CertificateDer<'static>>) -> Result<(), String> {
     let mut roots = rustls::RootCertStore::empty();
-    for ca in pems(bundle) {
+    for ca in cas {
         roots.add(ca).map_err(|e| e.to_string())?;
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -166,22 +176,38 @@ fn handshake(port: u16, bundle: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// A kubelet's part, played by the test: every version of the Secret reaches the files `delay`
-/// later (each file replaced whole, as the kubelet's atomic writer does). The delay is the
-/// propagation lag being simulated, not a wait for a condition.
+/// A kubelet's part, played by the test: every version of the Secret reaches the files, each
+/// file replaced whole, as the kubelet's atomic writer does. With `after_webhook_on` (the
+/// webhook's port), a version reaches them only once the webhook there serves its certificate:
+/// this pod's kubelet syncs after the webhook pod's, the order in which a certificate whose CA
+/// the user clusters do not trust yet would be served (without the overlap).
 fn sync_secret_to_files(
     secrets: Api<Secret>,
     dir: std::path::PathBuf,
-    delay: Duration,
+    after_webhook_on: Option<u16>,
 ) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(async move {
         let config = watcher::Config::default().fields("metadata.name=kkp-quota-webhook-tls");
         let mut versions = watcher::watcher(secrets, config).applied_objects().boxed();
         while let Some(Ok(secret)) = versions.next().await {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
+            let data = secret.data.unwrap_or_default();
+            if let (Some(port), Some(cert), Some(bundle)) =
+                (after_webhook_on, data.get(CERT_KEY), data.get(CA_KEY))
+            {
+                // The CA that signed this version's certificate: a handshake trusting it alone
+                // succeeds once the webhook serves that certificate.
+                let signer = pems(&bundle.0)
+                    .into_iter()
+                    .find(|ca| trusted_for(vec![ca.clone()], &cert.0, "127.0.0.1").is_ok());
+                if let Some(signer) = signer {
+                    e2e::wait_for(WAIT, "the webhook serving the new certificate", || async {
+                        handshake_under(port, vec![signer.clone()])
+                    })
+                    .await
+                    .unwrap();
+                }
             }
-            for (key, value) in secret.data.unwrap_or_default() {
+            for (key, value) in data {
                 let tmp = dir.join(format!(".{key}.tmp"));
                 std::fs::write(&tmp, &value.0).unwrap();
                 std::fs::rename(&tmp, dir.join(&key)).unwrap();
@@ -192,7 +218,8 @@ fn sync_secret_to_files(
 
 /// The whole path of a rotation: seed-controller rotates the certificate in the Secret, a
 /// stand-in kubelet brings it to each pod's files (to the webhook's at once, to
-/// seed-controller's 2 s later: kubelets sync pods at different times), machine-webhook serves
+/// seed-controller's once the webhook serves it: kubelets sync pods at different times, and
+/// this is the order that needs the overlap), machine-webhook serves
 /// the new certificate from its files and seed-controller writes the new CA into the user
 /// cluster's webhook configuration. The user cluster's API server calls the webhook for every
 /// Machine throughout two rotations, and not one call fails. The API server keeps its
@@ -206,16 +233,17 @@ async fn admission_goes_on_through_rotations_of_the_self_managed_certificate() {
     let seed = seed_cp.client();
     let secrets = empty_certificate_secret(&seed).await;
     let (files, controller_files) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let _webhook_pod = sync_secret_to_files(secrets.clone(), files.path().to_path_buf(), Duration::ZERO);
+    let port = e2e::system::free_port().unwrap();
+    let _webhook_pod = sync_secret_to_files(secrets.clone(), files.path().to_path_buf(), None);
     // The overlap has to cover the slower pod's sync, seed-controller's 1 s look at the CA file
     // and the write to the user clusters; the chart's default is 10 minutes against a kubelet's
-    // minute or so. (3 s against 2 s + 1 s here failed: too thin.)
-    let (slow, overlap) = (Duration::from_secs(2), Duration::from_secs(4));
-    let _controller_pod = sync_secret_to_files(secrets.clone(), controller_files.path().to_path_buf(), slow);
+    // minute or so.
+    let overlap = Duration::from_secs(4);
+    let _controller_pod =
+        sync_secret_to_files(secrets.clone(), controller_files.path().to_path_buf(), Some(port));
     let keys = files.path().join("url-signing-keys");
     e2e::system::write_url_signing_keys(&keys, &[&kkp_quota_runtime::webhook_auth::generate_key()]).unwrap();
 
-    let port = e2e::system::free_port().unwrap();
     let mut config = seed_controller::Config::for_tests("seed");
     config.webhook_url = Some(format!("https://127.0.0.1:{port}"));
     config.webhook_ca_file = Some(controller_files.path().join(CA_KEY));
