@@ -200,8 +200,16 @@ fn sync_secret_to_files(
                     .into_iter()
                     .find(|ca| trusted_for(vec![ca.clone()], &cert.0, "127.0.0.1").is_ok());
                 if let Some(signer) = signer {
-                    e2e::wait_for(WAIT, "the webhook serving the new certificate", || async {
-                        handshake_under(port, vec![signer.clone()])
+                    // The handshake blocks: off the runtime's two workers, which also run the
+                    // webhook that must answer it.
+                    e2e::wait_for(WAIT, "the webhook serving the new certificate", || {
+                        let signer = signer.clone();
+                        async move {
+                            tokio::task::spawn_blocking(move || handshake_under(port, vec![signer]))
+                                .await
+                                .map_err(|e| e.to_string())
+                                .flatten()
+                        }
                     })
                     .await
                     .unwrap();
