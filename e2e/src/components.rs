@@ -85,6 +85,21 @@ impl RunningComponent {
     pub fn pid(&self) -> u32 {
         self.proc.pid()
     }
+
+    /// Polls `check` until it passes; fails at once, with what its log says, if the process
+    /// exits first (a component that cannot start says why at the top of a long backtrace).
+    pub async fn wait_until<F, Fut>(
+        &mut self,
+        timeout: std::time::Duration,
+        what: &str,
+        check: F,
+    ) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<()>>,
+    {
+        crate::process::wait_process(&mut self.proc, timeout, what, check).await
+    }
 }
 
 /// Spawns `spec`, stdout and stderr appended to `<log_dir>/<name>.log`.

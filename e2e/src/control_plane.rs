@@ -5,8 +5,7 @@
 //! behind (unwinding drops the [`ControlPlane`]); the temporary directory (etcd data, certificates,
 //! logs, kubeconfig) is removed after the processes are gone.
 
-use std::collections::HashSet;
-use std::net::{Ipv4Addr, TcpListener};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -21,6 +20,7 @@ use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 
 use crate::assets::control_plane_binaries;
 use crate::certs::ClusterCerts;
+use crate::ports::free_port;
 use crate::process::{Proc, wait_process};
 
 mod controller_manager;
@@ -638,20 +638,4 @@ rules:
 
 fn loopback_url(port: u16) -> String {
     format!("https://127.0.0.1:{port}")
-}
-
-/// A free port on 127.0.0.1, never the same twice in this process. Another process may still
-/// take it before our child binds it; callers retry on "address already in use".
-fn free_port() -> Result<u16> {
-    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
-    loop {
-        let port = TcpListener::bind(("127.0.0.1", 0))
-            .context("binding a free port")?
-            .local_addr()?
-            .port();
-        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
-        if handed_out.get_or_insert_with(HashSet::new).insert(port) {
-            return Ok(port);
-        }
-    }
 }

@@ -76,6 +76,7 @@ pub mod fleet;
 pub mod kubectl;
 pub mod machines;
 pub mod node;
+pub mod ports;
 pub mod pprof;
 pub mod process;
 pub mod procfs;

@@ -62,18 +62,33 @@ where
 
 /// The last lines of a log file, for error messages.
 pub(crate) fn log_tail(path: &Path) -> String {
-    const LINES: usize = 30;
     match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let lines: Vec<&str> = text.lines().collect();
-            let mut out = String::new();
-            for line in &lines[lines.len().saturating_sub(LINES)..] {
-                let _ = writeln!(out, "    {line}");
-            }
-            out
-        }
+        Ok(text) => excerpt(&text),
         Err(e) => format!("    (cannot read: {e})"),
     }
+}
+
+/// The last lines of a log; when a process ended with an error or a panic whose backtrace fills
+/// them, the first lines of that error too (they say why).
+fn excerpt(text: &str) -> String {
+    const LINES: usize = 30;
+    const ERROR_LINES: usize = 6;
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines.len().saturating_sub(LINES);
+    let mut out = String::new();
+    let error = lines.iter().rposition(|l| {
+        l.starts_with("Error: ") || l.contains("' panicked at ") || l.contains(") panicked at ")
+    });
+    if let Some(first) = error.filter(|&i| i < tail) {
+        for line in &lines[first..(first + ERROR_LINES).min(tail)] {
+            let _ = writeln!(out, "    {line}");
+        }
+        let _ = writeln!(out, "    [...]");
+    }
+    for line in &lines[tail..] {
+        let _ = writeln!(out, "    {line}");
+    }
+    out
 }
 
 /// A child process killed (SIGKILL) and reaped when dropped.
@@ -130,5 +145,24 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::excerpt;
+
+    #[test]
+    fn an_error_above_a_long_backtrace_is_kept_in_the_excerpt() {
+        let mut log = vec!["starting".to_owned(), "Error: binding 127.0.0.1:4000".to_owned()];
+        log.push("Caused by:".to_owned());
+        log.extend((0..60).map(|i| format!("  {i}: frame")));
+        let text = excerpt(&log.join("\n"));
+        assert!(text.contains("Error: binding 127.0.0.1:4000"), "{text}");
+        assert!(text.contains("[...]") && text.contains("59: frame"), "{text}");
+        assert!(!text.contains("starting"), "{text}");
+        // Short logs, and errors already in the tail, are shown once, as they are.
+        let short = excerpt("a\nError: b\nc");
+        assert_eq!(short, "    a\n    Error: b\n    c\n");
     }
 }

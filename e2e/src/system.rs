@@ -56,11 +56,7 @@ impl Component {
     /// Whether it answers `/readyz` with 200 (a master-controller only once it leads and its
     /// caches are synced).
     pub async fn is_ready(&self) -> bool {
-        let url = format!("http://{}/readyz", self.metrics_address);
-        let Ok(http) = reqwest::Client::builder().timeout(Duration::from_secs(2)).build() else {
-            return false;
-        };
-        http.get(&url).send().await.is_ok_and(|r| r.status().is_success())
+        readyz(self.metrics_address).await.is_ok()
     }
 
     /// The value of its flag `name` (`--listen-address` gives what follows `--listen-address=`).
@@ -208,14 +204,18 @@ fn keep_logs(dir: &Path) {
 }
 
 /// The last `lines` lines of the log at `path` (for an error that must say why).
-fn log_tail(path: &Path, lines: usize) -> String {
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(unreadable: {e})"),
-    }
+/// Whether the ops server at `address` answers `/readyz` with 200.
+async fn readyz(address: SocketAddr) -> Result<()> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let status = http
+        .get(format!("http://{address}/readyz"))
+        .send()
+        .await?
+        .status();
+    anyhow::ensure!(status.is_success(), "/readyz answered {status}");
+    Ok(())
 }
 
 /// Whose credentials the components run with.
@@ -319,11 +319,7 @@ pub fn write_url_signing_keys(path: &Path, keys: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// A free loopback port (bound and released; good enough for local processes).
-pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(listener.local_addr()?.port())
-}
+pub use crate::ports::free_port;
 
 /// Builds the component binaries (a no-op when they are fresh), so tests run the current code
 /// even under `cargo test -p e2e`. Set `KKP_QUOTA_SKIP_BUILD=1` to use what is there.
@@ -469,7 +465,7 @@ impl System {
                 process: Some(process),
             });
         }
-        let system = System {
+        let mut system = System {
             components,
             webhook_ca: certs.ca,
             allocation_webhook,
@@ -479,24 +475,16 @@ impl System {
         Ok(system)
     }
 
-    /// Waits until every component answers `/readyz` with 200.
-    pub async fn wait_ready(&self, timeout: Duration) -> Result<()> {
-        for component in &self.components {
-            let what = format!(
-                "{} ready at http://{}/readyz (log: {})",
-                component.name,
-                component.metrics_address,
-                component.log.display()
-            );
-            crate::wait_for(timeout, &what, || component.is_ready())
-                .await
-                .map_err(|e| {
-                    e.context(format!(
-                        "{} not ready; the last lines of its log:\n{}",
-                        component.name,
-                        log_tail(&component.log, 25)
-                    ))
-                })?;
+    /// Waits until every component answers `/readyz` with 200; fails at once, with the reason
+    /// its log gives, if one exits first.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        for component in &mut self.components {
+            let address = component.metrics_address;
+            let what = format!("{} ready at http://{address}/readyz", component.name);
+            let Some(process) = component.process.as_mut() else {
+                bail!("{} is not running", component.name);
+            };
+            process.wait_until(timeout, &what, || readyz(address)).await?;
         }
         Ok(())
     }

@@ -19,10 +19,6 @@ impl Drop for Killed {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// Starts the binary against the seed of `kubeconfig`, admission on `https`, ops on `ops`.
 fn spawn_webhook(kubeconfig: &std::path::Path, certs: &Certs, https: u16, ops: u16) -> Result<Killed> {
     Ok(Killed(
@@ -48,7 +44,7 @@ fn spawn_webhook(kubeconfig: &std::path::Path, certs: &Certs, https: u16, ops: u
 async fn the_binary_serves_admission_metrics_and_readiness() -> Result<()> {
     let seed = e2e::ControlPlane::start("bin-seed").await?;
     let certs = certs()?;
-    let (https, ops) = (free_port()?, free_port()?);
+    let (https, ops) = (e2e::ports::free_port()?, e2e::ports::free_port()?);
     let _child = spawn_webhook(&seed.kubeconfig_path(), &certs, https, ops)?;
     let http = reqwest::Client::new();
     wait_for(Duration::from_secs(30), "/readyz to answer 200", || {
@@ -168,7 +164,7 @@ async fn sigterm_records_admissions_and_gives_the_allotment_back() -> Result<()>
     let alpha = fleet.user_cluster("alpha").client();
     let certs = certs()?;
     write_quota(seed.client(), PROJECT, "16", "6").await?;
-    let (https, ops) = (free_port()?, free_port()?);
+    let (https, ops) = (e2e::ports::free_port()?, e2e::ports::free_port()?);
     let mut child = spawn_webhook(&seed.kubeconfig_path(), &certs, https, ops)?;
     register(
         &seed.client(),

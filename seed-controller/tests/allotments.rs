@@ -167,7 +167,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
             "the live allotment is never rewritten"
         );
     }
-    assert!(metric(&running.metrics, "kkp_quota_reservations_counted_total", &[]).unwrap_or(0.0) >= 1.0);
+    wait_metric_at_least(&running.metrics, "kkp_quota_reservations_counted_total", &[], 1.0).await;
     assert!(machine_events(&alpha, "m1", REASON_UNADMITTED).await.is_empty());
 
     // --- An expired allotment is removed, the live one stays as it is. ---
@@ -235,6 +235,13 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
         "{note}"
     );
     assert!(note.contains("stopped before recording it"), "{note}");
+    wait_metric_at_least(
+        &running.metrics,
+        "kkp_quota_unadmitted_machines_total",
+        &[("cluster", "alpha")],
+        1.0,
+    )
+    .await;
     assert_eq!(running.unadmitted("alpha"), Some(1.0));
     assert!(machine_events(&alpha, "m1", REASON_UNADMITTED).await.is_empty());
     assert_eq!(holders(&seed).await, vec!["webhook-live"]);

@@ -229,7 +229,7 @@ async fn share_is_released_in_the_ledger_write_down_to_the_target_then_when_quie
         metric_of(&running, "kkp_quota_share_released_total", "plain"),
         None
     );
-    assert!(metric(&running.metrics, "kkp_quota_demands_expired_total", &[]).unwrap_or(0.0) >= 2.0);
+    wait_metric_at_least(&running.metrics, "kkp_quota_demands_expired_total", &[], 2.0).await;
     running.stop().await;
 
     // --- Quiet: the target back at the share, the demand withdrawn; after the quiet period the

@@ -114,7 +114,9 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
         Api::<Machine>::namespaced(alpha.clone(), "kube-system"),
         Api::<Machine>::namespaced(beta.clone(), "kube-system"),
     ];
+    let webhooks = [("first", &first_metrics), ("second", &second_metrics)];
     for round in 0..ROUNDS {
+        let allowed_before = webhooks.map(|(_, m)| m.answered(Some("allowed")));
         let creates = (0..BURST).map(|i| {
             let api = apis[i % 2].clone();
             let m = machine(&format!("r{round}-{i}"), &one_cpu);
@@ -144,7 +146,12 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
             matches!(&over, Err(kube::Error::Api(e)) if e.message.contains("needs 1 cpu")),
             "round {round}: a create beyond the headroom: {over:?}"
         );
-        eprintln!("round {round}: {HEADROOM} of {BURST} admitted in the burst");
+        let split = webhooks.map(|(_, m)| m.answered(Some("allowed")));
+        eprintln!(
+            "round {round}: {HEADROOM} of {BURST} admitted in the burst ({} by the first webhook, {} by the second)",
+            split[0] - allowed_before[0],
+            split[1] - allowed_before[1]
+        );
         // Counted exactly, every reservation dropped, nothing flagged.
         let full = sum(&[&size_of(&one_cpu); HEADROOM]);
         assert_eq!(full.amount(Resource::Cpu), Quantity::from_units(10));
@@ -169,11 +176,27 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
         }
         wait_local_usage(&seed, "demo", &kkp_quota_crds::ResourceDetails::zero()).await;
     }
-    // Both processes admitted some of them.
-    for (which, metrics) in [("first", &first_metrics), ("second", &second_metrics)] {
+    // Both processes took part: each wrote the ledger in the bursts (an admission, a demand or
+    // an allotment). Which one admits more of a burst is a race (the one still holding an
+    // allotment from the round before usually wins it), so that split is printed, not asserted.
+    for (which, metrics) in webhooks {
         assert!(
-            metrics.answered(Some("allowed")) >= 1,
-            "the {which} webhook admitted nothing"
+            metrics.writes.get() >= 1,
+            "the {which} webhook never wrote the ledger"
+        );
+    }
+    // And each admits its own cluster's Machine when it is the only one asking.
+    for (i, (which, metrics)) in webhooks.into_iter().enumerate() {
+        let before = metrics.answered(Some("allowed"));
+        let name = format!("alone-{which}");
+        apis[i]
+            .create(&PostParams::default(), &machine(&name, &one_cpu))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            metrics.answered(Some("allowed")),
+            before + 1,
+            "{name} was not admitted by the {which} webhook"
         );
     }
     running.stop().await;

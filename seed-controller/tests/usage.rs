@@ -143,7 +143,13 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     wait_local_usage(&seed, "demo", &sum(&[&s0, &s1, &s2])).await;
     // It appeared while watched, with no reservation: flagged, and still counted.
     wait_machine_event(&alpha, "m1", REASON_UNADMITTED).await;
-    assert!(running.unadmitted("alpha").unwrap_or(0.0) >= 1.0);
+    wait_metric_at_least(
+        &running.metrics,
+        "kkp_quota_unadmitted_machines_total",
+        &[("cluster", "alpha")],
+        1.0,
+    )
+    .await;
     let _ = m1;
 
     // --- Deleted. ---
@@ -164,7 +170,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     })
     .await
     .unwrap();
-    assert!(metric(&running.metrics, "kkp_quota_reservations_gone_total", &[]).unwrap_or(0.0) >= 1.0);
+    wait_metric_at_least(&running.metrics, "kkp_quota_reservations_gone_total", &[], 1.0).await;
 
     // --- A Machine being deleted counts until it is gone. ---
     let held_spec = aws("m5.large");
@@ -366,7 +372,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     })
     .await
     .unwrap();
-    assert!(metric(&running.metrics, "kkp_quota_reservations_expired_total", &[]).unwrap_or(0.0) >= 2.0);
+    wait_metric_at_least(&running.metrics, "kkp_quota_reservations_expired_total", &[], 2.0).await;
     assert!(
         metric(
             &running.metrics,
@@ -429,7 +435,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
             rq.metadata.resource_version
         );
     }
-    assert!(metric(&running.metrics, "kkp_quota_reservations_counted_total", &[]).unwrap_or(0.0) >= 1.0);
+    wait_metric_at_least(&running.metrics, "kkp_quota_reservations_counted_total", &[], 1.0).await;
     // The Machine created while the controller was down was not "appeared while watched".
     assert!(machine_events(&alpha, "m7", REASON_UNADMITTED).await.is_empty());
 

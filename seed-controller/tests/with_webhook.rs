@@ -202,7 +202,7 @@ async fn webhook_reservations_are_counted_and_dropped() {
     }
     let unadmitted = running.unadmitted("alpha");
     assert!(unadmitted.unwrap_or(0.0) < 1.0, "unadmitted: {unadmitted:?}");
-    assert!(metric(&running.metrics, "kkp_quota_reservations_counted_total", &[]).unwrap_or(0.0) >= 6.0);
+    wait_metric_at_least(&running.metrics, "kkp_quota_reservations_counted_total", &[], 6.0).await;
 
     // With the webhook down (failurePolicy: Fail), an admitted Machine still gets
     // machine-controller's finalizer and spec name, while a provider spec change is refused:

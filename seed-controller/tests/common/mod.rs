@@ -311,6 +311,17 @@ pub fn metric(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> Option<
     None
 }
 
+/// Waits until a metric with these labels reaches `at_least`. The controller counts what a
+/// write did once the write has returned, so a test that already sees the write may read the
+/// metric a moment too early.
+pub async fn wait_metric_at_least(metrics: &Metrics, name: &str, labels: &[(&str, &str)], at_least: f64) {
+    e2e::wait_for(WAIT, &format!("{name} at least {at_least}"), || async {
+        metric(metrics, name, labels).unwrap_or(0.0) >= at_least
+    })
+    .await
+    .unwrap();
+}
+
 /// A running controller; dropping it (or [`Running::stop`]) stops every task it started.
 pub struct Running {
     pub metrics: Metrics,

@@ -1,0 +1,100 @@
+//! Loopback ports for the processes tests start.
+//!
+//! A port found by binding port 0 comes from the kernel's ephemeral range, the same range every
+//! outgoing connection takes its local port from. Between our release of it and the child's
+//! bind, one of the many client connections a fleet opens can take it, and the child exits with
+//! "address already in use". Ports below that range are never handed out by the kernel, so only
+//! another explicit bind can take one; within this process none is handed out twice.
+
+use std::collections::HashSet;
+use std::net::TcpListener;
+use std::ops::Range;
+use std::sync::{Mutex, PoisonError};
+
+use anyhow::{Context as _, Result};
+
+/// The lowest port tried below the ephemeral range.
+const LOWEST: u16 = 20_000;
+/// The smallest gap below the ephemeral range worth using.
+const MIN_SPAN: u16 = 1_000;
+
+/// A free port on 127.0.0.1, outside the kernel's ephemeral range where it can be, never the
+/// same twice in this process. Another process may still bind it before our child does.
+pub fn free_port() -> Result<u16> {
+    static STATE: Mutex<Option<(HashSet<u16>, u32)>> = Mutex::new(None);
+    let mut guard = STATE.lock().unwrap_or_else(PoisonError::into_inner);
+    let (handed_out, cursor) = guard.get_or_insert_with(|| (HashSet::new(), std::process::id()));
+    if let Some(range) = below_ephemeral(ephemeral_range().as_ref()) {
+        let span = u32::from(range.end - range.start);
+        // Processes running side by side start at different places (their pids), and each walks
+        // on from where it stopped.
+        for _ in 0..span {
+            *cursor = cursor.wrapping_add(1);
+            let port = range.start + u16::try_from(*cursor % span).unwrap_or(0);
+            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                handed_out.insert(port);
+                return Ok(port);
+            }
+        }
+    }
+    loop {
+        let port = TcpListener::bind(("127.0.0.1", 0))
+            .context("binding a free port")?
+            .local_addr()?
+            .port();
+        if handed_out.insert(port) {
+            return Ok(port);
+        }
+    }
+}
+
+/// The kernel's ephemeral port range (`ip_local_port_range`), if it can be read.
+fn ephemeral_range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    parse_range(&text)
+}
+
+fn parse_range(text: &str) -> Option<(u16, u16)> {
+    let mut parts = text.split_whitespace().map(str::parse::<u16>);
+    let low = parts.next()?.ok()?;
+    let high = parts.next()?.ok()?;
+    (low <= high).then_some((low, high))
+}
+
+/// The ports to use: from [`LOWEST`] up to the ephemeral range, if that leaves enough of them.
+fn below_ephemeral(ephemeral: Option<&(u16, u16)>) -> Option<Range<u16>> {
+    let (low, _) = ephemeral?;
+    (*low >= LOWEST.saturating_add(MIN_SPAN)).then_some(LOWEST..*low)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_come_from_below_the_ephemeral_range() {
+        assert_eq!(parse_range("32768\t60999\n"), Some((32768, 60999)));
+        assert_eq!(parse_range("60999 32768"), None);
+        assert_eq!(parse_range("x"), None);
+        assert_eq!(below_ephemeral(Some(&(32768, 60999))), Some(20_000..32768));
+        // Too little room below it (or no range known): the kernel's choice is used.
+        assert_eq!(below_ephemeral(Some(&(20_500, 60999))), None);
+        assert_eq!(below_ephemeral(None), None);
+    }
+
+    #[test]
+    fn a_port_is_not_handed_out_twice_and_is_free() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port().unwrap()).collect();
+        let distinct: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        if let Some(range) = below_ephemeral(ephemeral_range().as_ref()) {
+            assert!(
+                ports.iter().all(|p| range.contains(p)),
+                "{ports:?} outside {range:?}"
+            );
+        }
+        for port in ports {
+            TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
+}
