@@ -543,16 +543,18 @@ async fn a_member_that_cannot_report_holds_the_groups_grants() -> Result<()> {
     );
     let condition = w.group_condition("GrantsHeld").await?;
     ensure!(condition.status == "True", "{condition:?}");
-    let errors = w
-        .controller
-        .metrics
-        .reconcile_errors
-        .with_label_values(&["quota"])
-        .get();
-    ensure!(
-        errors > errors_before,
-        "no failed round of {held} counted ({errors} errors)"
-    );
+    // The failed round is counted once it has failed, which nothing above waits for.
+    let errors = || {
+        w.controller
+            .metrics
+            .reconcile_errors
+            .with_label_values(&["quota"])
+            .get()
+    };
+    wait_for(DEADLINE, &format!("a failed round of {held} counted"), || async {
+        errors() > errors_before
+    })
+    .await?;
 
     // The fault lifted: other reports, the hold lifts, and both are granted what they asked for,
     // within the group's 6.

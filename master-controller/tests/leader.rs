@@ -160,7 +160,11 @@ async fn only_the_lease_holder_writes() -> Result<()> {
             .filter(|c| *c == Quantity::from_units(9))
     })
     .await?;
-    ensure!(b.writes() > 0.0, "the new leader wrote");
+    // Counted once its write has returned; the copy can be seen a moment before.
+    wait_for(DEADLINE, "the new leader's writes counted", || async {
+        b.writes() > 0.0
+    })
+    .await?;
     ensure!(b.metrics.leader.get() == 1);
     drop(b);
     drop(fleet);

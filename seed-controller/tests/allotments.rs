@@ -179,6 +179,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     .await;
     wait_holders(&seed, &["webhook-live"]).await;
     assert_eq!(quota_status(&seed).await.allotments, vec![live.clone()]);
+    wait_metric_at_least(&running.metrics, "kkp_quota_allotments_expired_total", &[], 1.0).await;
     assert_eq!(
         metric(&running.metrics, "kkp_quota_allotments_expired_total", &[]),
         Some(1.0)
@@ -210,6 +211,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
     alpha_cp.start_apiserver().await.unwrap();
     wait_condition(&seed, "alpha", "True", "AllMachinesCounted").await;
     wait_holders(&seed, &["webhook-live"]).await;
+    wait_metric_at_least(&running.metrics, "kkp_quota_allotments_expired_total", &[], 2.0).await;
     assert_eq!(
         metric(&running.metrics, "kkp_quota_allotments_expired_total", &[]),
         Some(2.0)
