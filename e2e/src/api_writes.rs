@@ -13,6 +13,19 @@ impl Writes {
     /// # Errors
     /// When the API server's metrics cannot be read.
     pub async fn scrape(client: &Client) -> Result<Writes> {
+        Self::scrape_verbs(client, &["POST", "PUT", "PATCH", "DELETE", "APPLY"]).await
+    }
+
+    /// The reads it served the same way (`GET`, `LIST`, `WATCH`): what a benchmark's readers
+    /// cost an API server beside the writes.
+    ///
+    /// # Errors
+    /// When the API server's metrics cannot be read.
+    pub async fn scrape_reads(client: &Client) -> Result<Writes> {
+        Self::scrape_verbs(client, &["GET", "LIST", "WATCH"]).await
+    }
+
+    async fn scrape_verbs(client: &Client, verbs: &[&str]) -> Result<Writes> {
         let text = client
             .request_text(http::Request::get("/metrics").body(Vec::new())?)
             .await
@@ -31,7 +44,7 @@ impl Writes {
                     .to_owned()
             };
             let verb = label("verb");
-            if !["POST", "PUT", "PATCH", "DELETE", "APPLY"].contains(&verb.as_str()) {
+            if !verbs.contains(&verb.as_str()) {
                 continue;
             }
             let (resource, sub) = (label("resource"), label("subresource"));

@@ -150,6 +150,8 @@ struct Phase {
     /// Writes the master's and the seed's API servers served during the phase.
     master_writes: Writes,
     seed_writes: Writes,
+    /// Reads the master's API server served during the phase.
+    master_reads: Writes,
 }
 
 /// A group created over the busy projects: from its write until every project's seed had room
@@ -397,6 +399,7 @@ async fn phase(sim: &Simulated, mode: Mode, tag: &str, creates: usize) -> Result
         cpu: CpuTicks::default(),
         master_writes: Writes::default(),
         seed_writes: Writes::default(),
+        master_reads: Writes::default(),
     };
     for (i, latency, result) in results {
         phase.latencies.push(latency);
@@ -637,6 +640,7 @@ async fn measure(
             let cpu_before = CpuTicks::now(&groups);
             let master_before = Writes::scrape(&fleet.master().client()).await?;
             let seed_before = Writes::scrape(&fleet.seed(SEED).client()).await?;
+            let master_reads_before = Writes::scrape_reads(&fleet.master().client()).await?;
             let mut p = phase(sim, mode, &format!("r{round}-{}", phases.len()), args.creates).await?;
             p.cpu = CpuTicks::now(&groups).since(&cpu_before);
             p.master_writes = Writes::scrape(&fleet.master().client())
@@ -645,6 +649,9 @@ async fn measure(
             p.seed_writes = Writes::scrape(&fleet.seed(SEED).client())
                 .await?
                 .since(&seed_before);
+            p.master_reads = Writes::scrape_reads(&fleet.master().client())
+                .await?
+                .since(&master_reads_before);
             p.webhook = Webhooks::scrape(system).await?.since(&before);
             running += p.admitted;
             eprintln!(

@@ -129,6 +129,22 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
             seed.per_100(creates)
         )?;
     }
+    writeln!(
+        out,
+        "\nReads per 100 creates the master's API server served (`GET`, `LIST`, and `WATCH` requests begun, over every phase of the mode):\n"
+    )?;
+    writeln!(out, "| mode | master |")?;
+    writeln!(out, "| --- | --- |")?;
+    for mode in [Mode::Projects, Mode::Group] {
+        let phases = of(mode);
+        #[allow(clippy::cast_precision_loss)]
+        let creates = phases.iter().map(|p| p.attempted).sum::<usize>().max(1) as f64;
+        let mut reads = Writes::default();
+        for p in &phases {
+            reads.add(&p.master_reads);
+        }
+        writeln!(out, "| {} | {} |", mode.label(), reads.per_100(creates))?;
+    }
     writeln!(out, "\nPer phase:\n")?;
     writeln!(
         out,
