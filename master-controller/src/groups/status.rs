@@ -36,6 +36,22 @@ pub const SELECTOR_INVALID: &str = "SelectorInvalid";
 pub const ALLOCATION_EXCEEDED: &str = "AllocationExceeded";
 pub const GRANTS_HELD: &str = "GrantsHeld";
 
+/// Whether `wanted` differs from `current` in its usage figures only (`usage`, `byProject`,
+/// `bySeed`, `reserved`): what may wait for the next paced write ([`super::USAGE_PACE`]). A
+/// changed condition, project list, allocation or record is written at once.
+pub fn figures_only(current: &QuotaGroupStatus, wanted: &QuotaGroupStatus) -> bool {
+    let without_figures = |s: &QuotaGroupStatus| QuotaGroupStatus {
+        usage: None,
+        by_project: Vec::new(),
+        by_seed: Vec::new(),
+        reserved: None,
+        conditions: Vec::new(),
+        ..s.clone()
+    };
+    without_figures(current) == without_figures(wanted)
+        && crate::status::same_conditions(&current.conditions, &wanted.conditions)
+}
+
 /// The status a group should have (conditions without their times), from what the caches hold.
 pub fn desired<'a>(
     spec: &QuotaGroupSpec,
@@ -627,5 +643,49 @@ mod tests {
             uncounted.message.contains("projects a have no usage yet"),
             "{uncounted:?}"
         );
+    }
+
+    #[test]
+    fn only_usage_figures_may_wait_for_the_paced_write() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+        let base = QuotaGroupStatus {
+            projects: vec!["a".into()],
+            project_count: 1,
+            usage: Some(cpu(1)),
+            by_project: vec![NamedUsage {
+                name: "a".into(),
+                usage: cpu(1),
+            }],
+            ..QuotaGroupStatus::default()
+        };
+        let mut more = base.clone();
+        more.usage = Some(cpu(2));
+        more.by_project[0].usage = cpu(2);
+        more.by_seed = vec![NamedUsage {
+            name: "seed-a".into(),
+            usage: cpu(2),
+        }];
+        more.reserved = Some(cpu(1));
+        assert!(figures_only(&base, &more));
+        let mut joined = more.clone();
+        joined.projects.push("b".into());
+        joined.project_count = 2;
+        assert!(!figures_only(&base, &joined));
+        let mut record = more.clone();
+        record.budgets = Some(kkp_quota_crds::quota_group::BudgetRecord::default());
+        assert!(!figures_only(&base, &record));
+        let mut allocated = more.clone();
+        allocated.allocated = Some(cpu(3));
+        assert!(!figures_only(&base, &allocated));
+        let mut over = more;
+        over.conditions = vec![Condition {
+            type_: QUOTA_EXCEEDED.into(),
+            status: "True".into(),
+            reason: "Over".into(),
+            message: String::new(),
+            last_transition_time: Time(jiff::Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }];
+        assert!(!figures_only(&base, &over));
     }
 }
