@@ -32,10 +32,11 @@ use tracing::{info, warn};
 use crate::metrics::Metrics;
 use crate::status::{merge_conditions, same_conditions};
 
-/// A group's status that changed in its usage figures only is written at most this often: with
-/// 100 members the object is about 44 KB, and one status write of it cost the master's API server
-/// and etcd 72 ms of CPU (6 ms for an empty group) on the 2-core machine. Conditions, the
-/// selected projects and the budget record are written at once.
+/// A group's status whose usage figures only grew is written at most this often
+/// ([`status::figures_only`]): with 100 members the object is about 44 KB, and one status write
+/// of it cost the master's API server and etcd 72 ms of CPU (6 ms for an empty group) on the
+/// 2-core machine. Conditions, the selected projects, a member's usage going down and the budget
+/// record are written at once.
 pub const USAGE_PACE: Duration = Duration::from_secs(2);
 
 /// What this process last wrote of a group's status, and when.

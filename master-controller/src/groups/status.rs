@@ -37,8 +37,12 @@ pub const ALLOCATION_EXCEEDED: &str = "AllocationExceeded";
 pub const GRANTS_HELD: &str = "GrantsHeld";
 
 /// Whether `wanted` differs from `current` in its usage figures only (`usage`, `byProject`,
-/// `bySeed`, `reserved`): what may wait for the next paced write ([`super::USAGE_PACE`]). A
-/// changed condition, project list, allocation or record is written at once.
+/// `bySeed`, `reserved`), no project's usage lower: what may wait for the next paced write
+/// ([`super::USAGE_PACE`]). A changed condition, project list, allocation or record is written
+/// at once, and so is a member's usage going down: the seeds' ledgers carry the other members'
+/// usage from `byProject` (`othersUsage`), and the webhook refuses outright, without waiting for
+/// share, a request the group has no room for by it. A figure that trails upwards only sends
+/// such a request to wait for share, which the budgets bound anyway.
 pub fn figures_only(current: &QuotaGroupStatus, wanted: &QuotaGroupStatus) -> bool {
     let without_figures = |s: &QuotaGroupStatus| QuotaGroupStatus {
         usage: None,
@@ -50,6 +54,17 @@ pub fn figures_only(current: &QuotaGroupStatus, wanted: &QuotaGroupStatus) -> bo
     };
     without_figures(current) == without_figures(wanted)
         && crate::status::same_conditions(&current.conditions, &wanted.conditions)
+        && !any_project_lower(&current.by_project, &wanted.by_project)
+}
+
+/// Whether a project's usage in `wanted` is below `current`'s in some resource, or gone.
+fn any_project_lower(current: &[NamedUsage], wanted: &[NamedUsage]) -> bool {
+    current.iter().any(|was| {
+        wanted
+            .iter()
+            .find(|now| now.name == was.name)
+            .is_none_or(|now| was.usage.iter().any(|(r, q)| now.usage.amount(r) < q))
+    })
 }
 
 /// The status a group should have (conditions without their times), from what the caches hold.
@@ -667,6 +682,12 @@ mod tests {
         }];
         more.reserved = Some(cpu(1));
         assert!(figures_only(&base, &more));
+        // A member's usage going down is written at once (the seeds refuse by it).
+        assert!(!figures_only(&more, &base));
+        let mut gone = more.clone();
+        gone.by_project.clear();
+        gone.usage = None;
+        assert!(!figures_only(&more, &gone));
         let mut joined = more.clone();
         joined.projects.push("b".into());
         joined.project_count = 2;
