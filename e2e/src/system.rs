@@ -203,7 +203,6 @@ fn keep_logs(dir: &Path) {
     }
 }
 
-/// The last `lines` lines of the log at `path` (for an error that must say why).
 /// Whether the ops server at `address` answers `/readyz` with 200.
 async fn readyz(address: SocketAddr) -> Result<()> {
     let http = reqwest::Client::builder()

@@ -237,13 +237,7 @@ async fn machines_admitted_from_allotments_are_held_back_and_expired_allotments_
         "{note}"
     );
     assert!(note.contains("stopped before recording it"), "{note}");
-    wait_metric_at_least(
-        &running.metrics,
-        "kkp_quota_unadmitted_machines_total",
-        &[("cluster", "alpha")],
-        1.0,
-    )
-    .await;
+    running.wait_unadmitted("alpha", 1.0).await;
     assert_eq!(running.unadmitted("alpha"), Some(1.0));
     assert!(machine_events(&alpha, "m1", REASON_UNADMITTED).await.is_empty());
     assert_eq!(holders(&seed).await, vec!["webhook-live"]);

@@ -143,13 +143,7 @@ async fn usage_follows_machines_across_clusters_projects_outages_and_restarts() 
     wait_local_usage(&seed, "demo", &sum(&[&s0, &s1, &s2])).await;
     // It appeared while watched, with no reservation: flagged, and still counted.
     wait_machine_event(&alpha, "m1", REASON_UNADMITTED).await;
-    wait_metric_at_least(
-        &running.metrics,
-        "kkp_quota_unadmitted_machines_total",
-        &[("cluster", "alpha")],
-        1.0,
-    )
-    .await;
+    running.wait_unadmitted("alpha", 1.0).await;
     let _ = m1;
 
     // --- Deleted. ---

@@ -49,8 +49,8 @@ struct Written {
 enum Outcome {
     Unchanged,
     Written(Box<QuotaGroupStatus>),
-    /// Only usage figures changed, and the last write was less than [`USAGE_PACE`] ago: a pass
-    /// is due then.
+    /// Only usage figures grew, and the last write was less than [`USAGE_PACE`] ago: a pass is
+    /// due then.
     Deferred(Instant),
 }
 

@@ -346,6 +346,18 @@ impl Running {
         )
     }
 
+    /// Waits until `kkp_quota_unadmitted_machines_total` of `cluster` reaches `at_least`: a test
+    /// that already sees the Event flagging a Machine may read the counter a moment early.
+    pub async fn wait_unadmitted(&self, cluster: &str, at_least: f64) {
+        wait_metric_at_least(
+            &self.metrics,
+            "kkp_quota_unadmitted_machines_total",
+            &[("cluster", cluster)],
+            at_least,
+        )
+        .await;
+    }
+
     pub async fn stop(mut self) {
         if let Some(mut task) = self.task.take() {
             task.abort();
