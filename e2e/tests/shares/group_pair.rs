@@ -352,7 +352,11 @@ async fn fill_to(fleet: &e2e::Fleet, project: &str, cluster: &str, mut admitted:
         if admitted >= total {
             return;
         }
-        assert!(attempt < 20, "{project}: only {admitted} of {total} admitted");
+        assert!(
+            attempt < 20,
+            "{project}: only {admitted} of {total} admitted after 20 bursts; the pair now:\n{}",
+            pair_state(fleet).await
+        );
         let users = vec![cluster; total - admitted + 1];
         admitted += e2e::shares::burst(fleet, project, &users, &format!("{prefix}-{attempt}")).await;
         assert!(
@@ -593,7 +597,11 @@ async fn fill_exactly(fleet: &e2e::Fleet, project: &str, cluster: &str, total: u
         if admitted == total {
             return;
         }
-        assert!(attempt < 20, "{project}: only {admitted} of {total} admitted");
+        assert!(
+            attempt < 20,
+            "{project}: only {admitted} of {total} admitted after 20 bursts; the pair now:\n{}",
+            pair_state(fleet).await
+        );
         let users = vec![cluster; total - admitted];
         admitted += e2e::shares::burst(
             fleet,
