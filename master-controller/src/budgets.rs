@@ -471,16 +471,32 @@ mod tests {
     #[test]
     fn a_new_member_keeps_what_its_seeds_hold_while_the_record_keeps_holdings() {
         // A group just made over demo, whose seed holds and uses 5 and asks for 6: the record
-        // has an entry for demo, grants nothing yet, and keeps holdings.
+        // has an entry for demo, grants nothing yet, keeps holdings, and counted demo at its
+        // own limit then, 20 (its target).
         let mut acme = (*group("acme", 10, Some((1, 0)))).clone();
         let record = acme.status.as_mut().unwrap().budgets.as_mut().unwrap();
         record.projects[0].granted = ResourceDetails::default();
+        record.projects[0].target = cpu(20);
         record.holdings_kept = true;
         let groups = [Arc::new(acme.clone())];
         let view = project_view(5, Some(6));
         let mut holdings = Holdings::take(&groups, "demo", &[], &view, false, 10).unwrap();
         // It plans within what its seed holds (not the empty budget), and asks for that or more.
         assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(5));
+        // Never above what the group counted it at: had that been 3 (its own limit then, raised
+        // since), it keeps 3.
+        let mut counted_low = acme.clone();
+        counted_low
+            .status
+            .as_mut()
+            .unwrap()
+            .budgets
+            .as_mut()
+            .unwrap()
+            .projects[0]
+            .target = cpu(3);
+        let low = Holdings::take(&[Arc::new(counted_low)], "demo", &[], &view, false, 10).unwrap();
+        assert_eq!(low.member_limit(&cpu(20), &view).unwrap(), cpu(3));
         let copies = holdings.settle(&view, false).unwrap();
         assert_eq!(copies[0].demand, Some(cpu(6)));
         assert_eq!(copies[0].committed, cpu(5));

@@ -58,13 +58,8 @@ pub fn holdings_kept(view: &MasterView, version: u64) -> Result<bool, QuantityEr
     for (resource, limit) in view.limit.iter() {
         let mut most = Quantity::ZERO;
         for member in view.seeds.values() {
-            let bound = if member.report.is_some() {
-                member.held_seen().amount(resource)
-            } else {
-                match member.ceiling.get(resource) {
-                    Some(ceiling) => ceiling,
-                    None => return Ok(false),
-                }
+            let Some(bound) = counted_at(member, resource) else {
+                return Ok(false);
             };
             most = most.checked_add(bound)?;
         }
@@ -75,21 +70,35 @@ pub fn holdings_kept(view: &MasterView, version: u64) -> Result<bool, QuantityEr
     Ok(true)
 }
 
+/// The most [`holdings_kept`] counts `member` as holding of `resource`: what it reported it
+/// holds, or its own limit while it has not reported (`None`: it has none).
+fn counted_at(member: &super::SeedRecord, resource: Resource) -> Option<Quantity> {
+    if member.report.is_some() {
+        Some(member.held_seen().amount(resource))
+    } else {
+        member.ceiling.get(resource)
+    }
+}
+
 /// Whether a project keeps its seeds' holdings in a group instead of planning within its budget
 /// there: the group's record, as the word the project read last, keeps holdings (`kept`,
 /// [`holdings_kept`]) and the project has never been granted budget by the group (`share`, its
 /// copy: none yet, or one granted nothing). A project granted budget once plans within it.
+/// What it keeps is bounded by its word's target: what the group counted it at ([`group_plan`]).
 pub fn keeps_holdings(share: Option<&SeedShare>, kept: bool) -> bool {
     kept && share.is_none_or(|s| s.granted.is_empty())
 }
 
 /// The budget a project plans its seeds' shares within, in one group ([`member_limit`]): its
 /// copy, or while it [`keeps_holdings`], what its seeds hold (`held`, [`member_held`]): they
-/// are then granted nothing new and asked for nothing back.
+/// are then granted nothing new and asked for nothing back; up to the copy's target, what the
+/// group counted it at when it decided to keep: its own limit may have been raised since (and
+/// its seeds granted more, before it took the word), which the group did not count.
 pub fn planning_budget(share: Option<&SeedShare>, kept: bool, held: &ResourceDetails) -> SeedShare {
     if keeps_holdings(share, kept) {
         SeedShare {
             granted: held.clone(),
+            target: share.map(|s| s.target.clone()).unwrap_or_default(),
             ..SeedShare::default()
         }
     } else {
@@ -256,11 +265,25 @@ pub fn first_budget(word: &MasterWord, held: &ResourceDetails) -> SeedShare {
 /// has not reported yet. A project that just joined (or whose copy was lost) may already use,
 /// and its seeds hold, more than the group knows: headroom granted before its report could be
 /// headroom it is using, and the group would end over its limit through a grant of its own.
-/// Targets are still planned, so idle budget is still asked back meanwhile.
+/// Targets are still planned, so idle budget is still asked back meanwhile. While the record
+/// keeps holdings ([`holdings_kept`]), a member never granted budget is given as its target
+/// what the group counted it at (`counted_at`): what it keeps is bounded by that
+/// ([`planning_budget`]), not only by its own limit as it is when it takes the word.
 pub fn group_plan(view: &MasterView, version: u64, slack: &ResourceDetails) -> Result<Plan, QuantityError> {
     let mut plan = view.plan_at(version, slack)?;
     if view.seeds.values().any(|member| member.report.is_none()) {
         plan.grants.clear();
+    }
+    if holdings_kept(view, version)? {
+        for (name, member) in &view.seeds {
+            if member.granted.is_empty() {
+                let mut target = ResourceDetails::default();
+                for (resource, _) in view.limit.iter() {
+                    target.set(resource, counted_at(member, resource));
+                }
+                plan.targets.insert(name.clone(), target);
+            }
+        }
     }
     Ok(plan)
 }
@@ -465,6 +488,20 @@ mod tests {
         // demo reports holding 2: 2 + other's 8 fit, so holdings are kept.
         group.seeds.get_mut("demo").unwrap().report = seed(0, 2, Some(2)).report;
         assert!(holdings_kept(&group, 1).unwrap());
+        // Each is told what it was counted at: demo what it reported, other its own limit.
+        let plan = group_plan(&group, 1, &cpu(0)).unwrap();
+        assert!(plan.grants.is_empty());
+        assert_eq!(plan.targets["demo"], cpu(2));
+        assert_eq!(plan.targets["other"], cpu(8));
+        // A member the group granted budget once plans within it: its target is the plan's.
+        let mut granted = group.clone();
+        granted.seeds.get_mut("demo").unwrap().granted = cpu(1);
+        let plan = group_plan(&granted, 1, &cpu(0)).unwrap();
+        assert_eq!(plan.targets["other"], cpu(8));
+        assert_eq!(
+            plan.targets["demo"],
+            granted.plan_at(1, &cpu(0)).unwrap().targets["demo"]
+        );
         // A member without a limit of its own could hold anything: nothing kept.
         group.seeds.get_mut("other").unwrap().ceiling = ResourceDetails::default();
         assert!(!holdings_kept(&group, 1).unwrap());
@@ -497,6 +534,13 @@ mod tests {
         assert_eq!(
             planning_budget(Some(&empty), true, &held).capacity(&cpu(32)),
             cpu(7)
+        );
+        // ... up to what the group counted it at (its word's target): its own limit was 5
+        // then, and raised since.
+        let counted = budget(0, 0, Some(5));
+        assert_eq!(
+            planning_budget(Some(&counted), true, &held).capacity(&cpu(32)),
+            cpu(5)
         );
         // ... and asks for that (seed b's 3 fits in seed a's idle 4), or more where its seeds
         // ask for more than they hold (2 used on a, 9 asked on b).
