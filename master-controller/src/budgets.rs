@@ -142,7 +142,10 @@ impl Holdings {
             let limit = group.spec.quota.clone();
             let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
             let word = record.and_then(|r| budgets::word_for(r, project));
-            let kept = word.is_some() && record.is_some_and(|r| r.holdings_kept);
+            // Only a member the group never granted budget keeps (`keeps_holdings`); one whose
+            // copy is not taken yet (below) has none to tell, so the word says.
+            let kept = word.as_ref().is_some_and(|w| w.granted.is_empty())
+                && record.is_some_and(|r| r.holdings_kept);
             // A copy of version 0 never took a word: it reported only.
             let copy = old.iter().find(|c| c.group == name && c.version > 0);
             let share = match (copy, word) {
@@ -497,6 +500,21 @@ mod tests {
             .target = cpu(3);
         let low = Holdings::take(&[Arc::new(counted_low)], "demo", &[], &view, false, 10).unwrap();
         assert_eq!(low.member_limit(&cpu(20), &view).unwrap(), cpu(3));
+        // A word that grants demo budget is not one to keep by, even from a record that keeps
+        // (here demo's own record awaits its epoch, so the word is not taken yet): nothing.
+        let mut granting = acme.clone();
+        granting
+            .status
+            .as_mut()
+            .unwrap()
+            .budgets
+            .as_mut()
+            .unwrap()
+            .projects[0]
+            .granted = cpu(2);
+        let waiting = Holdings::take(&[Arc::new(granting)], "demo", &[], &view, true, 10).unwrap();
+        assert!(waiting.0[0].share.is_none());
+        assert_eq!(waiting.member_limit(&cpu(20), &view).unwrap(), cpu(0));
         let copies = holdings.settle(&view, false).unwrap();
         assert_eq!(copies[0].demand, Some(cpu(6)));
         assert_eq!(copies[0].committed, cpu(5));

@@ -71,12 +71,33 @@ pub fn holdings_kept(view: &MasterView, version: u64) -> Result<bool, QuantityEr
 }
 
 /// The most [`holdings_kept`] counts `member` as holding of `resource`: what it reported it
-/// holds, or its own limit while it has not reported (`None`: it has none).
+/// holds (keeping never lets that grow: it plans within what its seeds hold), or, while it has
+/// not reported, the most of: its own limit (`None`: it has none, and nothing is kept), the
+/// budget the record sees it hold, and what the record counted it at before
+/// ([`counted_before`]). Its own limit alone is not enough: one lowered since it took a word
+/// that kept at the old one, and raised again, lets it keep what the old word allowed; and a
+/// project never holds more than its own limit only once a lowering has reached its seeds.
 fn counted_at(member: &super::SeedRecord, resource: Resource) -> Option<Quantity> {
     if member.report.is_some() {
-        Some(member.held_seen().amount(resource))
+        return Some(member.held_seen().amount(resource));
+    }
+    let ceiling = member.ceiling.get(resource)?;
+    Some(
+        ceiling
+            .max(member.share_seen().amount(resource))
+            .max(counted_before(member, resource)),
+    )
+}
+
+/// What the record counted `member`, never granted budget, at in the words it sent that kept
+/// holdings: its target ([`group_plan`] only ever raises it while the member has no budget).
+/// The member may still act on any of those words (a cache lags), so this is never forgotten
+/// while it has not reported.
+fn counted_before(member: &super::SeedRecord, resource: Resource) -> Quantity {
+    if member.granted.is_empty() {
+        member.target.amount(resource)
     } else {
-        member.ceiling.get(resource)
+        Quantity::ZERO
     }
 }
 
@@ -265,25 +286,31 @@ pub fn first_budget(word: &MasterWord, held: &ResourceDetails) -> SeedShare {
 /// has not reported yet. A project that just joined (or whose copy was lost) may already use,
 /// and its seeds hold, more than the group knows: headroom granted before its report could be
 /// headroom it is using, and the group would end over its limit through a grant of its own.
-/// Targets are still planned, so idle budget is still asked back meanwhile. While the record
-/// keeps holdings ([`holdings_kept`]), a member never granted budget is given as its target
-/// what the group counted it at (`counted_at`): what it keeps is bounded by that
-/// ([`planning_budget`]), not only by its own limit as it is when it takes the word.
+/// Targets are still planned, so idle budget is still asked back meanwhile. A member never
+/// granted budget is given as its target what the record counted it at while keeping
+/// holdings (`counted_at`, [`holdings_kept`]), never lower than before (`counted_before`): what
+/// it keeps is bounded by the word it acts on ([`planning_budget`]), not only by its own limit
+/// as it is when it takes the word, and the record remembers the most any of its words allowed.
+/// (A member that holds no budget and does not keep plans within nothing: its target is only
+/// this bound.)
 pub fn group_plan(view: &MasterView, version: u64, slack: &ResourceDetails) -> Result<Plan, QuantityError> {
     let mut plan = view.plan_at(version, slack)?;
     if view.seeds.values().any(|member| member.report.is_none()) {
         plan.grants.clear();
     }
-    if holdings_kept(view, version)? {
-        for (name, member) in &view.seeds {
-            if member.granted.is_empty() {
-                let mut target = ResourceDetails::default();
-                for (resource, _) in view.limit.iter() {
-                    target.set(resource, counted_at(member, resource));
-                }
-                plan.targets.insert(name.clone(), target);
-            }
+    let kept = holdings_kept(view, version)?;
+    for (name, member) in &view.seeds {
+        // Granted budget now or before: it plans within that, by the plan's target.
+        if !member.granted.is_empty() || plan.grants.contains_key(name) {
+            continue;
         }
+        let mut target = ResourceDetails::default();
+        for (resource, _) in view.limit.iter() {
+            let before = counted_before(member, resource);
+            let now = if kept { counted_at(member, resource) } else { None };
+            target.set(resource, Some(now.map_or(before, |now| now.max(before))));
+        }
+        plan.targets.insert(name.clone(), target);
     }
     Ok(plan)
 }
@@ -520,6 +547,33 @@ mod tests {
         let plan = group_plan(&group, 1, &cpu(0)).unwrap();
         assert!(plan.grants["demo"].amount(Resource::Cpu) >= Quantity::from_units(4));
         assert!(plan.grants["other"].amount(Resource::Cpu) >= Quantity::from_units(5));
+    }
+
+    #[test]
+    fn a_member_not_heard_from_is_counted_at_the_most_it_may_hold() {
+        let member = |ceiling: i64| SeedRecord {
+            ceiling: cpu(ceiling),
+            ..SeedRecord::new()
+        };
+        let group = |a: SeedRecord| MasterView {
+            limit: cpu(10),
+            seeds: [("a".to_owned(), a), ("b".to_owned(), member(4))].into(),
+        };
+        // At its own limit: 5 + 4 fit.
+        assert!(holdings_kept(&group(member(5)), 1).unwrap());
+        // At the budget the record sees it hold where more (its own limit lowered since): 9 + 4.
+        let mut budgeted = member(5);
+        budgeted.granted = cpu(9);
+        assert!(!holdings_kept(&group(budgeted), 1).unwrap());
+        // At what an earlier word that kept counted it at (its target), where more: 10 + 4.
+        let mut counted = member(5);
+        counted.target = cpu(10);
+        let view = group(counted);
+        assert!(!holdings_kept(&view, 1).unwrap());
+        // A round that does not keep never lowers that count: the member may act on that word.
+        let plan = group_plan(&view, 1, &cpu(0)).unwrap();
+        assert_eq!(plan.targets["a"], cpu(10));
+        assert_eq!(plan.targets["b"], cpu(0));
     }
 
     #[test]
