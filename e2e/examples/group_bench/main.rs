@@ -167,6 +167,8 @@ struct Transition {
 struct Measured {
     phases: Vec<Phase>,
     transitions: Vec<Transition>,
+    /// The group created tighter than its members' own quotas together ([`made_tight`]).
+    made_tight: Transition,
     /// The check's phase, and the headroom it had.
     tight: Phase,
     headroom: usize,
@@ -418,6 +420,88 @@ async fn phase(sim: &Simulated, mode: Mode, tag: &str, creates: usize) -> Result
     }
     phase.latencies.sort();
     Ok(phase)
+}
+
+/// The check: the group's limit lowered to what runs (`running`) plus a headroom of half a
+/// Machine per project, in force once its record counts no more held than that; then two
+/// creates per project at once. Fails on more admitted than the headroom; returns the phase and
+/// the headroom.
+async fn enforced(fleet: &Fleet, sim: &Simulated, projects: usize, running: usize) -> Result<(Phase, usize)> {
+    let headroom = projects.div_ceil(2);
+    let limit = i64::try_from(running + headroom)?;
+    group_on(fleet, projects, limit).await?;
+    wait_for(WAIT, "the group's record within the lowered limit", || async {
+        let held = group_holds(fleet).await.ok()??;
+        (held <= i128::from(limit)).then_some(())
+    })
+    .await?;
+    let tight = phase(sim, Mode::Group, "tight", 2).await?;
+    eprintln!(
+        "tight: {} of {} admitted, {} denied ({} naming the group), {} failed, headroom {headroom}",
+        tight.admitted, tight.attempted, tight.denied, tight.denied_by_group, tight.failed
+    );
+    if let Some(message) = &tight.first_denial {
+        eprintln!("tight: the first denial: {message}");
+    }
+    ensure!(
+        tight.admitted <= headroom,
+        "the group admitted {} over a headroom of {headroom}",
+        tight.admitted
+    );
+
+    Ok((tight, headroom))
+}
+
+/// Rounds of creates in a group made tighter than its members' own quotas together; at most this
+/// many, so that its room covers every one of them.
+const MADE_TIGHT_ROUNDS: usize = 20;
+
+/// The group deleted and created again with room for [`MADE_TIGHT_ROUNDS`] Machines per project
+/// beyond what runs (`running`), far below their own quotas together: it keeps no holdings, so
+/// each project's seed drops to what it commits until every project has taken the group's word
+/// and reported, and the group grants. From the group's write, every project's client creates
+/// one Machine per round, round after round, until the group grants: what that window costs the
+/// creates made in it, and how long it lasts. Returns it and the Machines admitted.
+async fn made_tight(
+    fleet: &Fleet,
+    sim: &Simulated,
+    projects: usize,
+    running: usize,
+) -> Result<(Transition, usize)> {
+    group_off(fleet).await?;
+    let limit = i64::try_from(running + MADE_TIGHT_ROUNDS * projects)?;
+    let granting = std::sync::atomic::AtomicBool::new(false);
+    let began = Instant::now();
+    let (settled, rounds) = tokio::join!(
+        async {
+            let created = group_on(fleet, projects, limit).await;
+            granting.store(true, std::sync::atomic::Ordering::Relaxed);
+            created.map(|_| began.elapsed())
+        },
+        async {
+            let mut rounds = Vec::new();
+            while !granting.load(std::sync::atomic::Ordering::Relaxed) && rounds.len() < MADE_TIGHT_ROUNDS {
+                rounds.push(phase(sim, Mode::Group, &format!("made-{}", rounds.len()), 1).await?);
+            }
+            Ok::<_, anyhow::Error>(rounds)
+        }
+    );
+    let rounds = rounds?;
+    let transition = Transition {
+        settled: settled?,
+        warm_attempted: rounds.iter().map(|p| p.attempted).sum(),
+        warm_denied: rounds.iter().map(|p| p.denied).sum(),
+        warm_failed: rounds.iter().map(|p| p.failed).sum(),
+    };
+    eprintln!(
+        "made tight: granting after {:.1} s; {} creates in {} rounds meanwhile, {} denied, {} refused without a decision",
+        transition.settled.as_secs_f64(),
+        transition.warm_attempted,
+        rounds.len(),
+        transition.warm_denied,
+        transition.warm_failed
+    );
+    Ok((transition, rounds.iter().map(|p| p.admitted).sum()))
 }
 
 /// What the group's record counts its members as holding, cpu (granted less what it read as
@@ -673,34 +757,15 @@ async fn measure(
         }
     }
 
-    // The check: the group's limit lowered to what runs plus a headroom of half a Machine per
-    // project, in force once its record counts no more held than that; then two creates per
-    // project at once.
-    let headroom = args.projects.div_ceil(2);
-    let limit = i64::try_from(running + headroom)?;
-    group_on(fleet, args.projects, limit).await?;
-    wait_for(WAIT, "the group's record within the lowered limit", || async {
-        let held = group_holds(fleet).await.ok()??;
-        (held <= i128::from(limit)).then_some(())
-    })
-    .await?;
-    let tight = phase(sim, Mode::Group, "tight", 2).await?;
-    eprintln!(
-        "tight: {} of {} admitted, {} denied ({} naming the group), {} failed, headroom {headroom}",
-        tight.admitted, tight.attempted, tight.denied, tight.denied_by_group, tight.failed
-    );
-    if let Some(message) = &tight.first_denial {
-        eprintln!("tight: the first denial: {message}");
-    }
-    ensure!(
-        tight.admitted <= headroom,
-        "the group admitted {} over a headroom of {headroom}",
-        tight.admitted
-    );
+    let (made_tight, admitted) = made_tight(fleet, sim, args.projects, running).await?;
+    running += admitted;
+
+    let (tight, headroom) = enforced(fleet, sim, args.projects, running).await?;
 
     Ok(Measured {
         phases,
         transitions,
+        made_tight,
         tight,
         headroom,
     })

@@ -16,6 +16,7 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
     let Measured {
         phases,
         transitions,
+        made_tight,
         tight,
         headroom,
     } = measured;
@@ -184,6 +185,19 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
             t.warm_failed
         )?;
     }
+    writeln!(
+        out,
+        "\n## A group created tighter than its projects' quotas together\n"
+    )?;
+    writeln!(
+        out,
+        "The group deleted, then created again over the same busy projects with room for {} more Machines per project, far below their own quotas together ({OWN_CPU} cpu each): it keeps no holdings, so every project's seed drops to what it commits until every project has taken the group's word and reported and the group grants (docs/limits.md). From the group's write, every project's client created one Machine per round, round after round, until the group granted (every project holding its word, `GrantsHeld` false): **granting after {:.1} s; {} creates meanwhile, {} denied**, {} refused without a decision.",
+        super::MADE_TIGHT_ROUNDS,
+        made_tight.settled.as_secs_f64(),
+        made_tight.warm_attempted,
+        made_tight.warm_denied,
+        made_tight.warm_failed
+    )?;
     writeln!(out, "\n## The group enforced\n")?;
     writeln!(
         out,
