@@ -1289,16 +1289,17 @@ fn joining_scenario() -> Result<(), TestCaseError> {
 /// while the group hears from them: each admits from them at once, before the group's first
 /// grant, and the group's first budgets are what they hold. With none (a group of 5, p1's
 /// reports lost), nothing is kept: both give up what they do not use and admit nothing more.
-/// Without the room check in the word (keeping whenever grants are held back) that run still
-/// admits nothing more: the targets bound what is kept.
+/// Without the room check (keeping whenever grants are held back) that run admits past the
+/// group.
 #[test]
 fn a_group_made_over_busy_projects_keeps_their_shares_only_while_it_has_room() {
     made_over_busy_scenario(20, true).unwrap();
     made_over_busy_scenario(5, true).unwrap();
-    // Without the room check in the record's word, the targets still hold: a record that does
-    // not keep never raises what it counts a member at, so a member keeps at most that (here
-    // nothing). Before the targets bounded what is kept, this run admitted past the group.
-    made_over_busy_scenario(5, false).unwrap();
+    let overrun = made_over_busy_scenario(5, false).unwrap_err();
+    assert!(
+        overrun.to_string().contains("admitted past the group"),
+        "{overrun}"
+    );
 }
 
 fn made_over_busy_scenario(group_limit: i64, room_check: bool) -> Result<(), TestCaseError> {

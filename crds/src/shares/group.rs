@@ -288,11 +288,11 @@ pub fn first_budget(word: &MasterWord, held: &ResourceDetails) -> SeedShare {
 /// headroom it is using, and the group would end over its limit through a grant of its own.
 /// Targets are still planned, so idle budget is still asked back meanwhile. A member never
 /// granted budget is given as its target what the record counted it at while keeping
-/// holdings (`counted_at`, [`holdings_kept`]), never lower than before (`counted_before`): what
-/// it keeps is bounded by the word it acts on ([`planning_budget`]), not only by its own limit
-/// as it is when it takes the word, and the record remembers the most any of its words allowed.
-/// (A member that holds no budget and does not keep plans within nothing: its target is only
-/// this bound.)
+/// holdings (`counted_at`, [`holdings_kept`]); one not heard from, never lower than before
+/// (`counted_before`), also in a round that does not keep: what it keeps is bounded by the word
+/// it acts on ([`planning_budget`]), not only by its own limit as it is when it takes the word,
+/// and the record remembers the most any of its words allowed. (A member that holds no budget
+/// and does not keep plans within nothing: its target is only this bound.)
 pub fn group_plan(view: &MasterView, version: u64, slack: &ResourceDetails) -> Result<Plan, QuantityError> {
     let mut plan = view.plan_at(version, slack)?;
     if view.seeds.values().any(|member| member.report.is_none()) {
@@ -300,15 +300,23 @@ pub fn group_plan(view: &MasterView, version: u64, slack: &ResourceDetails) -> R
     }
     let kept = holdings_kept(view, version)?;
     for (name, member) in &view.seeds {
-        // Granted budget now or before: it plans within that, by the plan's target.
-        if !member.granted.is_empty() || plan.grants.contains_key(name) {
+        // Granted budget now or before: it plans within that, by the plan's target. One that
+        // has reported is counted at what it holds, which keeping never lets grow: while the
+        // record does not keep, its target is the plan's (what its demand was planned at).
+        let reported = member.report.is_some();
+        if !member.granted.is_empty() || plan.grants.contains_key(name) || (reported && !kept) {
             continue;
         }
         let mut target = ResourceDetails::default();
         for (resource, _) in view.limit.iter() {
-            let before = counted_before(member, resource);
             let now = if kept { counted_at(member, resource) } else { None };
-            target.set(resource, Some(now.map_or(before, |now| now.max(before))));
+            let count = if reported {
+                now.unwrap_or_default()
+            } else {
+                let before = counted_before(member, resource);
+                now.map_or(before, |now| now.max(before))
+            };
+            target.set(resource, Some(count));
         }
         plan.targets.insert(name.clone(), target);
     }
