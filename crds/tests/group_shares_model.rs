@@ -789,6 +789,29 @@ impl World {
         self.checked(|world| world.run(op))
     }
 
+    /// Every message in flight delivered, in order, each step checked.
+    fn deliver_all(&mut self) -> Result<(), TestCaseError> {
+        while !self.bag.is_empty() {
+            self.run_checked(&Op::Deliver {
+                index: 0,
+                keep: false,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The admin toggles `project`'s label and both masters read it, each step checked.
+    fn relabel(&mut self, project: usize) -> Result<(), TestCaseError> {
+        for op in [
+            Op::Relabel { project },
+            Op::GroupSeesLabel { project },
+            Op::ProjectSeesLabel { project },
+        ] {
+            self.run_checked(&op)?;
+        }
+        Ok(())
+    }
+
     /// `step`, then the check. A project the group comes to bound in this step brings in what
     /// its seeds held before it (with what was on its way): the allowance rises to what the
     /// projects bound now held then, and nothing more may be taken in the step itself.
@@ -1036,12 +1059,7 @@ fn check_run(
         world.run_checked(&Op::ProjectSeesLabel { project })?;
     }
     for round in [false, true] {
-        while !world.bag.is_empty() {
-            world.run_checked(&Op::Deliver {
-                index: 0,
-                keep: false,
-            })?;
-        }
+        world.deliver_all()?;
         if !round {
             for project in 0..PROJECTS.len() {
                 world.run_checked(&Op::ProjectRound {
@@ -1217,12 +1235,7 @@ fn joining_scenario() -> Result<(), TestCaseError> {
         .into_iter()
         .partition(|m| matches!(m, Message::ProjectReport { project: 1, .. }));
     world.bag = rest;
-    while !world.bag.is_empty() {
-        world.run_checked(&Op::Deliver {
-            index: 0,
-            keep: false,
-        })?;
-    }
+    world.deliver_all()?;
     // p0 asks for 2 more; its report reaches the group, which plans before p1's arrives.
     world.run_checked(&Op::Admit {
         project: 0,
@@ -1305,25 +1318,15 @@ fn a_group_made_over_busy_projects_keeps_their_shares_only_while_it_has_room() {
 fn made_over_busy_scenario(group_limit: i64, room_check: bool) -> Result<(), TestCaseError> {
     let mut world = World::new(group_limit, [Some(10), Some(10)]);
     world.room_check = room_check;
-    let relabel = |world: &mut World, project: usize| {
-        for op in [
-            Op::Relabel { project },
-            Op::GroupSeesLabel { project },
-            Op::ProjectSeesLabel { project },
-        ] {
-            world.run_checked(&op)?;
-        }
-        Ok::<(), TestCaseError>(())
-    };
     for project in 0..PROJECTS.len() {
-        relabel(&mut world, project)?;
+        world.relabel(project)?;
     }
     world.settle(1, 3);
     world.settle(0, 3);
     let held: Vec<i128> = (0..PROJECTS.len()).map(|p| world.held(p)).collect();
     prop_assert!(held.iter().all(|h| *h > 3 * UNIT), "{}", world.summary());
     for project in 0..PROJECTS.len() {
-        relabel(&mut world, project)?;
+        world.relabel(project)?;
     }
     let room = group_limit >= 20;
     // With no room, p1's reports never reach the group.
@@ -1333,12 +1336,7 @@ fn made_over_busy_scenario(group_limit: i64, room_check: bool) -> Result<(), Tes
                 .bag
                 .retain(|m| !matches!(m, Message::ProjectReport { project: 1, .. }));
         }
-        while !world.bag.is_empty() {
-            world.run_checked(&Op::Deliver {
-                index: 0,
-                keep: false,
-            })?;
-        }
+        world.deliver_all()?;
         Ok::<(), TestCaseError>(())
     };
     // The group's first word reaches them before their first round with it.
@@ -1398,20 +1396,12 @@ fn an_own_limit_raised_while_the_group_keeps_holdings_gets_nothing_past_the_grou
     own_limit_raised_scenario().unwrap();
 }
 
-fn own_limit_raised_scenario() -> Result<(), TestCaseError> {
+/// A group of 10 over two projects with own limits of 10, both labelled out of it, each using
+/// 4 on one seed that holds 8.
+fn busy_outside_the_group() -> Result<World, TestCaseError> {
     let mut world = World::new(10, [Some(10), Some(10)]);
-    let relabel = |world: &mut World, project: usize| {
-        for op in [
-            Op::Relabel { project },
-            Op::GroupSeesLabel { project },
-            Op::ProjectSeesLabel { project },
-        ] {
-            world.run_checked(&op)?;
-        }
-        Ok::<(), TestCaseError>(())
-    };
     for project in 0..PROJECTS.len() {
-        relabel(&mut world, project)?;
+        world.relabel(project)?;
     }
     for project in 0..PROJECTS.len() {
         world.settle(project, 8);
@@ -1423,6 +1413,11 @@ fn own_limit_raised_scenario() -> Result<(), TestCaseError> {
             amount: 4,
         })?;
     }
+    Ok(world)
+}
+
+fn own_limit_raised_scenario() -> Result<(), TestCaseError> {
+    let mut world = busy_outside_the_group()?;
     let held: Vec<i128> = (0..PROJECTS.len()).map(|p| world.held(p)).collect();
     prop_assert!(held.iter().all(|h| *h >= 8 * UNIT), "{}", world.summary());
     for project in 0..PROJECTS.len() {
@@ -1430,18 +1425,13 @@ fn own_limit_raised_scenario() -> Result<(), TestCaseError> {
             project,
             limit: Some(5),
         })?;
-        relabel(&mut world, project)?;
+        world.relabel(project)?;
     }
     world.bag.clear();
     world.run_checked(&Op::GroupRound)?;
     let deliver_all = |world: &mut World| {
         world.bag.retain(|m| !matches!(m, Message::ProjectReport { .. }));
-        while !world.bag.is_empty() {
-            world.run_checked(&Op::Deliver {
-                index: 0,
-                keep: false,
-            })?;
-        }
+        world.deliver_all()?;
         Ok::<(), TestCaseError>(())
     };
     deliver_all(&mut world)?;
@@ -1533,33 +1523,10 @@ fn a_member_acting_on_an_older_kept_word_gets_nothing_past_the_group() {
 }
 
 fn older_kept_word_scenario() -> Result<(), TestCaseError> {
-    let mut world = World::new(10, [Some(10), Some(10)]);
-    let relabel = |world: &mut World, project: usize| {
-        for op in [
-            Op::Relabel { project },
-            Op::GroupSeesLabel { project },
-            Op::ProjectSeesLabel { project },
-        ] {
-            world.run_checked(&op)?;
-        }
-        Ok::<(), TestCaseError>(())
-    };
-    for project in 0..PROJECTS.len() {
-        relabel(&mut world, project)?;
-    }
-    for project in 0..PROJECTS.len() {
-        world.settle(project, 8);
-    }
-    for project in 0..PROJECTS.len() {
-        world.run_checked(&Op::Delete {
-            project,
-            seed: 0,
-            amount: 4,
-        })?;
-    }
+    let mut world = busy_outside_the_group()?;
     world.bag.clear();
     // p0 alone: word a.
-    relabel(&mut world, 0)?;
+    world.relabel(0)?;
     world.run_checked(&Op::GroupRound)?;
     let word_a = world.history[0].len() - 1;
     prop_assert!(world.history[0][word_a].2, "word a keeps: {}", world.summary());
@@ -1571,7 +1538,7 @@ fn older_kept_word_scenario() -> Result<(), TestCaseError> {
             limit: Some(5),
         })?;
     }
-    relabel(&mut world, 1)?;
+    world.relabel(1)?;
     world.run_checked(&Op::GroupRound)?;
     world
         .bag
@@ -1580,12 +1547,7 @@ fn older_kept_word_scenario() -> Result<(), TestCaseError> {
         world
             .bag
             .retain(|m| !matches!(m, Message::ProjectReport { project: 0, .. }));
-        while !world.bag.is_empty() {
-            world.run_checked(&Op::Deliver {
-                index: 0,
-                keep: false,
-            })?;
-        }
+        world.deliver_all()?;
         Ok::<(), TestCaseError>(())
     };
     drain(&mut world)?;
@@ -1631,17 +1593,7 @@ fn an_unreported_member_is_counted_at_the_budget_it_holds() {
 
 fn unreported_budget_scenario() -> Result<(), TestCaseError> {
     let mut world = World::new(10, [Some(10), Some(5)]);
-    let relabel = |world: &mut World, project: usize| {
-        for op in [
-            Op::Relabel { project },
-            Op::GroupSeesLabel { project },
-            Op::ProjectSeesLabel { project },
-        ] {
-            world.run_checked(&op)?;
-        }
-        Ok::<(), TestCaseError>(())
-    };
-    relabel(&mut world, 1)?;
+    world.relabel(1)?;
     world.settle(0, 9);
     world.settle(1, 5);
     for (project, amount) in [(0, 5), (1, 3)] {
@@ -1660,7 +1612,7 @@ fn unreported_budget_scenario() -> Result<(), TestCaseError> {
         limit: Some(5),
     })?;
     world.run_checked(&Op::LoseProjectRecord { project: 0 })?;
-    relabel(&mut world, 1)?;
+    world.relabel(1)?;
     world.run_checked(&Op::RestartGroup)?;
     world.run_checked(&Op::GroupRound)?;
     world.run_checked(&Op::SetOwnLimit {
@@ -1682,12 +1634,7 @@ fn unreported_budget_scenario() -> Result<(), TestCaseError> {
             }
         }
         world.bag.retain(|m| !matches!(m, Message::ProjectReport { .. }));
-        while !world.bag.is_empty() {
-            world.run_checked(&Op::Deliver {
-                index: 0,
-                keep: false,
-            })?;
-        }
+        world.deliver_all()?;
         for project in 0..PROJECTS.len() {
             world.run_checked(&Op::ProjectRound {
                 project,
@@ -1695,12 +1642,7 @@ fn unreported_budget_scenario() -> Result<(), TestCaseError> {
             })?;
         }
         world.bag.retain(|m| !matches!(m, Message::ProjectReport { .. }));
-        while !world.bag.is_empty() {
-            world.run_checked(&Op::Deliver {
-                index: 0,
-                keep: false,
-            })?;
-        }
+        world.deliver_all()?;
     }
     let used: i64 = world.projects[1].seeds.values().map(|c| c.used).sum();
     prop_assert!(
