@@ -34,8 +34,10 @@ pub use kubeconfig::{client_from_kubeconfig, kube_config};
 /// How long `start` waits for etcd, then for kube-apiserver, each. Generous: several control
 /// planes start at once on a small, shared machine.
 pub const STARTUP_TIMEOUT: Duration = Duration::from_mins(2);
-/// How long `start` waits for the CRDs to be established and served.
-pub const CRD_TIMEOUT: Duration = Duration::from_mins(1);
+/// How long `start` waits for the CRDs to be established and served. As generous as the
+/// start-up: `make test` starts several fleets at once on 2 cores, and one API server once took
+/// over a minute to establish them.
+pub const CRD_TIMEOUT: Duration = Duration::from_mins(2);
 /// Attempts when a freshly picked port turns out to be taken by someone else.
 const PORT_ATTEMPTS: usize = 4;
 
