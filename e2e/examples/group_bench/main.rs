@@ -448,10 +448,11 @@ async fn enforced(fleet: &Fleet, sim: &Simulated, projects: usize, running: usiz
     );
     let limit = i64::try_from(running + headroom)?;
     group_on(fleet, projects, limit).await?;
-    wait_for(WAIT, "the group's record within the lowered limit", || async {
-        let held = group_holds(fleet).await.ok()??;
-        (held <= i128::from(limit)).then_some(())
-    })
+    wait_for(
+        WAIT,
+        "the lowered limit in force on every member's seed",
+        || async { in_force(fleet, limit).await.ok()?.then_some(()) },
+    )
     .await?;
     let tight = phase(sim, Mode::Group, "tight", 2).await?;
     eprintln!(
@@ -473,6 +474,58 @@ async fn enforced(fleet: &Fleet, sim: &Simulated, projects: usize, running: usiz
     }
 
     Ok((tight, headroom))
+}
+
+/// Whether a lowered limit is in force on every member: each member's copy holds the group's
+/// current word, each member's seed holds its project's current record (the targets planned
+/// within that word), and the record counts no more held than `limit` (each member at the
+/// larger of its budget and what it reported committed, as the group's plan counts it).
+async fn in_force(fleet: &Fleet, limit: i64) -> Result<bool> {
+    let group = Api::<QuotaGroup>::all(fleet.master().client()).get(GROUP).await?;
+    let Some(record) = group.status.and_then(|s| s.budgets) else {
+        return Ok(false);
+    };
+    let quotas = Api::<ProjectQuota>::all(fleet.master().client())
+        .list(&ListParams::default())
+        .await?;
+    let ledgers = Api::<QuotaLedger>::all(fleet.seed(SEED).client())
+        .list(&ListParams::default())
+        .await?;
+    let mut held = kkp_quota_crds::Quantity::default();
+    for entry in &record.projects {
+        let quota_name = format!("project-{}", entry.name);
+        let Some(shares) = quotas
+            .items
+            .iter()
+            .find(|q| q.metadata.name.as_deref() == Some(quota_name.as_str()))
+            .and_then(|q| q.status.as_ref())
+            .and_then(|s| s.shares.as_ref())
+        else {
+            return Ok(false);
+        };
+        let Some(copy) = shares.groups.iter().find(|c| c.group == GROUP) else {
+            return Ok(false);
+        };
+        let seed_holds = ledgers
+            .items
+            .iter()
+            .find(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.ends_with(&entry.name))
+            })
+            .and_then(|l| l.spec.shares.as_ref())
+            .map(|s| s.version);
+        if copy.version != record.version || seed_holds != Some(shares.version) {
+            return Ok(false);
+        }
+        let budget = cpu(&entry.granted)
+            .unwrap_or_default()
+            .saturating_sub_to_zero(cpu(&entry.released).unwrap_or_default());
+        held = held.checked_add(budget.max(cpu(&copy.committed).unwrap_or_default()))?;
+    }
+    Ok(held <= kkp_quota_crds::Quantity::from_units(limit))
 }
 
 /// For every project that admitted a Machine in the enforced check: how many, its entry in the
@@ -574,22 +627,6 @@ async fn made_tight(
         transition.warm_failed
     );
     Ok((transition, rounds.iter().map(|p| p.admitted).sum()))
-}
-
-/// What the group's record counts its members as holding, cpu (granted less what it read as
-/// released): the seeds of its members hold no more than this.
-async fn group_holds(fleet: &Fleet) -> Result<Option<i128>> {
-    let group = Api::<QuotaGroup>::all(fleet.master().client()).get(GROUP).await?;
-    let Some(record) = group.status.and_then(|s| s.budgets) else {
-        return Ok(None);
-    };
-    let mut held = kkp_quota_crds::Quantity::default();
-    for project in &record.projects {
-        let granted = cpu(&project.granted).unwrap_or_default();
-        let released = cpu(&project.released).unwrap_or_default();
-        held = held.checked_add(granted.saturating_sub_to_zero(released))?;
-    }
-    Ok(Some(held.ceil_units()))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -829,13 +866,12 @@ async fn measure(
         }
     }
 
+    // A group made tight over the busy projects leaves some of them using more than their
+    // first budgets (what they admitted before its word reached them): the check right after
+    // it is the harder one.
+    let (made_tight, admitted) = made_tight(fleet, sim, args.projects, running).await?;
+    running += admitted;
     let (tight, headroom) = enforced(fleet, sim, args.projects, running).await?;
-    running += tight.admitted;
-    // Last: a group made tight over the busy projects leaves some of them using more than their
-    // first budgets (what they admitted before its word reached them), and a limit lowered
-    // right after it is in force only once its squeeze has reached their seeds, which the
-    // check above does not wait for.
-    let (made_tight, _) = made_tight(fleet, sim, args.projects, running).await?;
 
     Ok(Measured {
         phases,

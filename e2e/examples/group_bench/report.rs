@@ -201,7 +201,7 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
     writeln!(out, "\n## The group enforced\n")?;
     writeln!(
         out,
-        "Checked, not timed: the group's limit lowered to the cpu of every Machine created so far plus {headroom} (half a Machine per project), in force once the group's record counts its members holding no more than that; then every project's client creates two Machines at once ({} creates). Admitted: **{} of a headroom of {headroom}** (more fails the run; fewer is headroom left in budgets too small for a Machine, or not moved to the projects that asked before their wait for share ended); {} denied, {} of them naming the group; {} refused without a decision (the webhook's ledger write did not land in time: \"try again\"); {:.2} s, create p99 {}.",
+        "Checked, not timed: the group's limit lowered to the cpu of every Machine created so far plus {headroom} (half a Machine per project), in force once every project's copy holds the group's current word, every project's seed its project's current record, and the record counts no more held than that (each project at the larger of its budget and what it reported committed); it runs right after the group made tight below; then every project's client creates two Machines at once ({} creates). Admitted: **{} of a headroom of {headroom}** (more fails the run; fewer is headroom left in budgets too small for a Machine, or not moved to the projects that asked before their wait for share ended); {} denied, {} of them naming the group; {} refused without a decision (the webhook's ledger write did not land in time: \"try again\"); {:.2} s, create p99 {}.",
         tight.attempted,
         tight.admitted,
         tight.denied,
