@@ -471,6 +471,14 @@ mod tests {
         assert_eq!(held.0[0].share.as_ref().unwrap().share(), cpu(7));
     }
 
+    /// `group` with its record's first entry (demo's) edited by `edit`.
+    fn with_demo_entry(group: &QuotaGroup, edit: impl FnOnce(&mut GrantRecord)) -> Arc<QuotaGroup> {
+        let mut group = group.clone();
+        let record = group.status.as_mut().unwrap().budgets.as_mut().unwrap();
+        edit(&mut record.projects[0]);
+        Arc::new(group)
+    }
+
     #[test]
     fn a_new_member_keeps_what_its_seeds_hold_while_the_record_keeps_holdings() {
         // A group just made over demo, whose seed holds and uses 5 and asks for 6: the record
@@ -488,31 +496,13 @@ mod tests {
         assert_eq!(holdings.member_limit(&cpu(20), &view).unwrap(), cpu(5));
         // Never above what the group counted it at: had that been 3 (its own limit then, raised
         // since), it keeps 3.
-        let mut counted_low = acme.clone();
-        counted_low
-            .status
-            .as_mut()
-            .unwrap()
-            .budgets
-            .as_mut()
-            .unwrap()
-            .projects[0]
-            .target = cpu(3);
-        let low = Holdings::take(&[Arc::new(counted_low)], "demo", &[], &view, false, 10).unwrap();
+        let counted_low = with_demo_entry(&acme, |entry| entry.target = cpu(3));
+        let low = Holdings::take(&[counted_low], "demo", &[], &view, false, 10).unwrap();
         assert_eq!(low.member_limit(&cpu(20), &view).unwrap(), cpu(3));
         // A word that grants demo budget is not one to keep by, even from a record that keeps
         // (here demo's own record awaits its epoch, so the word is not taken yet): nothing.
-        let mut granting = acme.clone();
-        granting
-            .status
-            .as_mut()
-            .unwrap()
-            .budgets
-            .as_mut()
-            .unwrap()
-            .projects[0]
-            .granted = cpu(2);
-        let waiting = Holdings::take(&[Arc::new(granting)], "demo", &[], &view, true, 10).unwrap();
+        let granting = with_demo_entry(&acme, |entry| entry.granted = cpu(2));
+        let waiting = Holdings::take(&[granting], "demo", &[], &view, true, 10).unwrap();
         assert!(waiting.0[0].share.is_none());
         assert_eq!(waiting.member_limit(&cpu(20), &view).unwrap(), cpu(0));
         let copies = holdings.settle(&view, false).unwrap();
