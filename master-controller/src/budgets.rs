@@ -385,10 +385,12 @@ fn plan_group(
         return Ok(None);
     };
     let version = old_version + 1;
-    let record = budgets::record(version, &view, kept);
+    let departed = budgets::departed(record, members);
+    let record = budgets::record(version, &view, kept, &departed);
     // A merge patch keeps a list it does not carry: an emptied one is sent as such.
     let mut body = serde_json::json!(record);
     body["projects"] = serde_json::json!(record.projects);
+    body["departed"] = serde_json::json!(record.departed);
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": resource_version},
         "status": {"budgets": body},
@@ -419,6 +421,7 @@ mod tests {
             budgets: Some(BudgetRecord {
                 version,
                 holdings_kept: false,
+                departed: Vec::new(),
                 projects: vec![GrantRecord {
                     name: "demo".into(),
                     granted: cpu(granted),
@@ -588,6 +591,7 @@ mod tests {
             budgets: Some(BudgetRecord {
                 version: 3,
                 holdings_kept: false,
+                departed: Vec::new(),
                 projects: vec![budget("demo", 4, 0), budget("other", 7, 1), budget("third", 2, 0)],
             }),
             ..QuotaGroupStatus::default()

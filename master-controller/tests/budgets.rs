@@ -11,7 +11,9 @@
 //! `GrantsHeld` on the same fleet (seed-a only): the API server refuses every status write of
 //! `other`'s `ProjectQuota` (a `ValidatingAdmissionPolicy`), so its share rounds fail and it
 //! never reports to the group; the group names it and grants `demo` nothing though `demo` asks;
-//! the policy's binding deleted, `other` reports, the hold lifts and both are granted.
+//! raised to room for both own limits, the group counts `other` at its own, and remembers that
+//! count while `other` is labelled out and back in; the policy's binding deleted, `other`
+//! reports, the hold lifts and both are granted.
 
 #![allow(clippy::too_many_lines)] // a scenario reads top to bottom
 
@@ -144,6 +146,36 @@ impl World {
             .into_iter()
             .find(|c| c.group == GROUP)
             .context(format!("{quota} holds no copy of the group"))
+    }
+
+    /// What `seed` holds of `quota`: granted, net of what it released.
+    async fn ledger_held(&self, seed: &str, quota: &str) -> Result<Quantity> {
+        let ledger = Api::<QuotaLedger>::all(self.seed(seed)).get(quota).await?;
+        let granted = ledger.spec.shares.map(|s| cpu_of(&s.granted)).unwrap_or_default();
+        let released = ledger
+            .status
+            .and_then(|s| s.released)
+            .map(|r| cpu_of(&r))
+            .unwrap_or_default();
+        Ok(granted.saturating_sub_to_zero(released))
+    }
+
+    /// The seed's part when its project asks share back (its target below what it holds, and
+    /// nothing committed here): it releases down to the target.
+    async fn release_asked_back(&self, seed: &str, quota: &str) -> Result<()> {
+        let ledger = Api::<QuotaLedger>::all(self.seed(seed)).get(quota).await?;
+        let Some(shares) = ledger.spec.shares else {
+            return Ok(());
+        };
+        let Some(target) = shares.target.get(Resource::Cpu) else {
+            return Ok(());
+        };
+        let granted = cpu_of(&shares.granted);
+        if self.ledger_held(seed, quota).await? > target {
+            self.release(seed, quota, granted.saturating_sub_to_zero(target))
+                .await?;
+        }
+        Ok(())
     }
 
     async fn ledger_granted(&self, seed: &str, quota: &str) -> Result<Quantity> {
@@ -556,10 +588,89 @@ async fn a_member_that_cannot_report_holds_the_groups_grants() -> Result<()> {
     })
     .await?;
 
+    // The group raised to 20: room for everything its members could hold (demo what it
+    // reported, other its own 10), so its record keeps their holdings and counts other, not
+    // heard from, at its own limit. other labelled out and back in before it reports: the
+    // record remembers that count while other is out, and other comes back counted at it (it
+    // may still act on a word that kept at 10, though its own limit is 2 now), the memory
+    // emptied.
+    let set_group_limit = |limit: &'static str| {
+        let groups = Api::<QuotaGroup>::all(master.clone());
+        async move {
+            let quota = json!({"spec": {"quota": {"cpu": limit}}});
+            groups
+                .patch(GROUP, &PatchParams::default(), &Patch::Merge(&quota))
+                .await
+        }
+    };
+    set_group_limit("20").await?;
+    let counted_at_ten = |budget: &GrantRecord| {
+        cpu_of(&budget.granted) == Quantity::ZERO && cpu_of(&budget.target) == Quantity::from_units(10)
+    };
+    wait_for(DEADLINE, "other counted at its own limit", || async {
+        let budget = w.budget_of(held).await?;
+        ensure!(counted_at_ten(&budget), "{held}'s entry {budget:?}");
+        Ok(())
+    })
+    .await
+    .context("counted while kept")?;
+    let relabel = |label: serde_json::Value| {
+        let projects = projects.clone();
+        async move {
+            let labels = json!({"metadata": {"labels": {"customer": label}}});
+            projects
+                .patch(held, &PatchParams::default(), &Patch::Merge(&labels))
+                .await
+        }
+    };
+    relabel(serde_json::Value::Null).await?;
+    wait_for(DEADLINE, "other remembered as it left", || async {
+        let record = w
+            .group()
+            .await?
+            .status
+            .and_then(|s| s.budgets)
+            .context("no budgets")?;
+        ensure!(record.projects.iter().all(|p| p.name != held), "{record:?}");
+        ensure!(
+            record.departed.len() == 1
+                && record.departed[0].name == held
+                && counted_at_ten(&record.departed[0]),
+            "departed: {:?}",
+            record.departed
+        );
+        Ok(())
+    })
+    .await
+    .context("left")?;
+    // Its own limit lowered to 2 while it is out: counted anew, it would come back at 2.
+    set_quota(&quotas, held_quota, &cpu(2)).await?;
+    relabel(json!("acme")).await?;
+    wait_for(DEADLINE, "other back, counted as before", || async {
+        // The group's pass has read both: other selected, and its own 2 (allocated 10 + 2).
+        let status = w.group().await?.status.context("no status")?;
+        let allocated = status.allocated.as_ref().and_then(|a| a.get(Resource::Cpu));
+        ensure!(
+            allocated == Some(Quantity::from_units(12)),
+            "allocated {allocated:?}"
+        );
+        let record = status.budgets.context("no budgets")?;
+        ensure!(record.departed.is_empty(), "departed: {:?}", record.departed);
+        let budget = w.budget_of(held).await?;
+        ensure!(counted_at_ten(&budget), "{held}'s entry {budget:?}");
+        Ok(())
+    })
+    .await
+    .context("rejoined")?;
+    set_group_limit("6").await?;
+
     // The fault lifted: other reports, the hold lifts, and both are granted what they asked for,
-    // within the group's 6.
+    // within the group's 6. (While other was out, demo had the group alone and was granted
+    // more; the lowered limit asks that back through its seed's target, and the seed, played
+    // here, releases it.)
     bindings.delete(REFUSING, &DeleteParams::default()).await?;
     wait_for(DEADLINE, "every member reporting, and granted", || async {
+        w.release_asked_back("seed-a", healthy_quota).await?;
         let condition = w.group_condition("GrantsHeld").await?;
         ensure!(
             condition.status == "False" && condition.reason == "AllMembersReporting",
@@ -576,8 +687,8 @@ async fn a_member_that_cannot_report_holds_the_groups_grants() -> Result<()> {
                 "{project} holds {copy:?}"
             );
             let granted = w.ledger_granted("seed-a", quota).await?;
-            ensure!(granted >= asked, "seed-a holds {granted:?} of {project}");
-            held_by_seed = held_by_seed.checked_add(granted)?;
+            ensure!(granted >= asked, "seed-a was granted {granted:?} of {project}");
+            held_by_seed = held_by_seed.checked_add(w.ledger_held("seed-a", quota).await?)?;
         }
         ensure!(
             held_by_seed <= Quantity::from_units(6),

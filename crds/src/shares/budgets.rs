@@ -3,6 +3,9 @@
 //! (`ProjectQuota.status.shares.groups`), read into and written from the protocol's types
 //! ([`super::group`]). Pure: the callers read and write the objects.
 
+use std::collections::BTreeMap;
+
+use super::group::remembered_on_leaving;
 use super::{MasterView, MasterWord, SeedRecord, SeedShare, objects};
 use crate::project_quota::GroupBudget;
 use crate::quota_group::BudgetRecord;
@@ -21,17 +24,24 @@ pub struct Member {
 
 /// The group's view: its record, for the projects it selects now, plus each one's report. A
 /// project that left the group is not in it: its budget goes back at once (a project no longer
-/// selected is no longer bounded by the group, so what it holds is no longer the group's).
+/// selected is no longer bounded by the group, so what it holds is no longer the group's). A
+/// project selected again starts from what the record remembered of it ([`departed`]).
 pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, members: &[Member]) -> MasterView {
     let mut recorded = record
         .map(|r| objects::from_entries(&r.projects))
+        .unwrap_or_default();
+    let mut departed = record
+        .map(|r| objects::from_entries(&r.departed))
         .unwrap_or_default();
     let seeds = members
         .iter()
         .map(|member| {
             // A new member: `SeedRecord::new` (reachable), not the default (unreachable).
             #[allow(clippy::unwrap_or_default)]
-            let mut entry = recorded.remove(&member.name).unwrap_or_else(SeedRecord::new);
+            let mut entry = recorded
+                .remove(&member.name)
+                .or_else(|| departed.remove(&member.name))
+                .unwrap_or_else(SeedRecord::new);
             entry.ceiling = member.own_limit.clone();
             // A project's copy reads as the report a seed's copy gives.
             entry.report = member.copy.as_ref().map(|(version, copy)| {
@@ -46,13 +56,37 @@ pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, member
     }
 }
 
+/// What the record written after `old` remembers of the projects that are not among
+/// `members` (`BudgetRecord::departed`): what `old` remembered, and each entry of a project
+/// that leaves now that [`remembered_on_leaving`] keeps; a project selected again takes its
+/// entry back ([`group_view`]).
+pub fn departed(old: Option<&BudgetRecord>, members: &[Member]) -> BTreeMap<String, SeedRecord> {
+    let Some(old) = old else {
+        return BTreeMap::new();
+    };
+    let mut departed = objects::from_entries(&old.departed);
+    for (name, entry) in objects::from_entries(&old.projects) {
+        if let Some(remembered) = remembered_on_leaving(&entry) {
+            departed.insert(name, remembered);
+        }
+    }
+    departed.retain(|name, _| !members.iter().any(|m| m.name == *name));
+    departed
+}
+
 /// The record to persist at `version`; `holdings_kept`: [`super::group::holdings_kept`] of the
-/// plan it carries.
-pub fn record(version: u64, view: &MasterView, holdings_kept: bool) -> BudgetRecord {
+/// plan it carries; `departed`: [`departed`].
+pub fn record(
+    version: u64,
+    view: &MasterView,
+    holdings_kept: bool,
+    departed: &BTreeMap<String, SeedRecord>,
+) -> BudgetRecord {
     BudgetRecord {
         version,
         holdings_kept,
         projects: objects::entries(&view.seeds),
+        departed: objects::entries(departed),
     }
 }
 
@@ -111,6 +145,7 @@ mod tests {
             version: 5,
             holdings_kept: false,
             projects: vec![budget("demo", 6, 1), budget("left", 4, 0)],
+            departed: Vec::new(),
         };
         let copy = GroupBudget {
             group: "acme".into(),
@@ -157,6 +192,48 @@ mod tests {
     }
 
     fn record_of(view: &MasterView) -> BudgetRecord {
-        record(9, view, false)
+        record(9, view, false, &BTreeMap::new())
+    }
+
+    fn member(name: &str) -> Member {
+        Member {
+            name: name.into(),
+            copy: None,
+            own_limit: cpu(4),
+        }
+    }
+
+    #[test]
+    fn a_project_that_leaves_never_granted_comes_back_counted_as_before() {
+        // "kept" was counted at 10 while it kept holdings (granted nothing), "granted" was
+        // granted 4, "zero" counted at nothing.
+        let counted = |name: &str, target: i64| GrantRecord {
+            name: name.into(),
+            granted: ResourceDetails::default(),
+            target: cpu(target),
+            released: ResourceDetails::default(),
+        };
+        let old = BudgetRecord {
+            version: 5,
+            holdings_kept: true,
+            projects: vec![counted("kept", 10), budget("granted", 4, 0), counted("zero", 0)],
+            departed: vec![counted("earlier", 7)],
+        };
+        // All three leave: only the count of the one never granted is remembered, with the
+        // one remembered before.
+        let gone = departed(Some(&old), &[]);
+        assert_eq!(gone.keys().collect::<Vec<_>>(), ["earlier", "kept"]);
+        assert_eq!(gone["kept"].target, cpu(10));
+        let written = record(6, &MasterView::default(), false, &gone);
+        assert_eq!(written.departed, vec![counted("earlier", 7), counted("kept", 10)]);
+        // Selected again (own limit 4 now): its entry starts from the count, which it keeps
+        // while it has not reported; the others start anew. The record forgets what it
+        // brought back.
+        let members = [member("kept"), member("granted"), member("earlier")];
+        let view = group_view(&cpu(16), Some(&written), &members);
+        assert_eq!(view.seeds["kept"].target, cpu(10));
+        assert_eq!(view.seeds["earlier"].target, cpu(7));
+        assert_eq!(view.seeds["granted"].target, ResourceDetails::default());
+        assert!(departed(Some(&written), &members).is_empty());
     }
 }

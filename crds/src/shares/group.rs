@@ -101,6 +101,21 @@ fn counted_before(member: &super::SeedRecord, resource: Resource) -> Quantity {
     }
 }
 
+/// What a group's record remembers of `member` as it leaves the group (no longer selected, or
+/// its quota gone): its entry, without its report, while it was never granted budget and the
+/// record counts it at something ([`counted_before`]); `None` otherwise. The project may still
+/// act on a word that kept at that count, also once it is selected again (a cache lags), so
+/// its new entry starts from this one, and [`counted_at`] never counts it lower. A member once
+/// granted budget needs nothing remembered: a word of its old entry is taken as a first budget
+/// ([`first_budget`]), which claims no more than its seeds hold.
+pub fn remembered_on_leaving(member: &super::SeedRecord) -> Option<super::SeedRecord> {
+    let counted = member.granted.is_empty() && member.target.iter().any(|(_, q)| q > Quantity::ZERO);
+    counted.then(|| super::SeedRecord {
+        report: None,
+        ..member.clone()
+    })
+}
+
 /// Whether a project keeps its seeds' holdings in a group instead of planning within its budget
 /// there: the group's record, as the word the project read last, keeps holdings (`kept`,
 /// [`holdings_kept`]) and the project has never been granted budget by the group (`share`, its
