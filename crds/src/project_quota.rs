@@ -161,6 +161,13 @@ pub struct GrantRecord {
     /// from an older backup) cannot hold again what was already counted as returned.
     #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
     pub released: ResourceDetails,
+    /// A group's record only: the most any of its words that kept holdings counted this project
+    /// at (the target of a word granting it nothing while `holdingsKept`), never lowered, also
+    /// once the project is granted budget or leaves the group: a project without a copy of its
+    /// budget (new, its `ProjectQuota` re-created, or back in the group) may take such a word
+    /// from a lagging cache and keep up to its target, so the group never counts it lower.
+    #[serde(default, skip_serializing_if = "ResourceDetails::is_empty")]
+    pub counted: ResourceDetails,
 }
 
 /// One seed's figures for one project.

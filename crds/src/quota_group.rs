@@ -163,10 +163,10 @@ pub struct BudgetRecord {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub projects: Vec<GrantRecord>,
-    /// Projects that left the group never granted budget here, each with what the record last
-    /// counted it at (its `target`; granted nothing): a project may still act on a word that
-    /// kept its holdings at that count (its master reads the group through a cache that lags),
-    /// also once it is selected again, so its new entry starts from it
+    /// Projects that left the group after a word of it that kept holdings counted them at
+    /// something, each with that count (`counted`; granted nothing): a project may still act
+    /// on such a word (its master reads the group through a cache that lags), also once it is
+    /// selected again, so its new entry starts from it
     /// (`shares::group::remembered_on_leaving`). One small entry per such project; never
     /// pruned (a project deleted leaves its entry).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

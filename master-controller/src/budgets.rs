@@ -20,6 +20,7 @@ use kkp_quota_crds::shares::budgets::{self, Member};
 use kkp_quota_crds::shares::group::{
     committed_report, first_budget, first_demand, group_plan, holding_back, holdings_kept, keeps_holdings,
     member_demand, member_held, member_limit, member_release_due, member_report, planning_budget,
+    remember_counts,
 };
 use kkp_quota_crds::shares::{self, MasterView, SeedShare};
 use kkp_quota_crds::{LedgerGroup, QuantityError, QuotaGroup, ResourceDetails};
@@ -374,11 +375,12 @@ fn plan_group(
     let plan = group_plan(&view, old_version + 1, &slack).map_err(crate::Error::Quantity)?;
     let kept = holdings_kept(&view, old_version + 1).map_err(crate::Error::Quantity)?;
     let planned = view.apply(&plan).map_err(crate::Error::Quantity)?;
+    let counted = remember_counts(&mut view, kept);
     let members_changed = record.is_none_or(|r| {
         r.projects.len() != view.seeds.len() || r.projects.iter().any(|p| !view.seeds.contains_key(&p.name))
     });
     let kept_changed = record.is_none_or(|r| r.holdings_kept != kept);
-    if !(adopted || planned || members_changed || kept_changed) {
+    if !(adopted || planned || counted || members_changed || kept_changed) {
         return Ok(None);
     }
     let Some(resource_version) = group.metadata.resource_version.clone() else {
@@ -427,6 +429,7 @@ mod tests {
                     granted: cpu(granted),
                     target: cpu(granted),
                     released: ResourceDetails::default(),
+                    counted: ResourceDetails::default(),
                 }],
             }),
             ..QuotaGroupStatus::default()
@@ -585,6 +588,7 @@ mod tests {
             granted: cpu(granted),
             target: cpu(granted),
             released: cpu(released),
+            counted: ResourceDetails::default(),
         };
         acme.status = Some(QuotaGroupStatus {
             by_project: vec![usage("demo", 3), usage("other", 4), usage("third", 2)],

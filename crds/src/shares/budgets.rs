@@ -136,6 +136,7 @@ mod tests {
             granted: cpu(granted),
             target: cpu(granted),
             released: cpu(released),
+            counted: ResourceDetails::default(),
         }
     }
 
@@ -204,36 +205,56 @@ mod tests {
     }
 
     #[test]
-    fn a_project_that_leaves_never_granted_comes_back_counted_as_before() {
-        // "kept" was counted at 10 while it kept holdings (granted nothing), "granted" was
-        // granted 4, "zero" counted at nothing.
-        let counted = |name: &str, target: i64| GrantRecord {
+    fn a_project_that_leaves_comes_back_counted_as_before() {
+        // Words that kept holdings counted "kept" at 10 (never granted since), "granted" at 6
+        // (granted 4 since); nothing ever counted "zero".
+        let entry = |name: &str, granted: i64, counted: i64| GrantRecord {
             name: name.into(),
-            granted: ResourceDetails::default(),
-            target: cpu(target),
-            released: ResourceDetails::default(),
+            granted: if granted > 0 {
+                cpu(granted)
+            } else {
+                ResourceDetails::default()
+            },
+            counted: if counted > 0 {
+                cpu(counted)
+            } else {
+                ResourceDetails::default()
+            },
+            ..GrantRecord::default()
         };
         let old = BudgetRecord {
             version: 5,
             holdings_kept: true,
-            projects: vec![counted("kept", 10), budget("granted", 4, 0), counted("zero", 0)],
-            departed: vec![counted("earlier", 7)],
+            projects: vec![entry("kept", 0, 10), entry("granted", 4, 6), entry("zero", 0, 0)],
+            departed: vec![entry("earlier", 0, 7)],
         };
-        // All three leave: only the count of the one never granted is remembered, with the
-        // one remembered before.
+        // All three leave: their counts are remembered (budgets go back), with the one
+        // remembered before; nothing of the one never counted.
         let gone = departed(Some(&old), &[]);
-        assert_eq!(gone.keys().collect::<Vec<_>>(), ["earlier", "kept"]);
-        assert_eq!(gone["kept"].target, cpu(10));
+        assert_eq!(gone.keys().collect::<Vec<_>>(), ["earlier", "granted", "kept"]);
         let written = record(6, &MasterView::default(), false, &gone);
-        assert_eq!(written.departed, vec![counted("earlier", 7), counted("kept", 10)]);
-        // Selected again (own limit 4 now): its entry starts from the count, which it keeps
-        // while it has not reported; the others start anew. The record forgets what it
-        // brought back.
-        let members = [member("kept"), member("granted"), member("earlier")];
+        assert_eq!(
+            written.departed,
+            vec![
+                entry("earlier", 0, 7),
+                entry("granted", 0, 6),
+                entry("kept", 0, 10)
+            ]
+        );
+        // Selected again: each entry starts from its count (granted nothing), which it is
+        // counted at while it has not reported; the record forgets what it brought back.
+        let members = [
+            member("kept"),
+            member("granted"),
+            member("earlier"),
+            member("zero"),
+        ];
         let view = group_view(&cpu(16), Some(&written), &members);
-        assert_eq!(view.seeds["kept"].target, cpu(10));
-        assert_eq!(view.seeds["earlier"].target, cpu(7));
-        assert_eq!(view.seeds["granted"].target, ResourceDetails::default());
+        assert_eq!(view.seeds["kept"].counted, cpu(10));
+        assert_eq!(view.seeds["granted"].counted, cpu(6));
+        assert!(view.seeds["granted"].granted.is_empty());
+        assert_eq!(view.seeds["earlier"].counted, cpu(7));
+        assert!(view.seeds["zero"].counted.is_empty());
         assert!(departed(Some(&written), &members).is_empty());
     }
 }

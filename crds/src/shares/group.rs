@@ -89,30 +89,44 @@ fn counted_at(member: &super::SeedRecord, resource: Resource) -> Option<Quantity
     )
 }
 
-/// What the record counted `member`, never granted budget, at in the words it sent that kept
-/// holdings: its target ([`group_plan`] only ever raises it while the member has no budget).
-/// The member may still act on any of those words (a cache lags), so this is never forgotten
-/// while it has not reported.
+/// The most the record counted `member` at in the words it sent that kept holdings
+/// ([`remember_counts`]). A member without a copy of its budget (not heard from) may still act
+/// on any of those words (a cache lags), also one from before it was granted budget or left the
+/// group and came back, so this is never forgotten.
 fn counted_before(member: &super::SeedRecord, resource: Resource) -> Quantity {
-    if member.granted.is_empty() {
-        member.target.amount(resource)
-    } else {
-        Quantity::ZERO
+    member.counted.amount(resource)
+}
+
+/// After a group's plan is applied to `view`: when its record keeps holdings (`kept`,
+/// [`holdings_kept`]), each member granted nothing keeps what its seeds hold by this word, up to
+/// its target, so the record remembers the most of those targets ([`super::SeedRecord::counted`],
+/// persisted). Returns whether any count rose (the record must then be written).
+pub fn remember_counts(view: &mut MasterView, kept: bool) -> bool {
+    if !kept {
+        return false;
     }
+    let mut rose = false;
+    for member in view.seeds.values_mut() {
+        if member.granted.is_empty() {
+            let counted = super::seed::larger(&member.counted, &member.target);
+            rose |= counted != member.counted;
+            member.counted = counted;
+        }
+    }
+    rose
 }
 
 /// What a group's record remembers of `member` as it leaves the group (no longer selected, or
-/// its quota gone): its entry, without its report, while it was never granted budget and the
-/// record counts it at something ([`counted_before`]); `None` otherwise. The project may still
-/// act on a word that kept at that count, also once it is selected again (a cache lags), so
-/// its new entry starts from this one, and [`counted_at`] never counts it lower. A member once
-/// granted budget needs nothing remembered: a word of its old entry is taken as a first budget
-/// ([`first_budget`]), which claims no more than its seeds hold.
+/// its quota gone): what words that kept holdings counted it at ([`remember_counts`]), if
+/// anything; its budget goes back. The project may still act on such a word once it is
+/// selected again (a cache lags; back in the group it holds no copy of its budget, so it takes
+/// any word it reads, also one from before it was first granted budget), so its new entry
+/// starts from this count, and [`counted_at`] never counts it lower.
 pub fn remembered_on_leaving(member: &super::SeedRecord) -> Option<super::SeedRecord> {
-    let counted = member.granted.is_empty() && member.target.iter().any(|(_, q)| q > Quantity::ZERO);
+    let counted = member.counted.iter().any(|(_, q)| q > Quantity::ZERO);
     counted.then(|| super::SeedRecord {
-        report: None,
-        ..member.clone()
+        counted: member.counted.clone(),
+        ..super::SeedRecord::new()
     })
 }
 
@@ -588,9 +602,9 @@ mod tests {
         let mut budgeted = member(5);
         budgeted.granted = cpu(9);
         assert!(!holdings_kept(&group(budgeted), 1).unwrap());
-        // At what an earlier word that kept counted it at (its target), where more: 10 + 4.
+        // At what an earlier word that kept counted it at, where more: 10 + 4.
         let mut counted = member(5);
-        counted.target = cpu(10);
+        counted.counted = cpu(10);
         let view = group(counted);
         assert!(!holdings_kept(&view, 1).unwrap());
         // A round that does not keep never lowers that count: the member may act on that word.

@@ -135,6 +135,7 @@ pub fn from_entries(entries: &[GrantRecord]) -> BTreeMap<String, SeedRecord> {
                 granted: e.granted.clone(),
                 target: e.target.clone(),
                 released_floor: e.released.clone(),
+                counted: e.counted.clone(),
                 ..SeedRecord::new()
             };
             (e.name.clone(), holder)
@@ -151,6 +152,7 @@ pub fn entries(holders: &BTreeMap<String, SeedRecord>) -> Vec<GrantRecord> {
             granted: h.granted.clone(),
             target: h.target.clone(),
             released: h.released_floor.clone(),
+            counted: h.counted.clone(),
         })
         .collect()
 }

@@ -47,6 +47,9 @@ pub struct SeedRecord {
     /// limit); it is never granted beyond it, since what it could not spend would sit idle
     /// while others wait. Empty: no ceiling (a seed). Not persisted: read afresh every round.
     pub ceiling: ResourceDetails,
+    /// A group's record only (`GrantRecord::counted`): the most a word of the record that kept
+    /// holdings counted this member at ([`super::group::remember_counts`]). Persisted.
+    pub counted: ResourceDetails,
 }
 
 impl SeedRecord {
