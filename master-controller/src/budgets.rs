@@ -569,6 +569,44 @@ mod tests {
     }
 
     #[test]
+    fn a_group_round_over_its_own_record_writes_nothing() {
+        let mut g = (*group("acme", 10, None)).clone();
+        g.metadata.resource_version = Some("1".into());
+        // Kept: demo reported holding nothing (counted at zero), other not heard from (at its
+        // own 5). A zero count is no count: the record once "raised" it on every pass, since the
+        // stored record leaves an all-zero figure out.
+        let members = [
+            Member {
+                name: "demo".into(),
+                copy: Some((
+                    7,
+                    GroupBudget {
+                        group: "acme".into(),
+                        ..GroupBudget::default()
+                    },
+                )),
+                own_limit: cpu(5),
+            },
+            Member {
+                name: "other".into(),
+                copy: None,
+                own_limit: cpu(5),
+            },
+        ];
+        let (patch, ..) = plan_group(&g, &members, 10).unwrap().unwrap();
+        let record: BudgetRecord = serde_json::from_value(patch["status"]["budgets"].clone()).unwrap();
+        assert!(record.holdings_kept);
+        let other = record.projects.iter().find(|p| p.name == "other").unwrap();
+        assert_eq!(other.counted, cpu(5));
+        g.status = Some(QuotaGroupStatus {
+            budgets: Some(record),
+            ..QuotaGroupStatus::default()
+        });
+        g.metadata.resource_version = Some("2".into());
+        assert!(plan_group(&g, &members, 10).unwrap().is_none());
+    }
+
+    #[test]
     fn seeds_carry_the_group_limit_only_where_the_project_sets_none() {
         let groups = [group("acme", 10, None)];
         assert_eq!(seed_limits(&ResourceDetails::default(), &groups), cpu(10));

@@ -107,10 +107,16 @@ pub fn remember_counts(view: &mut MasterView, kept: bool) -> bool {
     }
     let mut rose = false;
     for member in view.seeds.values_mut() {
-        if member.granted.is_empty() {
-            let counted = super::seed::larger(&member.counted, &member.target);
-            rose |= counted != member.counted;
-            member.counted = counted;
+        if !member.granted.is_empty() {
+            continue;
+        }
+        // Only a count above the one remembered: a target of zero is no count (the record
+        // leaves an all-zero `counted` out, and "raising" to it wrote the record on every pass).
+        for (resource, target) in member.target.iter() {
+            if target > member.counted.amount(resource) {
+                member.counted.set(resource, Some(target));
+                rose = true;
+            }
         }
     }
     rose
