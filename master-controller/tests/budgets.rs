@@ -48,6 +48,23 @@ fn cpu_of(d: &ResourceDetails) -> Quantity {
     d.amount(Resource::Cpu)
 }
 
+/// The cpu a ledger's seed was granted, net of what it released: at least what it holds.
+fn net_held(ledger: &QuotaLedger) -> Quantity {
+    let granted = ledger
+        .spec
+        .shares
+        .as_ref()
+        .map(|s| cpu_of(&s.granted))
+        .unwrap_or_default();
+    let released = ledger
+        .status
+        .as_ref()
+        .and_then(|s| s.released.as_ref())
+        .map(cpu_of)
+        .unwrap_or_default();
+    granted.saturating_sub_to_zero(released)
+}
+
 impl World {
     fn seed(&self, name: &str) -> Client {
         self.fleet.seed(name).client()
@@ -77,13 +94,7 @@ impl World {
                 let Some(ledger) = Api::<QuotaLedger>::all(self.seed(seed)).get_opt(quota).await? else {
                     continue;
                 };
-                let granted = ledger.spec.shares.map(|s| cpu_of(&s.granted)).unwrap_or_default();
-                let released = ledger
-                    .status
-                    .and_then(|s| s.released)
-                    .map(|r| cpu_of(&r))
-                    .unwrap_or_default();
-                sum = sum.checked_add(granted.saturating_sub_to_zero(released))?;
+                sum = sum.checked_add(net_held(&ledger))?;
             }
         }
         Ok(sum)
@@ -151,13 +162,7 @@ impl World {
     /// What `seed` holds of `quota`: granted, net of what it released.
     async fn ledger_held(&self, seed: &str, quota: &str) -> Result<Quantity> {
         let ledger = Api::<QuotaLedger>::all(self.seed(seed)).get(quota).await?;
-        let granted = ledger.spec.shares.map(|s| cpu_of(&s.granted)).unwrap_or_default();
-        let released = ledger
-            .status
-            .and_then(|s| s.released)
-            .map(|r| cpu_of(&r))
-            .unwrap_or_default();
-        Ok(granted.saturating_sub_to_zero(released))
+        Ok(net_held(&ledger))
     }
 
     /// The seed's part when its project asks share back (its target below what it holds, and
