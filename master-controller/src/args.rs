@@ -52,7 +52,8 @@ pub struct Args {
     /// Run without leader election (only ever one replica).
     #[arg(long, env = "MASTER_CONTROLLER_NO_LEADER_ELECTION")]
     pub no_leader_election: bool,
-    /// Quotas reconciled concurrently.
+    /// Quotas reconciled concurrently; the others wait their turn in the order they were asked
+    /// for.
     #[arg(long, env = "MASTER_CONTROLLER_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
     /// Per limited resource, the percent of the limit a seed may keep idle above what it

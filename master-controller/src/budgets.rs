@@ -314,17 +314,19 @@ pub fn quiet(view: &MasterView) -> bool {
 
 /// One round over `group`'s record: its members (the projects it selects, each with its quota
 /// in force) read, a lost record adopted, grants and targets planned, and the record written
-/// with compare-and-swap when anything changed. Returns the group written, if any. On a
+/// with compare-and-swap when anything changed (`exists`: whether a project still exists; a
+/// deleted one is not remembered among those that left). Returns the group written, if any. On a
 /// conflict nothing is written: the write that moved the group is a watch event, and the next
 /// pass plans again from it (the group loop writes the status only after this round).
 pub async fn group_round(
     api: &Api<QuotaGroup>,
     group: &QuotaGroup,
     members: &[Member],
+    exists: &(dyn Fn(&str) -> bool + Sync),
     slack_percent: u32,
 ) -> Result<Option<QuotaGroup>, crate::Error> {
     let name = group.name_any();
-    let Some((patch, plan, before, version)) = plan_group(group, members, slack_percent)? else {
+    let Some((patch, plan, before, version)) = plan_group(group, members, exists, slack_percent)? else {
         return Ok(None);
     };
     match api
@@ -362,6 +364,7 @@ pub fn grants_held(group: &QuotaGroup, members: &[Member]) -> Vec<String> {
 fn plan_group(
     group: &QuotaGroup,
     members: &[Member],
+    exists: &(dyn Fn(&str) -> bool + Sync),
     slack_percent: u32,
 ) -> Result<Option<(serde_json::Value, shares::Plan, MasterView, u64)>, crate::Error> {
     let record = group.status.as_ref().and_then(|s| s.budgets.as_ref());
@@ -387,7 +390,7 @@ fn plan_group(
         return Ok(None);
     };
     let version = old_version + 1;
-    let departed = budgets::departed(record, members);
+    let departed = budgets::departed(record, members, exists);
     let record = budgets::record(version, &view, kept, &departed);
     // A merge patch keeps a list it does not carry: an emptied one is sent as such.
     let mut body = serde_json::json!(record);
@@ -552,7 +555,7 @@ mod tests {
         };
         // Sent either way: a merge patch without it would leave an earlier `true` in place.
         let kept = |members: &[Member]| {
-            let (patch, ..) = plan_group(&g, members, 10).unwrap().unwrap();
+            let (patch, ..) = plan_group(&g, members, &|_| true, 10).unwrap().unwrap();
             patch["status"]["budgets"]["holdingsKept"]
                 .as_bool()
                 .expect("holdingsKept is always sent")
@@ -593,7 +596,7 @@ mod tests {
                 own_limit: cpu(5),
             },
         ];
-        let (patch, ..) = plan_group(&g, &members, 10).unwrap().unwrap();
+        let (patch, ..) = plan_group(&g, &members, &|_| true, 10).unwrap().unwrap();
         let record: BudgetRecord = serde_json::from_value(patch["status"]["budgets"].clone()).unwrap();
         assert!(record.holdings_kept);
         let other = record.projects.iter().find(|p| p.name == "other").unwrap();
@@ -603,7 +606,7 @@ mod tests {
             ..QuotaGroupStatus::default()
         });
         g.metadata.resource_version = Some("2".into());
-        assert!(plan_group(&g, &members, 10).unwrap().is_none());
+        assert!(plan_group(&g, &members, &|_| true, 10).unwrap().is_none());
     }
 
     #[test]

@@ -1,6 +1,6 @@
-//! The wiring: one watch of the master's `ResourceQuota`s (a kube-runtime `Controller`), one
-//! watch of quota copies per seed (see [`crate::seeds`]) whose events are merged into that
-//! controller, the default-quota loop, the orphan sweep, the quota groups' statuses
+//! The wiring: one watch of the master's `ResourceQuota`s, whose reconciles take turns first
+//! asked first served ([`kkp_quota_runtime::work_queue`]), one watch of quota copies per seed
+//! (see [`crate::seeds`]) whose events ask for turns too, the default-quota loop, the orphan sweep, the quota groups' statuses
 //! ([`crate::groups`]) and a periodic resync spread over its period ([`crate::resync`]).
 
 use std::collections::BTreeSet;
@@ -14,12 +14,12 @@ use kkp_quota_crds::{ProjectQuota, ResourceQuota};
 use kkp_quota_runtime::leader::{LeaderElector, LeaseConfig};
 use kkp_quota_runtime::ops::Readiness;
 use kkp_quota_runtime::watch::relisting_watcher;
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, ObjectRef};
+use kkp_quota_runtime::work_queue::{self, Next};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::by_subject::QuotasBySubject;
 use crate::ctx::Ctx;
@@ -39,7 +39,8 @@ pub struct Options {
     pub resync_period: Duration,
     /// Leader election; `None` runs without (a single replica, or tests).
     pub lease: Option<LeaseConfig>,
-    /// Quotas reconciled at the same time.
+    /// Quotas reconciled at the same time; the others wait their turn in the order they were
+    /// asked for.
     pub concurrency: u16,
     /// Longest wait between two attempts to reach an unreachable seed.
     pub seed_max_backoff: Duration,
@@ -214,18 +215,24 @@ async fn run_as_leader(
         .flat_map(move |p| stream::iter(quotas_of_project(&quotas, &p.name_any())))
     };
 
+    let memory = ShareMemory::default();
     let (project_quotas, pq_writer) = reflector::store();
     let project_quota_triggers = {
-        let groups_changed = groups_changed.clone();
+        let (groups_changed, memory) = (groups_changed.clone(), memory.clone());
         reflector::reflector(
             pq_writer,
             relisting_watcher(Api::<ProjectQuota>::all(master.clone()), wc.clone(), None)
                 .modify(crate::api::forget_managed_fields),
         )
         .default_backoff()
-        .inspect(move |_| groups_changed.notify_one())
+        .inspect(move |event| {
+            groups_changed.notify_one();
+            if let Ok(watcher::Event::Apply(pq) | watcher::Event::InitApply(pq)) = event {
+                memory.caught_up(pq);
+            }
+        })
         .applied_objects()
-        .filter_map(|pq| future::ready(pq.ok().map(|pq| ObjectRef::new(&pq.name_any()))))
+        .filter_map(|pq| future::ready(pq.ok().map(|pq| pq.name_any())))
     };
 
     let (settings, settings_writer) = reflector::store();
@@ -252,7 +259,7 @@ async fn run_as_leader(
         metrics: metrics.clone(),
         kkp_copies: seeds.kkp_copies().clone(),
         hand_deletes: HandDeletes::default(),
-        memory: ShareMemory::default(),
+        memory,
         share_slack_percent: options.share_slack_percent,
         gone_seeds: options.gone_seeds.clone(),
         draining_seeds: options.draining_seeds.clone(),
@@ -262,19 +269,34 @@ async fn run_as_leader(
         not_in_force: crate::not_in_force::NotInForce::default(),
         groups: group_book.clone(),
     });
-    let controller = Controller::for_stream(quota_events, quotas.clone())
-        .with_config(ControllerConfig::default().concurrency(options.concurrency))
-        .reconcile_on(project_triggers)
-        .reconcile_on(project_quota_triggers)
-        .reconcile_on(channel_stream(one_rx).map(|name| ObjectRef::new(&name)))
-        .reconcile_all_on(channel_stream(all_rx))
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| {
-            if let Err(e) = result {
-                debug!(error = %e, "controller event");
-            }
-            future::ready(())
-        });
+    // Every source of a quota's turn, by name: its own watch (which also fills the store the
+    // turns read), its project's, its `ProjectQuota`'s, the seeds' and the other loops' asks
+    // (`one`), and "every quota" (`all`).
+    let every_quota = {
+        let quotas = quotas.clone();
+        channel_stream(all_rx)
+            .flat_map(move |()| stream::iter(quotas.state().iter().map(|q| q.name_any()).collect::<Vec<_>>()))
+    };
+    let requests = stream::select_all([
+        quota_events
+            .filter_map(|q| future::ready(q.ok().map(|q| q.name_any())))
+            .boxed(),
+        project_triggers.map(|r| r.name).boxed(),
+        project_quota_triggers.boxed(),
+        channel_stream(one_rx).boxed(),
+        every_quota.boxed(),
+    ]);
+    let controller = {
+        let (quotas, ready) = (quotas.clone(), quotas.clone());
+        work_queue::run(
+            requests,
+            usize::from(options.concurrency),
+            async move {
+                let _ = ready.wait_until_ready().await;
+            },
+            move |name| turn(name, quotas.clone(), Arc::clone(&ctx)),
+        )
+    };
 
     let resync = crate::resync::run(quotas.clone(), one_tx.clone(), options.resync_period);
 
@@ -354,14 +376,23 @@ async fn run_as_leader(
     }
 }
 
-#[allow(clippy::needless_pass_by_value)] // the signature kube-runtime asks for
-fn error_policy(quota: Arc<ResourceQuota>, error: &Error, ctx: Arc<Ctx>) -> Action {
-    warn!(quota = %quota.name_any(), project = %quota.project(), error = %error, "reconcile failed; retrying");
-    ctx.metrics.reconcile_errors.with_label_values(&["quota"]).inc();
-    Action::requeue(Duration::from_secs(2))
+/// One turn of the quota named `name` ([`work_queue::run`]): its reconcile, if the quota is
+/// still there; on an error, another turn after 2 s.
+async fn turn(name: String, quotas: Store<ResourceQuota>, ctx: Arc<Ctx>) -> Next {
+    let Some(quota) = quotas.get(&ObjectRef::new(&name)) else {
+        return Next::AwaitChange;
+    };
+    match reconcile(Arc::clone(&quota), Arc::clone(&ctx)).await {
+        Ok(next) => next,
+        Err(error) => {
+            warn!(quota = %quota.name_any(), project = %quota.project(), error = %error, "reconcile failed; retrying");
+            ctx.metrics.reconcile_errors.with_label_values(&["quota"]).inc();
+            Next::After(Duration::from_secs(2))
+        }
+    }
 }
 
-async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+async fn reconcile(quota: Arc<ResourceQuota>, ctx: Arc<Ctx>) -> Result<Next, Error> {
     let span = info_span!("reconcile", quota = %quota.name_any(), project = %quota.project());
     let start = Instant::now();
     ctx.unreadable.track(&quota, &ctx.metrics);

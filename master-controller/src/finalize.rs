@@ -7,8 +7,8 @@ use futures::future;
 use jiff::Timestamp;
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceQuota};
+use kkp_quota_runtime::work_queue::Next;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
@@ -27,9 +27,9 @@ pub(crate) async fn finalize(
     project: Option<&Project>,
     project_quota: Option<&ProjectQuota>,
     ctx: &Ctx,
-) -> Result<Action, Error> {
+) -> Result<Next, Error> {
     if !fanout::has_finalizer(master_rq) {
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     }
     let name = master_rq.name_any();
     let deletes = views.iter().map(|view| {
@@ -75,7 +75,7 @@ pub(crate) async fn finalize(
             Ok(_) => {}
             // Already gone; or changed meanwhile, and the watch brings it back to us.
             Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Action::await_change()),
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(Next::AwaitChange),
             Err(e) => return Err(e.into()),
         }
         ctx.metrics.wrote("master", "finalize");
@@ -83,7 +83,7 @@ pub(crate) async fn finalize(
         ctx.kkp_copies.forget(&name);
         ctx.memory.forget(&name);
         info!("seed copies deleted; finalizer released");
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     }
     if let Some(pq) = project_quota {
         let status_now = pq.status.clone().unwrap_or_default();
@@ -104,5 +104,5 @@ pub(crate) async fn finalize(
         }
     }
     warn!(seeds = %pending.join(", "), "seed copies not deleted yet; holding the finalizer");
-    Ok(Action::requeue(Duration::from_secs(2)))
+    Ok(Next::After(Duration::from_secs(2)))
 }

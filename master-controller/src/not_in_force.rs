@@ -15,8 +15,8 @@ use std::time::Duration;
 use futures::future;
 use kkp_quota_crds::quota::PROJECT_KIND;
 use kkp_quota_crds::{ProjectQuota, QuotaLedger, ResourceQuota};
+use kkp_quota_runtime::work_queue::Next;
 use kube::api::DeleteParams;
-use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use tracing::warn;
 
@@ -111,7 +111,7 @@ pub(crate) async fn report(
     in_force: &str,
     views: &[SeedView],
     ctx: &Ctx,
-) -> Result<Action, Error> {
+) -> Result<Next, Error> {
     let name = master_rq.name_any();
     ctx.not_in_force.track(&name, true, &ctx.metrics);
     let pending = delete_ledgers(&name, views, ctx).await;
@@ -120,10 +120,10 @@ pub(crate) async fn report(
         warn!(in_force = %in_force, "quota not fanned out: another quota of the project is in force");
     }
     if pending.is_empty() {
-        Ok(Action::await_change())
+        Ok(Next::AwaitChange)
     } else {
         warn!(seeds = %pending.join(", "), "ledgers of a quota not in force not deleted yet");
-        Ok(Action::requeue(Duration::from_secs(5)))
+        Ok(Next::After(Duration::from_secs(5)))
     }
 }
 

@@ -6,8 +6,8 @@ use futures::future;
 use jiff::Timestamp;
 use kkp_quota_crds::project_quota::SeedFigures;
 use kkp_quota_crds::{ProjectQuota, ResourceQuota};
+use kkp_quota_runtime::work_queue::Next;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use std::sync::Arc;
@@ -27,13 +27,13 @@ use crate::status;
 use crate::status_patches;
 
 #[allow(clippy::too_many_lines)] // one quota's steps, in the order they run
-pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Action, Error> {
+pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Result<Next, Error> {
     let name = master_rq.name_any();
     let project_name = master_rq.project().to_owned();
     let api: Api<ResourceQuota> = Api::all(ctx.master.clone());
     if !ctx.seeds.resolved() {
         // Seeds not listed yet: an empty seed set here means "unknown", not "none".
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     }
     let views = ctx.seeds.views(&name);
     let project = ctx
@@ -70,7 +70,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
         match written {
             Ok(_) => {}
             // Deleted meanwhile, or changed: the watch brings the new state.
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Action::await_change()),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(Next::AwaitChange),
             Err(e) => return Err(e.into()),
         }
         debug!("master metadata written");
@@ -94,7 +94,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     }
     let Some(project_quota) = project_quota else {
         // In sync means it exists; the watch brings it otherwise.
-        return Ok(Action::await_change());
+        return Ok(Next::AwaitChange);
     };
     // The quota's siblings from the index, each read from the store (a scan of every quota per
     // reconcile was most of the controller's CPU at 10,000 quotas).
@@ -193,8 +193,8 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     }
 
     if failed.is_empty() {
-        Ok(retake.map_or_else(Action::await_change, |at| {
-            Action::requeue(at.saturating_duration_since(Instant::now()))
+        Ok(retake.map_or(Next::AwaitChange, |at| {
+            Next::After(at.saturating_duration_since(Instant::now()))
         }))
     } else {
         Err(Error::Seeds(failed.join(", ")))

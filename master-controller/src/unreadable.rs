@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kkp_quota_crds::{ProjectQuota, ResourceQuota};
+use kkp_quota_runtime::work_queue::Next;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
@@ -81,12 +81,12 @@ fn already_said(pq: &ProjectQuota, desired: &status::Desired, generation: Option
 /// Reports a quota with unreadable limits and skips the rest of its reconcile (called once its
 /// `ProjectQuota` exists, before the share round: nothing of it reaches a seed). The condition
 /// and the Event are written once per problem (and generation), not on every resync.
-pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &Ctx) -> Result<Action, Error> {
+pub(crate) async fn report(master_rq: &ResourceQuota, pq: &ProjectQuota, ctx: &Ctx) -> Result<Next, Error> {
     let desired = status::quota_invalid(&master_rq.spec.quota.unreadable);
     if say(master_rq, pq, &desired, ctx).await? {
         warn!(problem = %desired.message, "quota not fanned out: a limit cannot be read");
     }
-    Ok(Action::await_change())
+    Ok(Next::AwaitChange)
 }
 
 /// Why a quota is not fanned out, said once per problem (and generation), not on every resync:

@@ -16,6 +16,7 @@ pub mod tls;
 pub mod watch;
 pub mod webhook_auth;
 pub mod webhook_config;
+pub mod work_queue;
 
 /// Why a runtime helper failed.
 #[derive(Debug, thiserror::Error)]

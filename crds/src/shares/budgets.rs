@@ -59,8 +59,14 @@ pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, member
 /// What the record written after `old` remembers of the projects that are not among
 /// `members` (`BudgetRecord::departed`): what `old` remembered, and each entry of a project
 /// that leaves now that [`remembered_on_leaving`] keeps; a project selected again takes its
-/// entry back ([`group_view`]).
-pub fn departed(old: Option<&BudgetRecord>, members: &[Member]) -> BTreeMap<String, SeedRecord> {
+/// entry back ([`group_view`]). Only of projects that still exist (`exists`): a deleted
+/// project's clusters go with it, so no Machine of it acts on a word again, and without this
+/// every member ever deleted would stay in the record.
+pub fn departed(
+    old: Option<&BudgetRecord>,
+    members: &[Member],
+    exists: impl Fn(&str) -> bool,
+) -> BTreeMap<String, SeedRecord> {
     let Some(old) = old else {
         return BTreeMap::new();
     };
@@ -70,7 +76,7 @@ pub fn departed(old: Option<&BudgetRecord>, members: &[Member]) -> BTreeMap<Stri
             departed.insert(name, remembered);
         }
     }
-    departed.retain(|name, _| !members.iter().any(|m| m.name == *name));
+    departed.retain(|name, _| !members.iter().any(|m| m.name == *name) && exists(name));
     departed
 }
 
@@ -230,8 +236,12 @@ mod tests {
         };
         // All three leave: their counts are remembered (budgets go back), with the one
         // remembered before; nothing of the one never counted.
-        let gone = departed(Some(&old), &[]);
+        let gone = departed(Some(&old), &[], |_| true);
         assert_eq!(gone.keys().collect::<Vec<_>>(), ["earlier", "granted", "kept"]);
+        // A project deleted meanwhile is not remembered, whether it left now or before.
+        let deleted = |name: &str| name != "earlier" && name != "kept";
+        let remembered = departed(Some(&old), &[], deleted);
+        assert_eq!(remembered.keys().collect::<Vec<_>>(), ["granted"]);
         let written = record(6, &MasterView::default(), false, &gone);
         assert_eq!(
             written.departed,
@@ -255,6 +265,6 @@ mod tests {
         assert!(view.seeds["granted"].granted.is_empty());
         assert_eq!(view.seeds["earlier"].counted, cpu(7));
         assert!(view.seeds["zero"].counted.is_empty());
-        assert!(departed(Some(&written), &members).is_empty());
+        assert!(departed(Some(&written), &members, |_| true).is_empty());
     }
 }

@@ -29,6 +29,8 @@
 //!
 //! Writes `e2e/results/groups.md`.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -50,9 +52,10 @@ use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaLedger, Resource, ResourceDe
 use kkp_quota_runtime::webhook_auth::{SigningKeys, webhook_url};
 use kkp_quota_runtime::webhook_config::{self, Operations};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt as _};
 use serde_json::json;
 
+mod made_tight;
 mod report;
 
 const SEED: &str = "seed-a";
@@ -169,6 +172,8 @@ struct Measured {
     transitions: Vec<Transition>,
     /// The group created tighter than its members' own quotas together ([`made_tight`]).
     made_tight: Transition,
+    /// Where that window's time went.
+    sweep: made_tight::Sweep,
     /// The check's phase, and the headroom it had.
     tight: Phase,
     headroom: usize,
@@ -295,10 +300,24 @@ fn cpu(details: &ResourceDetails) -> Option<kkp_quota_crds::Quantity> {
     details.get(Resource::Cpu)
 }
 
+/// How [`group_on`] went, timed from the group's write.
+struct Settling {
+    /// Whether the group was created (it did not exist).
+    created: bool,
+    /// When every project held a copy of its word, and when it granted.
+    holding: Duration,
+    granting: Duration,
+}
+
 /// Writes the group with `limit` cpu and waits until every project holds a copy of its word
-/// and no member holds its grants back (`GrantsHeld` false).
-/// Returns whether the group was created (it did not exist).
-async fn group_on(fleet: &Fleet, projects: usize, limit: i64) -> Result<bool> {
+/// and no member holds its grants back (`GrantsHeld` false). Notes in `taken`, if given, when
+/// each project was first seen holding one (from the write).
+async fn group_on(
+    fleet: &Fleet,
+    projects: usize,
+    limit: i64,
+    taken: Option<&Mutex<BTreeMap<String, Duration>>>,
+) -> Result<Settling> {
     let group: QuotaGroup = serde_json::from_value(json!({
         "apiVersion": "kkp-quota.dev/v1alpha1",
         "kind": "QuotaGroup",
@@ -311,10 +330,11 @@ async fn group_on(fleet: &Fleet, projects: usize, limit: i64) -> Result<bool> {
         .patch(GROUP, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&group))
         .await
         .context("writing the group")?;
+    let written = Instant::now();
     let quotas = Api::<ProjectQuota>::all(fleet.master().client());
     wait_for(WAIT, "every project holding the group's word", || async {
         let list = quotas.list(&ListParams::default()).await.ok()?;
-        let holding = list
+        let holding: Vec<&ProjectQuota> = list
             .items
             .iter()
             .filter(|q| {
@@ -325,17 +345,29 @@ async fn group_on(fleet: &Fleet, projects: usize, limit: i64) -> Result<bool> {
                     // seeds' shares may not be decided yet (kept, or lowered to what they commit).
                     .is_some_and(|s| s.groups.iter().any(|g| g.group == GROUP && g.version > 0))
             })
-            .count();
-        (holding == projects).then_some(())
+            .collect();
+        if let Some(taken) = taken {
+            let seen = written.elapsed();
+            let mut taken = taken.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for quota in &holding {
+                taken.entry(quota.name_any()).or_insert(seen);
+            }
+        }
+        (holding.len() == projects).then_some(())
     })
     .await?;
+    let holding = written.elapsed();
     wait_for(WAIT, "the group granting (GrantsHeld false)", || async {
         let status = groups.get(GROUP).await.ok()?.status?;
         let held = status.conditions.iter().find(|c| c.type_ == "GrantsHeld")?;
         (held.status == "False").then_some(())
     })
     .await?;
-    Ok(created)
+    Ok(Settling {
+        created,
+        holding,
+        granting: written.elapsed(),
+    })
 }
 
 /// Waits until every project's seed holds share for `room` more cpu than it commits: a phase
@@ -447,7 +479,7 @@ async fn enforced(fleet: &Fleet, sim: &Simulated, projects: usize, running: usiz
         "{counted} Machines exist where the benchmark counted {running} admitted"
     );
     let limit = i64::try_from(running + headroom)?;
-    group_on(fleet, projects, limit).await?;
+    group_on(fleet, projects, limit, None).await?;
     wait_for(
         WAIT,
         "the lowered limit in force on every member's seed",
@@ -575,58 +607,6 @@ async fn overrun_state(fleet: &Fleet, sim: &Simulated, projects: usize) -> Resul
         );
     }
     Ok(out)
-}
-
-/// Rounds of creates in a group made tighter than its members' own quotas together; at most this
-/// many, so that its room covers every one of them.
-const MADE_TIGHT_ROUNDS: usize = 20;
-
-/// The group deleted and created again with room for [`MADE_TIGHT_ROUNDS`] Machines per project
-/// beyond what runs (`running`), far below their own quotas together: it keeps no holdings, so
-/// each project's seed drops to what it commits until every project has taken the group's word
-/// and reported, and the group grants. From the group's write, every project's client creates
-/// one Machine per round, round after round, until the group grants: what that window costs the
-/// creates made in it, and how long it lasts. Returns it and the Machines admitted.
-async fn made_tight(
-    fleet: &Fleet,
-    sim: &Simulated,
-    projects: usize,
-    running: usize,
-) -> Result<(Transition, usize)> {
-    group_off(fleet).await?;
-    let limit = i64::try_from(running + MADE_TIGHT_ROUNDS * projects)?;
-    let granting = std::sync::atomic::AtomicBool::new(false);
-    let began = Instant::now();
-    let (settled, rounds) = tokio::join!(
-        async {
-            let created = group_on(fleet, projects, limit).await;
-            granting.store(true, std::sync::atomic::Ordering::Relaxed);
-            created.map(|_| began.elapsed())
-        },
-        async {
-            let mut rounds = Vec::new();
-            while !granting.load(std::sync::atomic::Ordering::Relaxed) && rounds.len() < MADE_TIGHT_ROUNDS {
-                rounds.push(phase(sim, Mode::Group, &format!("made-{}", rounds.len()), 1).await?);
-            }
-            Ok::<_, anyhow::Error>(rounds)
-        }
-    );
-    let rounds = rounds?;
-    let transition = Transition {
-        settled: settled?,
-        warm_attempted: rounds.iter().map(|p| p.attempted).sum(),
-        warm_denied: rounds.iter().map(|p| p.denied).sum(),
-        warm_failed: rounds.iter().map(|p| p.failed).sum(),
-    };
-    eprintln!(
-        "made tight: granting after {:.1} s; {} creates in {} rounds meanwhile, {} denied, {} refused without a decision",
-        transition.settled.as_secs_f64(),
-        transition.warm_attempted,
-        rounds.len(),
-        transition.warm_denied,
-        transition.warm_failed
-    );
-    Ok((transition, rounds.iter().map(|p| p.admitted).sum()))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -810,7 +790,7 @@ async fn measure(
                     group_off(fleet).await?;
                     false
                 }
-                Mode::Group => group_on(fleet, args.projects, far).await?,
+                Mode::Group => group_on(fleet, args.projects, far, None).await?.created,
             };
             let warm = phase(
                 sim,
@@ -869,7 +849,8 @@ async fn measure(
     // A group made tight over the busy projects leaves some of them using more than their
     // first budgets (what they admitted before its word reached them): the check right after
     // it is the harder one.
-    let (made_tight, admitted) = made_tight(fleet, sim, args.projects, running).await?;
+    let (made_tight, sweep, admitted) =
+        made_tight::made_tight(fleet, system, sim, args.projects, running).await?;
     running += admitted;
     let (tight, headroom) = enforced(fleet, sim, args.projects, running).await?;
 
@@ -877,6 +858,7 @@ async fn measure(
         phases,
         transitions,
         made_tight,
+        sweep,
         tight,
         headroom,
     })

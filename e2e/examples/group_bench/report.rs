@@ -17,6 +17,7 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
         phases,
         transitions,
         made_tight,
+        sweep,
         tight,
         headroom,
     } = measured;
@@ -192,12 +193,13 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
     writeln!(
         out,
         "The group deleted, then created again over the same busy projects with room for {} more Machines per project, far below their own quotas together ({OWN_CPU} cpu each): it keeps no holdings, so every project's seed drops to what it commits until every project has taken the group's word and reported and the group grants (docs/limits.md). From the group's write, every project's client created one Machine per round, round after round, until the group granted (every project holding its word, `GrantsHeld` false): **granting after {:.1} s; {} creates meanwhile, {} denied**, {} refused without a decision.",
-        super::MADE_TIGHT_ROUNDS,
+        super::made_tight::MADE_TIGHT_ROUNDS,
         made_tight.settled.as_secs_f64(),
         made_tight.warm_attempted,
         made_tight.warm_denied,
         made_tight.warm_failed
     )?;
+    sweep_table(&mut out, sweep)?;
     writeln!(out, "\n## The group enforced\n")?;
     writeln!(
         out,
@@ -211,4 +213,48 @@ pub(super) fn report(args: &Args, measured: &Measured, set_up: Duration) -> Resu
         ms(percentile(&tight.latencies, 0.99)),
     )?;
     Ok(out)
+}
+
+/// Where the made-tight window's time went ([`super::made_tight::Sweep`]).
+fn sweep_table(out: &mut String, sweep: &super::made_tight::Sweep) -> Result<()> {
+    let mean_ms = |(count, seconds): (u64, f64)| {
+        #[allow(clippy::cast_precision_loss)]
+        let mean = if count == 0 {
+            0.0
+        } else {
+            seconds * 1000.0 / count as f64
+        };
+        mean
+    };
+    writeln!(
+        out,
+        "\nWhere that window went, from the group's write: the members first seen holding its word (the benchmark's own polling) after {:.1} / {:.1} / {:.1} s (p10 / p50 / p90), every member after {:.1} s, the group granting after {:.1} s. The master meanwhile (its metrics): {} share rounds, {:.1} s together (mean {:.0} ms; `--concurrency` 16), {} passes over the groups, {:.1} s together (mean {:.0} ms), {} share record writes that lost their compare-and-swap.\n",
+        sweep.taken_at(0.1).as_secs_f64(),
+        sweep.taken_at(0.5).as_secs_f64(),
+        sweep.taken_at(0.9).as_secs_f64(),
+        sweep.all_holding.as_secs_f64(),
+        sweep.granting.as_secs_f64(),
+        sweep.quota_rounds.0,
+        sweep.quota_rounds.1,
+        mean_ms(sweep.quota_rounds),
+        sweep.group_passes.0,
+        sweep.group_passes.1,
+        mean_ms(sweep.group_passes),
+        sweep.conflicts,
+    )?;
+    writeln!(
+        out,
+        "| the master's writes in the window | count | seconds together | mean |"
+    )?;
+    writeln!(out, "| --- | ---: | ---: | ---: |")?;
+    for (labels, grew) in &sweep.writes {
+        writeln!(
+            out,
+            "| `{labels}` | {} | {:.1} | {:.0} ms |",
+            grew.0,
+            grew.1,
+            mean_ms(*grew)
+        )?;
+    }
+    Ok(())
 }

@@ -135,6 +135,7 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
         let groups = groups.state();
         written.retain(|uid, _| groups.iter().any(|g| g.uid().as_deref() == Some(uid.as_str())));
         sources.book.update(&groups);
+        let start = Instant::now();
         due = one_pass(
             &api,
             &groups,
@@ -144,6 +145,10 @@ pub async fn run(master: Client, sources: Sources, metrics: Metrics) {
             std::mem::take(&mut reshaped),
         )
         .await;
+        metrics
+            .reconcile_duration
+            .with_label_values(&["group"])
+            .observe(start.elapsed().as_secs_f64());
     }
 }
 
@@ -257,7 +262,9 @@ async fn budget_round(
                 }),
         })
         .collect();
-    match crate::budgets::group_round(api, group, &read, sources.share_slack_percent).await {
+    // A deleted project is not remembered among those that left (`budgets::departed`).
+    let exists = |name: &str| projects.iter().any(|p| p.name_any() == name);
+    match crate::budgets::group_round(api, group, &read, &exists, sources.share_slack_percent).await {
         Ok(Some(written)) => {
             let held = crate::budgets::grants_held(&written, &read);
             sources.book.wrote(written);
