@@ -19,7 +19,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, mpsc};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::by_subject::QuotasBySubject;
 use crate::ctx::Ctx;
@@ -227,7 +227,9 @@ async fn run_as_leader(
         .default_backoff()
         .inspect(move |event| {
             groups_changed.notify_one();
-            if let Ok(watcher::Event::Apply(pq) | watcher::Event::InitApply(pq)) = event {
+            // Not a relist's objects (`InitApply`): the store swaps them in only at its end,
+            // and until then a round still reads the older snapshot.
+            if let Ok(watcher::Event::Apply(pq)) = event {
                 memory.caught_up(pq);
             }
         })
@@ -279,7 +281,15 @@ async fn run_as_leader(
     };
     let requests = stream::select_all([
         quota_events
-            .filter_map(|q| future::ready(q.ok().map(|q| q.name_any())))
+            .filter_map(|q| {
+                future::ready(match q {
+                    Ok(q) => Some(q.name_any()),
+                    Err(e) => {
+                        debug!(error = %e, "quota watch");
+                        None
+                    }
+                })
+            })
             .boxed(),
         project_triggers.map(|r| r.name).boxed(),
         project_quota_triggers.boxed(),

@@ -326,11 +326,11 @@ async fn group_on(
     }))?;
     let groups = Api::<QuotaGroup>::all(fleet.master().client());
     let created = groups.get_opt(GROUP).await?.is_none();
+    let written = Instant::now();
     groups
         .patch(GROUP, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&group))
         .await
         .context("writing the group")?;
-    let written = Instant::now();
     let quotas = Api::<ProjectQuota>::all(fleet.master().client());
     wait_for(WAIT, "every project holding the group's word", || async {
         let list = quotas.list(&ListParams::default()).await.ok()?;

@@ -86,7 +86,8 @@ impl ShareMemory {
     }
 
     /// Forgets what this process wrote of `cached`'s quota once the cache holds it or newer
-    /// (called from the `ProjectQuota` watch). Without it a written copy was kept until the
+    /// (called from the `ProjectQuota` watch, for its changes: a relist's objects reach the
+    /// store only at the relist's end). Without it a written copy was kept until the
     /// quota's next round: with its turns first come, first served, that is after every other
     /// quota's round at a cold start, and at 10,000 quotas the copies held the master's memory
     /// at more than twice its size.

@@ -1,6 +1,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt as _;
 use proptest::prelude::*;
 
 use super::*;
@@ -182,4 +183,49 @@ async fn nothing_runs_before_ready_and_a_turn_may_ask_for_another_later() {
     // The requests have ended; the runner returns once the turns it asked for later ran.
     runner.await;
     assert_eq!(*turns.lock().unwrap(), ["a", "a", "a"]);
+}
+
+#[test]
+fn a_key_has_one_retry_time_the_earliest_and_loses_it_when_its_turn_starts() {
+    let t0 = Instant::now();
+    let at = |ms| t0 + Duration::from_millis(ms);
+    let mut retries = Retries::default();
+    // However often a key's turns ask for another, it is due once, at the earliest time.
+    retries.set("a", at(30));
+    retries.set("a", at(20));
+    retries.set("a", at(50));
+    retries.set("b", at(40));
+    assert_eq!(retries.next_at(), Some(at(20)));
+    assert_eq!(retries.due(at(25)), ["a"]);
+    assert!(retries.due(at(25)).is_empty());
+    // Its turn started (asked for by a change): the time goes with it.
+    retries.set("a", at(60));
+    retries.cancel(&"a");
+    assert_eq!(retries.due(at(100)), ["b"]);
+    assert!(retries.is_empty());
+}
+
+#[tokio::test]
+async fn the_runner_returns_when_its_requests_end_after_the_last_turn() {
+    let (ask, requests) = futures::channel::mpsc::unbounded::<&'static str>();
+    let (ran, mut turns) = futures::channel::mpsc::unbounded::<&'static str>();
+    ask.unbounded_send("a").unwrap();
+    let runner = run(requests, 1, std::future::ready(()), move |key| {
+        let ran = ran.clone();
+        async move {
+            ran.unbounded_send(key).unwrap();
+            Next::AwaitChange
+        }
+    });
+    let mut runner = std::pin::pin!(runner);
+    // "a" runs and ends while the requests are still open; then they end.
+    let first = tokio::select! {
+        () = runner.as_mut() => panic!("returned while its requests were open"),
+        key = turns.next() => key,
+    };
+    assert_eq!(first, Some("a"));
+    drop(ask);
+    tokio::time::timeout(Duration::from_secs(10), runner)
+        .await
+        .expect("the runner returns once its requests have ended and nothing runs");
 }
