@@ -16,6 +16,14 @@ use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+/// An object's `resourceVersion` as a number, to tell which of two copies is newer (a cache
+/// lags its own process's writes). Kubernetes calls the value opaque; on an etcd-backed API
+/// server it is the etcd revision of the object's last write. `None` when it is missing or not
+/// a number.
+pub fn resource_version<K: Resource>(object: &K) -> Option<u64> {
+    object.meta().resource_version.as_deref()?.parse().ok()
+}
+
 /// Called when a watcher lists again because the API server went back in time.
 pub type OnRestart = Arc<dyn Fn() + Send + Sync>;
 

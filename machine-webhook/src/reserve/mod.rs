@@ -35,6 +35,7 @@ use jiff::{SignedDuration, Timestamp};
 use kkp_quota_crds::ResourceDetails;
 use kkp_quota_crds::ledger::{Allotment, Reservation, group, with_own_entry};
 use kkp_quota_crds::quota_ledger::LEDGER_FORMAT;
+use kkp_quota_runtime::watch::resource_version;
 use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt as _};
 use serde_json::{Value, json};
@@ -106,10 +107,6 @@ struct Inner {
 #[derive(Clone)]
 pub struct Reserver {
     inner: Arc<Inner>,
-}
-
-fn rv_number(object: &DynamicObject) -> Option<u64> {
-    object.metadata.resource_version.as_deref()?.parse().ok()
 }
 
 /// A name for this process in the ledger: the pod (host) name, the process and the start time,
@@ -351,7 +348,7 @@ impl Reserver {
         let cached = self.inner.cache.quota_for(project);
         match (cached, escrow.last_written.clone()) {
             (Some(c), Some(w)) if c.name_any() == w.name_any() && c.uid() == w.uid() => {
-                if rv_number(&w) > rv_number(&c) {
+                if resource_version(&*w) > resource_version(&*c) {
                     Some(w)
                 } else {
                     Some(c)
@@ -428,7 +425,7 @@ impl Reserver {
         let fresh = self.api().get_opt(name).await?;
         if let (Some(fresh), Some(before)) = (&fresh, before)
             && fresh.uid() == before.uid()
-            && rv_number(fresh) < rv_number(&before)
+            && resource_version(fresh) < resource_version(&*before)
         {
             self.inner.cache.note_restore();
         }

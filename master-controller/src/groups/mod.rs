@@ -20,7 +20,7 @@ use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceDetails
 use crate::allocation::books::Books;
 use crate::budgets::GroupBook;
 use crate::group_series::GroupFigures;
-use kkp_quota_runtime::watch::relisting_watcher;
+use kkp_quota_runtime::watch::{relisting_watcher, resource_version};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
@@ -284,7 +284,7 @@ async fn budget_round(
 /// A member's copy of its budget in `group` (with the `resourceVersion` of the object holding
 /// it), as its share round last wrote it.
 fn copy_in(quota: &ProjectQuota, group: &str) -> Option<(u64, GroupBudget)> {
-    let version = quota.metadata.resource_version.as_deref()?.parse().ok()?;
+    let version = resource_version(quota)?;
     let shares = quota.status.as_ref()?.shares.as_ref()?;
     let copy = shares.groups.iter().find(|c| c.group == group)?;
     Some((version, copy.clone()))

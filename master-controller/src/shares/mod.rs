@@ -26,6 +26,7 @@ use jiff::Timestamp;
 use kkp_quota_crds::project_quota::{ShareRecord, effective_limits};
 use kkp_quota_crds::shares::{self, MasterView, Plan, objects};
 use kkp_quota_crds::{ProjectQuota, QuotaGroup, ResourceDetails, ResourceQuota};
+use kkp_quota_runtime::watch::resource_version;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
@@ -92,12 +93,11 @@ impl ShareMemory {
     /// quota's round at a cold start, and at 10,000 quotas the copies held the master's memory
     /// at more than twice its size.
     pub fn caught_up(&self, cached: &ProjectQuota) {
-        let version = |o: &ProjectQuota| o.metadata.resource_version.as_deref()?.parse::<u64>().ok();
         let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = all.get_mut(&cached.name_any())
             && m.written
                 .as_deref()
-                .is_some_and(|w| version(w) <= version(cached))
+                .is_some_and(|w| resource_version(w) <= resource_version(cached))
         {
             m.written = None;
         }

@@ -11,6 +11,7 @@ use kkp_quota_crds::quota_ledger::LedgerShares;
 use kkp_quota_crds::shares::objects::LedgerReading;
 use kkp_quota_crds::shares::{MasterView, MasterWord, SeedRecord, objects};
 use kkp_quota_crds::{LedgerGroup, ProjectQuota, QuantityError, ResourceDetails};
+use kkp_quota_runtime::watch::resource_version;
 use serde_json::{Value, json};
 
 use crate::seeds::SeedView;
@@ -113,9 +114,8 @@ pub fn with_status(mut patch: Value, status: Option<Value>) -> Value {
 /// The newer of the cached object (a `ProjectQuota`, a `QuotaGroup`) and the one this process
 /// last wrote, by `resourceVersion` (the cache lags this process's own writes).
 pub fn newest<K: kube::Resource>(cached: Option<Arc<K>>, written: Option<Arc<K>>) -> Option<Arc<K>> {
-    let version = |o: &K| o.meta().resource_version.as_deref()?.parse::<u64>().ok();
     match (cached, written) {
-        (Some(c), Some(w)) if version(&w) > version(&c) => Some(w),
+        (Some(c), Some(w)) if resource_version(&*w) > resource_version(&*c) => Some(w),
         (None, w) => w,
         (c, _) => c,
     }
