@@ -284,6 +284,15 @@ impl KkpCopies {
         c.retakes = 1;
         true
     }
+
+    /// When a retake that waits out its pause ([`Retake::At`]) falls due, if one waits. A
+    /// reconcile of the quota before then asks for it again: the turn that answered the first
+    /// [`Retake::At`] with a retry time is replaced by the next turn's answer.
+    pub fn retake_waits_until(&self, seed: &str, name: &str) -> Option<Instant> {
+        let memory = self.lock();
+        let c = memory.copies.get(&Self::key(seed, name))?;
+        c.retake_waiting.then_some(c.taken_back? + RETAKE_PAUSE)
+    }
 }
 
 impl KkpCopy {

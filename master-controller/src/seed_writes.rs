@@ -129,8 +129,13 @@ pub(crate) async fn fan_out(
             || (fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), policies, c)
                 && !fanout::groups_stale(shares.as_ref(), c, waiting))
     });
+    // Not due yet: this turn asks for it again, as the turn that found it waiting did.
+    let waits = (!kkp_due)
+        .then(|| ctx.kkp_copies.retake_waits_until(&view.name, &name))
+        .flatten()
+        .map(Retake::At);
     if !kkp_due && !ledger_due {
-        return (view, Ok(None));
+        return (view, Ok(waits));
     }
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let seed = view.name.as_str();
@@ -195,7 +200,7 @@ pub(crate) async fn fan_out(
             if let Some(ledger) = ledger {
                 view.copy = Some(Arc::new(SeedLedger::from(&ledger)));
             }
-            (view, Ok(retake))
+            (view, Ok(retake.or(waits)))
         }
         Err(e) => {
             warn!(seed = %view.name, error = %e, "applying the seed copies failed");

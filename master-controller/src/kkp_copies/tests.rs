@@ -115,12 +115,18 @@ fn a_copy_another_writer_keeps_changing_is_taken_back_a_few_times_a_minute() {
     assert_eq!(seen(&copies, 12, later(5)), at);
     assert!(copies.get("a", "q").applied.is_some(), "not rewritten meanwhile");
     assert_eq!(seen(&copies, 13, later(6)), None, "a retake waits already");
+    assert_eq!(
+        copies.retake_waits_until("a", "q"),
+        Some(t0() + RETAKE_PAUSE),
+        "asked for by every reconcile until it is due"
+    );
     assert!(
         !copies.take_back_due("a", "q", later(30)),
         "the minute is not over"
     );
     assert!(copies.take_back_due("a", "q", t0() + RETAKE_PAUSE));
     assert!(copies.get("a", "q").applied.is_none());
+    assert_eq!(copies.retake_waits_until("a", "q"), None, "taken");
     assert!(!copies.take_back_due("a", "q", later(90)), "taken once");
     // The same writer racing the apply itself counts too: two more at once, then a pause.
     for n in 0..2 {
