@@ -29,8 +29,6 @@
 //!
 //! Writes `e2e/results/groups.md`.
 
-use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
@@ -43,20 +41,22 @@ use e2e::system::{Credentials, System, Webhooks};
 use e2e::{Fleet, FleetSpec, wait_for};
 use futures::future::join_all;
 use futures::{StreamExt as _, TryStreamExt as _, stream};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::Secret;
-use kkp_quota_crds::kkp::{ADMIN_KUBECONFIG_SECRET, Cluster, KUBECONFIG_KEY, Project};
-use kkp_quota_crds::machine::Machine;
-use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaLedger, Resource, ResourceDetails};
-use kkp_quota_runtime::webhook_auth::{SigningKeys, webhook_url};
-use kkp_quota_runtime::webhook_config::{self, Operations};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client, ResourceExt as _};
+use kkp_quota_crds::kkp::Project;
+use kkp_quota_crds::{QuotaGroup, QuotaLedger};
+use kkp_quota_runtime::webhook_auth::SigningKeys;
+use kkp_quota_runtime::webhook_config;
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
+mod group;
 mod made_tight;
 mod report;
+mod simulated;
+
+use group::{group_off, group_on, in_force, overrun_state, wait_room};
+use simulated::{Simulated, cluster_name, create_simulated, machine, project_name, register};
 
 const SEED: &str = "seed-a";
 const GROUP: &str = "bench-group";
@@ -99,14 +99,6 @@ impl Mode {
             Mode::Group => "the same, and a shared group over all of them",
         }
     }
-}
-
-fn cluster_name(i: usize) -> String {
-    format!("c{i:03}")
-}
-
-fn project_name(i: usize) -> String {
-    format!("p{i:03}")
 }
 
 /// The processes whose CPU time is measured, in the table's order (the clients, this program,
@@ -177,240 +169,6 @@ struct Measured {
     /// The check's phase, and the headroom it had.
     tight: Phase,
     headroom: usize,
-}
-
-/// The simulated user clusters: where each one's Machines are created.
-struct Simulated {
-    /// One client per host, shared by the clusters on it.
-    hosts: Vec<Client>,
-    count: usize,
-}
-
-impl Simulated {
-    fn machines(&self, i: usize) -> Api<Machine> {
-        Api::namespaced(self.hosts[i % self.hosts.len()].clone(), &cluster_name(i))
-    }
-
-    /// The Machines that exist in every simulated cluster, counted on their hosts.
-    async fn count(&self) -> Result<usize> {
-        let mut count = 0;
-        for host in &self.hosts {
-            count += Api::<Machine>::all(host.clone())
-                .list_metadata(&ListParams::default())
-                .await?
-                .items
-                .len();
-        }
-        Ok(count)
-    }
-}
-
-/// A Machine of `cpus` cpu, for any namespace (the API's namespace is the one it gets).
-fn machine(name: &str, cpus: i64) -> Machine {
-    let mut m = e2e::machines::vsphere(name, cpus);
-    m.metadata.namespace = None;
-    m
-}
-
-/// Simulated cluster `i`: its namespace on its host; on the seed its `Cluster` of project `i`
-/// (with `status.namespaceName`) and the admin kubeconfig naming that namespace.
-async fn create_simulated(fleet: &Fleet, hosts: &[String], i: usize) -> Result<()> {
-    let name = cluster_name(i);
-    let host = fleet.user_cluster(&hosts[i % hosts.len()]);
-    e2e::fleet::create_namespace(&host.client(), &name).await?;
-    let seed = fleet.seed(SEED).client();
-    let namespace = e2e::fleet::cluster_namespace(&name);
-    e2e::fleet::create_namespace(&seed, &namespace).await?;
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(ADMIN_KUBECONFIG_SECRET.to_owned()),
-            namespace: Some(namespace.clone()),
-            ..ObjectMeta::default()
-        },
-        data: Some(
-            [(
-                KUBECONFIG_KEY.to_owned(),
-                ByteString(host.in_cluster_kubeconfig_with_namespace(&name)?.into_bytes()),
-            )]
-            .into(),
-        ),
-        ..Secret::default()
-    };
-    Api::<Secret>::namespaced(seed.clone(), &namespace)
-        .create(&PostParams::default(), &secret)
-        .await
-        .with_context(|| format!("the admin kubeconfig of {name}"))?;
-    let clusters = Api::<Cluster>::all(seed);
-    clusters
-        .create(
-            &PostParams::default(),
-            &e2e::fleet::project_cluster(&name, &project_name(i)),
-        )
-        .await
-        .with_context(|| format!("Cluster {name}"))?;
-    clusters
-        .patch_status(
-            &name,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"status": {"namespaceName": namespace}})),
-        )
-        .await?;
-    Ok(())
-}
-
-/// Points simulated cluster `i` at the webhook (base URL `base`): the configuration
-/// seed-controller writes for a user cluster, named for the cluster and selecting its namespace.
-async fn register(
-    fleet: &Fleet,
-    sim: &Simulated,
-    base: &str,
-    keys: &SigningKeys,
-    ca: &[u8],
-    i: usize,
-) -> Result<()> {
-    let name = cluster_name(i);
-    let uid = Api::<Cluster>::all(fleet.seed(SEED).client())
-        .get(&name)
-        .await?
-        .metadata
-        .uid
-        .context("a Cluster without UID")?;
-    let url = webhook_url(base, &name, &keys.sign(&name, &uid));
-    let mut config = webhook_config::desired(&url, Some(ca), Operations::CreateAndUpdate);
-    let config_name = format!("{}-{name}", webhook_config::NAME);
-    config["metadata"]["name"] = json!(config_name);
-    for webhook in config["webhooks"]
-        .as_array_mut()
-        .context("a configuration without webhooks")?
-    {
-        webhook["namespaceSelector"] = json!({"matchLabels": {"kubernetes.io/metadata.name": name}});
-    }
-    Api::<ValidatingWebhookConfiguration>::all(sim.hosts[i % sim.hosts.len()].clone())
-        .patch(
-            &config_name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&config),
-        )
-        .await
-        .with_context(|| format!("registering {name}"))?;
-    Ok(())
-}
-
-fn cpu(details: &ResourceDetails) -> Option<kkp_quota_crds::Quantity> {
-    details.get(Resource::Cpu)
-}
-
-/// How [`group_on`] went, timed from the group's write.
-struct Settling {
-    /// Whether the group was created (it did not exist).
-    created: bool,
-    /// When every project held a copy of its word, and when it granted.
-    holding: Duration,
-    granting: Duration,
-}
-
-/// Writes the group with `limit` cpu and waits until every project holds a copy of its word
-/// and no member holds its grants back (`GrantsHeld` false). Notes in `taken`, if given, when
-/// each project was first seen holding one (from the write).
-async fn group_on(
-    fleet: &Fleet,
-    projects: usize,
-    limit: i64,
-    taken: Option<&Mutex<BTreeMap<String, Duration>>>,
-) -> Result<Settling> {
-    let group: QuotaGroup = serde_json::from_value(json!({
-        "apiVersion": "kkp-quota.dev/v1alpha1",
-        "kind": "QuotaGroup",
-        "metadata": {"name": GROUP},
-        "spec": {"selector": {"matchLabels": {LABEL: "yes"}}, "quota": {"cpu": limit.to_string()}},
-    }))?;
-    let groups = Api::<QuotaGroup>::all(fleet.master().client());
-    let created = groups.get_opt(GROUP).await?.is_none();
-    let written = Instant::now();
-    groups
-        .patch(GROUP, &PatchParams::apply(MANAGER).force(), &Patch::Apply(&group))
-        .await
-        .context("writing the group")?;
-    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
-    wait_for(WAIT, "every project holding the group's word", || async {
-        let list = quotas.list(&ListParams::default()).await.ok()?;
-        let holding: Vec<&ProjectQuota> = list
-            .items
-            .iter()
-            .filter(|q| {
-                q.status
-                    .as_ref()
-                    .and_then(|s| s.shares.as_ref())
-                    // A copy of version 0 only reports: it has taken no word of the group, so its
-                    // seeds' shares may not be decided yet (kept, or lowered to what they commit).
-                    .is_some_and(|s| s.groups.iter().any(|g| g.group == GROUP && g.version > 0))
-            })
-            .collect();
-        if let Some(taken) = taken {
-            let seen = written.elapsed();
-            let mut taken = taken.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            for quota in &holding {
-                taken.entry(quota.name_any()).or_insert(seen);
-            }
-        }
-        (holding.len() == projects).then_some(())
-    })
-    .await?;
-    let holding = written.elapsed();
-    wait_for(WAIT, "the group granting (GrantsHeld false)", || async {
-        let status = groups.get(GROUP).await.ok()?.status?;
-        let held = status.conditions.iter().find(|c| c.type_ == "GrantsHeld")?;
-        (held.status == "False").then_some(())
-    })
-    .await?;
-    Ok(Settling {
-        created,
-        holding,
-        granting: written.elapsed(),
-    })
-}
-
-/// Waits until every project's seed holds share for `room` more cpu than it commits: a phase
-/// that needs no more measures admission, not budgets and shares on their way (a group just
-/// created over busy projects, or usage that grew).
-async fn wait_room(fleet: &Fleet, projects: usize, room: i64) -> Result<()> {
-    let ledgers = Api::<QuotaLedger>::all(fleet.seed(SEED).client());
-    let room = kkp_quota_crds::Quantity::from_nanos(i128::from(room) * 1_000_000_000);
-    wait_for(WAIT, "every project's seed holding room for a phase", || async {
-        let list = ledgers.list(&ListParams::default()).await.ok()?;
-        let roomy = list
-            .items
-            .iter()
-            .filter_map(|l| e2e::shares::exact_figures(l, Resource::Cpu))
-            .filter(|(committed, share)| share.saturating_sub_to_zero(*committed) >= room)
-            .count();
-        (roomy >= projects).then_some(())
-    })
-    .await
-}
-
-/// Deletes the group and waits until no project holds a copy of it.
-async fn group_off(fleet: &Fleet) -> Result<()> {
-    let groups = Api::<QuotaGroup>::all(fleet.master().client());
-    match groups.delete(GROUP, &DeleteParams::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 404 => {}
-        Err(e) => return Err(e).context("deleting the group"),
-    }
-    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
-    wait_for(WAIT, "no project holding a group's word", || async {
-        let list = quotas.list(&ListParams::default()).await.ok()?;
-        list.items
-            .iter()
-            .all(|q| {
-                q.status
-                    .as_ref()
-                    .and_then(|s| s.shares.as_ref())
-                    .is_none_or(|s| s.groups.is_empty())
-            })
-            .then_some(())
-    })
-    .await
 }
 
 /// One client per project, each creating `creates` Machines of 1 cpu one after another.
@@ -506,107 +264,6 @@ async fn enforced(fleet: &Fleet, sim: &Simulated, projects: usize, running: usiz
     }
 
     Ok((tight, headroom))
-}
-
-/// Whether a lowered limit is in force on every member: each member's copy holds the group's
-/// current word, each member's seed holds its project's current record (the targets planned
-/// within that word), and the record counts no more held than `limit` (each member at the
-/// larger of its budget and what it reported committed, as the group's plan counts it).
-async fn in_force(fleet: &Fleet, limit: i64) -> Result<bool> {
-    let group = Api::<QuotaGroup>::all(fleet.master().client()).get(GROUP).await?;
-    let Some(record) = group.status.and_then(|s| s.budgets) else {
-        return Ok(false);
-    };
-    let quotas = Api::<ProjectQuota>::all(fleet.master().client())
-        .list(&ListParams::default())
-        .await?;
-    let ledgers = Api::<QuotaLedger>::all(fleet.seed(SEED).client())
-        .list(&ListParams::default())
-        .await?;
-    let mut held = kkp_quota_crds::Quantity::default();
-    for entry in &record.projects {
-        let quota_name = format!("project-{}", entry.name);
-        let Some(shares) = quotas
-            .items
-            .iter()
-            .find(|q| q.metadata.name.as_deref() == Some(quota_name.as_str()))
-            .and_then(|q| q.status.as_ref())
-            .and_then(|s| s.shares.as_ref())
-        else {
-            return Ok(false);
-        };
-        let Some(copy) = shares.groups.iter().find(|c| c.group == GROUP) else {
-            return Ok(false);
-        };
-        let seed_holds = ledgers
-            .items
-            .iter()
-            .find(|l| {
-                l.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.ends_with(&entry.name))
-            })
-            .and_then(|l| l.spec.shares.as_ref())
-            .map(|s| s.version);
-        if copy.version != record.version || seed_holds != Some(shares.version) {
-            return Ok(false);
-        }
-        let budget = cpu(&entry.granted)
-            .unwrap_or_default()
-            .saturating_sub_to_zero(cpu(&entry.released).unwrap_or_default());
-        held = held.checked_add(budget.max(cpu(&copy.committed).unwrap_or_default()))?;
-    }
-    Ok(held <= kkp_quota_crds::Quantity::from_units(limit))
-}
-
-/// For every project that admitted a Machine in the enforced check: how many, its entry in the
-/// group's record, its `ProjectQuota`'s share record, and its seed's ledger (the word it holds,
-/// its figures).
-async fn overrun_state(fleet: &Fleet, sim: &Simulated, projects: usize) -> Result<String> {
-    use std::fmt::Write as _;
-    let group = Api::<QuotaGroup>::all(fleet.master().client()).get(GROUP).await?;
-    let record = group.status.and_then(|s| s.budgets).unwrap_or_default();
-    let quotas = Api::<ProjectQuota>::all(fleet.master().client());
-    let ledgers = Api::<QuotaLedger>::all(fleet.seed(SEED).client());
-    let mut out = String::new();
-    for i in 0..projects {
-        let admitted = sim
-            .machines(i)
-            .list_metadata(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|m| {
-                m.metadata
-                    .name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with("tight-"))
-            })
-            .count();
-        if admitted == 0 {
-            continue;
-        }
-        let name = project_name(i);
-        let entry = record.projects.iter().find(|p| p.name == name);
-        let quota = quotas.get_opt(&format!("project-{name}")).await?;
-        let shares = quota.and_then(|q| q.status).and_then(|s| s.shares);
-        let ledgers = ledgers.list(&ListParams::default()).await?;
-        let ledger = ledgers
-            .items
-            .iter()
-            .find(|l| l.metadata.name.as_deref().is_some_and(|n| n.ends_with(&name)));
-        let _ = writeln!(
-            out,
-            "{name}: admitted {admitted}; group entry {}; project shares {}; ledger {:?} spec.shares {} status.released {}",
-            serde_json::to_string(&entry)?,
-            serde_json::to_string(&shares)?,
-            ledger.and_then(|l| e2e::shares::exact_figures(l, Resource::Cpu)),
-            serde_json::to_string(&ledger.map(|l| &l.spec.shares))?,
-            serde_json::to_string(&ledger.and_then(|l| l.status.as_ref()).map(|s| &s.released))?,
-        );
-    }
-    Ok(out)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
