@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kkp_quota_crds::kkp::Project;
 use kkp_quota_crds::{ProjectQuota, ResourceQuota};
 use kube::Client;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 use crate::kkp_copies::KkpCopies;
 use crate::ledger_guard::HandDeletes;
@@ -43,4 +43,13 @@ pub(crate) struct Ctx {
     pub not_in_force: crate::not_in_force::NotInForce,
     /// The newest `QuotaGroup`s, from the group loop: the budgets a project plans within.
     pub groups: crate::budgets::GroupBook,
+}
+
+impl Ctx {
+    /// Remembers `written`, this process's write of quota `name`'s `ProjectQuota`, until the
+    /// cache shows it ([`ShareMemory::wrote`]).
+    pub fn wrote_project_quota(&self, name: &str, written: ProjectQuota) {
+        let cached = self.project_quotas.get(&ObjectRef::new(name));
+        self.memory.wrote(name, written, cached.as_deref());
+    }
 }

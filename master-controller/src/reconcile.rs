@@ -89,7 +89,7 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
             )
             .await?;
         debug!("ProjectQuota applied");
-        ctx.memory.wrote(&name, applied.clone());
+        ctx.wrote_project_quota(&name, applied.clone());
         project_quota = Some(Arc::new(applied));
     }
     let Some(project_quota) = project_quota else {
@@ -332,7 +332,7 @@ async fn write_master_status(
                 pq_api.patch_status(&name, &params, &Patch::Merge(&patch)),
             )
             .await?;
-        ctx.memory.wrote(&name, written);
+        ctx.wrote_project_quota(&name, written);
     }
     let current = master_rq.status.as_ref().and_then(|s| s.global_usage.as_ref());
     if foreign.is_empty()

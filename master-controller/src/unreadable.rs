@@ -120,7 +120,7 @@ pub(crate) async fn say(
             pq_api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
         )
         .await?;
-    ctx.memory.wrote(&name, written);
+    ctx.wrote_project_quota(&name, written);
     warn_event(master_rq, desired, ctx).await;
     Ok(true)
 }
