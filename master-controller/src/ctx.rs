@@ -49,7 +49,7 @@ impl Ctx {
     /// Remembers `written`, this process's write of quota `name`'s `ProjectQuota`, until the
     /// cache shows it ([`ShareMemory::wrote`]).
     pub fn wrote_project_quota(&self, name: &str, written: ProjectQuota) {
-        let cached = self.project_quotas.get(&ObjectRef::new(name));
-        self.memory.wrote(name, written, cached.as_deref());
+        self.memory
+            .wrote(name, written, || self.project_quotas.get(&ObjectRef::new(name)));
     }
 }

@@ -291,7 +291,8 @@ impl KkpCopies {
     pub fn retake_waits_until(&self, seed: &str, name: &str) -> Option<Instant> {
         let memory = self.lock();
         let c = memory.copies.get(&Self::key(seed, name))?;
-        c.retake_waiting.then_some(c.taken_back? + RETAKE_PAUSE)
+        let pause_began = c.taken_back?;
+        c.retake_waiting.then_some(pause_began + RETAKE_PAUSE)
     }
 }
 

@@ -149,7 +149,8 @@ pub(crate) async fn reconcile_quota(master_rq: &ResourceQuota, ctx: &Ctx) -> Res
     .await;
     let mut failed: Vec<String> = Vec::new();
     let mut views: Vec<SeedView> = Vec::with_capacity(applied.len());
-    // When a KKP copy changed by someone else while it was applied is to be applied again.
+    // When a KKP copy is to be applied again (changed by someone else while it was applied, or
+    // its retake waiting out its pause).
     let mut retake: Option<Instant> = None;
     for (view, result) in applied {
         match result {

@@ -94,7 +94,8 @@ where
 /// first, so the seed-controller finds it when the ledger appears). `shares` is the seed's part
 /// of the persisted share record, never of an unpersisted plan. Returns the view with the
 /// ledger as it is now, and the write's failure (logged and counted here already) or when KKP's
-/// copy is to be applied again (changed by someone else while it was applied). While the
+/// copy is to be applied again (changed by someone else while it was applied, or a retake
+/// waiting out its pause, [`crate::kkp_copies::KkpCopies::retake_waits_until`]). While the
 /// seed has a demand waiting (`waiting`), the groups its ledger carries for denials are
 /// refreshed too ([`fanout::groups_stale`]).
 pub(crate) async fn fan_out(
@@ -129,7 +130,8 @@ pub(crate) async fn fan_out(
             || (fanout::ledger_in_sync(master_rq, limits, shares.as_ref(), policies, c)
                 && !fanout::groups_stale(shares.as_ref(), c, waiting))
     });
-    // Not due yet: this turn asks for it again, as the turn that found it waiting did.
+    // A retake waiting out its pause: a turn at its time is asked for again (this turn
+    // cancelled the retry time an earlier turn asked for).
     let waits = (!kkp_due)
         .then(|| ctx.kkp_copies.retake_waits_until(&view.name, &name))
         .flatten()

@@ -1,5 +1,7 @@
 //! The benchmark's group: written over the projects and waited for until it grants, deleted,
-//! and checked for being in force on every member's seed once its limit is lowered.
+//! waited for until every project's seed has room for a phase, checked for being in force on
+//! every member's seed once its limit is lowered, and, when the check fails, what each project
+//! that admitted held.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -15,17 +17,17 @@ use serde_json::json;
 use super::simulated::{Simulated, project_name};
 use super::{GROUP, LABEL, MANAGER, SEED, WAIT};
 
-pub(super) fn cpu(details: &ResourceDetails) -> Option<kkp_quota_crds::Quantity> {
+fn cpu(details: &ResourceDetails) -> Option<kkp_quota_crds::Quantity> {
     details.get(Resource::Cpu)
 }
 
 /// How [`group_on`] went, timed from the group's write.
 pub(super) struct Settling {
     /// Whether the group was created (it did not exist).
-    pub created: bool,
+    pub(super) created: bool,
     /// When every project held a copy of its word, and when it granted.
-    pub holding: Duration,
-    pub granting: Duration,
+    pub(super) holding: Duration,
+    pub(super) granting: Duration,
 }
 
 /// Writes the group with `limit` cpu and waits until every project holds a copy of its word

@@ -174,7 +174,7 @@ struct Measured {
 /// One client per project, each creating `creates` Machines of 1 cpu one after another.
 async fn phase(sim: &Simulated, mode: Mode, tag: &str, creates: usize) -> Result<Phase> {
     let start = Instant::now();
-    let runs = (0..sim.count).map(|i| {
+    let runs = (0..sim.clusters).map(|i| {
         let api = sim.machines(i);
         async move {
             let mut out = Vec::with_capacity(creates);
@@ -320,7 +320,7 @@ async fn main() -> Result<()> {
     system.wait_ready(WAIT).await?;
     let sim = Simulated {
         hosts: hosts.iter().map(|h| fleet.user_cluster(h).client()).collect(),
-        count: args.projects,
+        clusters: args.projects,
     };
     for host in &sim.hosts {
         match Api::<ValidatingWebhookConfiguration>::all(host.clone())

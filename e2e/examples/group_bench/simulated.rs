@@ -27,8 +27,8 @@ pub(super) fn project_name(i: usize) -> String {
 /// The simulated user clusters: where each one's Machines are created.
 pub(super) struct Simulated {
     /// One client per host, shared by the clusters on it.
-    pub hosts: Vec<Client>,
-    pub count: usize,
+    pub(super) hosts: Vec<Client>,
+    pub(super) clusters: usize,
 }
 
 impl Simulated {

@@ -95,29 +95,39 @@ impl ShareMemory {
     pub fn caught_up(&self, cached: &ProjectQuota) {
         let mut all = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(m) = all.get_mut(&cached.name_any())
-            && m.written
-                .as_deref()
-                .is_some_and(|w| resource_version(w) <= resource_version(cached))
+            && m.written.as_deref().is_some_and(|w| holds(cached, w))
         {
             m.written = None;
         }
     }
 
     /// Remembers `written` as the newest `ProjectQuota` of quota `name`, unless the cache
-    /// (`cached`, read after the write) holds it or newer already. The watch's event for a write
-    /// can come before the write's answer is handled; a copy kept then was never forgotten
-    /// until the quota's next round, and at a cold start of 10,000 quotas nearly every quota's
-    /// copy was kept that way (39 MB at the master's peak heap, its profile against 19d7fe0's).
-    pub fn wrote(&self, name: &str, written: ProjectQuota, cached: Option<&ProjectQuota>) {
-        let cached_version = cached.and_then(resource_version);
-        let caught_up = cached_version.is_some() && resource_version(&written) <= cached_version;
-        self.with(name, |m| m.written = (!caught_up).then(|| Arc::new(written)));
+    /// (`cached`, read under this memory's lock, which [`ShareMemory::caught_up`] takes after
+    /// the cache was updated) holds it or newer already. The watch's event for a write can come
+    /// before the write's answer is handled; a copy kept then was never forgotten until the
+    /// quota's next round, and at a cold start of 10,000 quotas nearly every quota's copy was
+    /// kept that way (39 MB at the master's peak heap, its profile against 19d7fe0's).
+    pub fn wrote(
+        &self,
+        name: &str,
+        written: ProjectQuota,
+        cached: impl FnOnce() -> Option<Arc<ProjectQuota>>,
+    ) {
+        self.with(name, |m| {
+            let held = cached().is_some_and(|c| holds(&c, &written));
+            m.written = (!held).then(|| Arc::new(written));
+        });
     }
 
     /// Forgets quota `name` (deleted).
     pub fn forget(&self, name: &str) {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
     }
+}
+
+/// Whether `cached` is `written` or newer, by `resourceVersion`.
+fn holds(cached: &ProjectQuota, written: &ProjectQuota) -> bool {
+    resource_version(written) <= resource_version(cached)
 }
 
 /// One round of the protocol for `master_rq`, starting from `pq` (the newest `ProjectQuota`
@@ -404,7 +414,7 @@ mod tests {
         assert_eq!(rv(newest(None, Some(pq("12")))), Some("12".into()));
         assert_eq!(rv(newest(Some(pq("9")), None)), Some("9".into()));
         let memory = ShareMemory::default();
-        memory.wrote("q", (*pq("12")).clone(), None);
+        memory.wrote("q", (*pq("12")).clone(), || None);
         assert_eq!(rv(memory.newest("q", Some(pq("11")))), Some("12".into()));
         assert_eq!(rv(memory.newest("q", Some(pq("12")))), Some("12".into()));
         assert_eq!(
@@ -413,7 +423,7 @@ mod tests {
             "forgotten once the cache caught up"
         );
         // The watch sees the cache catch up: forgotten without a round, and only then.
-        memory.wrote("q", (*pq("14")).clone(), Some(&pq("13")));
+        memory.wrote("q", (*pq("14")).clone(), || Some(pq("13")));
         memory.caught_up(&pq("13"));
         assert_eq!(rv(memory.newest("q", None)), Some("14".into()));
         memory.caught_up(&pq("14"));
@@ -422,7 +432,7 @@ mod tests {
             "the cache holds it"
         );
         // The watch's event for a write came before its answer: nothing to keep.
-        memory.wrote("q", (*pq("15")).clone(), Some(&pq("15")));
+        memory.wrote("q", (*pq("15")).clone(), || Some(pq("15")));
         assert!(
             memory.0.lock().unwrap()["q"].written.is_none(),
             "the cache held it first"
