@@ -1,8 +1,8 @@
 //! A shared group over two projects (issue #36's burst, docs/groups.md "Shared mode"), on the
-//! shares fleet with project `other` added (a cluster on each seed): rounds of 60 creates over
-//! the four clusters, overlapping groups, the group lowered below usage, the projects' own quotas
-//! tighter than the group, a project labelled into a group it is over, and one labelled out and
-//! back in during a burst.
+//! shares fleet with project `other` added (a cluster on each seed): 20 rounds of 60 creates over
+//! the four clusters against the group's 10, and 20 with the projects' own quotas tighter than the
+//! group, each admitting exactly the room; overlapping groups, the group lowered below usage, a
+//! project labelled into a group it is over, and one labelled out and back in during a burst.
 
 use std::fmt::Write as _;
 
@@ -18,11 +18,17 @@ use e2e::shares::{delete_all, exact_figures, group_overrun_watcher};
 use e2e::system::FleetWithSystem;
 use e2e::wait_for;
 
-/// The group over `demo` and `other`.
+/// The group over `demo` and `other`: the issue's headroom for 10, where each project's own
+/// quota ([`LIMIT`], 10) would allow more together.
 const PAIR: &str = "acme-pair";
-const PAIR_CPU: usize = 6;
-/// Rounds of the two-project burst (each about half a minute on the 2-core CI machine).
-const PAIR_ROUNDS: usize = 3;
+const PAIR_CPU: usize = 10;
+/// Rounds of the two-project burst, and of the burst under the projects' own tighter quotas (the
+/// issue's 20 each).
+const PAIR_ROUNDS: usize = 20;
+/// The projects' own quotas in the tighter rounds: together below the group's [`PAIR_CPU`].
+const TIGHT_CPU: usize = 2;
+/// What each project uses when `other` is labelled into the group over its room.
+const JOINING_CPU: usize = PAIR_CPU / 2 + 1;
 /// The second group over `demo` alone, inside [`PAIR`] (overlapping groups).
 const SOLO: &str = "acme-solo";
 const SOLO_CPU: usize = 4;
@@ -58,11 +64,11 @@ async fn pair_setup(setup: &FleetWithSystem) {
     }
 }
 
-/// Issue #36's burst: a group of 6 cpu over `demo` (alpha on seed-a, gamma on seed-b) and `other`
-/// (delta, epsilon), each project with its own 10. Each round, 60 creates at once over the four
-/// clusters: never more than 6 committed together at any version of any ledger of either
-/// project, what the burst left (budget or share still moving when its requests gave up) filled
-/// to exactly 6, nothing past it, and the refusal names the group.
+/// Issue #36's burst: a group of 10 cpu over `demo` (alpha on seed-a, gamma on seed-b) and
+/// `other` (delta, epsilon), each project with its own 10. Each of 20 rounds, 60 creates at once
+/// over the four clusters admit exactly 10, never more than 10 committed together at any version
+/// of any ledger of either project, nothing past it, and the refusal names the group. Then the
+/// same with the projects' own quotas tighter than the group, and the scenarios below.
 pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut FleetWithSystem) {
     pair_setup(setup).await;
     let fleet = &setup.fleet;
@@ -74,31 +80,19 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
     let demo_spread: Vec<&str> = (0..30).map(|i| ["alpha", "gamma"][i % 2]).collect();
     let other_spread: Vec<&str> = (0..30).map(|i| OTHER_CLUSTERS[i % 2]).collect();
     for round in 0..PAIR_ROUNDS {
+        let began = std::time::Instant::now();
         let prefix = format!("pair{round}");
         let (demo, other) = tokio::join!(
             e2e::shares::burst(fleet, "demo", &demo_spread, &prefix),
             e2e::shares::burst(fleet, "other", &other_spread, &prefix),
         );
-        let first = demo + other;
-        assert!(first <= PAIR_CPU, "round {round}: {demo} + {other} admitted");
-        let mut admitted = first;
-        let mut bursts = 0;
-        while admitted < PAIR_CPU {
-            bursts += 1;
-            assert!(
-                bursts <= 20,
-                "round {round}: only {admitted} of {PAIR_CPU} admitted"
-            );
-            let room = vec!["gamma"; PAIR_CPU - admitted + 1];
-            let other_room = vec![OTHER_CLUSTERS[0]; PAIR_CPU - admitted + 1];
-            let prefix = format!("pair{round}-fill{bursts}");
-            let (demo, other) = tokio::join!(
-                e2e::shares::burst(fleet, "demo", &room, &prefix),
-                e2e::shares::burst(fleet, "other", &other_room, &prefix),
-            );
-            admitted += demo + other;
-            assert!(admitted <= PAIR_CPU, "round {round}: {admitted} admitted");
-        }
+        assert_eq!(
+            demo + other,
+            PAIR_CPU,
+            "round {round}: the burst of 60 admitted {demo} demo + {other} other against the group's \
+             {PAIR_CPU}; the pair now:\n{}",
+            pair_state(fleet).await
+        );
         let prefix = format!("pair{round}-past");
         let past = tokio::join!(
             e2e::shares::burst(fleet, "demo", &["alpha"; 2], &prefix),
@@ -107,7 +101,13 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
         assert_eq!(past, (0, 0), "round {round}: admitted past the group");
         if round == 0 {
             // `other`'s refusal counts what demo uses: the group's figures its ledgers carry.
-            let named = group_refusal(fleet, OTHER_CLUSTERS[1], PAIR, "uses 6 of 6 cpu").await;
+            let named = group_refusal(
+                fleet,
+                OTHER_CLUSTERS[1],
+                PAIR,
+                &format!("uses {PAIR_CPU} of {PAIR_CPU} cpu"),
+            )
+            .await;
             assert!(
                 named.contains(r#"project "other" is within its own quota"#),
                 "{named}"
@@ -120,7 +120,8 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
         );
         eprintln!(
             "group of {PAIR_CPU} cpu over demo and other (10 each), round {round}: the burst of 60 admitted \
-             {first} ({demo} demo, {other} other), {bursts} more bursts filled it"
+             {demo} demo + {other} other ({:.1} s)",
+            began.elapsed().as_secs_f64()
         );
         empty_pair(fleet).await;
     }
@@ -130,29 +131,7 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
     overlapping_groups_the_tighter_wins(fleet, (&demo_spread, &other_spread)).await;
     a_group_lowered_below_usage_admits_nothing_more(fleet).await;
 
-    // The projects' own quotas tighter than the group: 2 each, 4 together, below its 6. Each
-    // project's own quota refuses, and says so.
-    set_own_limits(fleet, 2).await;
-    let (demo, other) = tokio::join!(
-        e2e::shares::burst(fleet, "demo", &demo_spread, "tight"),
-        e2e::shares::burst(fleet, "other", &other_spread, "tight"),
-    );
-    eprintln!("demo and other at 2 cpu each under the group's 6: the burst of 60 admitted {demo} + {other}");
-    tokio::join!(
-        fill_to(fleet, "demo", "gamma", demo, 2),
-        fill_to(fleet, "other", OTHER_CLUSTERS[0], other, 2),
-    );
-    let denied = e2e::machines::api(fleet, "alpha")
-        .create(&PostParams::default(), &e2e::machines::vsphere("tight-past", 1))
-        .await
-        .expect_err("admitted past demo's own 2 cpu");
-    let denied = denied.to_string();
-    assert!(
-        denied.contains(r#"project "demo" uses 2 of 2 cpu"#) && !denied.contains("group"),
-        "{denied}"
-    );
-    empty_pair(fleet).await;
-    set_own_limits(fleet, LIMIT).await;
+    the_projects_own_quotas_tighter_than_the_group(fleet, (&demo_spread, &other_spread)).await;
 
     let _ = stop.send(());
     let checked = watching.await.unwrap();
@@ -170,10 +149,63 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
     }
 }
 
+/// The projects' own quotas tighter than the group: [`TIGHT_CPU`] each, together below its
+/// [`PAIR_CPU`]. Each round, 60 creates at once over the four clusters admit exactly each
+/// project's own quota (every version of each project's ledgers watched against it); the next
+/// refusal names the project's own quota, not the group.
+async fn the_projects_own_quotas_tighter_than_the_group(fleet: &e2e::Fleet, spreads: (&[&str], &[&str])) {
+    set_own_limits(fleet, i64::try_from(TIGHT_CPU).unwrap()).await;
+    let own = Quantity::from_units(i64::try_from(TIGHT_CPU).unwrap());
+    let (stop_demo, demo_stopped) = oneshot::channel();
+    let (stop_other, other_stopped) = oneshot::channel();
+    let watching = [
+        group_overrun_watcher(fleet, &[NAME], Resource::Cpu, own, demo_stopped),
+        group_overrun_watcher(fleet, &[OTHER], Resource::Cpu, own, other_stopped),
+    ];
+    for round in 0..PAIR_ROUNDS {
+        let began = std::time::Instant::now();
+        let prefix = format!("tight{round}");
+        let (demo, other) = tokio::join!(
+            e2e::shares::burst(fleet, "demo", spreads.0, &prefix),
+            e2e::shares::burst(fleet, "other", spreads.1, &prefix),
+        );
+        assert_eq!(
+            (demo, other),
+            (TIGHT_CPU, TIGHT_CPU),
+            "round {round}: the burst of 60 under own quotas of {TIGHT_CPU} each; the pair now:\n{}",
+            pair_state(fleet).await
+        );
+        let denied = e2e::machines::api(fleet, "alpha")
+            .create(
+                &PostParams::default(),
+                &e2e::machines::vsphere(&format!("{prefix}-past"), 1),
+            )
+            .await
+            .expect_err("admitted past demo's own quota");
+        let denied = denied.to_string();
+        assert!(
+            denied.contains(&format!(r#"project "demo" uses {TIGHT_CPU} of {TIGHT_CPU} cpu"#))
+                && !denied.contains("group"),
+            "{denied}"
+        );
+        eprintln!(
+            "demo and other at {TIGHT_CPU} cpu each under the group's {PAIR_CPU}, round {round}: the burst of 60 \
+             admitted {demo} + {other} ({:.1} s)",
+            began.elapsed().as_secs_f64()
+        );
+        empty_pair(fleet).await;
+    }
+    let _ = (stop_demo.send(()), stop_other.send(()));
+    for watched in watching {
+        assert!(watched.await.unwrap() > 0, "no version of a ledger checked");
+    }
+    set_own_limits(fleet, LIMIT).await;
+}
+
 /// The master killed mid-burst (issue #36): a burst of 60 over the four clusters, the master
 /// killed as soon as it is under way. The seeds keep admitting within the shares they hold,
-/// never more than the group's 6 together (the group watcher sees every version); restarted, the
-/// master moves what is left, and the group fills to exactly 6, none past.
+/// never more than the group's 10 together (the group watcher sees every version); restarted,
+/// the master moves what is left, and the group fills to exactly 10, none past.
 async fn a_group_burst_with_the_master_killed(setup: &mut FleetWithSystem, spreads: (&[&str], &[&str])) {
     let master_name = super::master_controller(setup).name.clone();
     let under_way = burst_under_way(
@@ -241,7 +273,7 @@ async fn burst_under_way(seeds: Vec<kube::Client>) {
 /// the group's room; back in, it keeps what it brought (a project joining over the room) and the
 /// group admits nothing more while over. Whichever way the flips fall in the burst: once
 /// `other` holds the group's word again and the seeds hold no room, nothing more is admitted;
-/// if the pair is within the group, it fills to exactly 6, none past.
+/// if the pair is within the group, it fills to exactly 10, none past.
 async fn a_project_relabelled_out_and_in_mid_burst(fleet: &e2e::Fleet, spreads: (&[&str], &[&str])) {
     let quotas = Api::<kkp_quota_crds::ProjectQuota>::all(fleet.master().client());
     let seeds: Vec<kube::Client> = e2e::shares::SEEDS
@@ -389,8 +421,8 @@ async fn group_refusal(fleet: &e2e::Fleet, cluster: &str, group: &str, figures: 
 }
 
 /// Overlapping groups, the most restrictive wins: a second group, `solo`, of 4 cpu over `demo`
-/// alone, inside the group of 6 over both. A burst over the four clusters admits at most 4 to
-/// demo and 6 together; the rest is filled (demo first) to exactly 6, none past.
+/// alone, inside the group of 10 over both. A burst over the four clusters admits at most 4 to
+/// demo and 10 together; the rest is filled (demo first) to exactly 10, none past.
 async fn overlapping_groups_the_tighter_wins(fleet: &e2e::Fleet, spreads: (&[&str], &[&str])) {
     let master = fleet.master().client();
     set_label(fleet, "demo", "solo", Some("yes")).await;
@@ -426,9 +458,9 @@ async fn overlapping_groups_the_tighter_wins(fleet: &e2e::Fleet, spreads: (&[&st
     empty_pair(fleet).await;
 }
 
-/// The group lowered below what its projects use (6 of them, lowered to 3): they keep their
+/// The group lowered below what its projects use (10 of them, lowered to 3): they keep their
 /// Machines, the group says `QuotaExceeded`, nothing more is admitted and the refusal names the
-/// group; once they are gone, exactly the new 3 is usable. The group is set back to 6.
+/// group; once they are gone, exactly the new 3 is usable. The group is set back to 10.
 async fn a_group_lowered_below_usage_admits_nothing_more(fleet: &e2e::Fleet) {
     fill_exactly(fleet, "demo", "gamma", PAIR_CPU / 2).await;
     fill_exactly(fleet, "other", OTHER_CLUSTERS[0], PAIR_CPU / 2).await;
@@ -458,16 +490,16 @@ async fn a_group_lowered_below_usage_admits_nothing_more(fleet: &e2e::Fleet) {
     set_pair_limit(fleet, PAIR_CPU).await;
 }
 
-/// A project labelled into a group whose room it exceeds: `other` (outside the group, 4 cpu of
-/// its own in use) joins while demo uses 4 of the 6. Both keep their Machines and the group says
-/// `QuotaExceeded`. The share `other`'s seeds held from before stays theirs to spend until its
+/// A project labelled into a group whose room it exceeds: `other` (outside the group,
+/// [`JOINING_CPU`] of its own in use) joins while demo uses as much of the 10. Both keep their
+/// Machines and the group says `QuotaExceeded`. The share `other`'s seeds held from before stays theirs to spend until its
 /// lowered targets reach them (docs/groups.md, `member_report`): a burst at once measures that
 /// window (reported, not asserted); once the seeds hold no room, nothing more is admitted.
-/// `other` labelled out again frees its usage there at once: demo has its 2 back.
+/// `other` labelled out again frees its usage there at once: demo has the rest of the 10 back.
 async fn a_project_labelled_into_a_full_group_admits_nothing_more(fleet: &e2e::Fleet) {
     set_label(fleet, "other", "customer", None).await;
-    fill_exactly(fleet, "other", OTHER_CLUSTERS[0], 4).await;
-    fill_exactly(fleet, "demo", "gamma", 4).await;
+    fill_exactly(fleet, "other", OTHER_CLUSTERS[0], JOINING_CPU).await;
+    fill_exactly(fleet, "demo", "gamma", JOINING_CPU).await;
     set_label(fleet, "other", "customer", Some(PAIR)).await;
     let window = tokio::join!(
         e2e::shares::burst(fleet, "demo", &["alpha"; 4], "joining"),
@@ -481,7 +513,8 @@ async fn a_project_labelled_into_a_full_group_admits_nothing_more(fleet: &e2e::F
         e2e::shares::burst(fleet, "other", &[OTHER_CLUSTERS[1]; 2], "joined-past"),
     );
     eprintln!(
-        "other (4 cpu) labelled into the group of {PAIR_CPU} where demo uses 4: a burst at once admitted {} demo + {} \
+        "other ({JOINING_CPU} cpu) labelled into the group of {PAIR_CPU} where demo uses {JOINING_CPU}: a burst at once \
+         admitted {} demo + {} \
          other from shares held before; once the seeds held no room, {} + {}",
         window.0, window.1, past.0, past.1
     );
@@ -492,7 +525,7 @@ async fn a_project_labelled_into_a_full_group_admits_nothing_more(fleet: &e2e::F
         pair_state(fleet).await
     );
     set_label(fleet, "other", "customer", None).await;
-    fill_to(fleet, "demo", "gamma", 4 + window.0, PAIR_CPU).await;
+    fill_to(fleet, "demo", "gamma", JOINING_CPU + window.0, PAIR_CPU).await;
     let past = e2e::shares::burst(fleet, "demo", &["alpha"; 2], "left-past").await;
     assert_eq!(past, 0, "admitted past the group once other left");
     empty_pair(fleet).await;

@@ -108,7 +108,10 @@ pub(super) fn plan_resource(
 
     // Ask seeds with idle share and no demand of their own to release it: first what they hold
     // above committed + slack, then the slack. Only reachable seeds that reported, since idle
-    // share is only known from a report.
+    // share is only known from a report. A holder that wants more than it holds is not idle
+    // even where its ceiling leaves it no need (a group's member at its own limit whose
+    // requests wait for the budget it holds): asked, it would give up what its own requests
+    // wait for, and in a burst that room is still in transit when the requests give up.
     let asked = unmet.checked_add(over)?;
     let mut reclaim = asked;
     for above_slack in [true, false] {
@@ -116,7 +119,11 @@ pub(super) fn plan_resource(
             let Some(committed) = record.committed_seen(resource) else {
                 continue;
             };
-            if !record.reachable || record.retiring || needs[i] > Quantity::ZERO {
+            if !record.reachable
+                || record.retiring
+                || needs[i] > Quantity::ZERO
+                || record.wants_more(resource)
+            {
                 continue;
             }
             let floor = if above_slack {
@@ -339,6 +346,35 @@ mod tests {
         let plan = v.plan(&cpu(0)).unwrap();
         assert_eq!(plan.grants["a"], cpu(10));
         assert_eq!(plan.targets["b"], cpu(80), "b is not asked for what a cannot use");
+    }
+
+    #[test]
+    fn a_holder_at_its_ceiling_that_wants_more_keeps_what_it_holds() {
+        // A group of 10 over two projects with own limits of 10: demo holds all 10, uses 9 and
+        // wants 23 (its requests wait for the 10th); other holds nothing and wants 14. demo's
+        // ceiling leaves it no need, but its 10th cpu is not idle: it stays with demo.
+        let at_ceiling = |mut record: SeedRecord| {
+            record.ceiling = cpu(10);
+            record
+        };
+        let v = view(
+            10,
+            vec![
+                ("demo", at_ceiling(seed(10, 0, 9, Some(23)))),
+                ("other", at_ceiling(seed(0, 0, 0, Some(14)))),
+            ],
+        );
+        let plan = v.plan(&cpu(0)).unwrap();
+        assert_eq!(plan.targets["demo"], cpu(10), "{plan:?}");
+        // Its requests gone (no demand), the idle cpu is asked back for other.
+        let v = view(
+            10,
+            vec![
+                ("demo", at_ceiling(seed(10, 0, 9, None))),
+                ("other", at_ceiling(seed(0, 0, 0, Some(14)))),
+            ],
+        );
+        assert_eq!(v.plan(&cpu(0)).unwrap().targets["demo"], cpu(9));
     }
 
     #[test]
