@@ -264,6 +264,22 @@ pub fn seed_limits(own: &ResourceDetails, groups: &[Arc<QuotaGroup>]) -> Resourc
     limits
 }
 
+/// The smallest limit per resource of the `groups` other than `group` (the shared groups that
+/// select a member): what the member could spend of `group`'s budget at most
+/// ([`Member::other_groups`]).
+pub fn other_groups_limits(groups: &[Arc<QuotaGroup>], group: &str) -> ResourceDetails {
+    let mut smallest = ResourceDetails::default();
+    for other in groups.iter().filter(|g| g.name_any() != group) {
+        for (resource, limit) in other.spec.quota.iter() {
+            smallest.set(
+                resource,
+                Some(smallest.get(resource).map_or(limit, |s| s.min(limit))),
+            );
+        }
+    }
+    smallest
+}
+
 /// The groups as `project`'s ledgers carry them (`spec.shares.groups`, for denials that name the
 /// group): each group's limits, what its other projects use, as its status last summed them, and
 /// what they hold of it as budget, as its record last said. A group whose figures cannot be
@@ -535,6 +551,18 @@ mod tests {
     }
 
     #[test]
+    fn a_member_could_spend_no_more_than_its_other_groups_allow() {
+        let groups = [
+            group("acme", 10, None),
+            group("solo", 4, None),
+            group("team", 6, None),
+        ];
+        assert_eq!(other_groups_limits(&groups, "acme"), cpu(4));
+        assert_eq!(other_groups_limits(&groups, "solo"), cpu(6));
+        assert!(other_groups_limits(&groups[..1], "acme").is_empty());
+    }
+
+    #[test]
     fn a_group_round_records_whether_it_keeps_holdings() {
         let mut g = (*group("acme", 10, None)).clone();
         g.metadata.resource_version = Some("1".into());
@@ -552,6 +580,7 @@ mod tests {
                 )
             }),
             own_limit: cpu(own),
+            other_groups: ResourceDetails::default(),
         };
         // Sent either way: a merge patch without it would leave an earlier `true` in place.
         let kept = |members: &[Member]| {
@@ -589,11 +618,13 @@ mod tests {
                     },
                 )),
                 own_limit: cpu(5),
+                other_groups: ResourceDetails::default(),
             },
             Member {
                 name: "other".into(),
                 copy: None,
                 own_limit: cpu(5),
+                other_groups: ResourceDetails::default(),
             },
         ];
         let (patch, ..) = plan_group(&g, &members, &|_| true, 10).unwrap().unwrap();

@@ -20,6 +20,9 @@ pub struct Member {
     pub copy: Option<(u64, GroupBudget)>,
     /// Its own limit (its quota in force): the most budget it could ever use.
     pub own_limit: ResourceDetails,
+    /// The limits of the other `shared` groups that select it, the smallest per resource: it
+    /// could not spend more of this group's budget either ([`SeedRecord::usable`]).
+    pub other_groups: ResourceDetails,
 }
 
 /// The group's view: its record, for the projects it selects now, plus each one's report. A
@@ -43,6 +46,7 @@ pub fn group_view(limit: &ResourceDetails, record: Option<&BudgetRecord>, member
                 .or_else(|| departed.remove(&member.name))
                 .unwrap_or_else(SeedRecord::new);
             entry.ceiling = member.own_limit.clone();
+            entry.usable = member.other_groups.clone();
             // A project's copy reads as the report a seed's copy gives.
             entry.report = member.copy.as_ref().map(|(version, copy)| {
                 share_of(copy).report(*version, &copy.committed, copy.demand.as_ref())
@@ -168,11 +172,13 @@ mod tests {
                 name: "demo".into(),
                 copy: Some((900, copy.clone())),
                 own_limit: cpu(10),
+                other_groups: cpu(4),
             },
             Member {
                 name: "new".into(),
                 copy: None,
                 own_limit: ResourceDetails::default(),
+                other_groups: ResourceDetails::default(),
             },
         ];
         let view = group_view(&cpu(16), Some(&record), &members);
@@ -180,6 +186,9 @@ mod tests {
         let demo = &view.seeds["demo"];
         // Its own limit is the most it may be granted; a member without one has no ceiling.
         assert_eq!(demo.ceiling, cpu(10));
+        // Another group caps what it could spend, not its ceiling (what a group that keeps
+        // holdings counts it at before it reports).
+        assert_eq!(demo.usable, cpu(4));
         assert!(view.seeds["new"].ceiling.is_empty());
         // Held: granted 6 less the newer release (2) the project reports.
         assert_eq!(demo.share_seen(), cpu(4));
@@ -207,6 +216,7 @@ mod tests {
             name: name.into(),
             copy: None,
             own_limit: cpu(4),
+            other_groups: ResourceDetails::default(),
         }
     }
 

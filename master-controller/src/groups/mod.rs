@@ -260,6 +260,12 @@ async fn budget_round(
                 .map_or_else(ResourceDetails::default, |rq| {
                     effective_limits(&rq.spec.quota.limits, Some(&quota.spec.quota))
                 }),
+            other_groups: projects
+                .iter()
+                .find(|p| p.name_any() == *project)
+                .map_or_else(ResourceDetails::default, |p| {
+                    crate::budgets::other_groups_limits(&sources.book.selecting(p), &name)
+                }),
         })
         .collect();
     // A deleted project is not remembered among those that left (`budgets::departed`).

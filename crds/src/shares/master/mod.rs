@@ -47,6 +47,12 @@ pub struct SeedRecord {
     /// limit); it is never granted beyond it, since what it could not spend would sit idle
     /// while others wait. Empty: no ceiling (a seed). Not persisted: read afresh every round.
     pub ceiling: ResourceDetails,
+    /// What else bounds what the holder could spend, per resource (a member project: the limits
+    /// of the other groups that select it); empty: nothing. Like the ceiling it caps grants and
+    /// what a holder that wants more keeps ([`SeedRecord::spendable`]), but not what a group
+    /// counts a member at that has not reported (`group::holdings_kept`): its seeds may hold
+    /// share from before those groups bound it. Not persisted: read afresh every round.
+    pub usable: ResourceDetails,
     /// A group's record only (`GrantRecord::counted`): the most a word of the record that kept
     /// holdings counted this member at ([`super::group::remember_counts`]). Persisted.
     pub counted: ResourceDetails,
@@ -123,6 +129,15 @@ impl SeedRecord {
 
     pub(super) fn committed_seen(&self, resource: Resource) -> Option<Quantity> {
         self.report.as_ref().map(|r| r.committed.amount(resource))
+    }
+
+    /// The most the holder could ever spend of `resource`: the smaller of its ceiling and what
+    /// else bounds it ([`SeedRecord::usable`]); `None` where nothing does (a seed).
+    pub(super) fn spendable(&self, resource: Resource) -> Option<Quantity> {
+        match (self.ceiling.get(resource), self.usable.get(resource)) {
+            (Some(ceiling), Some(usable)) => Some(ceiling.min(usable)),
+            (ceiling, usable) => ceiling.or(usable),
+        }
     }
 
     pub(super) fn demand(&self, resource: Resource) -> Option<Quantity> {

@@ -1,7 +1,7 @@
 //! The plan of one resource: from what every seed holds, uses and asks for, the grants from free
 //! headroom, and the targets that ask idle share back, move fragments to the seed met first and
 //! squeeze what a lowered limit or usage above a share leaves too little room for. Pure; the
-//! same plan serves a project's seeds and a group's projects (`SeedRecord::ceiling`).
+//! same plan serves a project's seeds and a group's projects (`SeedRecord::spendable`).
 
 use super::SeedRecord;
 use crate::quantity::{Quantity, QuantityError};
@@ -36,11 +36,12 @@ pub(super) fn plan_resource(
         .try_fold(Quantity::ZERO, |sum, s| sum.checked_add(*s))?;
     let mut unshared = limit.saturating_sub_to_zero(shares_total);
 
-    // The most each holder may be granted on top of its share: up to its ceiling.
+    // The most each holder may be granted on top of its share: up to what it could spend (its
+    // ceiling, and for a group's member the other groups' limits).
     let room: Vec<Option<Quantity>> = records
         .iter()
         .zip(&shares)
-        .map(|(r, share)| r.ceiling.get(resource).map(|c| c.saturating_sub_to_zero(*share)))
+        .map(|(r, share)| r.spendable(resource).map(|c| c.saturating_sub_to_zero(*share)))
         .collect();
     let within_room = |i: usize, q: Quantity| room[i].map_or(q, |r| q.min(r));
     // What each reachable seed needs beyond what it holds (never beyond its ceiling).
@@ -108,10 +109,11 @@ pub(super) fn plan_resource(
 
     // Ask seeds with idle share and no demand of their own to release it: first what they hold
     // above committed + slack, then the slack. Only reachable seeds that reported, since idle
-    // share is only known from a report. A holder that wants more than it holds is not idle
-    // even where its ceiling leaves it no need (a group's member at its own limit whose
-    // requests wait for the budget it holds): asked, it would give up what its own requests
-    // wait for, and in a burst that room is still in transit when the requests give up.
+    // share is only known from a report. A holder that wants more than it holds is not idle up
+    // to what it could spend, even where that leaves it no need (a group's member at its own
+    // limit whose requests wait for the budget it holds): asked, it would give up what its own
+    // requests wait for, and in a burst that room is still in transit when they give up. What
+    // it holds above that it could never use (another group caps it lower), and is asked back.
     let asked = unmet.checked_add(over)?;
     let mut reclaim = asked;
     for above_slack in [true, false] {
@@ -119,18 +121,21 @@ pub(super) fn plan_resource(
             let Some(committed) = record.committed_seen(resource) else {
                 continue;
             };
-            if !record.reachable
-                || record.retiring
-                || needs[i] > Quantity::ZERO
-                || record.wants_more(resource)
-            {
+            if !record.reachable || record.retiring || needs[i] > Quantity::ZERO {
                 continue;
             }
-            let floor = if above_slack {
+            let mut floor = if above_slack {
                 committed.checked_add(slack).unwrap_or(committed)
             } else {
                 committed
             };
+            if record.wants_more(resource) {
+                // Nothing bounding it and wanting more is a need; kept out all the same.
+                let Some(spendable) = record.spendable(resource) else {
+                    continue;
+                };
+                floor = floor.max(spendable);
+            }
             let take = targets[i].saturating_sub_to_zero(floor).min(reclaim);
             targets[i] = targets[i].saturating_sub_to_zero(take);
             reclaim = reclaim.saturating_sub_to_zero(take);
@@ -169,6 +174,10 @@ pub(super) fn plan_resource(
     // fills the limit as targets do: the other seeds' targets are squeezed, below what they
     // commit if need be, until targets and that usage sum to the limit. They then admit nothing
     // more, give back what their webhooks hold, and release whatever their use frees.
+    let committed: Vec<Quantity> = records
+        .iter()
+        .map(|r| r.committed_seen(resource).unwrap_or(Quantity::ZERO))
+        .collect();
     let uncovered: Vec<Quantity> = records
         .iter()
         .zip(&targets)
@@ -184,26 +193,45 @@ pub(super) fn plan_resource(
         .iter()
         .chain(&uncovered)
         .try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
-    let mut squeeze = total.saturating_sub_to_zero(limit);
-    for (target, uncovered) in targets.iter_mut().zip(&uncovered) {
-        if *uncovered == Quantity::ZERO {
-            let take = (*target).min(squeeze);
-            *target = target.saturating_sub_to_zero(take);
-            squeeze = squeeze.saturating_sub_to_zero(take);
-        }
-    }
+    let squeeze = total.saturating_sub_to_zero(limit);
+    squeeze_idle_first(
+        &mut targets,
+        &committed,
+        |i| uncovered[i] == Quantity::ZERO,
+        squeeze,
+    );
     // A limit lowered below use: every target squeezed until they sum to the limit.
     let total = targets
         .iter()
         .try_fold(Quantity::ZERO, |sum, t| sum.checked_add(*t))?;
-    let mut squeeze = total.saturating_sub_to_zero(limit);
-    for target in &mut targets {
-        let take = (*target).min(squeeze);
-        *target = target.saturating_sub_to_zero(take);
-        squeeze = squeeze.saturating_sub_to_zero(take);
-    }
+    let squeeze = total.saturating_sub_to_zero(limit);
+    squeeze_idle_first(&mut targets, &committed, |_| true, squeeze);
 
     Ok(grants.into_iter().zip(targets).collect())
+}
+
+/// Lowers the targets of the holders `eligible` picks by `squeeze` in all: first what they hold
+/// above what they commit (room they could still admit into), then below it. Squeezing in
+/// order alone could take one holder below its use while another kept room beside it, and the
+/// room would then be admitted on top of that use (a limit lowered from 20 to 10: a, using 10,
+/// squeezed to 0, while b, using 5 of 10 and waiting for more, kept its 10).
+fn squeeze_idle_first(
+    targets: &mut [Quantity],
+    committed: &[Quantity],
+    eligible: impl Fn(usize) -> bool,
+    mut squeeze: Quantity,
+) {
+    for idle_only in [true, false] {
+        for (i, target) in targets.iter_mut().enumerate() {
+            if !eligible(i) {
+                continue;
+            }
+            let floor = if idle_only { committed[i] } else { Quantity::ZERO };
+            let take = target.saturating_sub_to_zero(floor).min(squeeze);
+            *target = target.saturating_sub_to_zero(take);
+            squeeze = squeeze.saturating_sub_to_zero(take);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -375,6 +403,46 @@ mod tests {
             ],
         );
         assert_eq!(v.plan(&cpu(0)).unwrap().targets["demo"], cpu(9));
+    }
+
+    #[test]
+    fn a_wanting_holder_gives_back_what_another_group_keeps_it_from_spending() {
+        // demo (own limit 10) is in a second group of 4: holding all 10 of this group, using 4
+        // and wanting more (its requests refused by the other group), it keeps 4; the 6 it
+        // could never use go to other. Not granted past 4 either.
+        let mut demo = seed(10, 0, 4, Some(30));
+        demo.ceiling = cpu(10);
+        demo.usable = cpu(4);
+        let mut other = seed(0, 0, 0, Some(14));
+        other.ceiling = cpu(10);
+        let plan = view(10, vec![("demo", demo.clone()), ("other", other)])
+            .plan(&cpu(0))
+            .unwrap();
+        assert_eq!(plan.targets["demo"], cpu(4), "{plan:?}");
+        let mut asking = demo;
+        asking.granted = cpu(2);
+        let plan = view(10, vec![("demo", asking), ("other", seed(0, 0, 0, None))])
+            .plan(&cpu(0))
+            .unwrap();
+        assert_eq!(plan.targets["demo"], cpu(4), "{plan:?}");
+    }
+
+    #[test]
+    fn a_lowered_limit_takes_idle_room_before_anyone_is_squeezed_below_use() {
+        // A limit lowered from 20 to 10: a holds 10 and uses 10; b holds 10, uses 5 and waits
+        // for more (at its ceiling, or without one). Nothing may be left to admit: b's target
+        // goes to what it commits before a is squeezed below its use.
+        for ceiling in [Some(10), None] {
+            let mut b = seed(10, 0, 5, Some(12));
+            if let Some(c) = ceiling {
+                b.ceiling = cpu(c);
+            }
+            let plan = view(10, vec![("a", seed(10, 0, 10, None)), ("b", b)])
+                .plan(&cpu(0))
+                .unwrap();
+            let b = plan.targets["b"].amount(Resource::Cpu);
+            assert!(b <= Quantity::from_units(5), "ceiling {ceiling:?}: {plan:?}");
+        }
     }
 
     #[test]
