@@ -90,6 +90,22 @@ impl GroupBook {
         book.insert(group.name_any(), Arc::new(group));
     }
 
+    /// The `shared` groups but `group`, each with its selector, read once (one that cannot be
+    /// read selects nothing, as in the group's status), and its limits: what else bounds the
+    /// members of `group` ([`other_groups_limits`]).
+    pub fn other_shared(&self, group: &str) -> Vec<(Selector, ResourceDetails)> {
+        let book = self.groups.read().unwrap_or_else(PoisonError::into_inner);
+        book.iter()
+            .filter(|(name, g)| {
+                name.as_str() != group && g.spec.mode == GroupMode::Shared && !g.spec.quota.is_empty()
+            })
+            .filter_map(|(_, g)| {
+                let selector = Selector::try_from(g.spec.selector.clone()).ok()?;
+                Some((selector, g.spec.quota.clone()))
+            })
+            .collect()
+    }
+
     /// The `shared` groups whose selector picks `project` (a selector that cannot be read picks
     /// nothing, as in the group's status).
     pub fn selecting(&self, project: &Project) -> Vec<Arc<QuotaGroup>> {
@@ -264,20 +280,16 @@ pub fn seed_limits(own: &ResourceDetails, groups: &[Arc<QuotaGroup>]) -> Resourc
     limits
 }
 
-/// The smallest limit per resource of the `groups` other than `group` (the shared groups that
-/// select a member): what the member could spend of `group`'s budget at most
-/// ([`Member::other_groups`]).
-pub fn other_groups_limits(groups: &[Arc<QuotaGroup>], group: &str) -> ResourceDetails {
-    let mut smallest = ResourceDetails::default();
-    for other in groups.iter().filter(|g| g.name_any() != group) {
-        for (resource, limit) in other.spec.quota.iter() {
-            smallest.set(
-                resource,
-                Some(smallest.get(resource).map_or(limit, |s| s.min(limit))),
-            );
-        }
-    }
-    smallest
+/// What the `shared` groups `others` (each a selector and its limits: every group but the one
+/// planning, [`GroupBook::other_shared`]) let `project` spend at most: per resource the smallest
+/// limit among those that select it ([`Member::other_groups`]).
+pub fn other_groups_limits(others: &[(Selector, ResourceDetails)], project: &Project) -> ResourceDetails {
+    shares::smallest(
+        others
+            .iter()
+            .filter(|(selector, _)| selector.matches(project.labels()))
+            .map(|(_, limits)| limits),
+    )
 }
 
 /// The groups as `project`'s ledgers carry them (`spec.shares.groups`, for denials that name the
@@ -552,14 +564,21 @@ mod tests {
 
     #[test]
     fn a_member_could_spend_no_more_than_its_other_groups_allow() {
-        let groups = [
+        let book = GroupBook::default();
+        book.update(&[
             group("acme", 10, None),
             group("solo", 4, None),
             group("team", 6, None),
-        ];
-        assert_eq!(other_groups_limits(&groups, "acme"), cpu(4));
-        assert_eq!(other_groups_limits(&groups, "solo"), cpu(6));
-        assert!(other_groups_limits(&groups[..1], "acme").is_empty());
+        ]);
+        let mut red = Project::new("demo", kkp_quota_crds::kkp::ProjectSpec::default());
+        red.metadata.labels = Some(BTreeMap::from([("team".to_owned(), "red".to_owned())]));
+        let blue = Project::new("other", kkp_quota_crds::kkp::ProjectSpec::default());
+        assert_eq!(other_groups_limits(&book.other_shared("acme"), &red), cpu(4));
+        assert_eq!(other_groups_limits(&book.other_shared("solo"), &red), cpu(6));
+        assert!(other_groups_limits(&book.other_shared("acme"), &blue).is_empty());
+        let alone = GroupBook::default();
+        alone.update(&[group("acme", 10, None)]);
+        assert!(other_groups_limits(&alone.other_shared("acme"), &red).is_empty());
     }
 
     #[test]

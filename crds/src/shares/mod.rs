@@ -117,6 +117,18 @@ pub fn slack(limit: &ResourceDetails, percent: u32) -> ResourceDetails {
     })
 }
 
+/// Per resource the smallest of `amounts` that name it; absent where none does.
+pub fn smallest<'a>(amounts: impl IntoIterator<Item = &'a ResourceDetails>) -> ResourceDetails {
+    let mut out = ResourceDetails::default();
+    for amount in amounts {
+        for (resource, b) in amount.iter() {
+            let smaller = out.get(resource).map_or(b, |a| a.min(b));
+            out.set(resource, Some(smaller));
+        }
+    }
+    out
+}
+
 /// Per resource, the largest of several amounts (a resource absent from all stays absent);
 /// `None` for none. How several demands for share are merged into one.
 pub fn largest<'a>(amounts: impl IntoIterator<Item = &'a ResourceDetails>) -> Option<ResourceDetails> {

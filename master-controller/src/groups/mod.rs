@@ -250,6 +250,17 @@ async fn budget_round(
 ) -> Vec<String> {
     let name = group.name_any();
     let members = status::members(&group.spec, projects.iter().map(Arc::as_ref), quotas, in_force);
+    // What the other shared groups let each project spend, their selectors read once a pass.
+    let others = sources.book.other_shared(&name);
+    let bounded: BTreeMap<String, ResourceDetails> = if others.is_empty() {
+        BTreeMap::new()
+    } else {
+        projects
+            .iter()
+            .map(|p| (p.name_any(), crate::budgets::other_groups_limits(&others, p)))
+            .filter(|(_, bound)| !bound.is_empty())
+            .collect()
+    };
     let read: Vec<Member> = members
         .iter()
         .map(|(project, quota)| Member {
@@ -260,12 +271,7 @@ async fn budget_round(
                 .map_or_else(ResourceDetails::default, |rq| {
                     effective_limits(&rq.spec.quota.limits, Some(&quota.spec.quota))
                 }),
-            other_groups: projects
-                .iter()
-                .find(|p| p.name_any() == *project)
-                .map_or_else(ResourceDetails::default, |p| {
-                    crate::budgets::other_groups_limits(&sources.book.selecting(p), &name)
-                }),
+            other_groups: bounded.get(project).cloned().unwrap_or_default(),
         })
         .collect();
     // A deleted project is not remembered among those that left (`budgets::departed`).

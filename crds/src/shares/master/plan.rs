@@ -174,9 +174,11 @@ pub(super) fn plan_resource(
     // fills the limit as targets do: the other seeds' targets are squeezed, below what they
     // commit if need be, until targets and that usage sum to the limit. They then admit nothing
     // more, give back what their webhooks hold, and release whatever their use frees.
-    let committed: Vec<Quantity> = records
+    // What each holder commits, where known: not for one that has not reported, nor one that
+    // cannot be reached (its last report may be stale), whose room is then not taken for idle.
+    let committed: Vec<Option<Quantity>> = records
         .iter()
-        .map(|r| r.committed_seen(resource).unwrap_or(Quantity::ZERO))
+        .map(|r| r.committed_seen(resource).filter(|_| r.reachable))
         .collect();
     let uncovered: Vec<Quantity> = records
         .iter()
@@ -211,13 +213,14 @@ pub(super) fn plan_resource(
 }
 
 /// Lowers the targets of the holders `eligible` picks by `squeeze` in all: first what they hold
-/// above what they commit (room they could still admit into), then below it. Squeezing in
-/// order alone could take one holder below its use while another kept room beside it, and the
-/// room would then be admitted on top of that use (a limit lowered from 20 to 10: a, using 10,
-/// squeezed to 0, while b, using 5 of 10 and waiting for more, kept its 10).
+/// above what they are known to commit (room they could still admit into; none is known of a
+/// holder whose `committed` is `None`), then the rest. Squeezing in order alone could take one
+/// holder below its use while another kept room beside it, and the room would then be admitted
+/// on top of that use (a limit lowered from 20 to 10: a, using 10, squeezed to 0, while b, using
+/// 5 of 10 and waiting for more, kept its 10).
 fn squeeze_idle_first(
     targets: &mut [Quantity],
-    committed: &[Quantity],
+    committed: &[Option<Quantity>],
     eligible: impl Fn(usize) -> bool,
     mut squeeze: Quantity,
 ) {
@@ -226,7 +229,11 @@ fn squeeze_idle_first(
             if !eligible(i) {
                 continue;
             }
-            let floor = if idle_only { committed[i] } else { Quantity::ZERO };
+            let floor = if idle_only {
+                committed[i].unwrap_or(*target)
+            } else {
+                Quantity::ZERO
+            };
             let take = target.saturating_sub_to_zero(floor).min(squeeze);
             *target = target.saturating_sub_to_zero(take);
             squeeze = squeeze.saturating_sub_to_zero(take);
@@ -429,19 +436,25 @@ mod tests {
 
     #[test]
     fn a_lowered_limit_takes_idle_room_before_anyone_is_squeezed_below_use() {
-        // A limit lowered from 20 to 10: a holds 10 and uses 10; b holds 10, uses 5 and waits
-        // for more (at its ceiling, or without one). Nothing may be left to admit: b's target
-        // goes to what it commits before a is squeezed below its use.
-        for ceiling in [Some(10), None] {
-            let mut b = seed(10, 0, 5, Some(12));
-            if let Some(c) = ceiling {
-                b.ceiling = cpu(c);
+        // A limit lowered from 20 to 10: a holds 10 and uses 10 (as reported, or not reported
+        // yet: its use is not known to be less); b holds 10, uses 5 and waits for more (at its
+        // ceiling, or without one). Nothing may be left to admit: b's target goes to what it
+        // commits before a is squeezed below its use.
+        let unreported = SeedRecord {
+            granted: cpu(10),
+            target: cpu(10),
+            ..SeedRecord::new()
+        };
+        for a in [seed(10, 0, 10, None), unreported] {
+            for ceiling in [Some(10), None] {
+                let mut b = seed(10, 0, 5, Some(12));
+                if let Some(c) = ceiling {
+                    b.ceiling = cpu(c);
+                }
+                let plan = view(10, vec![("a", a.clone()), ("b", b)]).plan(&cpu(0)).unwrap();
+                let b = plan.targets["b"].amount(Resource::Cpu);
+                assert!(b <= Quantity::from_units(5), "ceiling {ceiling:?}: {plan:?}");
             }
-            let plan = view(10, vec![("a", seed(10, 0, 10, None)), ("b", b)])
-                .plan(&cpu(0))
-                .unwrap();
-            let b = plan.targets["b"].amount(Resource::Cpu);
-            assert!(b <= Quantity::from_units(5), "ceiling {ceiling:?}: {plan:?}");
         }
     }
 
