@@ -252,7 +252,7 @@ async fn run_as_leader(
     };
 
     let unreadable = Arc::new(crate::unreadable::Unreadable::new(master.clone()));
-    let group_book = crate::budgets::GroupBook::default();
+    let group_book = crate::group_book::GroupBook::default();
     let ctx = Arc::new(Ctx {
         master: master.clone(),
         seeds: seeds.clone(),

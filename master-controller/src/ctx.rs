@@ -42,7 +42,7 @@ pub(crate) struct Ctx {
     /// Quotas not in force (another quota of their project is): counted.
     pub not_in_force: crate::not_in_force::NotInForce,
     /// The newest `QuotaGroup`s, from the group loop: the budgets a project plans within.
-    pub groups: crate::budgets::GroupBook,
+    pub groups: crate::group_book::GroupBook,
 }
 
 impl Ctx {

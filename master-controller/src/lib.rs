@@ -34,6 +34,7 @@ pub mod fanout;
 mod finalize;
 pub mod fingerprint;
 pub mod fold;
+pub mod group_book;
 pub mod group_series;
 pub mod groups;
 mod kkp_copies;

@@ -204,19 +204,7 @@ async fn the_projects_own_quotas_tighter_than_the_group(fleet: &e2e::Fleet, spre
         // Refused by the project's own quota, not the group (a refusal while alpha's seed
         // still counts the other seed's Machines as on their way says "cannot be admitted yet").
         let wanted = format!(r#"project "demo" uses {TIGHT_CPU} of {TIGHT_CPU} cpu"#);
-        let denied = wait_for(WAIT, "a refusal naming demo's own quota", || async {
-            let machine = e2e::machines::vsphere(&format!("{prefix}-past"), 1);
-            match e2e::machines::api(fleet, "alpha")
-                .create(&PostParams::default(), &machine)
-                .await
-            {
-                Err(kube::Error::Api(e)) if e.message.contains(&wanted) => Some(e.message),
-                Err(_) => None,
-                Ok(_) => panic!("round {round}: admitted past demo's own quota"),
-            }
-        })
-        .await
-        .unwrap();
+        let denied = refusal_saying(fleet, "alpha", &wanted).await;
         assert!(!denied.contains("group"), "{denied}");
         eprintln!(
             "demo and other at {TIGHT_CPU} cpu each under the group's {PAIR_CPU}, round {round}: the burst of 60 \
@@ -436,20 +424,22 @@ async fn fill_to(fleet: &e2e::Fleet, project: &str, cluster: &str, mut admitted:
 /// (a refusal while the ledger's figures of the group are older waits for share and says so;
 /// its demand refreshes them).
 async fn group_refusal(fleet: &e2e::Fleet, cluster: &str, group: &str, figures: &str) -> String {
+    refusal_saying(fleet, cluster, &format!("group {group:?} {figures}")).await
+}
+
+/// The refusal of a one-cpu Machine in `cluster` once it says `wanted` (one that waited for
+/// share says "cannot be admitted yet" instead while figures are on their way); panics if the
+/// Machine is admitted.
+async fn refusal_saying(fleet: &e2e::Fleet, cluster: &str, wanted: &str) -> String {
     let machines = e2e::machines::api(fleet, cluster);
-    let wanted = format!("group {group:?} {figures}");
-    wait_for(
-        WAIT,
-        &format!("a refusal naming the group with {figures}"),
-        || async {
-            let machine = e2e::machines::vsphere("pair-named", 1);
-            match machines.create(&PostParams::default(), &machine).await {
-                Err(kube::Error::Api(e)) if e.message.contains(&wanted) => Some(e.message),
-                Err(_) => None,
-                Ok(_) => panic!("admitted past the group"),
-            }
-        },
-    )
+    wait_for(WAIT, &format!("a refusal saying {wanted:?}"), || async {
+        let machine = e2e::machines::vsphere("pair-refused", 1);
+        match machines.create(&PostParams::default(), &machine).await {
+            Err(kube::Error::Api(e)) if e.message.contains(wanted) => Some(e.message),
+            Err(_) => None,
+            Ok(_) => panic!("{cluster}: admitted where {wanted:?} was expected"),
+        }
+    })
     .await
     .unwrap()
 }

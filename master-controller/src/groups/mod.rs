@@ -18,7 +18,7 @@ use kkp_quota_crds::shares::budgets::Member;
 use kkp_quota_crds::{ProjectQuota, QuotaGroup, QuotaGroupStatus, ResourceDetails, ResourceQuota};
 
 use crate::allocation::books::Books;
-use crate::budgets::GroupBook;
+use crate::group_book::GroupBook;
 use crate::group_series::GroupFigures;
 use kkp_quota_runtime::watch::{relisting_watcher, resource_version};
 use kube::api::{Patch, PatchParams};
