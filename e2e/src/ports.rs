@@ -4,9 +4,14 @@
 //! outgoing connection takes its local port from. Between our release of it and the child's
 //! bind, one of the many client connections a fleet opens can take it, and the child exits with
 //! "address already in use". Ports below that range are never handed out by the kernel, so only
-//! another explicit bind can take one; within this process none is handed out twice.
+//! another explicit bind can take one. Within this process none is handed out twice, and across
+//! the test processes of one machine (`make test` runs several side by side) each port handed
+//! out is claimed by a locked file under [`CLAIMS_DIR`] for as long as its process lives: two
+//! processes walking the same ports once handed out the same one, and the second child to bind
+//! it failed.
 
 use std::collections::HashSet;
+use std::fs::{File, TryLockError};
 use std::net::TcpListener;
 use std::ops::Range;
 use std::sync::{Mutex, PoisonError};
@@ -17,22 +22,72 @@ use anyhow::{Context as _, Result};
 const LOWEST: u16 = 20_000;
 /// The smallest gap below the ephemeral range worth using.
 const MIN_SPAN: u16 = 1_000;
+/// One file per port handed out, locked by the process that holds it. The kernel drops the lock
+/// when that process ends, however it ends, so nothing stale is left to clean up.
+const CLAIMS_DIR: &str = "/tmp/kkp-quota-ports";
+
+/// Whether this process may hand out a port, as far as the other processes are concerned.
+enum Claim {
+    /// Ours until this process ends (the lock lives as long as the file stays open).
+    Held(File),
+    /// Another live process holds it.
+    TakenElsewhere,
+    /// No claim could be made (no claims directory, or no file descriptor left): the bind
+    /// check alone decides, as before claims existed.
+    Unavailable,
+}
+
+fn claim(port: u16) -> Claim {
+    let path = format!("{CLAIMS_DIR}/{port}");
+    let Ok(file) = std::fs::create_dir_all(CLAIMS_DIR).and_then(|()| File::create(&path)) else {
+        return Claim::Unavailable;
+    };
+    match file.try_lock() {
+        Ok(()) => Claim::Held(file),
+        Err(TryLockError::WouldBlock) => Claim::TakenElsewhere,
+        Err(TryLockError::Error(_)) => Claim::Unavailable,
+    }
+}
+
+/// What this process handed out: the ports, where its walk stands, and its claims.
+struct Handed {
+    ports: HashSet<u16>,
+    cursor: u32,
+    claims: Vec<File>,
+}
 
 /// A free port on 127.0.0.1, outside the kernel's ephemeral range where it can be, never the
 /// same twice in this process. Another process may still bind it before our child does.
 pub fn free_port() -> Result<u16> {
-    static STATE: Mutex<Option<(HashSet<u16>, u32)>> = Mutex::new(None);
+    static STATE: Mutex<Option<Handed>> = Mutex::new(None);
     let mut guard = STATE.lock().unwrap_or_else(PoisonError::into_inner);
-    let (handed_out, cursor) = guard.get_or_insert_with(|| (HashSet::new(), std::process::id()));
+    let Handed {
+        ports: handed_out,
+        cursor,
+        claims,
+    } = guard.get_or_insert_with(|| Handed {
+        ports: HashSet::new(),
+        cursor: std::process::id(),
+        claims: Vec::new(),
+    });
     if let Some(range) = below_ephemeral(ephemeral_range().as_ref()) {
         let span = u32::from(range.end - range.start);
         // Processes running side by side start at different places (their pids), and each walks
-        // on from where it stopped.
+        // on from where it stopped; the claims keep them apart where their walks meet.
         for _ in 0..span {
             *cursor = cursor.wrapping_add(1);
             let port = range.start + u16::try_from(*cursor % span).unwrap_or(0);
-            if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if handed_out.contains(&port) {
+                continue;
+            }
+            let held = match claim(port) {
+                Claim::TakenElsewhere => continue,
+                Claim::Held(file) => Some(file),
+                Claim::Unavailable => None,
+            };
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 handed_out.insert(port);
+                claims.extend(held);
                 return Ok(port);
             }
         }
@@ -104,5 +159,32 @@ mod tests {
             );
         }
         assert_eq!(held.len(), ports.len());
+    }
+
+    #[test]
+    fn a_port_another_process_claimed_is_not_claimed_again() {
+        // A lock taken through another open file stands for another process: flock locks
+        // belong to the open file, so they conflict within one process too.
+        let port = free_port().unwrap();
+        if below_ephemeral(ephemeral_range().as_ref()).is_none() {
+            return; // the kernel's choice was used: nothing is claimed
+        }
+        assert!(
+            matches!(claim(port), Claim::TakenElsewhere),
+            "port {port} claimed twice"
+        );
+        let other = LOWEST - 1;
+        match claim(other) {
+            Claim::Held(file) => {
+                assert!(matches!(claim(other), Claim::TakenElsewhere));
+                drop(file);
+                assert!(
+                    matches!(claim(other), Claim::Held(_)),
+                    "a released claim is free again"
+                );
+            }
+            Claim::TakenElsewhere => panic!("port {other} is never handed out, yet claimed"),
+            Claim::Unavailable => panic!("{CLAIMS_DIR} cannot be used"),
+        }
     }
 }
