@@ -91,7 +91,16 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
             e2e::shares::burst(fleet, "other", &other_spread, &prefix),
         );
         let first = demo + other;
+        let first_took = began.elapsed();
         assert!(first <= PAIR_CPU, "round {round}: {demo} + {other} admitted");
+        if first < PAIR_CPU {
+            eprintln!(
+                "round {round}: the first burst admitted {first} in {:.1} s, ending {:?}; the pair now:\n{}",
+                first_took.as_secs_f64(),
+                std::time::SystemTime::now(),
+                pair_state(fleet).await
+            );
+        }
         // Budget still moving between the two projects when the burst's requests stopped
         // waiting for it (3 s) is taken by the next burst: filled to exactly the group's room.
         exact += usize::from(first == PAIR_CPU);
@@ -140,7 +149,8 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
         );
         eprintln!(
             "group of {PAIR_CPU} cpu over demo and other (10 each), round {round}: the burst of 60 admitted \
-             {demo} demo + {other} other, {bursts} more bursts filled it ({:.1} s)",
+             {demo} demo + {other} other in {:.1} s, {bursts} more bursts filled it ({:.1} s)",
+            first_took.as_secs_f64(),
             began.elapsed().as_secs_f64()
         );
         empty_pair(fleet).await;
@@ -432,16 +442,19 @@ async fn group_refusal(fleet: &e2e::Fleet, cluster: &str, group: &str, figures: 
 /// Machine is admitted.
 async fn refusal_saying(fleet: &e2e::Fleet, cluster: &str, wanted: &str) -> String {
     let machines = e2e::machines::api(fleet, cluster);
-    wait_for(WAIT, &format!("a refusal saying {wanted:?}"), || async {
+    let refused = wait_for(WAIT, &format!("a refusal saying {wanted:?}"), || async {
         let machine = e2e::machines::vsphere("pair-refused", 1);
         match machines.create(&PostParams::default(), &machine).await {
-            Err(kube::Error::Api(e)) if e.message.contains(wanted) => Some(e.message),
-            Err(_) => None,
+            Err(kube::Error::Api(e)) if e.message.contains(wanted) => Ok(e.message),
+            Err(e) => Err(e.to_string()),
             Ok(_) => panic!("{cluster}: admitted where {wanted:?} was expected"),
         }
     })
-    .await
-    .unwrap()
+    .await;
+    match refused {
+        Ok(message) => message,
+        Err(e) => panic!("{e:#}; the pair now:\n{}", pair_state(fleet).await),
+    }
 }
 
 /// Overlapping groups, the most restrictive wins: a second group, `solo`, of 4 cpu over `demo`

@@ -234,6 +234,17 @@ impl GroupRefusal {
 }
 
 impl Verdict {
+    /// Whether the request waits for share (up to `--share-wait`, decided again on every change
+    /// of the ledger) before this verdict is its answer: one in transit, and one a shared group
+    /// refuses by the figures the ledger last carried. Those figures lag (they come with the
+    /// master's writes) and may count what another project's webhooks hold only for a moment;
+    /// answered at once, a burst's requests were refused while the budget they asked for was on
+    /// its way to this seed, and it then sat idle (a group of 10 admitted 9).
+    pub fn waits_for_share(&self) -> bool {
+        self.reason == Reason::ShareInTransit
+            || (!self.allowed && self.wants_share.is_some() && !self.refused_by_groups.is_empty())
+    }
+
     pub fn allow(reason: Reason) -> Verdict {
         Verdict {
             allowed: true,

@@ -363,8 +363,7 @@ impl Reserver {
     fn all_keep_waiting(&self, batch: &[Pending], verdicts: &[Verdict]) -> bool {
         !self.inner.stopping.load(Ordering::SeqCst)
             && batch.iter().zip(verdicts).all(|(pending, verdict)| {
-                verdict.reason == Reason::ShareInTransit
-                    && pending.received.elapsed() < self.inner.config.share_wait
+                verdict.waits_for_share() && pending.received.elapsed() < self.inner.config.share_wait
             })
     }
 

@@ -178,9 +178,8 @@ impl Reserver {
         let now = Instant::now();
         let mut waiting = Vec::new();
         for (pending, verdict) in batch.into_iter().zip(verdicts) {
-            let in_transit = verdict.reason == Reason::ShareInTransit;
             let waited = now.saturating_duration_since(pending.received);
-            if in_transit && !stopping && waited < self.inner.config.share_wait {
+            if verdict.waits_for_share() && !stopping && waited < self.inner.config.share_wait {
                 waiting.push(Pending {
                     waited_for_share: true,
                     ..pending

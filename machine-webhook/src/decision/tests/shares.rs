@@ -141,7 +141,7 @@ fn grouped(groups: Vec<LedgerGroup>) -> QuotaState {
 }
 
 #[test]
-fn a_full_group_refuses_at_once_and_names_the_group() {
+fn a_full_group_refuses_once_the_share_wait_ends_and_names_the_group() {
     // The group's other projects use 7 of its 10: with this project's 2, 3 more do not fit.
     let s = grouped(vec![group("acme", "10", "7")]);
     let v = decide("p", Some(&s), &create("m", cpu("3")));
@@ -158,8 +158,16 @@ fn a_full_group_refuses_at_once_and_names_the_group() {
             r#"a Machine needs 3 cpu, project "p" is within its own quota, but group "acme" uses 9 of 10 cpu"#
         )
     );
-    // The demand still goes to the master: figures gone stale are refreshed, room moved here.
+    // The demand still goes to the master: figures gone stale are refreshed, room moved here;
+    // and the request waits for it as for share in transit (the figures lag the budgets), this
+    // verdict its answer only once the wait ends.
     assert_eq!(v.wants_share, Some(cpu("5")));
+    assert!(v.waits_for_share());
+    let over_own = decide("p", Some(&grouped(Vec::new())), &create("m", cpu("15")));
+    assert!(
+        !over_own.allowed && !over_own.waits_for_share(),
+        "over its own quota: at once"
+    );
     // A dry run is refused the same way (the room is not somewhere else: it is not there).
     let dry = Request {
         dry_run: true,
