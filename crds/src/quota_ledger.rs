@@ -107,9 +107,9 @@ pub struct LedgerShares {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub others: BTreeMap<String, ResourceDetails>,
     /// The shared `QuotaGroup`s that bound the project (docs/groups.md), as the master last saw
-    /// them: a request that fits the project's own quota but not a group's is refused at once,
-    /// naming the group. Like `others`, a change here alone does not make the master rewrite the
-    /// ledger; it refreshes them when this seed has a demand waiting.
+    /// them: a request that fits the project's own quota but not a group's is refused naming the
+    /// group, once its wait for share ends. Like `others`, a change here alone does not make the
+    /// master rewrite the ledger; it refreshes them when this seed has a demand waiting.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub groups: Vec<LedgerGroup>,
 }

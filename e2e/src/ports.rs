@@ -14,6 +14,7 @@ use std::collections::HashSet;
 use std::fs::{File, TryLockError};
 use std::net::TcpListener;
 use std::ops::Range;
+use std::os::unix::fs::PermissionsExt as _;
 use std::sync::{Mutex, PoisonError};
 
 use anyhow::{Context as _, Result};
@@ -39,7 +40,18 @@ enum Claim {
 
 fn claim(port: u16) -> Claim {
     let path = format!("{CLAIMS_DIR}/{port}");
-    let Ok(file) = std::fs::create_dir_all(CLAIMS_DIR).and_then(|()| File::create(&path)) else {
+    if std::fs::create_dir_all(CLAIMS_DIR).is_ok() {
+        // Every user's test processes claim here (a lock needs only a file opened for reading).
+        let _ = std::fs::set_permissions(CLAIMS_DIR, std::fs::Permissions::from_mode(0o1777));
+    }
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .or_else(|_| File::open(&path));
+    let Ok(file) = opened else {
         return Claim::Unavailable;
     };
     match file.try_lock() {

@@ -61,9 +61,10 @@ pub struct Args {
     pub allotment_record_after: Duration,
     /// How long a request that fits the project's quota waits for share to move to this seed
     /// (or for the seed's other webhook processes to give their allotments back) before it is
-    /// denied as `share_in_transit`. Must stay below the webhook's 5 s timeout, with room for a
-    /// write.
-    #[arg(long, env = "MACHINE_WEBHOOK_SHARE_WAIT", default_value = "3s", value_parser = parse_duration)]
+    /// denied as `share_in_transit` (or naming a shared group its ledger's figures leave no room
+    /// in). Below the 4 s a decision may take (within the webhook's 5 s timeout), with room for
+    /// a write.
+    #[arg(long, env = "MACHINE_WEBHOOK_SHARE_WAIT", default_value = "3s", value_parser = below_the_deadline)]
     pub share_wait: Duration,
     /// How long a demand for share stays after its last waiting request, so that a retry after
     /// a `share_in_transit` denial finds the share moved (at least 1s). While it stays, the
@@ -172,6 +173,21 @@ impl Args {
 }
 
 /// A duration of at least a second.
+/// A share wait shorter than the time a decision may take ([`crate::reserve::ReserverConfig`]'s
+/// `deadline`): a longer one would run into it, and the request would fail as an error instead
+/// of being denied with its reason.
+fn below_the_deadline(text: &str) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    let deadline = crate::reserve::ReserverConfig::default().deadline;
+    if d >= deadline {
+        return Err(format!(
+            "{text:?} is not below the {}s a decision may take",
+            deadline.as_secs()
+        ));
+    }
+    Ok(d)
+}
+
 fn at_least_a_second(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text)?;
     if d < Duration::from_secs(1) {
@@ -208,7 +224,11 @@ mod tests {
         assert_eq!(args.shutdown_delay, Duration::ZERO);
         assert_eq!(config.test_clock_offset, jiff::SignedDuration::from_secs(-40));
         assert_eq!(config.event_window, Duration::from_mins(10));
-        for bad in [["--share-wait", "3000"], ["--share-demand-ttl", "500ms"]] {
+        for bad in [
+            ["--share-wait", "3000"],
+            ["--share-wait", "4s"],
+            ["--share-demand-ttl", "500ms"],
+        ] {
             let mut command_line = vec![
                 "machine-webhook",
                 "--tls-cert-file",

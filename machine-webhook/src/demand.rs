@@ -3,7 +3,7 @@
 //! [`DemandClock`]; no I/O here).
 //!
 //! A request that fits the project's quota but not what this seed may commit
-//! ([`crate::decision::Reason::ShareInTransit`]) waits, and this process records a demand: the
+//! ([`crate::decision::Verdict::waits_for_share`]) waits, and this process records a demand: the
 //! absolute share the seed would need. Two things answer it: the master grants share to the seed
 //! (or asks idle seeds to release theirs first, docs/shares.md), and every other webhook process
 //! of the seed gives its allotment back and stops admitting from it, so that headroom a process

@@ -47,7 +47,8 @@ pub struct Metrics {
     /// that fit the quota but not this seed's share, or not beside other processes' allotments).
     pub share_demands: IntCounter,
     /// `kkp_quota_share_wait_seconds{result}`: how long a request waited for share before it was
-    /// admitted (`allowed`) or denied as `share_in_transit` (`denied`).
+    /// admitted (`allowed`) or denied (`denied`: as `share_in_transit`, or naming a shared group
+    /// its ledger's figures leave no room in).
     pub share_wait: HistogramVec,
     /// `kkp_quota_reservation_wait_seconds{path}`: the part of a growing request's decision
     /// spent in the reserver, by path: `allotment` (admitted from this process's allotment in

@@ -176,13 +176,18 @@ async fn two_webhook_processes_admit_exactly_the_headroom_and_flag_nothing() {
         }
         wait_local_usage(&seed, "demo", &kkp_quota_crds::ResourceDetails::zero()).await;
     }
-    // Both processes took part: each wrote the ledger in the bursts (an admission, a demand or
-    // an allotment). Which one admits more of a burst is a race (the one still holding an
-    // allotment from the round before usually wins it), so that split is printed, not asserted.
+    // Both processes took part: each decided every create of its own cluster's half of the
+    // bursts. Which one admits a burst is a race (the one still holding an allotment from the
+    // round before usually wins it), so that split is printed, not asserted; nor is whether the
+    // other wrote the ledger: when the winner had taken the whole headroom before the other's
+    // batch was decided, that batch was over the quota and denied without a write (a run of
+    // `make test` where the first process admitted nothing in five rounds).
     for (which, metrics) in webhooks {
         assert!(
-            metrics.writes.get() >= 1,
-            "the {which} webhook never wrote the ledger"
+            metrics.answered(None) >= u64::try_from(ROUNDS * BURST / 2).unwrap(),
+            "the {which} webhook decided {} of its cluster's {} creates",
+            metrics.answered(None),
+            ROUNDS * BURST / 2
         );
     }
     // And each admits its own cluster's Machine when it is the only one asking.

@@ -427,8 +427,9 @@ fn decide_growth(project: &str, state: &QuotaState, request: &Request, growth: R
         ),
         Ok(exceeded) if exceeded.is_empty() => match shortfall {
             None => fits(ask, growth),
-            // A group bounding the project is full (as last carried): refused at once, and the
-            // demand still goes out, so that figures gone stale are refreshed or room moves here.
+            // A group bounding the project is full (as last carried): refused naming it once the
+            // wait for share ends without it (`Verdict::waits_for_share`), and the demand goes
+            // out meanwhile, so that figures gone stale are refreshed or room moves here.
             Some(wants) => {
                 let full = full_groups(state, &growth);
                 Verdict {

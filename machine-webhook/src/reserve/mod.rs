@@ -21,7 +21,8 @@
 //!
 //! A request that fits the quota but not the headroom this seed and process may use
 //! ([`Reason::ShareInTransit`]: the seed's share is too small, or other processes hold the rest
-//! in allotments) waits up to [`ReserverConfig::share_wait`]: the batch's write records this
+//! in allotments), or that a shared group refuses by the figures the ledger carries (they lag),
+//! waits up to [`ReserverConfig::share_wait`] ([`Verdict::waits_for_share`]): the batch's write records this
 //! process's demand ([`crate::demand`]), and the request is decided again on every change of the
 //! project's ledger until it fits or its wait ends. Meanwhile the master moves share to the seed
 //! and the other processes give their allotments back.

@@ -168,7 +168,7 @@ fn a_full_group_refuses_once_the_share_wait_ends_and_names_the_group() {
         !over_own.allowed && !over_own.waits_for_share(),
         "over its own quota: at once"
     );
-    // A dry run is refused the same way (the room is not somewhere else: it is not there).
+    // A dry run is refused the same way, at once: it never waits (nor asks for share).
     let dry = Request {
         dry_run: true,
         ..create("m", cpu("3"))
