@@ -172,7 +172,6 @@ impl Args {
     }
 }
 
-/// A duration of at least a second.
 /// A share wait shorter than the time a decision may take ([`crate::reserve::ReserverConfig`]'s
 /// `deadline`): a longer one would run into it, and the request would fail as an error instead
 /// of being denied with its reason.
@@ -188,6 +187,7 @@ fn below_the_deadline(text: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
+/// A duration of at least a second.
 fn at_least_a_second(text: &str) -> Result<Duration, String> {
     let d = parse_duration(text)?;
     if d < Duration::from_secs(1) {

@@ -133,15 +133,7 @@ pub async fn a_group_over_two_projects_admits_its_room_across_seeds(setup: &mut 
             // other project uses (the group's figures its ledgers carry). A project that took
             // all 10 is at its own quota of 10, and its refusal names that quota instead (the
             // burst decides which project that is: in one run other took all 10 of round 0).
-            let mut other_has = 0;
-            for cluster in OTHER_CLUSTERS {
-                let list = e2e::machines::api(fleet, cluster)
-                    .list(&kube::api::ListParams::default())
-                    .await
-                    .unwrap();
-                other_has += list.items.len();
-            }
-            let (cluster, project) = if other_has < PAIR_CPU {
+            let (cluster, project) = if machines_in(fleet, &OTHER_CLUSTERS).await < PAIR_CPU {
                 (OTHER_CLUSTERS[1], "other")
             } else {
                 ("alpha", "demo")
@@ -655,8 +647,13 @@ async fn empty_pair(fleet: &e2e::Fleet) {
 
 /// How many Machines the four clusters of the two projects hold.
 async fn machines_in_pair(fleet: &e2e::Fleet) -> usize {
+    machines_in(fleet, &["alpha", "gamma", OTHER_CLUSTERS[0], OTHER_CLUSTERS[1]]).await
+}
+
+/// How many Machines the user clusters `clusters` hold.
+async fn machines_in(fleet: &e2e::Fleet, clusters: &[&str]) -> usize {
     let mut machines = 0;
-    for cluster in ["alpha", "gamma", OTHER_CLUSTERS[0], OTHER_CLUSTERS[1]] {
+    for cluster in clusters {
         let list = e2e::machines::api(fleet, cluster)
             .list(&kube::api::ListParams::default())
             .await
